@@ -1,0 +1,157 @@
+"""`mempipe` command line: run, status, export, cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import RunConfig, load_config
+from pipeline.errors import PipelineError
+
+
+def resolve_paths(cfg: RunConfig) -> RunConfig:
+    """Make relative paths absolute against the driver's working directory, so Ray workers agree."""
+    def absolute(p: str | None) -> str | None:
+        return str(Path(p).expanduser().resolve()) if p else p
+
+    cfg.artifacts_dir = absolute(cfg.artifacts_dir)  # type: ignore[assignment]
+    cfg.corpus.path = absolute(cfg.corpus.path)  # type: ignore[assignment]
+    cfg.llm.cache_dir = absolute(cfg.llm.cache_dir)  # type: ignore[assignment]
+    cfg.judge.cache_dir = absolute(cfg.judge.cache_dir)  # type: ignore[assignment]
+    cfg.embedding.cache_dir = absolute(cfg.embedding.cache_dir)  # type: ignore[assignment]
+    if cfg.segment.guidance_path:
+        cfg.segment.guidance_path = absolute(cfg.segment.guidance_path)
+    if cfg.segment.reflection.corpus_path:
+        cfg.segment.reflection.corpus_path = absolute(cfg.segment.reflection.corpus_path)
+    return cfg
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    return resolve_paths(load_config(args.config, args.set))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.runner import Runner
+
+    cfg = _config(args)
+    runner = Runner(cfg)
+    outcome = runner.run(only=args.only or None, from_=args.from_stage, force=args.force or None)
+    for name, what in outcome.items():
+        print(f"{name:12s} {what}")
+    print(f"artifacts: {cfg.run_dir}")
+    return 0
+
+
+def _usage_cell(u: dict[str, Any] | None) -> str:
+    if not u:
+        return "-"
+    fresh = u.get("calls", 0) - u.get("cached_calls", 0)
+    return f"{fresh}/{u.get('cached_calls', 0)}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from pipeline.runner import Runner
+
+    cfg = _config(args)
+    runner = Runner(cfg)
+    rows = []
+    for st in runner.status():
+        m = st.manifest or {}
+        usage = m.get("llm_usage") or {}
+        judge = m.get("judge_usage") or {}
+        tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+        tokens += judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)
+        state = st.state + (f" ({st.shards_done} shards)" if st.state == "partial" else "")
+        rows.append(
+            [st.name, state, str(m.get("rows", "-")), str(m.get("errors", "-")),
+             _usage_cell(usage or None), _usage_cell(judge or None), str(tokens) if m else "-"]
+        )
+    header = ["stage", "state", "rows", "errors", "llm fresh/cached", "judge fresh/cached", "tokens"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"run {cfg.run_name} at {cfg.run_dir}")
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pipeline.artifacts import StageDir
+    from pipeline.export import export_stage
+
+    cfg = _config(args)
+    out = export_stage(StageDir(cfg.run_dir, args.name), Path(args.out))
+    print(f"exported {args.name} to {out}")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from pipeline.llm.cache import cache_stats, export_cache, import_cache
+
+    cfg = _config(args)
+    directory = cfg.llm.cache_dir
+    if args.action == "stats":
+        print(json.dumps(cache_stats(directory), indent=2))
+    elif args.action == "export":
+        n = export_cache(directory, args.path)
+        print(f"exported {n} cached calls to {args.path}")
+    else:
+        n = import_cache(args.path, directory)
+        print(f"imported {n} cached calls into {directory}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mempipe", description="Long-term conversational memory pipeline")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-c", "--config", default=None, help="YAML config (default: built-in defaults)")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+
+    run = sub.add_parser("run", help="run the pipeline (skips stages whose fingerprint matches)")
+    common(run)
+    run.add_argument("--only", action="append", default=[], metavar="STAGE", help="run only this stage")
+    run.add_argument("--from", dest="from_stage", default=None, metavar="STAGE", help="rebuild this stage and all after it")
+    run.add_argument("--force", action="append", default=[], metavar="STAGE", help="rebuild this stage even if up to date")
+    run.set_defaults(func=cmd_run)
+
+    status = sub.add_parser("status", help="per stage: done / stale / partial / missing, rows, errors, LLM usage")
+    common(status)
+    status.set_defaults(func=cmd_status)
+
+    export = sub.add_parser("export", help="copy a stage's Parquet tables with a README")
+    common(export)
+    export.add_argument("name", help="stage name")
+    export.add_argument("--out", required=True, help="output folder")
+    export.set_defaults(func=cmd_export)
+
+    cache = sub.add_parser("cache", help="inspect, export or import the LLM call cache")
+    cache.add_argument("action", choices=["stats", "export", "import"])
+    cache.add_argument("path", nargs="?", help="Parquet file for export/import")
+    common(cache)
+    cache.set_defaults(func=cmd_cache)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "cache" and args.action in ("export", "import") and not args.path:
+        print("mempipe: error: cache export/import needs a PATH", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except PipelineError as e:
+        print(f"mempipe: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mempipe: interrupted; finished shards are kept and a rerun resumes", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

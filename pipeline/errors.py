@@ -1,0 +1,27 @@
+"""Errors that tell the user exactly where the problem is."""
+
+from __future__ import annotations
+
+
+class PipelineError(Exception):
+    """Base class for errors the CLI reports without a traceback."""
+
+
+class InputError(PipelineError):
+    """Bad corpus input: names the file, the record and the field."""
+
+    def __init__(self, file: str, record: str | None, field: str | None, message: str) -> None:
+        self.file = str(file)
+        self.record = record
+        self.field = field
+        self.message = message
+        where = [f"file {self.file}"]
+        if record is not None:
+            where.append(f"record {record}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        super().__init__(f"{', '.join(where)}: {message}")
+
+
+class ConfigError(PipelineError):
+    """Bad configuration: names the key."""

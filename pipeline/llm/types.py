@@ -1,0 +1,58 @@
+"""The contract every algorithm codes against: an injected chat model.
+
+Algorithms receive something that satisfies `ChatLLM`; in the pipeline it is `LLMClient`
+(cached, rate-limited, retried), in unit tests it can be any small fake.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from pydantic import BaseModel
+
+Messages = list[dict[str, str]]
+
+
+class LLMError(Exception):
+    """A call that could not produce a usable answer after all retries.
+
+    Stages catch it per row and record `reason` (and `raw`, the last model output if any)
+    instead of failing the stage.
+    """
+
+    def __init__(self, reason: str, raw: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+
+
+@dataclass
+class LLMResult:
+    text: str
+    parsed: Any = None  # instance of the requested pydantic schema, when one was given
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+    cached: bool = False
+
+
+class ChatLLM(Protocol):
+    async def chat(
+        self,
+        messages: Messages,
+        *,
+        schema: type[BaseModel] | None = None,
+        validate: Callable[[Any], None] | None = None,
+        sample: int = 0,
+        **params: Any,
+    ) -> LLMResult:
+        """One chat completion.
+
+        schema: pydantic model; the request uses response_format json_schema and the answer is
+        parsed and validated into `parsed`. validate: extra check on the parsed object that raises
+        ValueError with a message; an invalid answer is re-asked with the error, then LLMError.
+        sample: index of an independent sample (part of the cache key). params: per-call overrides
+        of sampling settings (temperature, max_tokens, ...).
+        """
+        ...

@@ -1,0 +1,295 @@
+"""The stage runner: plans, fingerprints, skips, executes shards on Ray, publishes manifests."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from tqdm import tqdm
+
+from pipeline import __version__
+from pipeline.artifacts import StageDir
+from pipeline.config import RunConfig
+from pipeline.errors import PipelineError
+from pipeline.fingerprint import compute_fingerprint
+from pipeline.schemas import EPISODES
+from pipeline.shard import ShardTask, run_shard
+from pipeline.stage import EpisodeStage, GlobalStage, Stage, StageContext
+
+log = logging.getLogger("mempipe")
+
+
+@dataclass
+class StageStatus:
+    name: str
+    state: str  # done | stale | partial | missing
+    fingerprint: str
+    manifest: dict[str, Any] | None
+    shards_done: int = 0
+
+
+def _sum_usage(items: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    present = [u for u in items if u]
+    if not present:
+        return None
+    total: dict[str, Any] = {}
+    for u in present:
+        for k, v in u.items():
+            if isinstance(v, (int, float)):
+                total[k] = total.get(k, 0) + v
+    if "cost_usd" in total:
+        total["cost_usd"] = round(total["cost_usd"], 6)
+    return total
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, registry: dict[str, Stage] | None = None) -> None:
+        if registry is None:
+            from stages import REGISTRY as registry
+
+        self.cfg = cfg
+        self.registry = registry
+        self.run_dir = cfg.run_dir
+        self.plan = self._plan()
+        self._fingerprints: dict[str, str] | None = None
+
+    # --- planning ---------------------------------------------------------------------------
+    def _plan(self) -> list[Stage]:
+        names = self.cfg.stages or list(self.registry)
+        unknown = [n for n in names if n not in self.registry]
+        if unknown:
+            raise PipelineError(f"stages: unknown stage(s) {unknown}; known: {list(self.registry)}")
+        order = [n for n in self.registry if n in names]  # registry order is pipeline order
+        for n in order:
+            missing = [i for i in self.registry[n].inputs if i not in order]
+            if missing:
+                raise PipelineError(f"stages: {n!r} needs {missing}, which the run's stage list leaves out")
+        return [self.registry[n] for n in order]
+
+    def fingerprints(self) -> dict[str, str]:
+        if self._fingerprints is None:
+            fps: dict[str, str] = {}
+            for stage in self.plan:
+                fps[stage.name] = compute_fingerprint(stage, self.cfg, {i: fps[i] for i in stage.inputs})
+            self._fingerprints = fps
+        return self._fingerprints
+
+    def downstream(self, names: set[str]) -> set[str]:
+        out = set(names)
+        for stage in self.plan:  # plan is topologically ordered
+            if any(i in out for i in stage.inputs):
+                out.add(stage.name)
+        return out
+
+    def status(self) -> list[StageStatus]:
+        fps = self.fingerprints()
+        result = []
+        for stage in self.plan:
+            sd = StageDir(self.run_dir, stage.name)
+            manifest = sd.manifest()
+            fp = fps[stage.name]
+            if manifest is not None and manifest.get("fingerprint") == fp:
+                state = "done"
+            elif sd.partial_fingerprint() == fp:
+                state = "partial"
+            elif manifest is not None:
+                state = "stale"
+            else:
+                state = "missing"
+            shards = len(sd.finished_shards()) if state == "partial" else 0
+            result.append(StageStatus(stage.name, state, fp, manifest, shards))
+        return result
+
+    # --- execution --------------------------------------------------------------------------
+    def run(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None) -> dict[str, str]:
+        names = {s.name for s in self.plan}
+        for n in [*(only or []), *(force or []), *([from_] if from_ else [])]:
+            if n not in names:
+                raise PipelineError(f"unknown stage {n!r}; this run's stages: {[s.name for s in self.plan]}")
+        if only and from_:
+            raise PipelineError("use either --only or --from, not both")
+        if only:
+            selected, forced = set(only), set(force or [])
+        elif from_:
+            selected = self.downstream({from_})
+            forced = selected | set(force or [])
+        else:
+            selected, forced = names, set(force or [])
+        fps = self.fingerprints()
+        outcome: dict[str, str] = {}
+        todo: list[Stage] = []
+        for stage in self.plan:
+            if stage.name not in selected:
+                continue
+            sd = StageDir(self.run_dir, stage.name)
+            if stage.name in forced:
+                sd.invalidate()
+            manifest = sd.manifest()
+            if manifest is not None and manifest.get("fingerprint") == fps[stage.name]:
+                outcome[stage.name] = "skipped"
+                continue
+            todo.append(stage)
+        todo_names = {s.name for s in todo}
+        for stage in todo:
+            for up in stage.inputs:
+                up_manifest = StageDir(self.run_dir, up).manifest()
+                if up not in todo_names and (up_manifest is None or up_manifest.get("fingerprint") != fps[up]):
+                    raise PipelineError(
+                        f"stage {stage.name!r} needs {up!r}, which is not done for this config; "
+                        f"run it first (drop --only, or add --only {up})"
+                    )
+        if not todo:
+            return outcome
+        with self._services(todo) as handles:
+            for stage in todo:
+                self._execute(stage, fps[stage.name], handles)
+                outcome[stage.name] = "ran"
+        return outcome
+
+    @contextlib.contextmanager
+    def _services(self, todo: list[Stage]) -> Iterator[dict[str, Any]]:
+        """Ray, the embedded model server and the shared cache / rate-limiter actors, for this run."""
+        needs_llm = any(s.uses_llm or s.uses_judge for s in todo)
+        with contextlib.ExitStack() as stack:
+            if self.cfg.ray.executor == "ray":
+                stack.enter_context(ray_session(self.cfg))
+            handles: dict[str, Any] = {}
+            if needs_llm:
+                for role in ("llm", "judge"):
+                    role_cfg = getattr(self.cfg, role)
+                    if role_cfg.provider == "local" and not role_cfg.base_url:
+                        url = stack.enter_context(local_server(role_cfg, self.run_dir))
+                        # Runtime-only address; fingerprints and cache keys use the model file instead.
+                        setattr(self.cfg, role, role_cfg.model_copy(update={"base_url": url}))
+                        stack.callback(setattr, self.cfg, role, role_cfg)
+                if self.cfg.ray.executor == "ray":
+                    from pipeline.llm.shared import SharedLLMHandles
+
+                    import ray
+
+                    job = ray.get_runtime_context().get_job_id()
+                    handles["llm"] = SharedLLMHandles.get_or_create(self.cfg.llm, f"{job}-llm")
+                    handles["judge"] = SharedLLMHandles.get_or_create(self.cfg.judge, f"{job}-judge")
+            yield handles
+
+    def _shards(self, stage: Stage) -> list[ShardTask]:
+        upstream = {name: dict(self.registry[name].outputs) for name in stage.inputs}
+        if isinstance(stage, GlobalStage):
+            return [ShardTask(stage, 0, None, str(self.run_dir), upstream)]
+        episodes = StageDir(self.run_dir, "ingest").read_table("episodes", schema=EPISODES).column("episode_id").to_pylist()
+        size = self.cfg.ray.episodes_per_shard
+        return [
+            ShardTask(stage, i // size, episodes[i : i + size], str(self.run_dir), upstream)
+            for i in range(0, len(episodes), size)
+        ]
+
+    def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any]) -> None:
+        sd = StageDir(self.run_dir, stage.name)
+        sd.open_partial(fingerprint)
+        done = sd.finished_shards()
+        shards = self._shards(stage)
+        pending = [t for t in shards if t.shard_idx not in done]
+        started = time.time()
+        desc = f"{stage.name}"
+        with tqdm(total=len(shards), initial=len(shards) - len(pending), desc=desc, unit="shard", leave=True) as bar:
+            for stats in self._dispatch(stage, pending, handles):
+                done[stats["shard_idx"]] = stats
+                bar.update(1)
+        if isinstance(stage, EpisodeStage):
+            stage.finalize(StageContext(cfg=self.cfg, stage=stage, out_dir=sd.partial))
+        markers = [done[i] for i in sorted(done)]
+        rows: dict[str, int] = {}
+        for m in markers:
+            for t, n in m["rows"].items():
+                rows[t] = rows.get(t, 0) + n
+        fps = self.fingerprints()
+        manifest = {
+            "stage": stage.name,
+            "fingerprint": fingerprint,
+            "upstream": {i: fps[i] for i in stage.inputs},
+            "code_version": __version__,
+            "config_section": stage.section,
+            "tables": rows,
+            "rows": sum(rows.values()),
+            "errors": sum(m["errors"] for m in markers),
+            "shards": len(markers),
+            "llm_usage": _sum_usage([m.get("llm_usage") for m in markers]),
+            "judge_usage": _sum_usage([m.get("judge_usage") for m in markers]),
+            "timings": {
+                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "wall_s": round(time.time() - started, 3),
+                "shard_s": round(sum(m.get("wall_s", 0) for m in markers), 3),
+                "resumed_shards": len(shards) - len(pending),
+            },
+        }
+        manifest.update(stage.manifest_extra(sd.partial))
+        sd.publish(manifest)
+
+    def _dispatch(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        if not tasks:
+            return
+        if self.cfg.ray.executor == "inline":
+            for t in tasks:
+                yield {**_run_or_explain(t, self.cfg, handles), "shard_idx": t.shard_idx}
+            return
+        import ray
+
+        cpus = self.cfg.ray.llm_task_cpus if (stage.uses_llm or stage.uses_judge) else self.cfg.ray.task_cpus
+        remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=0)
+        refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
+        failures: list[str] = []
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            task = refs.pop(ready[0])
+            try:
+                yield {**ray.get(ready[0]), "shard_idx": task.shard_idx}
+            except Exception as e:  # finish the other shards so a rerun resumes from them
+                failures.append(_explain(e))
+        if failures:
+            raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {failures[0]}")
+
+
+def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
+    return run_shard(task, cfg, handles)
+
+
+def _explain(e: BaseException) -> str:
+    cause = getattr(e, "cause", None) or e
+    return str(cause) if isinstance(cause, PipelineError) else f"{type(cause).__name__}: {cause}"
+
+
+@contextlib.contextmanager
+def ray_session(cfg: RunConfig) -> Iterator[None]:
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs["num_cpus"] = cfg.ray.num_cpus
+        # Workers must import this checkout (also when not pip-installed).
+        paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}}
+    ray.init(**kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def local_server(cfg: Any, run_dir: Path) -> Iterator[str]:
+    from pipeline.llm.local_server import LocalLLMServer
+
+    with LocalLLMServer(cfg) as server:
+        yield server.base_url

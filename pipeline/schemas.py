@@ -1,0 +1,54 @@
+"""The canonical Arrow schemas. Every table the pipeline writes is defined here, once."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+EPISODES = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("speakers", pa.list_(pa.string()), nullable=False),
+        # One entry per speaker (same order as `speakers`); null when the corpus has none.
+        pa.field("personas", pa.list_(pa.list_(pa.string()))),
+        pa.field("relationship", pa.string()),
+        pa.field("n_sessions", pa.int32(), nullable=False),
+        pa.field("source_file", pa.string(), nullable=False),
+    ]
+)
+
+TURNS = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("session_idx", pa.int32(), nullable=False),  # 1-based
+        pa.field("turn_idx", pa.int32(), nullable=False),  # 0-based within the session
+        pa.field("speaker", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("session_time", pa.timestamp("s")),
+        pa.field("session_gap_label", pa.string()),
+        pa.field("source_turn_id", pa.string()),
+        pa.field("gold_topic_boundary", pa.bool_()),  # True = this turn starts a new topic
+    ]
+)
+
+QA = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("qa_id", pa.string(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("answer", pa.string()),
+        pa.field("evidence", pa.list_(pa.string())),  # source_turn_ids
+        pa.field("category", pa.string()),
+        pa.field("source", pa.string(), nullable=False),  # "dataset" | "teabag"
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {"episodes": EPISODES, "turns": TURNS, "qa": QA}
+
+
+def register(name: str, schema: pa.Schema) -> pa.Schema:
+    """Register a stage's output table schema so it is defined in one place and findable by name."""
+    if name in TABLES and not TABLES[name].equals(schema):
+        raise ValueError(f"table {name!r} already registered with a different schema")
+    TABLES[name] = schema
+    return schema

@@ -1,0 +1,120 @@
+"""One unit of stage work: a shard of episodes (or the whole input, for a global stage).
+
+This is what a Ray task runs. It reads its slice of the upstream tables, calls the stage,
+writes one Parquet part per output table and then a marker; the marker is the completion
+record that makes the shard skippable after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, part_name
+from pipeline.config import RunConfig
+from pipeline.stage import EpisodeStage, GlobalStage, Rows, Stage, StageContext
+
+
+@dataclass
+class ShardTask:
+    stage: Stage  # pickled into the task, so workers need no registry lookup
+    shard_idx: int
+    episode_ids: list[str] | None  # None for a global stage
+    run_dir: str
+    upstream: dict[str, dict[str, pa.Schema]]  # finished upstream stage -> its tables
+
+
+def count_errors(table: pa.Table) -> int:
+    if "error" not in table.column_names:
+        return 0
+    return table.num_rows - table.column("error").null_count
+
+
+def _to_table(rows: Rows, schema: pa.Schema, stage: str, table: str) -> pa.Table:
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+        raise RuntimeError(f"stage {stage}: rows of table {table!r} do not match its schema: {e}") from e
+
+
+def _group_by_episode(table: pa.Table) -> dict[str, Rows]:
+    groups: dict[str, Rows] = defaultdict(list)
+    if "episode_id" not in table.column_names:
+        return groups
+    for row in table.to_pylist():
+        groups[row["episode_id"]].append(row)
+    return groups
+
+
+def _make_llms(cfg: RunConfig, stage: Any, handles: dict[str, Any]) -> tuple[Any, Any]:
+    if not (stage.uses_llm or stage.uses_judge):
+        return None, None
+    from pipeline.llm.shared import make_client
+
+    llm = make_client(cfg.llm, handles.get("llm")) if stage.uses_llm else None
+    judge = make_client(cfg.judge, handles.get("judge")) if stage.uses_judge else None
+    return llm, judge
+
+
+async def _close(*clients: Any) -> None:
+    for c in clients:
+        if c is not None:
+            await c.aclose()
+
+
+def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
+    started = time.time()
+    stage = task.stage
+    run_dir = Path(task.run_dir)
+    sd = StageDir(run_dir, stage.name)
+    upstream_dirs = {name: run_dir / name for name in task.upstream}
+    llm, judge = _make_llms(cfg, stage, handles)
+    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs, llm=llm, judge=judge)
+
+    inputs: dict[str, pa.Table] = {}
+    for name, tables in task.upstream.items():
+        for table, schema in tables.items():
+            inputs[table] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema)
+
+    async def work() -> dict[str, Rows] | dict[str, pa.Table]:
+        try:
+            if isinstance(stage, GlobalStage):
+                return await stage.run(ctx, inputs)
+            assert isinstance(stage, EpisodeStage)
+            grouped = {t: _group_by_episode(tbl) for t, tbl in inputs.items()}
+            # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
+            whole = {t: tbl.to_pylist() for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
+            jobs = []
+            for ep in task.episode_ids or []:
+                ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
+                jobs.append(stage.process_episode(ctx, ep, ep_inputs))
+            results = await asyncio.gather(*jobs)
+            merged: dict[str, Rows] = {t: [] for t in stage.outputs}
+            for res in results:
+                for t, rows in res.items():
+                    merged[t].extend(rows)
+            return merged
+        finally:
+            await _close(llm, judge)
+
+    produced = asyncio.run(work())
+    stats: dict[str, Any] = {"rows": {}, "errors": 0, "episodes": len(task.episode_ids or [])}
+    for table, schema in stage.outputs.items():
+        data = produced.get(table, [])
+        tbl = data if isinstance(data, pa.Table) else _to_table(data, schema, stage.name, table)
+        if not tbl.schema.equals(schema):
+            tbl = tbl.select(schema.names).cast(schema)
+        atomic_write_parquet(sd.partial / table / part_name(task.shard_idx), tbl)
+        stats["rows"][table] = tbl.num_rows
+        stats["errors"] += count_errors(tbl)
+    stats["llm_usage"] = llm.usage.to_dict() if llm is not None else None
+    stats["judge_usage"] = judge.usage.to_dict() if judge is not None else None
+    stats["wall_s"] = round(time.time() - started, 3)
+    atomic_write_json(sd.shard_marker(task.shard_idx), stats)
+    return stats

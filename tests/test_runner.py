@@ -1,0 +1,163 @@
+"""The stage runner: fingerprints, skipping, invalidation, row errors, status, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import toy_stages
+from ray_fixtures import ray_local, toy_dir  # noqa: F401  (pytest fixtures)
+from pipeline.artifacts import StageDir
+from pipeline.config import load_config
+from pipeline.errors import PipelineError
+from pipeline.runner import Runner
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+@pytest.fixture
+def toy(tmp_path: Path, ray_local, toy_dir: Path):
+    (toy_dir / "work.log").unlink(missing_ok=True)
+    (toy_dir / "control.json").unlink(missing_ok=True)
+    corpus = tmp_path / "n.txt"
+    corpus.write_text("5")
+
+    def make(*sets: str, executor: str = "ray") -> Runner:
+        cfg = load_config(None, [
+            f"artifacts_dir={tmp_path / 'artifacts'}", f"corpus.path={corpus}", "ray.episodes_per_shard=2",
+            f"ray.executor={executor}", *sets,
+        ])
+        return Runner(cfg, toy_stages.registry())
+
+    make.corpus = corpus  # type: ignore[attr-defined]
+    make.run_dir = tmp_path / "artifacts" / "default"  # type: ignore[attr-defined]
+    return make
+
+
+def work() -> list[str]:
+    return toy_stages.read_work_log()
+
+
+def test_first_run_writes_everything_and_second_run_does_nothing(toy):
+    out = toy().run()
+    assert out == {"ingest": "ran", "count": "ran", "double": "ran", "other": "ran"}
+    run_dir = toy.run_dir
+    m = json.loads((run_dir / "count" / "_manifest.json").read_text())
+    assert m["rows"] == 5 and m["errors"] == 0 and m["shards"] == 3
+    assert sorted(p.name for p in (run_dir / "count" / "counts").iterdir()) == [
+        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    counts = StageDir(run_dir, "count").read_table("counts").to_pylist()
+    assert sorted(r["n_turns"] for r in counts) == [3] * 5
+    doubled = StageDir(run_dir, "double").read_table("doubled").column("value").to_pylist()
+    assert doubled == [6] * 5
+    assert not list(run_dir.glob("*.partial"))
+    before = len(work())
+    assert before == 1 + 5 * 3
+
+    out = toy().run()
+    assert set(out.values()) == {"skipped"}
+    assert len(work()) == before
+
+
+def test_upstream_change_reruns_downstream_only(toy):
+    toy().run()
+    n = len(work())
+    # probes.* is count's section: count and its downstream re-run; ingest and other do not.
+    out = toy("probes.seed=7").run()
+    assert out == {"ingest": "skipped", "count": "ran", "double": "ran", "other": "skipped"}
+    stages_run = {line.split()[0] for line in work()[n:]}
+    assert stages_run == {"count", "double"}
+    # An unrelated section touches only its own stage.
+    n = len(work())
+    out = toy("probes.seed=7", "score.retrieval_k=[2]").run()
+    assert out == {"ingest": "skipped", "count": "skipped", "double": "skipped", "other": "ran"}
+    # Input data change re-runs everything downstream of ingest.
+    toy.corpus.write_text("6")
+    out = toy("probes.seed=7", "score.retrieval_k=[2]").run()
+    assert set(out.values()) == {"ran"}
+    assert StageDir(toy.run_dir, "double").manifest()["rows"] == 6
+
+
+def test_row_failure_is_recorded_not_fatal(toy, toy_dir):
+    (toy_dir / "control.json").write_text(json.dumps({"fail_row": "ep03"}))
+    toy().run()
+    m = StageDir(toy.run_dir, "count").manifest()
+    assert m["rows"] == 5 and m["errors"] == 1
+    rows = {r["episode_id"]: r for r in StageDir(toy.run_dir, "count").read_table("counts").to_pylist()}
+    assert rows["ep03"]["error"] == "toy failure" and rows["ep01"]["error"] is None
+
+
+def test_only_force_from_and_status(toy):
+    r = toy()
+    assert r.run(only=["ingest"]) == {"ingest": "ran"}
+    states = {s.name: s.state for s in toy().status()}
+    assert states == {"ingest": "done", "count": "missing", "double": "missing", "other": "missing"}
+    with pytest.raises(PipelineError, match="needs 'count'"):
+        toy().run(only=["double"])
+    toy().run()
+    n = len(work())
+    assert toy().run(force=["count"]) == {"ingest": "skipped", "count": "ran", "double": "skipped", "other": "skipped"}
+    assert {line.split()[0] for line in work()[n:]} == {"count"}
+    n = len(work())
+    assert toy().run(from_="count") == {"count": "ran", "double": "ran"}
+    assert {line.split()[0] for line in work()[n:]} == {"count", "double"}
+    states = {s.name: s.state for s in toy("probes.seed=3").status()}
+    assert states == {"ingest": "done", "count": "stale", "double": "stale", "other": "done"}
+
+
+def test_inline_executor_gives_same_tables(toy):
+    toy(executor="inline").run()
+    counts = StageDir(toy.run_dir, "count").read_table("counts").to_pylist()
+    assert len(counts) == 5
+
+
+def test_resume_after_killed_run(toy, toy_dir, tmp_path):
+    toy().run(only=["ingest"])
+    (toy_dir / "control.json").write_text(json.dumps({"hang_on": "ep04"}))
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(TESTS)!r}, {str(ROOT)!r}]
+        import toy_stages
+        from pipeline.config import load_config
+        from pipeline.runner import Runner
+        cfg = load_config(None, ["artifacts_dir={tmp_path / 'artifacts'}", "corpus.path={toy.corpus}",
+                                 "ray.episodes_per_shard=2", "ray.num_cpus=2"])
+        Runner(cfg, toy_stages.registry()).run(only=["count"])
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = f"{TESTS}:{ROOT}"
+    log = (tmp_path / "driver.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
+                            stdout=log, stderr=subprocess.STDOUT)
+    sd = StageDir(toy.run_dir, "count")
+    deadline = time.time() + 120
+    while time.time() < deadline and len(sd.finished_shards()) < 2:
+        time.sleep(0.5)
+    assert len(sd.finished_shards()) == 2, (tmp_path / "driver.log").read_text()[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert sd.manifest() is None  # nothing looks finished
+    assert {s.name: s.state for s in toy().status()}["count"] == "partial"
+
+    (toy_dir / "control.json").unlink()
+    n = len(work())
+    toy().run(only=["count"])
+    redone = [line.split()[1] for line in work()[n:]]
+    assert redone == ["ep04"]  # only the unfinished shard
+    m = sd.manifest()
+    assert m["rows"] == 5 and m["timings"]["resumed_shards"] == 2
+    uninterrupted = toy("run_name=fresh")
+    uninterrupted.run()
+    a = sd.read_table("counts").sort_by("episode_id")
+    b = StageDir(toy.run_dir.parent / "fresh", "count").read_table("counts").sort_by("episode_id")
+    assert a.equals(b)
