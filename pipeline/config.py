@@ -156,6 +156,7 @@ class ProbesConfig(Section):
     next_response: bool = True
     from_session: int = Field(default=3, ge=2)  # next-response probes in sessions >= this
     max_per_episode: int | None = Field(default=2, ge=1)  # sampled; None = every agent turn
+    agent_speaker: int = Field(default=1, ge=0)  # index into the episode's speakers: whose turns are predicted
     qa: bool = True
     max_qa_per_episode: int | None = Field(default=2, ge=1)
     seed: int = 0
@@ -171,6 +172,7 @@ class RespondConfig(Section):
 
 class ScoreConfig(Section):
     retrieval_k: list[int] = Field(default_factory=lambda: [1, 3, 5])
+    retrievers: list[Literal["bm25", "dense", "hybrid"]] = Field(default_factory=lambda: ["bm25", "dense"])
 
 
 class RunConfig(Section):

@@ -25,3 +25,11 @@ def ray_local(toy_dir):
              runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}", "TOY_DIR": str(toy_dir)}})
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def models_cache() -> Path:
+    """Packaged models are extracted / converted once into the repo's cache (like the default run)."""
+    d = ROOT / ".cache" / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

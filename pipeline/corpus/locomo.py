@@ -1,0 +1,91 @@
+"""LoCoMo (locomo10.json): a list of samples with conversation.session_<n> (+ session_<n>_date_time) and qa."""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.corpus.reader import RawRecord
+from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join
+
+DATASET = "locomo"
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+_SESSION_RE = re.compile(r"^session_(\d+)$")
+
+
+def parse(rec: RawRecord, chk: Checker) -> Episode:
+    d = chk.obj(rec.data, "")
+    episode_id = f"{DATASET}-{chk.ident(d, 'sample_id')}"
+    chk.name(episode_id)
+    conv = chk.req(d, "conversation", dict)
+    speakers = [chk.req(conv, "speaker_a", str, "conversation"), chk.req(conv, "speaker_b", str, "conversation")]
+
+    keys: dict[int, str] = {}
+    for key in conv:
+        m = _SESSION_RE.match(key)
+        if not m:
+            continue
+        n = int(m[1])
+        if n in keys:
+            chk.fail(join("conversation", key), f"session {n} is given twice (also as {keys[n]!r})")
+        keys[n] = key
+    if not keys:
+        chk.fail("conversation.session_1", "conversation has no sessions")
+    sessions = []
+    for expected, n in enumerate(sorted(keys), start=1):
+        if n != expected:
+            chk.fail(f"conversation.session_{expected}", f"session {expected} is missing but session {n} exists")
+        at = join("conversation", keys[n])
+        turns = []
+        for i, raw in enumerate(chk.check(conv[keys[n]], list, at)):
+            t_at = join(at, i)
+            t = chk.obj(raw, t_at)
+            text = chk.req(t, "text", str, t_at)
+            caption = chk.opt(t, "blip_caption", str, t_at)
+            if caption:
+                # The shared photo carries content that questions ask about.
+                text = f"{text} [shares {caption}]"
+            turns.append(
+                Turn(
+                    speaker=chk.req(t, "speaker", str, t_at),
+                    text=text,
+                    path=t_at,
+                    source_turn_id=chk.opt(t, "dia_id", str, t_at),
+                )
+            )
+        time_key = f"{keys[n]}_date_time"
+        when = chk.time(conv.get(time_key), join("conversation", time_key))
+        sessions.append(Session(turns, at, time=when))
+
+    return Episode(
+        episode_id=episode_id,
+        dataset=DATASET,
+        sessions=sessions,
+        speakers=speakers,
+        qa=_qa(d, episode_id, chk),
+        sessions_path="conversation",
+    )
+
+
+def _qa(d: dict, episode_id: str, chk: Checker) -> list[QAItem]:
+    items = []
+    for i, raw in enumerate(chk.opt(d, "qa", list, default=[])):
+        at = join("qa", i)
+        q = chk.obj(raw, at)
+        category = chk.req(q, "category", int, at)
+        if category not in CATEGORIES:
+            chk.fail(join(at, "category"), f"unknown category {category} (known: {sorted(CATEGORIES)})")
+        # Adversarial questions carry "adversarial_answer" (the tempting wrong answer) instead of "answer".
+        key = "answer" if q.get("answer") is not None else "adversarial_answer"
+        answer = chk.opt(q, key, (str, int, float), at)
+        evidence = q.get("evidence")
+        items.append(
+            QAItem(
+                qa_id=f"{episode_id}-q{i}",
+                question=chk.req(q, "question", str, at),
+                answer=None if answer is None else str(answer),
+                evidence=[] if evidence is None else chk.str_list(evidence, join(at, "evidence")),
+                category=CATEGORIES[category],
+                path=at,
+            )
+        )
+    return items

@@ -1,0 +1,236 @@
+"""Shared by every loader: typed field access that names file/record/field on failure, the
+format-neutral episode structure, and its conversion to canonical episodes / turns / qa rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, NoReturn
+
+from pipeline.corpus.reader import RawRecord
+from pipeline.errors import InputError
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "an object"}
+
+
+def _describe(types: tuple[type, ...]) -> str:
+    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def join(at: str, key: str | int) -> str:
+    """Field path: join("sessions[0]", "turns") -> "sessions[0].turns"; join("turns", 2) -> "turns[2]"."""
+    if isinstance(key, int):
+        return f"{at}[{key}]"
+    return f"{at}.{key}" if at else key
+
+
+class Checker:
+    """Typed access to one raw record. Every failure is an InputError naming file, record and field."""
+
+    def __init__(self, rec: RawRecord) -> None:
+        self.file = str(rec.file)
+        self.locator = rec.locator
+        self.record = rec.locator
+
+    def name(self, episode_id: str) -> None:
+        """Once the episode id is known, errors name it next to the line / item number."""
+        self.record = f"{episode_id} ({self.locator})"
+
+    def fail(self, path: str | None, message: str) -> NoReturn:
+        raise InputError(self.file, self.record, path or None, message)
+
+    def check(self, value: Any, types: type | tuple[type, ...], path: str) -> Any:
+        types = types if isinstance(types, tuple) else (types,)
+        # bool is an int subclass in Python but not a number in JSON.
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            self.fail(path, f"expected {_describe(types)}, got {_json_type(value)}")
+        return value
+
+    def obj(self, value: Any, path: str) -> dict:
+        return self.check(value, dict, path)
+
+    def req(self, obj: Mapping, key: str, types: type | tuple[type, ...], at: str = "") -> Any:
+        path = join(at, key)
+        if key not in obj or obj[key] is None:
+            self.fail(path, "required field is missing or null")
+        return self.check(obj[key], types, path)
+
+    def opt(self, obj: Mapping, key: str, types: type | tuple[type, ...], at: str = "", default: Any = None) -> Any:
+        if obj.get(key) is None:
+            return default
+        return self.check(obj[key], types, join(at, key))
+
+    def str_list(self, value: Any, path: str) -> list[str]:
+        self.check(value, list, path)
+        for i, item in enumerate(value):
+            self.check(item, str, join(path, i))
+        return value
+
+    def ident(self, obj: Mapping, key: str, at: str = "") -> str:
+        """An id field: a non-empty string, or an integer (kept as its decimal string)."""
+        value = self.req(obj, key, (str, int), at)
+        if isinstance(value, str) and not value.strip():
+            self.fail(join(at, key), "must not be empty")
+        return str(value)
+
+    def time(self, value: Any, path: str) -> datetime | None:
+        if value is None:
+            return None
+        self.check(value, str, path)
+        try:
+            return parse_time(value)
+        except ValueError:
+            self.fail(path, f"unrecognised date/time {value!r} (expected ISO 8601 or like '1:56 pm on 8 May, 2023')")
+
+
+_LOCOMO_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M %p on %d %B %Y", "%I:%M %p on %d %b %Y")
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 or a LoCoMo date ("1:56 pm on 8 May, 2023") -> naive datetime to the second (UTC if zoned)."""
+    s = " ".join(text.split())
+    try:
+        dt = datetime.fromisoformat(s)
+    except ValueError:
+        for fmt in _LOCOMO_FORMATS:
+            try:
+                dt = datetime.strptime(s, fmt)
+                break
+            except ValueError:
+                continue
+        else:
+            raise ValueError(f"unrecognised date/time {text!r}") from None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return dt.replace(microsecond=0)
+
+
+@dataclass
+class Turn:
+    speaker: str
+    text: str
+    path: str  # where the turn sits in the record, for error messages
+    source_turn_id: str | None = None
+    topic_start: bool | None = None
+
+
+@dataclass
+class Session:
+    turns: list[Turn]
+    path: str
+    time: datetime | None = None
+    gap: str | None = None
+
+
+@dataclass
+class QAItem:
+    qa_id: str
+    question: str
+    answer: str | None
+    evidence: list[str] | None
+    category: str | None
+    path: str
+
+
+@dataclass
+class Episode:
+    """One conversation, format-neutral. speakers=None: derive them from the turns in order of appearance;
+    given: every turn's speaker must be in it."""
+
+    episode_id: str
+    dataset: str
+    sessions: list[Session]
+    speakers: list[str] | None = None
+    personas: dict[str, list[str]] | None = None
+    relationship: str | None = None
+    qa: list[QAItem] = field(default_factory=list)
+    sessions_path: str = "sessions"  # the field an "episode has no sessions" error names
+
+
+@dataclass
+class Rows:
+    episode: dict
+    turns: list[dict]
+    qa: list[dict]
+
+
+def build_rows(ep: Episode, chk: Checker) -> Rows:
+    """Validate the format-neutral episode and turn it into canonical rows."""
+    if not ep.sessions:
+        chk.fail(ep.sessions_path, "episode has no sessions")
+    speakers = _speakers(ep, chk)
+    personas = None
+    if ep.personas is not None:
+        for name in ep.personas:
+            if name not in speakers:
+                chk.fail("personas", f"persona given for {name!r}, who is not a speaker of the episode {speakers}")
+        personas = [list(ep.personas.get(s, [])) for s in speakers]
+
+    has_topics = any(t.topic_start is not None for s in ep.sessions for t in s.turns)
+    turns: list[dict] = []
+    for s_idx, session in enumerate(ep.sessions, start=1):
+        if not session.turns:
+            chk.fail(session.path, "empty session (no turns)")
+        for t_idx, t in enumerate(session.turns):
+            turns.append(
+                {
+                    "episode_id": ep.episode_id,
+                    "session_idx": s_idx,
+                    "turn_idx": t_idx,
+                    "speaker": t.speaker,
+                    "text": t.text,
+                    "session_time": session.time,
+                    "session_gap_label": session.gap,
+                    "source_turn_id": t.source_turn_id or f"D{s_idx}:{t_idx + 1}",
+                    "gold_topic_boundary": bool(t.topic_start) if has_topics else None,
+                }
+            )
+
+    qa: list[dict] = []
+    seen: set[str] = set()
+    for q in ep.qa:
+        if q.qa_id in seen:
+            chk.fail(join(q.path, "qa_id"), f"duplicate qa_id {q.qa_id!r} in the episode")
+        seen.add(q.qa_id)
+        qa.append(
+            {
+                "episode_id": ep.episode_id,
+                "qa_id": q.qa_id,
+                "question": q.question,
+                "answer": q.answer,
+                "evidence": None if q.evidence is None else list(q.evidence),
+                "category": q.category,
+                "source": "dataset",
+            }
+        )
+
+    episode = {
+        "episode_id": ep.episode_id,
+        "dataset": ep.dataset,
+        "speakers": speakers,
+        "personas": personas,
+        "relationship": ep.relationship,
+        "n_sessions": len(ep.sessions),
+        "source_file": chk.file,
+    }
+    return Rows(episode, turns, qa)
+
+
+def _speakers(ep: Episode, chk: Checker) -> list[str]:
+    if ep.speakers is None:
+        return list(dict.fromkeys(t.speaker for s in ep.sessions for t in s.turns))
+    for s in ep.sessions:
+        for t in s.turns:
+            if t.speaker not in ep.speakers:
+                chk.fail(join(t.path, "speaker"), f"speaker {t.speaker!r} is not one of the episode's speakers {ep.speakers}")
+    return list(ep.speakers)

@@ -1,0 +1,492 @@
+"""`LLMClient`: the one chat / embedding client (cached, rate-limited, retried, accounted).
+
+One retry loop lives here (the SDK's own retries are off): exponential backoff with full jitter on
+429, 5xx, timeouts and connection errors, honouring Retry-After. Structured answers are parsed and
+validated; an invalid one is re-asked with the error, then becomes `LLMError(reason, raw=...)`.
+
+The API key comes from the environment only. It is held by the SDK client, and never enters cache
+keys, cache values, usage, reprs, exception messages or logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import random
+import re
+import weakref
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping
+
+import openai
+from pydantic import BaseModel, ValidationError
+
+from pipeline.config import LLMConfig
+from pipeline.errors import ConfigError
+from pipeline.llm.cache import CallCache, chat_cache_key, embed_cache_key
+from pipeline.llm.ratelimit import RateLimiter, estimate_tokens
+from pipeline.llm.types import LLMError, LLMResult, Messages
+from pipeline.llm.usage import Usage, call_cost
+
+log = logging.getLogger(__name__)
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+PLACEHOLDER_KEY = "not-needed"  # local / self-hosted servers ignore the key but the SDK wants one
+EMBED_BATCH = 128
+_MAX_RETRY_AFTER_S = 300.0  # a server asking for longer is treated as asking for this
+_FLOAT_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+# Arguments chat.completions.create takes by name; anything else goes into the request body as is.
+_CREATE_ARGS = frozenset({
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop", "n",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
+    "reasoning_effort", "service_tier", "user",
+})
+REASK = ("Your previous answer was invalid: {error}\n"
+         "Answer again with only a JSON object that matches the required schema.")
+
+
+def resolve_api_key(cfg: LLMConfig, section: str = "llm") -> str:
+    """The key from the environment variable `cfg.api_key_env`; a placeholder where none is needed."""
+    if cfg.provider == "local":
+        return PLACEHOLDER_KEY  # never send a real OpenAI key to the embedded server
+    value = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    if value:
+        return value
+    if cfg.base_url is None:
+        raise ConfigError(
+            f"{section}.api_key_env: environment variable {cfg.api_key_env!r} is not set; "
+            "provider 'openai' without a base_url needs an API key"
+            if cfg.api_key_env else
+            f"{section}.api_key_env: not set; provider 'openai' without a base_url needs an API key")
+    return PLACEHOLDER_KEY
+
+
+def endpoint_identity(cfg: LLMConfig) -> str:
+    """What identifies the endpoint in cache keys.
+
+    The embedded server gets a new free port each run, so its identity is the model file rather
+    than the URL; otherwise a warm rerun would miss every entry.
+    """
+    if cfg.provider == "local":
+        return f"local:{cfg.local.model_path or 'default'}"
+    return (cfg.base_url or OPENAI_BASE_URL).rstrip("/")
+
+
+# ---------------------------------------------------------------- structured outputs
+
+_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "contains")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def strict_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """pydantic's JSON schema adapted to OpenAI strict mode.
+
+    Strict mode rejects objects without `additionalProperties: false` or with optional properties,
+    `default`, and `$ref` with sibling keys. Every property becomes required (pydantic still applies
+    defaults when validating). vLLM and the llama.cpp server accept the result too.
+    """
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and len(node) > 1 and ref.startswith("#/$defs/"):
+            node = {**copy.deepcopy(defs.get(ref.rsplit("/", 1)[-1], {})),
+                    **{k: v for k, v in node.items() if k != "$ref"}}
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            if k == "default":
+                continue
+            if k in _SCHEMA_MAPS and isinstance(v, dict):
+                out[k] = {name: walk(s) for name, s in v.items()}
+            elif k in _SCHEMA_ONE and isinstance(v, dict):
+                out[k] = walk(v)
+            elif k in _SCHEMA_LISTS and isinstance(v, list):
+                out[k] = [walk(s) for s in v]
+            else:
+                out[k] = copy.deepcopy(v)
+        if out.get("type") == "object" and isinstance(out.get("properties"), dict):
+            out["additionalProperties"] = False
+            out["required"] = list(out["properties"])
+        return out
+
+    return walk(schema)
+
+
+def response_format_for(schema: type[BaseModel]) -> dict[str, Any]:
+    name = re.sub(r"[^a-zA-Z0-9_-]", "_", schema.__name__)[:64] or "answer"
+    return {"type": "json_schema", "json_schema": {
+        "name": name, "schema": strict_json_schema(schema.model_json_schema()), "strict": True}}
+
+
+def extract_json(text: str) -> Any:
+    """json.loads that tolerates ```json fences and prose around one JSON object."""
+    s = text.strip()
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError as first:
+        m = _FENCE.search(s)
+        if m:
+            return json.loads(m.group(1).strip())
+        i, j = s.find("{"), s.rfind("}")
+        if 0 <= i < j:
+            try:
+                return json.loads(s[i:j + 1])
+            except json.JSONDecodeError:
+                pass
+        raise first
+
+
+def parse_structured(text: str, schema: type[BaseModel]) -> BaseModel:
+    """Parse and validate; raises ValueError (JSONDecodeError / ValidationError) on a bad answer."""
+    return schema.model_validate(extract_json(text))
+
+
+def describe_error(err: Exception) -> str:
+    """A short message the model can act on (pydantic's default text carries URLs and inputs)."""
+    if isinstance(err, ValidationError):
+        errs = err.errors()
+        parts = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in errs[:8]]
+        return "; ".join(parts) + (f" (and {len(errs) - 8} more)" if len(errs) > 8 else "")
+    if isinstance(err, json.JSONDecodeError):
+        return f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
+    return str(err) or type(err).__name__
+
+
+# ---------------------------------------------------------------- transport helpers
+
+def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds from `retry-after-ms` / `Retry-After` (seconds or an HTTP date); None if absent."""
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return min(max(float(ms) / 1000, 0.0), _MAX_RETRY_AFTER_S)
+        except ValueError:
+            pass
+    ra = headers.get("retry-after")
+    if not ra:
+        return None
+    try:
+        seconds = float(ra)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(ra)
+        except (TypeError, ValueError):
+            return None
+        from datetime import datetime, timezone
+        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+
+
+def _retryable_status(status: int) -> bool:
+    return status == 429 or status == 408 or status >= 500
+
+
+@dataclass
+class _LoopState:
+    client: openai.AsyncOpenAI
+    semaphore: asyncio.Semaphore
+    closer: AsyncGenerator[None, None]
+
+
+async def _close_at_loop_end(client: openai.AsyncOpenAI) -> AsyncGenerator[None, None]:
+    """Suspended at its yield until asyncio.run's shutdown_asyncgens closes it.
+
+    That is the last moment the loop can still close the HTTP pool; after it, the SDK's
+    finaliser would try to close sockets of a dead loop from a new one and log errors.
+    """
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+class LLMClient:
+    """Implements `ChatLLM` over any OpenAI-compatible endpoint."""
+
+    def __init__(self, cfg: LLMConfig, *, cache: CallCache | None = None, limiter: RateLimiter | None = None,
+                 api_key: str | None = None, section: str = "llm") -> None:
+        if cfg.provider == "local" and not cfg.base_url:
+            raise ConfigError(f"{section}.base_url: not set; start the local server before creating the client")
+        self.cfg = cfg
+        self.cache = cache
+        self.limiter = limiter
+        self.usage = Usage()
+        self.endpoint = endpoint_identity(cfg)
+        self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
+        self._rng = random.Random()
+        # The SDK's HTTP pool and asyncio primitives belong to one event loop; stages may call
+        # asyncio.run once per batch, so each loop gets its own.
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = \
+            weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return (f"LLMClient(model={self.cfg.model!r}, endpoint={self.endpoint!r}, "
+                f"cache={self.cache!r}, limiter={self.limiter!r})")
+
+    def __reduce__(self) -> Any:
+        # Pickling would ship the key; Ray tasks rebuild a client with shared.make_client(cfg, handles).
+        raise TypeError("LLMClient is not picklable; pass (cfg, handles) and call make_client in the task")
+
+    async def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        st = self._states.get(loop)
+        if st is None:
+            client = openai.AsyncOpenAI(base_url=self.cfg.base_url or OPENAI_BASE_URL, api_key=self.__key,
+                                        max_retries=0, timeout=self.cfg.timeout_s)
+            closer = _close_at_loop_end(client)
+            await closer.__anext__()  # registers it with this loop's async-generator hooks
+            st = _LoopState(client, asyncio.Semaphore(self.cfg.max_concurrency), closer)
+            self._states[loop] = st
+        return st
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the running loop (asyncio.run's end closes it too)."""
+        st = self._states.pop(asyncio.get_running_loop(), None)
+        if st is not None:
+            await st.closer.aclose()
+
+    def _scrub(self, text: str) -> str:
+        key = self.__key
+        return text.replace(key, "***") if key and len(key) >= 8 else text
+
+    # ------------------------------------------------------------ accounting
+
+    def _add_tokens(self, model: str, prompt: int, completion: int, cached: bool) -> None:
+        u = self.usage
+        u.prompt_tokens += prompt
+        u.completion_tokens += completion
+        cost = call_cost(self.cfg.prices, model, prompt, completion)
+        u.cost_usd += cost
+        if cached:
+            u.cached_cost_usd += cost
+
+    # ------------------------------------------------------------ retry loop
+
+    async def _send(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int) -> Any:
+        """One request with transport retries. Raises LLMError when retries are exhausted."""
+        st = await self._state()
+        attempt = 0
+        while True:
+            retry_after: float | None = None
+            fatal = False
+            async with st.semaphore:
+                # Pace inside the slot so that the reserved send time is the actual send time.
+                if self.limiter is not None:
+                    await self.limiter.acquire(est_tokens)
+                try:
+                    return await call(st.client)
+                except openai.APIStatusError as e:
+                    status = e.status_code
+                    err = f"HTTP {status}: {_short(e.message)}"
+                    fatal = not _retryable_status(status)
+                    if status in (429, 503):
+                        retry_after = parse_retry_after(e.response.headers)
+                except openai.APITimeoutError:
+                    err = f"timeout after {self.cfg.timeout_s:g} s"
+                except openai.APIConnectionError as e:
+                    err = f"connection error: {_short(str(e.__cause__ or e))}"
+                except openai.APIResponseValidationError as e:
+                    err = f"malformed response: {_short(e.message)}"
+            # Raised here, outside the except blocks, so the SDK exception (whose request carries
+            # the Authorization header) is not chained onto the LLMError.
+            err = self._scrub(err)
+            if fatal:
+                raise LLMError(err)
+            if attempt >= self.cfg.max_retries:
+                raise LLMError(f"{err} (gave up after {attempt + 1} attempts)")
+            attempt += 1
+            self.usage.retries += 1
+            if retry_after is not None:
+                if self.limiter is not None:
+                    await self.limiter.pause(retry_after)  # every worker sharing the limiter waits
+                delay = retry_after
+            else:
+                cap = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2 ** (attempt - 1))
+                delay = self._rng.uniform(0, cap)  # full jitter
+            log.debug("LLM request failed (%s); retry %d in %.2f s", err, attempt, delay)
+            await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------ chat
+
+    def _sampling(self, sample: int, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        p: dict[str, Any] = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
+                             "max_tokens": self.cfg.max_tokens, "seed": self.cfg.seed}
+        p.update(params)
+        model = p.pop("model", None) or self.cfg.model
+        if sample and p.get("seed") is not None:
+            p["seed"] = int(p["seed"]) + sample
+        for k in _FLOAT_PARAMS:  # 0 and 0.0 must give the same cache key
+            if isinstance(p.get(k), int):
+                p[k] = float(p[k])
+        return model, {k: v for k, v in p.items() if v is not None}
+
+    async def chat(self, messages: Messages, *, schema: type[BaseModel] | None = None,
+                   validate: Callable[[Any], None] | None = None, sample: int = 0, **params: Any) -> LLMResult:
+        model, sampling = self._sampling(sample, params)
+        response_format = response_format_for(schema) if schema is not None else None
+        key = chat_cache_key(self.endpoint, model, messages, sampling, response_format, sample)
+        if self.cache is not None:
+            hit = await self.cache.get(key)
+            result = self._from_cache(hit, schema, validate) if hit is not None else None
+            if result is not None:
+                self.usage.calls += 1
+                self.usage.cached_calls += 1
+                self._add_tokens(model, result.prompt_tokens, result.completion_tokens, cached=True)
+                return result
+        try:
+            result = await self._chat_live(model, messages, sampling, schema, response_format, validate)
+        except LLMError:
+            self.usage.failed_calls += 1
+            raise
+        self.usage.calls += 1
+        if self.cache is not None:
+            await self.cache.set(key, {
+                "text": result.text,
+                "parsed": result.parsed.model_dump(mode="json") if result.parsed is not None else None,
+                "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                "model": result.model,
+            })
+        return result
+
+    def _from_cache(self, hit: dict[str, Any], schema: type[BaseModel] | None,
+                    validate: Callable[[Any], None] | None) -> LLMResult | None:
+        parsed = None
+        if schema is not None:
+            # Re-check: the validator may have become stricter since the answer was stored.
+            try:
+                parsed = schema.model_validate(hit["parsed"])
+                if validate is not None:
+                    validate(parsed)
+            except ValueError as e:
+                log.info("cached answer no longer valid (%s); asking again", describe_error(e))
+                return None
+        return LLMResult(text=hit["text"], parsed=parsed, prompt_tokens=int(hit.get("prompt_tokens", 0)),
+                         completion_tokens=int(hit.get("completion_tokens", 0)),
+                         model=hit.get("model", ""), cached=True)
+
+    async def _chat_live(self, model: str, messages: Messages, sampling: dict[str, Any],
+                         schema: type[BaseModel] | None, response_format: dict[str, Any] | None,
+                         validate: Callable[[Any], None] | None) -> LLMResult:
+        named = {k: v for k, v in sampling.items() if k in _CREATE_ARGS}
+        extra = {k: v for k, v in sampling.items() if k not in _CREATE_ARGS}
+        if response_format is not None:
+            named["response_format"] = response_format
+        conversation = list(messages)
+        prompt_tokens = completion_tokens = 0
+        attempts = 1 + (self.cfg.structured_retries if schema is not None else 0)
+        last_text: str | None = None
+        last_error = ""
+        for i in range(attempts):
+            if i:
+                self.usage.reasks += 1
+            conv = conversation  # bind this attempt's conversation for the closure
+
+            async def call(client: openai.AsyncOpenAI) -> Any:
+                return await client.chat.completions.create(
+                    model=model, messages=conv, extra_body=extra or None, **named)  # type: ignore[arg-type]
+
+            resp = await self._send(call, estimate_tokens(conv, sampling.get("max_tokens")))
+            text, pt, ct, resp_model = _read_chat(resp)
+            prompt_tokens += pt
+            completion_tokens += ct
+            self._add_tokens(model, pt, ct, cached=False)
+            if schema is None:
+                return LLMResult(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                 model=resp_model or model)
+            try:
+                parsed = parse_structured(text, schema)
+                if validate is not None:
+                    validate(parsed)
+            except ValueError as e:
+                last_text, last_error = text, describe_error(e)
+                conversation = conversation + [{"role": "assistant", "content": text},
+                                               {"role": "user", "content": REASK.format(error=last_error)}]
+                continue
+            return LLMResult(text=text, parsed=parsed, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens, model=resp_model or model)
+        raise LLMError(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
+
+    # ------------------------------------------------------------ embeddings
+
+    async def embed(self, texts: list[str], model: str) -> list[list[float]]:
+        """Embedding vectors in input order; each text is cached on its own."""
+        keys = [embed_cache_key(self.endpoint, model, t) for t in texts]
+        out: list[list[float] | None] = [None] * len(texts)
+        if self.cache is not None:
+            hits = await asyncio.gather(*(self.cache.get(k) for k in keys))
+            for i, hit in enumerate(hits):
+                if hit is not None:
+                    out[i] = hit["embedding"]
+                    self.usage.calls += 1
+                    self.usage.cached_calls += 1
+                    self._add_tokens(model, int(hit.get("prompt_tokens", 0)), 0, cached=True)
+        todo: dict[str, list[int]] = {}  # text -> positions, so duplicates are sent once
+        for i, t in enumerate(texts):
+            if out[i] is None:
+                todo.setdefault(t, []).append(i)
+        pending = list(todo)
+        for start in range(0, len(pending), EMBED_BATCH):
+            batch = pending[start:start + EMBED_BATCH]
+
+            async def call(client: openai.AsyncOpenAI, batch: list[str] = batch) -> Any:
+                return await client.embeddings.create(model=model, input=batch, encoding_format="float")
+
+            try:
+                resp = await self._send(call, sum(len(t) for t in batch) // 4 + len(batch))
+                vectors = [d.embedding for d in sorted(resp.data, key=lambda d: d.index)]
+                if len(vectors) != len(batch):
+                    raise LLMError(f"embeddings: asked for {len(batch)} vectors, got {len(vectors)}")
+            except LLMError:
+                self.usage.failed_calls += len(batch)
+                raise
+            total = int(getattr(resp.usage, "prompt_tokens", 0) or 0)
+            shares = _split_tokens(total, [len(t) for t in batch])
+            for text, vec, tokens in zip(batch, vectors, shares):
+                vec = [float(x) for x in vec]
+                for i in todo[text]:
+                    out[i] = vec
+                self.usage.calls += 1
+                self._add_tokens(model, tokens, 0, cached=False)
+                if self.cache is not None:
+                    await self.cache.set(embed_cache_key(self.endpoint, model, text),
+                                         {"embedding": vec, "prompt_tokens": tokens, "model": model})
+        return out  # type: ignore[return-value]
+
+
+def _read_chat(resp: Any) -> tuple[str, int, int, str]:
+    choices = getattr(resp, "choices", None) or []
+    if not choices:
+        raise LLMError("malformed response: no choices")
+    msg = choices[0].message
+    text = msg.content
+    if text is None:
+        refusal = getattr(msg, "refusal", None)
+        text = "" if not refusal else f"(refused: {refusal})"
+    usage = getattr(resp, "usage", None)
+    pt = int(getattr(usage, "prompt_tokens", 0) or 0)
+    ct = int(getattr(usage, "completion_tokens", 0) or 0)
+    return text, pt, ct, getattr(resp, "model", "") or ""
+
+
+def _split_tokens(total: int, weights: list[int]) -> list[int]:
+    """Split a batch's token count over its texts in proportion to length; sums to total."""
+    w = sum(weights) or len(weights) or 1
+    shares = [total * x // w for x in weights]
+    if shares:
+        shares[-1] += total - sum(shares)
+    return shares
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,51 @@
+"""LLM usage accounting: calls, cache hits, failures, retries, tokens and estimated cost.
+
+Tokens and cost include calls served from the cache (the spec reports usage of cached calls too);
+`cached_cost_usd` is the part of `cost_usd` that the cache saved, so money spent this run is
+`cost_usd - cached_cost_usd`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+
+@dataclass
+class Usage:
+    calls: int = 0  # answered calls, live or cached (one per text for embeddings)
+    cached_calls: int = 0  # of `calls`, served from the cache
+    failed_calls: int = 0  # calls that ended in LLMError
+    retries: int = 0  # transport retries (429, 5xx, timeouts, connection errors)
+    reasks: int = 0  # structured-output re-asks after an invalid answer
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    cached_cost_usd: float = 0.0
+
+    def merge(self, other: Usage) -> Usage:
+        """Add `other` into this one (in place) and return self."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cost_usd"] = round(d["cost_usd"], 8)
+        d["cached_cost_usd"] = round(d["cached_cost_usd"], 8)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        # Unknown keys are ignored so manifests written by older versions still load.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def call_cost(prices: Mapping[str, Mapping[str, float]], model: str, prompt_tokens: int,
+              completion_tokens: int) -> float:
+    """USD for one call from per-1M-token prices; 0 for a model without a price."""
+    p = prices.get(model)
+    if not p:
+        return 0.0
+    return (prompt_tokens * p.get("input", 0.0) + completion_tokens * p.get("output", 0.0)) / 1_000_000

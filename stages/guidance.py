@@ -1,0 +1,71 @@
+"""guidance: SeCom's reflection-learned segmentation guidance (Sec. 2.2, App. A.1), as an artifact.
+
+Runs only with `segment.mode: reflection` and no `segment.guidance_path`. It learns a rubric and
+few-shot examples from sessions with gold boundaries and writes `guidance.json`, which the
+segment stage reads; copy that file anywhere and point `segment.guidance_path` at it to reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.config import RunConfig
+from pipeline.corpus import load_corpus
+from pipeline.errors import PipelineError
+from pipeline.schemas import GUIDANCE
+from pipeline.stage import GlobalStage, StageContext
+from stages.common import sessions_of
+from stages.methods import secom
+from stages.segment import GUIDANCE_FILE
+
+
+def annotated_sessions(turns: list[dict[str, Any]], limit: int | None) -> list[list[dict[str, Any]]]:
+    by_episode: dict[str, list[dict[str, Any]]] = {}
+    for t in turns:
+        by_episode.setdefault(t["episode_id"], []).append(t)
+    sessions = [
+        s for ep in by_episode.values() for s in sessions_of(ep).values()
+        if all(t["gold_topic_boundary"] is not None for t in s)
+    ]
+    return sessions[:limit] if limit else sessions
+
+
+class GuidanceStage(GlobalStage):
+    name = "guidance"
+    inputs = ("ingest",)
+    outputs = {"guidance": GUIDANCE}
+    section = "segment"
+    uses_llm = True
+    code = (secom,)
+
+    def active(self, cfg: RunConfig) -> bool:
+        return cfg.segment.mode == "reflection" and not cfg.segment.guidance_path
+
+    def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
+        return {"active": self.active(cfg)}
+
+    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        if not self.active(ctx.cfg):
+            return {"guidance": GUIDANCE.empty_table()}
+        rcfg = ctx.section.reflection
+        if rcfg.corpus_path:
+            turns = load_corpus(rcfg.corpus_format, rcfg.corpus_path).turns
+        else:
+            turns = inputs["turns"].to_pylist()
+        sessions = annotated_sessions(turns, rcfg.limit)
+        if not sessions:
+            raise PipelineError("segment.mode=reflection needs sessions with gold topic boundaries "
+                                "(set segment.reflection.corpus_path to an annotated corpus)")
+        learned = await secom.learn_guidance(
+            ctx.llm, sessions, rounds=rcfg.rounds, batch_size=rcfg.batch_size, hard_k=rcfg.hard_k,
+            max_turns_per_call=ctx.section.max_turns_per_call,
+        )
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        data = learned.to_dict()
+        (ctx.out_dir / GUIDANCE_FILE).write_text(json.dumps(data, indent=2))
+        row = {"rubric": learned.rubric, "examples_json": json.dumps(data["examples"]),
+               "history_json": json.dumps(data["history"]), "sessions_used": len(sessions), "model": ctx.cfg.llm.model}
+        return {"guidance": pa.Table.from_pylist([row], GUIDANCE)}

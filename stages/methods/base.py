@@ -1,0 +1,133 @@
+"""The one interface every response method implements.
+
+A method sees a probe, the conversation before it and whatever memory tables its stages built,
+and returns an answer. Retrieval-augmented SeCom and its baselines are here; Theanine, RSum,
+LD-Agent and CREEM plug in the same way (add to METHODS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from pipeline.llm.types import ChatLLM, LLMResult
+from pipeline.retrieval import bm25_scores, count_tokens, dense_scores, hybrid_scores, top_k, within_budget
+from pipeline.stage import Rows
+from stages.methods import secom
+
+
+@dataclass
+class ProbeContext:
+    probe: dict[str, Any]
+    history: dict[int, Rows]  # sessions before the probe's session, turn rows in order
+    current: Rows  # the probe's session up to (not including) the turn to produce
+    memory_units: Rows = field(default_factory=list)  # banks rows of this episode
+    embed: Callable[[list[str]], np.ndarray] | None = None
+
+
+@dataclass
+class MethodAnswer:
+    result: LLMResult
+    retrieved_unit_ids: list[str]
+    context_tokens: int
+
+
+class ResponseMethod(Protocol):
+    name: str
+
+    async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer: ...
+
+
+def _generate(llm: ChatLLM, ctx: ProbeContext, units: Rows) -> Any:
+    probe = ctx.probe
+    if probe["kind"] == "qa":
+        return secom.answer_question(llm, units, probe["request"])
+    return secom.respond(llm, units, ctx.current, probe["request"], probe["respondent"])
+
+
+def _context_tokens(units: Rows, current: Rows) -> int:
+    return sum(count_tokens(u["text"]) for u in units) + sum(count_tokens(t["text"]) for t in current)
+
+
+def rank_units(
+    pool: Rows, query: str, *, retriever: str, use_compression: bool, k: int,
+    hybrid_weight: float = 0.5, qvec: np.ndarray | None = None,
+) -> list[int]:
+    """Indices of the top-k units for a query. The key is the compressed text (SeCom's denoising)
+    or the original; dense scoring uses the matching stored vector."""
+    if not pool:
+        return []
+    texts = [(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool]
+    if retriever == "bm25":
+        scores = bm25_scores(query, texts)
+    else:
+        if qvec is None:
+            raise ValueError("dense retrieval needs a query vector")
+        vec_col = "vector" if use_compression else "text_vector"
+        dense = dense_scores(qvec, np.asarray([u[vec_col] for u in pool], dtype=np.float32))
+        scores = dense if retriever == "dense" else hybrid_scores(bm25_scores(query, texts), dense, hybrid_weight)
+    return top_k(scores, k)
+
+
+@dataclass
+class RetrievalMethod:
+    """Retrieve top-k units of one granularity with the current request, answer from them."""
+
+    name: str
+    granularity: str
+
+    def rank(self, ctx: ProbeContext, cfg: Any) -> Rows:
+        pool = [
+            u for u in ctx.memory_units
+            if u["granularity"] == self.granularity and u["session_idx"] < ctx.probe["session_idx"]
+        ]
+        qvec = ctx.embed([ctx.probe["request"]])[0] if (ctx.embed and cfg.retriever != "bm25" and pool) else None
+        order = rank_units(pool, ctx.probe["request"], retriever=cfg.retriever, use_compression=cfg.use_compression,
+                           k=cfg.top_k, hybrid_weight=cfg.hybrid_weight, qvec=qvec)
+        if cfg.token_budget is not None:
+            order = within_budget(order, [count_tokens(pool[i]["text"]) for i in range(len(pool))], cfg.token_budget)
+        return [pool[i] for i in order]
+
+    async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer:
+        units = self.rank(ctx, cfg)
+        in_time_order = sorted(units, key=lambda u: (u["session_idx"], u["turn_start"]))
+        result = await _generate(llm, ctx, in_time_order)
+        return MethodAnswer(result, [u["unit_id"] for u in in_time_order], _context_tokens(in_time_order, ctx.current))
+
+
+@dataclass
+class HistoryMethod:
+    """Baselines without retrieval: the whole past (full_history) or nothing (zero_history)."""
+
+    name: str
+    full: bool
+
+    async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer:
+        units: Rows = []
+        if self.full:
+            for s, turns in ctx.history.items():
+                units.append({"session_idx": s, "turn_start": 0, "text": secom.format_unit(turns), "unit_id": f"session:{s}:0"})
+            if cfg.token_budget is not None:  # keep the most recent sessions that fit
+                kept, used = [], 0
+                for u in reversed(units):
+                    used += count_tokens(u["text"])
+                    if used > cfg.token_budget:
+                        break
+                    kept.append(u)
+                units = kept[::-1]
+        result = await _generate(llm, ctx, units)
+        return MethodAnswer(result, [u["unit_id"] for u in units], _context_tokens(units, ctx.current))
+
+
+METHODS: dict[str, ResponseMethod] = {
+    m.name: m
+    for m in [
+        RetrievalMethod("secom", "segment"),
+        RetrievalMethod("turn", "turn"),
+        RetrievalMethod("session", "session"),
+        HistoryMethod("full_history", True),
+        HistoryMethod("zero_history", False),
+    ]
+}

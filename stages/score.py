@@ -1,0 +1,77 @@
+"""score: per-item metrics. Segmentation against gold boundaries (Pk, WindowDiff, F1, segment
+score) and retrieval against gold evidence (recall@k, DCG) for every granularity, with and
+without compression as the retrieval key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.schemas import RETRIEVAL_SCORES, SEGMENTATION_SCORES
+from pipeline.stage import EpisodeStage, Rows, StageContext
+from stages.common import episode_dataset, sessions_of
+from stages.methods.base import rank_units
+from stages.metrics import retrieval as rmetrics
+from stages.metrics import segmentation as smetrics
+
+
+def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], segments: Rows) -> Rows:
+    rows: Rows = []
+    for s, turns in sessions.items():
+        gold = [t["gold_topic_boundary"] for t in turns]
+        if any(g is None for g in gold) or len(turns) < 2:
+            continue  # no annotation for this session
+        segs = sorted((g for g in segments if g["session_idx"] == s), key=lambda g: g["segment_idx"])
+        if not segs:
+            continue
+        position = {t["turn_idx"]: i for i, t in enumerate(turns)}
+        spans = [(position[g["turn_start"]], position[g["turn_end"]]) for g in segs]
+        m = smetrics.evaluate(smetrics.gold_boundaries(gold), smetrics.spans_to_boundaries(spans, len(turns)))
+        rows.append({
+            "episode_id": episode_id, "dataset": dataset, "session_idx": s, "n_turns": len(turns),
+            "pk": m["pk"], "window_diff": m["wd"], "f1": m["f1"], "segment_score": m["score"],
+            "fallback": any(g["fallback"] for g in segs),
+        })
+    return rows
+
+
+def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: Any, embed: Any) -> Rows:
+    rows: Rows = []
+    questions = [q for q in qa if q.get("evidence")]
+    if not questions or not units:
+        return rows
+    granularities = sorted({u["granularity"] for u in units})
+    has_compression = any(u.get("compression") not in (None, "none") for u in units)
+    qvecs = embed([q["question"] for q in questions]) if embed and set(cfg.retrievers) - {"bm25"} else None
+    k_max = max(cfg.retrieval_k)
+    for qi, q in enumerate(questions):
+        for gran in granularities:
+            pool = [u for u in units if u["granularity"] == gran]
+            for compressed in ([True, False] if has_compression else [False]):
+                for retriever in cfg.retrievers:
+                    order = rank_units(pool, q["question"], retriever=retriever, use_compression=compressed,
+                                       k=k_max, qvec=None if qvecs is None else qvecs[qi])
+                    ranked = [pool[i]["source_turn_ids"] for i in order]
+                    for k in cfg.retrieval_k:
+                        rows.append({
+                            "episode_id": episode_id, "dataset": dataset, "qa_id": q["qa_id"], "granularity": gran,
+                            "compressed": compressed, "retriever": retriever, "k": k,
+                            "recall": rmetrics.recall_at_k(ranked, q["evidence"], k),
+                            "dcg": rmetrics.dcg_at_k(ranked, q["evidence"], k),
+                        })
+    return rows
+
+
+class ScoreStage(EpisodeStage):
+    name = "score"
+    inputs = ("ingest", "segment", "banks")
+    outputs = {"segmentation_scores": SEGMENTATION_SCORES, "retrieval_scores": RETRIEVAL_SCORES}
+    section = "score"
+    uses_embedder = True
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+        dataset = episode_dataset(inputs)
+        embed = ctx.embedder.encode if set(ctx.section.retrievers) - {"bm25"} else None
+        return {
+            "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["turns"]), inputs["segments"]),
+            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["qa"], inputs["memory_units"], ctx.section, embed),
+        }

@@ -1,0 +1,356 @@
+"""A deterministic fake OpenAI-compatible server for tests and benchmarks.
+
+Real HTTP on 127.0.0.1 (aiohttp in a background thread), so Ray worker processes on this machine
+can call it too. Answers depend only on the request: plain text from a hash of the messages, and
+for `response_format: json_schema` a schema-valid JSON instance. Faults are injected
+deterministically from a seeded hash of (request body, how many times that same body was seen), so
+a retry of a failed request can succeed.
+
+    server = FakeOpenAI(latency_s=0.05, max_concurrency=8).start()
+    server.faults = {"429": 0.05, "500": 0.05, "timeout": 0.02, "malformed": 0.05}
+    ... base_url=server.base_url ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from aiohttp import web
+
+FAULT_ORDER = ("429", "500", "400", "timeout", "malformed")
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+class SchemaInstance:
+    """Builds a JSON value valid for a JSON schema (the subset pydantic emits)."""
+
+    def __init__(self, root: dict[str, Any], seed: str) -> None:
+        self.root = root
+        self.seed = seed
+
+    def resolve(self, node: dict[str, Any]) -> dict[str, Any]:
+        ref = node.get("$ref")
+        while isinstance(ref, str):
+            target: Any = self.root
+            for part in ref.lstrip("#/").split("/"):
+                target = target[part]
+            node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+            ref = target.get("$ref")
+        return node
+
+    def build(self, node: dict[str, Any], name: str = "value", depth: int = 0) -> Any:
+        node = self.resolve(node)
+        if "const" in node:
+            return node["const"]
+        if node.get("enum"):
+            return node["enum"][0]
+        for key in ("anyOf", "oneOf"):
+            if key in node:
+                options = [o for o in node[key] if self.resolve(o).get("type") != "null"] or node[key]
+                return self.build(options[0], name, depth)
+        if "allOf" in node:
+            merged: dict[str, Any] = {}
+            for part in node["allOf"]:
+                merged.update(self.resolve(part))
+            return self.build(merged, name, depth)
+        t = node.get("type")
+        if isinstance(t, list):
+            t = next((x for x in t if x != "null"), "null")
+        if t == "object" or "properties" in node:
+            return {k: self.build(v, k, depth + 1) for k, v in node.get("properties", {}).items()}
+        if t == "array":
+            lo = int(node.get("minItems", 1))
+            hi = int(node.get("maxItems", 2))
+            n = max(lo, min(2, hi)) if depth < 6 else lo
+            items = node.get("items", {"type": "string"})
+            return [self.build(items, f"{name}{i}", depth + 1) for i in range(n)]
+        if t == "integer":
+            lo = node.get("minimum", node.get("exclusiveMinimum", -1) + 1)
+            hi = node.get("maximum", node.get("exclusiveMaximum", lo + 10) - 1)
+            return int(max(lo, min(hi, lo + 1)))
+        if t == "number":
+            lo = float(node.get("minimum", 0.0))
+            hi = float(node.get("maximum", lo + 1.0))
+            return (lo + hi) / 2
+        if t == "boolean":
+            return True
+        if t == "null":
+            return None
+        fmt = node.get("format")
+        if fmt == "date-time":
+            return "2024-01-01T00:00:00Z"
+        if fmt == "date":
+            return "2024-01-01"
+        text = f"{name} {hashlib.sha256((self.seed + name).encode()).hexdigest()[:6]}"
+        lo = int(node.get("minLength", 0))
+        text = text.ljust(lo, "x")
+        if "maxLength" in node:
+            text = text[: int(node["maxLength"])]
+        return text
+
+
+class FakeOpenAI:
+    def __init__(self, *, latency_s: float = 0.0, max_concurrency: int | None = None,
+                 faults: dict[str, float] | None = None, fault_seed: int = 0,
+                 retry_after_s: float | None = 1, timeout_sleep_s: float = 3.0, embed_dim: int = 16) -> None:
+        self.latency_s = latency_s
+        self.max_concurrency = max_concurrency
+        self.faults: dict[str, float] = dict(faults or {})
+        self.fault_seed = fault_seed
+        self.retry_after_s = retry_after_s  # None: 429 without a Retry-After header
+        self.timeout_sleep_s = timeout_sleep_s  # a "timeout" fault answers after this long
+        self.embed_dim = embed_dim
+        self.responder: Callable[[dict[str, Any]], str | None] | None = None
+        self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._sem_size: int | None = None
+        self.reset()
+
+    # ------------------------------------------------------------ counters
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests: list[dict[str, Any]] = []  # {"path", "body", "t", "outcome", "auth"}
+            self.by_path: Counter[str] = Counter()
+            self.outcomes: Counter[str] = Counter()
+            self.timestamps: list[float] = []  # time.time() at arrival, chat + embeddings
+            self.seen: Counter[str] = Counter()  # body hash -> attempts
+            self.in_flight = 0
+            self.max_in_flight = 0
+            self.force = []
+
+    @property
+    def total(self) -> int:
+        return len(self.requests)
+
+    def count(self, path: str = "/v1/chat/completions") -> int:
+        return self.by_path[path]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeOpenAI:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        self.port = sock.getsockname()[1]
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve(sock))
+            except BaseException as e:  # surfaced to start()
+                errors.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="fake-openai", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if errors:
+            raise errors[0]
+        return self
+
+    async def _serve(self, sock: socket.socket) -> None:
+        self._stopping = asyncio.Event()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    async def _cleanup(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        loop = self._loop
+        loop.call_soon_threadsafe(self._stopping.set)  # type: ignore[union-attr]
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(10)
+        self._loop = self._thread = None
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ request handling
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep that ends early when the server stops, so stop() never waits on a fault."""
+        if seconds <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)  # type: ignore[union-attr]
+        except asyncio.TimeoutError:
+            pass
+
+    def _semaphore(self) -> asyncio.Semaphore | None:
+        if self.max_concurrency != self._sem_size:  # a test may change the cap between requests
+            self._sem_size = self.max_concurrency
+            self._sem = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+        return self._sem
+
+    def _decide(self, body: dict[str, Any]) -> str | None:
+        h = _hash(body)
+        with self._lock:
+            attempt = self.seen[h]
+            self.seen[h] += 1
+            if self.force:
+                return self.force.pop(0)
+        r = int(hashlib.sha256(f"{self.fault_seed}:{h}:{attempt}".encode()).hexdigest()[:15], 16) / 16**15
+        acc = 0.0
+        for name in FAULT_ORDER:
+            acc += self.faults.get(name, 0.0)
+            if r < acc:
+                return name
+        return None
+
+    async def _handle(self, request: web.Request, answer: Callable[[dict[str, Any], str | None], web.Response]
+                      ) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return _error(400, "request body is not JSON")
+        outcome = self._decide(body)
+        with self._lock:
+            self.requests.append({"path": request.path, "body": body, "t": time.time(), "outcome": outcome,
+                                  "auth": request.headers.get("Authorization")})
+            self.by_path[request.path] += 1
+            self.outcomes[outcome or "ok"] += 1
+            self.timestamps.append(time.time())
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            sem = self._semaphore()
+            if sem is not None:
+                async with sem:
+                    return await self._respond(body, outcome, answer)
+            return await self._respond(body, outcome, answer)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _respond(self, body: dict[str, Any], outcome: str | None,
+                       answer: Callable[[dict[str, Any], str | None], web.Response]) -> web.StreamResponse:
+        await self._sleep(self.latency_s)
+        if outcome == "429":
+            headers = {} if self.retry_after_s is None else {"Retry-After": f"{self.retry_after_s:g}"}
+            return _error(429, "fake rate limit", headers, "rate_limit_exceeded")
+        if outcome == "500":
+            return _error(500, "fake internal error", None, "server_error")
+        if outcome == "400":
+            return _error(400, "fake bad request", None, "invalid_request_error")
+        if outcome == "timeout":
+            await self._sleep(self.timeout_sleep_s)
+        return answer(body, outcome)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, self._chat_answer)
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, self._embed_answer)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.by_path[request.path] += 1
+        return web.json_response({"object": "list", "data": [
+            {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]})
+
+    def _chat_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
+        messages = body.get("messages", [])
+        h = _hash({"messages": messages, "model": body.get("model"), "seed": body.get("seed")})
+        rf = body.get("response_format") or {}
+        structured = rf.get("type") == "json_schema"
+        content = self.responder(body) if self.responder is not None else None
+        if outcome == "malformed":
+            content = '{"answer": "truncated' if structured else "malformed {"
+        elif content is None:
+            if structured:
+                schema = rf.get("json_schema", {}).get("schema", {})
+                content = json.dumps(SchemaInstance(schema, h[:8]).build(schema))
+            else:
+                content = f"fake reply {h[:8]}"
+        prompt = sum(_words(str(m.get("content") or "")) for m in messages)
+        completion = max(1, _words(content))
+        return web.json_response({
+            "id": f"chatcmpl-fake-{h[:12]}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "fake-model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion},
+        })
+
+    def _embed_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
+        inputs = body.get("input", [])
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        data = []
+        for i, text in enumerate(inputs):
+            vec = self.vector(str(text))
+            if body.get("encoding_format") == "base64":
+                emb: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+            else:
+                emb = vec
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        tokens = sum(_words(str(t)) for t in inputs)
+        return web.json_response({"object": "list", "data": data, "model": body.get("model", "fake-embed"),
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    def vector(self, text: str) -> list[float]:
+        """The deterministic embedding of `text` (tests compare against it)."""
+        out: list[float] = []
+        counter = 0
+        while len(out) < self.embed_dim:
+            digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+            out.extend((b - 127.5) / 127.5 for b in digest)
+            counter += 1
+        return [round(x, 6) for x in out[: self.embed_dim]]
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None
+           ) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": code or "error", "code": code}},
+                             status=status, headers=headers)

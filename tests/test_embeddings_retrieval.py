@@ -1,0 +1,236 @@
+"""Packaged embedder (offline), retrieval primitives, and Lance memory banks."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from pipeline.config import EmbeddingConfig
+from pipeline.embeddings import LocalEmbedder, OpenAIEmbedder, make_embedder
+from pipeline.errors import ConfigError
+from pipeline.lance_store import open_bank, search_bank, write_bank
+from pipeline.models import minilm_model_dir
+from pipeline.retrieval import (
+    Retriever,
+    bm25_scores,
+    count_tokens,
+    dense_scores,
+    hybrid_scores,
+    minmax,
+    tokenize,
+    top_k,
+    within_budget,
+)
+
+MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Any connection that leaves the machine fails the test."""
+    real_connect = socket.socket.connect
+
+    def guarded(self: socket.socket, address: Any) -> Any:
+        host = address[0] if isinstance(address, tuple) else address
+        if host not in ("127.0.0.1", "::1", "localhost") and self.family != socket.AF_UNIX:
+            raise AssertionError(f"test tried to reach the network: {address}")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    yield
+
+
+# ------------------------------------------------------------------ embeddings
+
+def test_packaged_minilm_encodes_offline(no_network: None) -> None:
+    emb = make_embedder(EmbeddingConfig(model="all-MiniLM-L6-v2", cache_dir=str(MODEL_CACHE)))
+    assert isinstance(emb, LocalEmbedder)
+    vecs = emb.encode([
+        "My dog loves running on the beach.",
+        "Our puppy enjoys playing by the sea.",
+        "The quarterly tax report is due on Friday.",
+    ])
+    assert vecs.shape == (3, 384) and vecs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    sims = vecs @ vecs[0]
+    assert sims[1] > sims[2] + 0.2
+    assert emb.dim == 384
+    assert emb.encode([]).shape == (0, 384)
+    # Same model object for a second embedder in this process (Ray workers reuse it).
+    again = LocalEmbedder(EmbeddingConfig(model="sentence-transformers/all-MiniLM-L6-v2",
+                                          cache_dir=str(MODEL_CACHE)))
+    assert again.model is emb.model
+    assert np.allclose(pickle.loads(pickle.dumps(emb)).encode(["My dog loves running on the beach."]),
+                       vecs[:1], atol=1e-5)  # embedders travel to Ray workers
+
+
+def test_minilm_extraction_is_idempotent_under_a_race(tmp_path: Path) -> None:
+    results: list[Path] = []
+    errors: list[BaseException] = []
+
+    def extract() -> None:
+        try:
+            results.append(minilm_model_dir(tmp_path))
+        except BaseException as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=extract) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(results)) == 1
+    folder = results[0]
+    assert (folder / "modules.json").is_file() and (folder / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no temp folders left behind
+    assert minilm_model_dir(tmp_path) == folder
+
+
+def test_openai_embedder_normalises_and_works_inside_a_loop() -> None:
+    calls: list[tuple[list[str], str]] = []
+
+    async def fake_embed(texts: list[str], model: str) -> list[list[float]]:
+        calls.append((texts, model))
+        return [[3.0, 4.0] if "a" in t else [0.0, 2.0] for t in texts]
+
+    emb = make_embedder(EmbeddingConfig(provider="openai", model="text-embedding-3-small"), fake_embed)
+    assert isinstance(emb, OpenAIEmbedder)
+    out = emb.encode(["a", "b"])
+    assert np.allclose(out, [[0.6, 0.8], [0.0, 1.0]])
+    assert emb.dim == 2 and calls[0] == (["a", "b"], "text-embedding-3-small")
+
+    async def inside_loop() -> np.ndarray:
+        return emb.encode(["a"])  # sync call from async code must not deadlock
+
+    assert np.allclose(asyncio.run(inside_loop()), [[0.6, 0.8]])
+    with pytest.raises(ConfigError):
+        make_embedder(EmbeddingConfig(provider="openai"))
+
+
+# ------------------------------------------------------------------- retrieval
+
+DOCS = [
+    "Alice: I adopted a kitten named Miso last week.",
+    "Bob: My knee still hurts after the soccer game.",
+    "Alice: Miso the kitten knocked over my coffee again!",
+    "Bob: We should plan the hiking trip for June.",
+]
+
+
+def test_tokenize_and_count_tokens() -> None:
+    assert tokenize("Don't STOP, Alice: 42 cats!") == ["don't", "stop", "alice", "42", "cats"]
+    assert count_tokens("") == 0
+    assert count_tokens("Hello, world!") == 4
+    assert 15 <= count_tokens(DOCS[0] + " " + DOCS[1]) <= 30
+
+
+def test_bm25_ranks_lexical_matches() -> None:
+    s = bm25_scores("kitten Miso", DOCS)
+    assert s.shape == (4,)
+    assert set(top_k(s, 2)) == {0, 2}
+    assert s[1] == 0 and s[3] == 0
+    assert not bm25_scores("", DOCS).any()
+    assert bm25_scores("kitten", []).shape == (0,)
+    assert not bm25_scores("kitten", ["", "!!"]).any()
+    # Small banks: a term in 1 of 2 units (classic Okapi idf = 0) or in every unit still counts.
+    two = bm25_scores("kitten", ["a kitten", "a dog"])
+    assert two[0] > 0 and two[1] == 0
+    assert (bm25_scores("kitten", ["kitten one", "kitten two three"]) > 0).all()
+
+
+def test_dense_and_hybrid_scores() -> None:
+    m = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [0.0, 0.0]], dtype=np.float32)
+    d = dense_scores(np.array([2.0, 0.0]), m)
+    assert np.allclose(d, [1.0, 0.0, np.sqrt(0.5), 0.0])
+    with pytest.raises(ValueError):
+        dense_scores(np.ones(3), m)
+    sparse = np.array([0.0, 10.0, 5.0, 0.0])
+    assert np.allclose(hybrid_scores(sparse, d, weight=1.0), minmax(d))
+    assert np.allclose(hybrid_scores(sparse, d, weight=0.0), [0.0, 1.0, 0.5, 0.0])
+    mixed = hybrid_scores(sparse, d, weight=0.5)
+    assert top_k(mixed, 1) == [2]  # good on both beats best on one
+    assert not minmax(np.array([3.0, 3.0])).any()
+    with pytest.raises(ValueError):
+        hybrid_scores(sparse, d, weight=1.5)
+
+
+def test_top_k_ties_and_budget() -> None:
+    assert top_k([0.5, 0.9, 0.5, 0.9], 3) == [1, 3, 0]
+    assert top_k([np.nan, 0.1], 2) == [1, 0]
+    assert top_k([1.0], 0) == [] and top_k([], 3) == []
+    counts = [10, 50, 5, 30]
+    assert within_budget([0, 2, 1, 3], counts, 20) == [0, 2]
+    # Stops at the first unit that does not fit, even if a later one would.
+    assert within_budget([1, 0, 2], counts, 40) == []
+    assert within_budget([3, 1], counts, None) == [3, 1]
+
+
+def test_retriever_search_modes() -> None:
+    vectors = np.eye(4, dtype=np.float32)
+    r = Retriever(ids=["t1", "t2", "t3", "t4"], texts=DOCS, vectors=vectors)
+    assert [u for u, _ in r.search("kitten coffee", k=2)] == ["t3", "t1"]
+    assert r.search("hiking", k=1, method="dense", qvec=np.array([0, 0, 0, 1.0]))[0][0] == "t4"
+    hybrid = r.search("knee", k=4, method="hybrid", qvec=np.array([0, 1.0, 0, 0]))
+    assert hybrid[0] == ("t2", pytest.approx(1.0))
+    budgeted = r.search("kitten coffee", k=2, budget=count_tokens(DOCS[2]))
+    assert budgeted == [("t3", pytest.approx(r.bm25("kitten coffee")[2]))]
+    with pytest.raises(ValueError, match="query vector"):
+        r.search("x", k=1, method="dense")
+    with pytest.raises(ValueError, match="unit vectors"):
+        Retriever(ids=["a"], texts=["a"]).search("a", k=1, method="dense", qvec=np.ones(2))
+    assert Retriever(ids=[], texts=[]).search("a", k=3) == []
+
+
+# -------------------------------------------------------------------- lance
+
+def bank_rows(n: int, dim: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {"unit_id": f"e{i % 2}-t{i}", "episode_id": f"e{i % 2}", "granularity": "turn",
+         "session_idx": 1 + i // 4, "turn_start": i, "turn_end": i, "text": f"turn {i}",
+         "compressed_text": None if i % 3 else f"t{i}", "vector": rng.normal(size=dim)}
+        for i in range(n)
+    ]
+
+
+def test_lance_bank_round_trip(tmp_path: Path) -> None:
+    db = tmp_path / "banks.lance"
+    rows = bank_rows(12, 8)
+    assert write_bank(db, "turn", rows, vector_dim=8) == 12
+    table = open_bank(db, "turn").to_arrow()
+    assert table.num_rows == 12
+    assert table.schema.field("vector").type.list_size == 8
+    assert table.column("unit_id").to_pylist() == [r["unit_id"] for r in rows]
+
+    hits = search_bank(db, "turn", rows[5]["vector"], k=3)
+    assert hits[0]["unit_id"] == "e1-t5" and hits[0]["score"] == pytest.approx(1.0, abs=1e-5)
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    assert "vector" not in hits[0] and hits[0]["text"] == "turn 5"
+
+    only_e0 = search_bank(db, "turn", rows[5]["vector"], k=4, where="episode_id = 'e0'")
+    assert len(only_e0) == 4 and {h["episode_id"] for h in only_e0} == {"e0"}
+    early = search_bank(db, "turn", rows[5]["vector"], k=20, where="session_idx < 2")
+    assert sorted(h["unit_id"] for h in early) == sorted(r["unit_id"] for r in rows[:4])
+
+    # Overwrite replaces the bank.
+    assert write_bank(db, "turn", bank_rows(3, 8, seed=1), vector_dim=8) == 3
+    assert open_bank(db, "turn").count_rows() == 3
+
+
+def test_lance_bank_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="expected 8"):
+        write_bank(tmp_path, "turn", bank_rows(2, 4), vector_dim=8)
+    with pytest.raises(FileNotFoundError, match="no memory bank 'missing'"):
+        open_bank(tmp_path, "missing")
+    assert write_bank(tmp_path, "empty", [], vector_dim=8) == 0
+    assert search_bank(tmp_path, "empty", np.ones(8), k=3) == []

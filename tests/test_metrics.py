@@ -1,0 +1,142 @@
+"""Segmentation and retrieval metrics: agreement with nltk, conversions, hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from nltk.metrics.segmentation import pk as nltk_pk
+from nltk.metrics.segmentation import windowdiff as nltk_windowdiff
+
+from stages.metrics.retrieval import dcg_at_k, recall_at_k, turn_relevance
+from stages.metrics.segmentation import (
+    boundaries_to_lengths,
+    boundaries_to_spans,
+    default_k,
+    evaluate,
+    gold_boundaries,
+    lengths_to_boundaries,
+    lengths_to_spans,
+    pk,
+    precision_recall_f1,
+    segment_score,
+    spans_to_boundaries,
+    spans_to_lengths,
+    to_nltk,
+    window_diff,
+)
+
+
+def _random_boundaries(rng: random.Random, n: int) -> list[bool]:
+    density = rng.choice([0.0, 0.05, 0.15, 0.3, 0.6, 1.0])
+    return [True] + [rng.random() < density for _ in range(n - 1)]
+
+
+def test_pk_and_windowdiff_agree_with_nltk_on_random_cases() -> None:
+    rng = random.Random(1234)
+    checked = 0
+    for _ in range(600):
+        n = rng.randint(2, 90)
+        ref, hyp = _random_boundaries(rng, n), _random_boundaries(rng, n)
+        k = rng.choice([None, 1, 2, 3, rng.randint(1, n - 1)])
+        used_k = min(default_k(ref) if k is None else k, n - 1)
+        r, h = to_nltk(ref), to_nltk(hyp)
+        assert pk(ref, hyp, k) == pytest.approx(nltk_pk(r, h, used_k), abs=1e-12)
+        assert window_diff(ref, hyp, k) == pytest.approx(nltk_windowdiff(r, h, used_k), abs=1e-12)
+        checked += 1
+    assert checked == 600
+
+
+def test_default_k_is_half_mean_reference_segment_length() -> None:
+    assert default_k(lengths_to_boundaries([4, 4, 4])) == 2
+    assert default_k(lengths_to_boundaries([5, 5])) == 3  # 2.5 rounds half up
+    assert default_k(lengths_to_boundaries([1, 1, 1, 1])) == 1  # 0.5 -> 1, and never below 1
+    assert default_k(lengths_to_boundaries([20])) == 10
+
+
+def test_pk_windowdiff_hand_cases() -> None:
+    ref = lengths_to_boundaries([3, 3])  # slots: 0 0 1 0 0
+    assert pk(ref, ref) == 0.0 and window_diff(ref, ref) == 0.0
+    none = [True] + [False] * 5
+    # k=2 (mean length 3 / 2 = 1.5 -> 2): windows over slots (0,0) (0,1) (1,0) (0,0): two contain the boundary.
+    assert pk(ref, none) == pytest.approx(2 / 4)
+    assert window_diff(ref, none) == pytest.approx(2 / 4)
+    # WindowDiff counts boundaries, Pk only their presence: two boundaries where one is expected.
+    double = [True, False, True, True, False, False]  # slots 0 1 1 0 0
+    assert pk(ref, double, 2) == pytest.approx(1 / 4)  # only window (0,1) vs (0,0) differs
+    assert window_diff(ref, double, 2) == pytest.approx(2 / 4)
+    assert pk([True], [True]) == 0.0 and window_diff([True], [True]) == 0.0
+    with pytest.raises(ValueError):
+        pk(ref, ref[:-1])
+
+
+def test_conversions_round_trip() -> None:
+    lengths = [2, 1, 4, 3]
+    b = lengths_to_boundaries(lengths)
+    assert b == [True, False, True, True, False, False, False, True, False, False]
+    spans = boundaries_to_spans(b)
+    assert spans == [(0, 1), (2, 2), (3, 6), (7, 9)]
+    assert spans_to_boundaries(spans) == b
+    assert boundaries_to_lengths(b) == lengths
+    assert spans_to_lengths(spans) == lengths and lengths_to_spans(lengths) == spans
+    assert to_nltk(b) == "011000100"  # slot j: does turn j+1 start a segment
+    with pytest.raises(ValueError):
+        spans_to_boundaries([(0, 1), (3, 4)])  # gap
+    with pytest.raises(ValueError):
+        spans_to_boundaries([(0, 1)], n_turns=4)  # does not cover the session
+
+
+def test_gold_boundaries_treats_null_as_no_boundary_and_first_turn_as_start() -> None:
+    assert gold_boundaries([None, False, True, None]) == [True, False, True, False]
+    assert gold_boundaries([False]) == [True]
+
+
+def test_precision_recall_f1_exact_match() -> None:
+    ref = [True, False, True, False, True, False]
+    hyp = [True, True, True, False, False, False]
+    p, r, f1 = precision_recall_f1(ref, hyp)  # hyp slots {1, 2}, ref slots {2, 4}
+    assert (p, r) == (0.5, 0.5) and f1 == pytest.approx(0.5)
+    assert precision_recall_f1([True, False], [True, False]) == (1.0, 1.0, 1.0)
+    assert precision_recall_f1([True, True], [True, False]) == (0.0, 0.0, 0.0)
+
+
+def test_segment_score_matches_paper_table() -> None:
+    # SeCom Table 4, zero-shot rows: (Pk, WD, F1) -> Score.
+    assert segment_score(0.093, 0.103, 0.888) == pytest.approx(0.895, abs=6e-4)
+    assert segment_score(0.277, 0.289, 0.758) == pytest.approx(0.738, abs=6e-4)
+    assert segment_score(0.363, 0.401, 0.596) == pytest.approx(0.607, abs=6e-4)
+    perfect = evaluate(lengths_to_boundaries([3, 4]), lengths_to_boundaries([3, 4]))
+    assert perfect["score"] == 1.0 and perfect["pk"] == 0.0 and perfect["f1"] == 1.0
+
+
+def test_recall_at_k_hand_computed() -> None:
+    units = [{"x", "a"}, {"b", "c", "y"}, {"z", "d"}]
+    gold = {"a", "b", "c", "d"}
+    assert recall_at_k(units, gold, 1) == 0.25
+    assert recall_at_k(units, gold, 2) == 0.75
+    assert recall_at_k(units, gold, 10) == 1.0
+    assert recall_at_k(units, gold, 0) == 0.0
+    assert math.isnan(recall_at_k(units, set(), 3))
+
+
+def test_dcg_unit_level_hand_computed() -> None:
+    units = [{"x", "a"}, {"b", "c", "y"}, {"z"}]
+    gold = {"a", "b", "c", "d"}
+    assert turn_relevance(gold) == {g: 0.25 for g in gold}
+    expected = 0.25 / math.log2(2) + 0.5 / math.log2(3)
+    assert dcg_at_k(units, gold, 2) == pytest.approx(expected)
+    assert dcg_at_k(units, gold, 3) == pytest.approx(expected)  # irrelevant unit adds nothing
+    assert dcg_at_k([gold | {"q"}], gold, 1) == pytest.approx(1.0)  # everything at rank 1
+    # a gold turn earns its gain once, at its first rank
+    assert dcg_at_k([{"a"}, {"a", "b"}], {"a", "b"}, 2) == pytest.approx(0.5 + 0.5 / math.log2(3))
+    assert math.isnan(dcg_at_k(units, [], 2))
+
+
+def test_dcg_by_turn_positions_and_turn_bank_agreement() -> None:
+    units = [["x", "a"], ["b", "c", "y"]]
+    gold = {"a", "b", "c", "d"}
+    expected = 0.25 / math.log2(3) + 0.25 / math.log2(4) + 0.25 / math.log2(5)
+    assert dcg_at_k(units, gold, 2, by_turn=True) == pytest.approx(expected)
+    turn_bank = [["q"], ["b"], ["r"], ["a"]]
+    assert dcg_at_k(turn_bank, gold, 4) == pytest.approx(dcg_at_k(turn_bank, gold, 4, by_turn=True))

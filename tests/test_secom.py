@@ -1,0 +1,286 @@
+"""SeCom algorithms with a scripted chat model: segmentation, reflection, response prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from fake_chat import FakeChat
+from pipeline.llm.types import LLMError
+from stages.methods.secom import (
+    ReflectionOutput,
+    SegmentationGuidance,
+    SegmentationOutput,
+    answer_question,
+    build_qa_messages,
+    build_response_messages,
+    build_segmentation_messages,
+    check_spans,
+    fixed_chunks,
+    format_unit,
+    make_units,
+    learn_guidance,
+    respond,
+    segment_session,
+    window_bounds,
+)
+from stages.metrics.segmentation import lengths_to_boundaries, spans_to_boundaries, window_diff
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def session(n: int, tag: str = "s", gold_lengths: list[int] | None = None) -> list[dict]:
+    gold = lengths_to_boundaries(gold_lengths) if gold_lengths else [None] * n
+    return [{"episode_id": "e1", "session_idx": 1, "turn_idx": i, "speaker": "A" if i % 2 == 0 else "B",
+             "text": f"{tag} utterance {i}", "gold_topic_boundary": gold[i]} for i in range(n)]
+
+
+def segs(*spans: tuple[int, int]) -> dict:
+    return {"segments": [{"start": s, "end": e} for s, e in spans]}
+
+
+def n_turns_in(messages) -> int:
+    # messages[1] is the original request; later messages are re-asks
+    return int(re.search(r"numbered 0 to (\d+)\)", messages[1]["content"]).group(1)) + 1
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_check_spans_accepts_a_tiling() -> None:
+    check_spans([(0, 2), (3, 3), (4, 9)], 10)
+
+
+@pytest.mark.parametrize(
+    "spans, n, message",
+    [
+        ([(0, 4), (4, 9)], 10, "overlaps"),
+        ([(0, 3), (5, 9)], 10, "not in any segment"),
+        ([(0, 3), (4, 10)], 10, "out of range"),
+        ([(-1, 3), (4, 9)], 10, "out of range"),
+        ([(4, 9), (0, 3)], 10, "out of order"),
+        ([(0, 3), (5, 4), (6, 9)], 10, "empty"),
+        ([(0, 3), (4, 7)], 10, "last segment must end at turn 9"),
+        ([], 10, "no segments"),
+    ],
+)
+def test_check_spans_rejects(spans, n, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_spans(spans, n)
+
+
+def test_fixed_chunks_and_window_bounds() -> None:
+    assert fixed_chunks(10, 4) == [(0, 3), (4, 7), (8, 9)]
+    assert fixed_chunks(0, 4) == []
+    assert window_bounds(130, 60) == [(0, 43), (44, 86), (87, 129)]
+    assert window_bounds(60, 60) == [(0, 59)]
+    assert window_bounds(0, 60) == []
+
+
+def test_format_unit_and_make_units() -> None:
+    assert format_unit(session(2)) == "A: s utterance 0\nB: s utterance 1"
+    turns = session(5)
+    for t in turns:
+        t["turn_idx"] += 10
+        t["source_turn_id"] = f"D1:{t['turn_idx']}"
+    turns[3]["source_turn_id"] = None
+    units = make_units(turns, [(0, 1), (2, 4)])
+    assert [(u["turn_start"], u["turn_end"]) for u in units] == [(10, 11), (12, 14)]
+    assert units[1]["text"] == format_unit(turns[2:]) and units[1]["source_turn_ids"] == ["D1:12", "D1:14"]
+    assert units[0]["episode_id"] == "e1" and units[0]["session_idx"] == 1
+
+
+# ---------------------------------------------------------------- segmentation
+
+
+def test_segment_session_valid_answer_one_call() -> None:
+    llm = FakeChat([segs((0, 2), (3, 5))])
+    res = run(segment_session(llm, session(6)))
+    assert res.segments == [(0, 2), (3, 5)] and not res.fallback and res.reason is None
+    assert len(llm.calls) == 1 and llm.calls[0]["schema"] is SegmentationOutput
+    prompt = llm.calls[0]["messages"][-1]["content"]
+    assert "[0] A: s utterance 0" in prompt and "[5] B: s utterance 5" in prompt
+
+
+def test_segment_session_reasks_with_the_error_then_succeeds() -> None:
+    llm = FakeChat([segs((0, 3), (3, 5)), segs((0, 3), (4, 5))])
+    res = run(segment_session(llm, session(6)))
+    assert res.segments == [(0, 3), (4, 5)] and not res.fallback
+    call = llm.calls[0]
+    assert call["attempts"] == 2 and "overlaps" in call["errors"][0]
+
+
+def test_segment_session_falls_back_and_records_why() -> None:
+    bad = segs((0, 2), (4, 6))  # leaves turn 3 uncovered
+    llm = FakeChat([bad, bad, bad], max_attempts=3)
+    res = run(segment_session(llm, session(7), fallback_size=3))
+    assert res.fallback and res.segments == [(0, 2), (3, 5), (6, 6)]
+    assert "not in any segment" in res.reason and json.loads(res.raw) == bad
+    # transport-level failure: same fallback path
+    llm = FakeChat([LLMError("timeout after retries")])
+    res = run(segment_session(llm, session(5)))
+    assert res.fallback and res.reason == "timeout after retries" and res.raw is None
+    assert res.segments == [(0, 3), (4, 4)]
+    # unparseable text also ends in the fallback
+    res = run(segment_session(FakeChat(["not json", "{}"]), session(4), fallback_size=2))
+    assert res.fallback and res.segments == [(0, 1), (2, 3)] and res.raw == "{}"
+
+
+def test_trivial_sessions_need_no_call() -> None:
+    llm = FakeChat([])
+    assert run(segment_session(llm, session(1))).segments == [(0, 0)]
+    assert run(segment_session(llm, [])).segments == []
+    assert llm.calls == []
+
+
+def test_long_session_is_segmented_in_windows_and_concatenated() -> None:
+    def halves(messages, schema):
+        n = n_turns_in(messages)
+        return segs((0, n // 2 - 1), (n // 2, n - 1))
+
+    llm = FakeChat(responder=halves)
+    res = run(segment_session(llm, session(130), max_turns_per_call=60))
+    assert len(llm.calls) == 3
+    assert sorted(n_turns_in(c["messages"]) for c in llm.calls) == [43, 43, 44]
+    # window 0..43 (44 turns), 44..86 (43), 87..129 (43), each split in half locally
+    assert res.segments == [(0, 21), (22, 43), (44, 64), (65, 86), (87, 107), (108, 129)]
+    check_spans(res.segments, 130)
+    assert not res.fallback
+
+
+def test_one_failed_window_falls_back_alone() -> None:
+    def answer(messages, schema):
+        n = n_turns_in(messages)
+        if "s utterance 0\n" in messages[1]["content"]:
+            return segs((0, n - 1))
+        return segs((0, n))  # out of range: invalid every time
+
+    res = run(segment_session(FakeChat(responder=answer), session(20), max_turns_per_call=10, fallback_size=5))
+    assert res.fallback and res.reason.startswith("window 2/2:") and "out of range" in res.reason
+    assert res.segments == [(0, 9), (10, 14), (15, 19)]
+
+
+def test_guidance_goes_into_the_prompt_and_round_trips() -> None:
+    g = SegmentationGuidance(
+        rubric="1. Start a new segment when the subject changes.",
+        examples=[{"conversation": "[0] A: hi\n[1] B: bye", "segments": [[0, 0], [1, 1]],
+                   "prediction": [[0, 1]], "reflection": "Farewells start a new segment here."}],
+        history=[{"round": 1, "mean_wd": 0.25}],
+    )
+    again = SegmentationGuidance.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert again == g
+    text = build_segmentation_messages(session(3), again)[-1]["content"]
+    assert "Start a new segment when the subject changes." in text
+    assert '{"segments": [{"start": 0, "end": 0}, {"start": 1, "end": 1}]}' in text
+    assert "Farewells start a new segment here." in text
+    plain = build_segmentation_messages(session(3))[-1]["content"]
+    assert "rubric" not in plain.lower() and "Example" not in plain
+
+
+# ---------------------------------------------------------------- reflection learning
+
+
+def test_learn_guidance_reflects_on_the_hardest_sessions() -> None:
+    # Gold segmentations of growing difficulty for a model that never splits.
+    golds = {"easy": [8], "mild": [4, 4], "hard": [2, 2, 2, 2], "harder": [1, 2, 1, 2, 1, 1], "mid": [3, 5]}
+    sessions = [session(8, tag, lengths) for tag, lengths in golds.items()]
+    wd_one_segment = {tag: window_diff(lengths_to_boundaries(lengths), [True] + [False] * 7)
+                      for tag, lengths in golds.items()}
+    expected_hard = sorted((t for t in golds if wd_one_segment[t] > 0), key=lambda t: -wd_one_segment[t])[:3]
+
+    reflections: list[str] = []
+    seg_prompts: list[str] = []
+
+    def responder(messages, schema):
+        text = messages[-1]["content"]
+        if schema is SegmentationOutput:
+            seg_prompts.append(text)
+            return segs((0, n_turns_in(messages) - 1))  # never splits
+        assert schema is ReflectionOutput
+        reflections.append(text)
+        k = len(reflections)
+        return {"rubric": [f"criterion from reflection {k}"], "representative": 0,
+                "reflection": f"missed the topic shift ({k})"}
+
+    llm = FakeChat(responder=responder)
+    g = run(learn_guidance(llm, sessions, rounds=2, batch_size=2, hard_k=3))
+
+    # round 1: hard sessions in batches [h0, h1], [h2]; same in round 2 (the fake never improves)
+    assert len(reflections) == 4
+    def tags_in(text):  # sessions shown in a reflection prompt, in prompt order
+        return sorted((t for t in golds if f"{t} utterance 0" in text), key=lambda t: text.index(f"{t} utterance 0"))
+    assert [tags_in(r) for r in reflections[:2]] == [expected_hard[:2], expected_hard[2:]]
+    # each reflection sees gold vs prediction and builds on the rubric from the previous batch
+    assert "Human segmentation:" in reflections[0] and "(no rubric yet)" in reflections[0]
+    assert "criterion from reflection 1" in reflections[1]
+    # round 2 segments with the learned rubric and examples
+    assert all("criterion from reflection 2" in p for p in seg_prompts[5:10])
+    assert g.rubric == "1. criterion from reflection 4"
+    assert [h["round"] for h in g.history] == [1, 2]
+    mean_wd = sum(wd_one_segment.values()) / len(golds)
+    assert g.history[0]["mean_wd"] == pytest.approx(mean_wd)
+    assert g.history[0]["hard_wd"] == [wd_one_segment[t] for t in expected_hard]
+    # representative examples keep the gold segmentation, one per session
+    assert len(g.examples) == 2
+    ex = g.examples[-1]
+    assert spans_to_boundaries([tuple(s) for s in ex["segments"]], 8) == lengths_to_boundaries(golds[expected_hard[2]])
+    assert ex["reflection"] == "missed the topic shift (4)"
+    json.dumps(g.to_dict())  # storable as an artifact
+
+
+def test_learn_guidance_stops_when_nothing_is_wrong_and_survives_failed_reflection() -> None:
+    perfect = [session(6, "p", [3, 3])]
+    llm = FakeChat([segs((0, 2), (3, 5))])
+    g = run(learn_guidance(llm, perfect, rounds=3))
+    assert len(llm.calls) == 1 and g.history == [
+        {"round": 1, "mean_wd": 0.0, "n_hard": 0, "hard_wd": [], "fallbacks": 0, "reflection_failures": 0}]
+
+    start = SegmentationGuidance(rubric="1. keep it", history=[{"round": 1, "mean_wd": 0.5}])
+    llm = FakeChat([segs((0, 5)), {"rubric": [], "representative": 0, "reflection": ""},
+                    {"rubric": ["a"] * 11, "representative": 0, "reflection": ""}])
+    g = run(learn_guidance(llm, perfect, rounds=1, initial=start))
+    assert g.rubric == "1. keep it" and g.examples == []
+    assert g.history[-1]["round"] == 2 and g.history[-1]["reflection_failures"] == 1
+    assert "at most 10" in llm.calls[1]["errors"][-1]
+    assert start.history == [{"round": 1, "mean_wd": 0.5}]  # the initial guidance is not mutated
+
+
+# ---------------------------------------------------------------- response
+
+
+UNITS = [
+    {"session_idx": 3, "turn_start": 4, "text": "A: third late", "session_time": "2023-03-01"},
+    {"session_idx": 1, "turn_start": 0, "text": "A: first", "session_time": None},
+    {"session_idx": 3, "turn_start": 0, "text": "B: third early", "session_time": "2023-03-01"},
+    {"session_idx": 2, "text": "B: second"},
+]
+
+
+def test_response_messages_put_memory_in_time_order_then_current_session() -> None:
+    current = [{"speaker": "A", "text": "Hi again"}, {"speaker": "B", "text": "How was the trip?"}]
+    msgs = build_response_messages(UNITS, current, "How was the trip?", "A")
+    user = msgs[-1]["content"]
+    order = [user.index(s) for s in ["A: first", "B: second", "B: third early", "A: third late", "A: Hi again"]]
+    assert order == sorted(order)
+    assert "[Session 3, 2023-03-01]" in user and "[Session 1]\n" in user
+    assert user.count("How was the trip?") == 1  # the request is not repeated
+    assert "A's next utterance" in user and msgs[0]["role"] == "system"
+
+    llm = FakeChat(["It was lovely."])
+    res = run(respond(llm, UNITS, current, "How was the trip?", "A", temperature=0.0))
+    assert res.text == "It was lovely." and llm.calls[0]["params"] == {"temperature": 0.0}
+    assert llm.calls[0]["messages"] == msgs
+
+
+def test_qa_messages() -> None:
+    msgs = build_qa_messages(UNITS, "Where did A go?")
+    user = msgs[-1]["content"]
+    assert user.index("A: first") < user.index("A: third late") and "Question: Where did A go?" in user
+    assert "concise" in msgs[0]["content"]
+    assert run(answer_question(FakeChat(["Paris"]), UNITS, "Where did A go?")).text == "Paris"
+    assert "(no memories retrieved)" in build_qa_messages([], "q")[-1]["content"]

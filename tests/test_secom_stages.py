@@ -1,0 +1,153 @@
+"""SeCom end to end through the runner, on Ray, against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import lancedb
+import pyarrow.compute as pc
+import pytest
+
+from pipeline.artifacts import StageDir
+from pipeline.cli import resolve_paths
+from pipeline.config import load_config
+from pipeline.runner import Runner
+from ray_fixtures import models_cache, ray_local, toy_dir  # noqa: F401  (pytest fixtures)
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def segmenting_responder(body: dict) -> str | None:
+    """Answer segmentation requests with valid segments of three turns; others get the default."""
+    text = body["messages"][-1]["content"]
+    m = re.search(r"Conversation \((\d+) turns", text)
+    if not m or "response_format" not in body:
+        return None
+    n = int(m.group(1))
+    return json.dumps({"segments": [{"start": s, "end": min(s + 2, n - 1)} for s in range(0, n, 3)]})
+
+
+@pytest.fixture
+def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    fake_llm.responder = segmenting_responder
+
+    def make(*sets: str):
+        cfg = load_config(ROOT / "configs" / "default.yaml", [
+            f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
+            "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
+            "judge.provider=openai", f"judge.base_url={fake_llm.base_url}", "judge.api_key_env=MEMPIPE_TEST_KEY",
+            f"judge.cache_dir={tmp_path / 'llm-cache'}", f"embedding.cache_dir={models_cache}",
+            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", *sets,
+        ])
+        return resolve_paths(cfg)
+
+    return make
+
+
+def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
+    cfg = run_cfg("corpus.limit=2", "compress.method=none", "methods=[secom,turn,session,full_history,zero_history]")
+    out = Runner(cfg).run()
+    assert set(out.values()) == {"ran"}
+    run = cfg.run_dir
+    turns = StageDir(run, "ingest").read_table("turns")
+    segments = StageDir(run, "segment").read_table("segments")
+    # Segments tile every session: each turn in exactly one segment, none fell back.
+    covered = sum(r["turn_end"] - r["turn_start"] + 1 for r in segments.to_pylist())
+    assert covered == turns.num_rows
+    assert not any(segments.column("fallback").to_pylist())
+    assert StageDir(run, "segment").manifest()["fallback_sessions"] == 0
+
+    units = StageDir(run, "banks").read_table("memory_units")
+    for gran in ("turn", "session", "segment"):
+        part = units.filter(pc.equal(units["granularity"], gran)).to_pylist()
+        ids = [t for u in part for t in u["source_turn_ids"]]
+        assert sorted(ids) == sorted(turns.column("source_turn_id").to_pylist()), gran
+        assert all(len(u["vector"]) == 384 for u in part)
+    db = lancedb.connect(str(run / "banks" / "lance"))
+    listed = db.list_tables()
+    names = set(getattr(listed, "tables", listed))
+    assert {"sample-01__turn", "sample-01__session", "sample-01__segment", "sample-02__segment"} <= names
+
+    probes = StageDir(run, "probes").read_table("probes").to_pylist()
+    assert {p["kind"] for p in probes} == {"next_response", "qa"}
+    assert all(p["session_idx"] >= 3 for p in probes)
+    responses = StageDir(run, "respond").read_table("responses").to_pylist()
+    assert len(responses) == len(probes) * 5
+    for r in responses:
+        assert r["error"] is None and r["response"]
+        if r["method"] in ("secom", "turn", "session"):
+            assert 1 <= len(r["retrieved_unit_ids"]) <= 3
+            assert all(uid.startswith({"secom": "segment", "turn": "turn", "session": "session"}[r["method"]])
+                       for uid in r["retrieved_unit_ids"])
+        if r["method"] == "zero_history":
+            assert r["retrieved_unit_ids"] == []
+    report = (run / "report" / "report.md").read_text()
+    assert "secom" in report and "Retrieval" in report
+    seg_summary = StageDir(run, "report").read_table("segmentation_summary").to_pylist()
+    assert seg_summary[0]["dataset"] == "sample" and 0 <= seg_summary[0]["pk"] <= 1
+
+    # A second identical run makes no request and reruns nothing.
+    before = fake_llm.count()
+    assert set(Runner(run_cfg("corpus.limit=2", "compress.method=none",
+                              "methods=[secom,turn,session,full_history,zero_history]")).run().values()) == {"skipped"}
+    assert fake_llm.count() == before
+    # The API key is nowhere on disk.
+    for base in (run, tmp_path / "llm-cache"):
+        for f in base.rglob("*"):
+            if f.is_file():
+                assert b"sk-test-secret-value-123" not in f.read_bytes(), f
+
+
+def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
+    fake_llm.responder = lambda body: '{"segments": [{"start": 0, "end": 1}]}' if "response_format" in body else None
+    cfg = run_cfg("corpus.limit=1", "compress.method=none", "stages=[ingest,guidance,segment]")
+    Runner(cfg).run()
+    sd = StageDir(cfg.run_dir, "segment")
+    rows = sd.read_table("segments").to_pylist()
+    assert rows and all(r["fallback"] for r in rows)
+    assert all("not in any segment" in r["fallback_reason"] for r in rows)
+    assert all(r["turn_end"] - r["turn_start"] + 1 <= 4 for r in rows)  # fixed chunks of fallback_size
+    assert sd.manifest()["fallback_sessions"] == 6
+
+
+def test_locomo_banks_and_retrieval_scores(run_cfg):
+    cfg = run_cfg("corpus.format=locomo", f"corpus.path={FIXTURES / 'locomo' / 'locomo_mini.json'}",
+                  "stages=[ingest,guidance,segment,compress,banks,score]", "score.retrievers=[bm25,dense]")
+    Runner(cfg).run()
+    run = cfg.run_dir
+    turns = StageDir(run, "ingest").read_table("turns")
+    units = StageDir(run, "banks").read_table("memory_units")
+    for gran in ("turn", "session", "segment"):
+        part = units.filter(pc.equal(units["granularity"], gran)).to_pylist()
+        ids = sorted(t for u in part for t in u["source_turn_ids"])
+        assert ids == sorted(turns.column("source_turn_id").to_pylist())  # every turn exactly once
+        assert all(u["compressed_text"] for u in part)
+        # Denoising keeps the speaker tags on every line.
+        for u in part:
+            tags = [line.split(":")[0] for line in u["text"].split("\n")]
+            assert [line.split(":")[0] for line in u["compressed_text"].split("\n")] == tags
+    scores = StageDir(run, "score").read_table("retrieval_scores").to_pylist()
+    settings = {(r["granularity"], r["compressed"], r["retriever"]) for r in scores}
+    assert settings == {(g, c, r) for g in ("turn", "session", "segment") for c in (True, False) for r in ("bm25", "dense")}
+    assert all(0 <= r["recall"] <= 1 for r in scores if r["recall"] == r["recall"])
+    # Recall can only grow with k for the same question and setting.
+    by_key = {(r["qa_id"], r["granularity"], r["compressed"], r["retriever"], r["k"]): r["recall"] for r in scores}
+    for (qa, g, c, ret, k), recall in by_key.items():
+        if k == 5 and recall == recall:
+            assert recall >= by_key[(qa, g, c, ret, 1)]
+    summary = StageDir(run, "score").manifest()
+    assert summary["tables"]["retrieval_scores"] == len(scores)
+
+
+def test_dialseg_segmentation_scores(run_cfg):
+    cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
+                  "compress.method=none", "stages=[ingest,guidance,segment,compress,banks,score]")
+    Runner(cfg).run()
+    rows = StageDir(cfg.run_dir, "score").read_table("segmentation_scores").to_pylist()
+    assert len(rows) == 2 and {r["dataset"] for r in rows} == {"dialseg"}
+    for r in rows:
+        assert 0 <= r["pk"] <= 1 and 0 <= r["window_diff"] <= 1 and 0 <= r["f1"] <= 1
