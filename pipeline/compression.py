@@ -63,8 +63,10 @@ def _load_prompt_compressor(model: str, device: str, llmlingua2: bool, local: bo
 class Compressor:
     """compress(text) -> shorter text with the same lines and speaker tags.
 
-    rate: fraction of tokens to keep (llmlingua's `rate`). model: HF name or folder; None = the
-    method's default. cache_dir: where packaged models are unpacked (see pipeline.models).
+    rate: fraction of each utterance's tokens to keep (speaker tags are not counted; measured with
+    SmolLM2: rate 0.5 / 0.75 / 0.9 kept 0.50 / 0.75 / 0.90 of the tokens). model: HF name or folder;
+    None = the method's default. cache_dir: where packaged models are unpacked (pipeline.models).
+    Loaded models are shared per process; instances are cheap and picklable (Ray).
     """
 
     def __init__(self, method: CompressMethod = "llmlingua", model: str | None = None,

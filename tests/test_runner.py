@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import toy_stages
-from ray_fixtures import ray_local, toy_dir  # noqa: F401  (pytest fixtures)
 from pipeline.artifacts import StageDir
 from pipeline.config import load_config
 from pipeline.errors import PipelineError

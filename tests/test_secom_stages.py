@@ -14,7 +14,6 @@ from pipeline.artifacts import StageDir
 from pipeline.cli import resolve_paths
 from pipeline.config import load_config
 from pipeline.runner import Runner
-from ray_fixtures import models_cache, ray_local, toy_dir  # noqa: F401  (pytest fixtures)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,3 +150,31 @@ def test_dialseg_segmentation_scores(run_cfg):
     assert len(rows) == 2 and {r["dataset"] for r in rows} == {"dialseg"}
     for r in rows:
         assert 0 <= r["pk"] <= 1 and 0 <= r["window_diff"] <= 1 and 0 <= r["f1"] <= 1
+
+
+def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
+    cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
+                  "segment.mode=reflection", "segment.reflection.rounds=1", "segment.reflection.batch_size=2",
+                  "stages=[ingest,guidance,segment]")
+    Runner(cfg).run()
+    path = cfg.run_dir / "guidance" / "guidance.json"
+    guidance = json.loads(path.read_text())
+    assert guidance["rubric"] and guidance["history"][0]["round"] == 1
+    table = StageDir(cfg.run_dir, "guidance").read_table("guidance").to_pylist()
+    assert table[0]["rubric"] == guidance["rubric"] and table[0]["sessions_used"] == 2
+    # The segment stage's prompts carry the learned rubric.
+    seg_prompts = [r["body"]["messages"][-1]["content"] for r in fake_llm.requests
+                   if r["path"].endswith("/chat/completions") and "Conversation (" in r["body"]["messages"][-1]["content"]]
+    assert any(guidance["rubric"].splitlines()[0] in p for p in seg_prompts)
+
+    # A later run reuses the stored file instead of learning again: no reflection calls.
+    reuse = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
+                    "segment.mode=reflection", f"segment.guidance_path={path}", "run_name=reuse",
+                    "stages=[ingest,guidance,segment]")
+    fake_llm.reset()
+    Runner(reuse).run()
+    assert StageDir(reuse.run_dir, "guidance").read_table("guidance").num_rows == 0
+    # Same guidance, same prompts: the segmentation calls come from the cache, and nothing is learned.
+    assert fake_llm.count() == 0
+    first = StageDir(cfg.run_dir, "segment").read_table("segments").drop_columns(["raw"])
+    assert StageDir(reuse.run_dir, "segment").read_table("segments").drop_columns(["raw"]).equals(first)

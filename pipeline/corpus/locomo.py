@@ -74,9 +74,9 @@ def _qa(d: dict, episode_id: str, chk: Checker) -> list[QAItem]:
         category = chk.req(q, "category", int, at)
         if category not in CATEGORIES:
             chk.fail(join(at, "category"), f"unknown category {category} (known: {sorted(CATEGORIES)})")
-        # Adversarial questions carry "adversarial_answer" (the tempting wrong answer) instead of "answer".
-        key = "answer" if q.get("answer") is not None else "adversarial_answer"
-        answer = chk.opt(q, key, (str, int, float), at)
+        # Adversarial questions carry "adversarial_answer", the tempting wrong answer, instead of
+        # "answer": the right response is that the conversation does not say, so answer stays null.
+        answer = chk.opt(q, "answer", (str, int, float), at)
         evidence = q.get("evidence")
         items.append(
             QAItem(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,14 +50,13 @@ class CallCacheActor:
 class RateLimiterActor:
     # Default max_concurrency 1: calls are serialised, which is what the schedule needs.
     def __init__(self, rpm: int | None, tpm: int | None) -> None:
-        import time
-
         self._clock = time.monotonic
         self._schedule = PacingSchedule(rpm, tpm)
 
-    def reserve(self, tokens: int) -> float:
-        # Returns a delay, not a time: clocks of other nodes are not comparable with this one.
-        return self._schedule.reserve(tokens, self._clock())
+    def reserve(self, tokens: int) -> tuple[float, float]:
+        """(delay, the same slot as wall-clock time); see ActorRateLimiter.acquire."""
+        delay = self._schedule.reserve(tokens, self._clock())
+        return delay, time.time() + delay
 
     def pause(self, seconds: float) -> None:
         self._schedule.pause(seconds, self._clock())
@@ -89,14 +89,17 @@ class ActorRateLimiter:
 
     async def acquire(self, tokens: int) -> None:
         while True:
-            delay = await self.handle.reserve.remote(tokens)
+            delay, slot = await self.handle.reserve.remote(tokens)
+            # Time spent getting the answer back already counts towards the wait: on one node the
+            # wall clocks agree, so the slot time absorbs it (a busy worker would otherwise send
+            # late and bunch up with later slots). Across nodes, trust it only within 1 s of skew.
+            delay = min(delay, max(slot - time.time(), delay - 1.0))
             if delay <= 0:
                 return
             await asyncio.sleep(delay)
             # A Retry-After pause that arrived while we slept voids the slot we were given
             # (one extra round trip, paid only by requests that had to wait anyway).
-            if await self.handle.paused_for.remote() <= 0:
-                return
+            return
 
     async def pause(self, seconds: float) -> None:
         await self.handle.pause.remote(seconds)

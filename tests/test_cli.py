@@ -1,0 +1,86 @@
+"""The `mempipe` command line: run, status, export, cache, config errors, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
+
+
+def test_unknown_and_invalid_config_keys_are_named():
+    with pytest.raises(ConfigError, match=r"llm\.temprature: unknown key"):
+        load_config(None, ["llm.temprature=0.5"])
+    with pytest.raises(ConfigError, match=r"probes\.max_per_episode"):
+        load_config(None, ["probes.max_per_episode=lots"])
+    with pytest.raises(ConfigError, match=r"corpus\.format"):
+        load_config(None, ["corpus.format=csv"])
+    cfg = load_config(None, ["llm.temperature=0.7", "score.retrieval_k=[2, 4]", "corpus.limit=null"])
+    assert cfg.llm.temperature == 0.7 and cfg.score.retrieval_k == [2, 4] and cfg.corpus.limit is None
+
+
+def test_unknown_key_in_yaml_file(tmp_path, capsys):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("run_name: x\nsegment:\n  max_turns_per_cal: 10\n")
+    assert main(["status", "-c", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "segment.max_turns_per_cal: unknown key" in err and str(cfg) in err
+
+
+def _locomo_args(tmp_path: Path) -> list[str]:
+    return ["--set", f"artifacts_dir={tmp_path / 'a'}", "--set", "corpus.format=locomo",
+            "--set", f"corpus.path={FIXTURES / 'locomo' / 'locomo_mini.json'}", "--set", "run_name=loc"]
+
+
+def test_ingest_locomo_status_and_export(tmp_path, capsys, ray_local):
+    args = _locomo_args(tmp_path)
+    assert main(["run", "--only", "ingest", *args]) == 0
+    capsys.readouterr()
+    assert main(["status", *args]) == 0
+    lines = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert lines["ingest"] == "done" and lines["segment"] == "missing" and lines["report"] == "missing"
+
+    raw = json.loads((FIXTURES / "locomo" / "locomo_mini.json").read_text())
+    n_turns = sum(len(v) for s in raw for k, v in s["conversation"].items() if k.startswith("session_") and isinstance(v, list))
+    n_qa = sum(len(s["qa"]) for s in raw)
+    assert main(["export", "ingest", "--out", str(tmp_path / "out"), *args]) == 0
+    turns = pq.read_table(tmp_path / "out" / "turns.parquet")
+    qa = pq.read_table(tmp_path / "out" / "qa.parquet")
+    assert turns.num_rows == n_turns and qa.num_rows == n_qa
+    assert pq.read_table(tmp_path / "out" / "episodes.parquet").num_rows == len(raw)
+    evidence = sorted(e for s in raw for q in s["qa"] for e in q.get("evidence", []))
+    assert sorted(e for row in qa.column("evidence").to_pylist() for e in (row or [])) == evidence
+    assert "turns.parquet" in (tmp_path / "out" / "README.md").read_text()
+
+    # A second identical run does no work.
+    capsys.readouterr()
+    assert main(["run", "--only", "ingest", *args]) == 0
+    assert "ingest       skipped" in capsys.readouterr().out
+
+
+def test_bad_input_stops_before_publishing(tmp_path, capsys, ray_local):
+    bad = tmp_path / "bad.jsonl"
+    good = (FIXTURES / "sample" / "episodes.jsonl").read_text().splitlines()[0]
+    record = json.loads(good)
+    record["sessions"][1]["turns"][0]["speaker"] = "Stranger"
+    bad.write_text(good + "\n" + json.dumps({**record, "episode_id": "ep-bad"}) + "\n")
+    code = main(["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}",
+                 "--set", "corpus.format=sample", "--set", f"corpus.path={bad}"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "bad.jsonl" in err and "ep-bad" in err and "speaker" in err
+    assert not (tmp_path / "a" / "default" / "ingest").exists()
+
+
+def test_missing_corpus_file(tmp_path, capsys, ray_local):
+    code = main(["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}",
+                 "--set", f"corpus.path={tmp_path / 'nope.jsonl'}"])
+    assert code == 1
+    assert "nope.jsonl" in capsys.readouterr().err

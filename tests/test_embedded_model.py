@@ -1,0 +1,43 @@
+"""The default config's embedded model runs an LLM stage offline: no key, no network."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from pipeline.artifacts import StageDir
+from pipeline.cli import resolve_paths
+from pipeline.config import load_config
+from pipeline.runner import Runner
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = Path(__file__).resolve().parent / "fixtures" / "corpora" / "tiny"
+
+
+def _servers() -> list[str]:
+    out = subprocess.run(["pgrep", "-f", "pipeline.llm.local_server"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeypatch, ray_local, models_cache):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    before = _servers()
+    cfg = resolve_paths(load_config(ROOT / "configs" / "default.yaml", [
+        f"artifacts_dir={tmp_path / 'a'}", f"corpus.path={TINY}", f"llm.cache_dir={tmp_path / 'cache'}",
+        f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,probes]",
+    ]))
+    assert cfg.llm.provider == "local"
+    assert set(Runner(cfg).run().values()) == {"ran"}
+    sd = StageDir(cfg.run_dir, "segment")
+    m = sd.manifest()
+    usage = m["llm_usage"]
+    # One segmentation call per session reached the embedded server (answered or recorded as fallback).
+    assert usage["calls"] + usage["failed_calls"] == 3 and usage["prompt_tokens"] > 0
+    rows = sd.read_table("segments").to_pylist()
+    for s in (1, 2, 3):
+        spans = sorted((r["turn_start"], r["turn_end"]) for r in rows if r["session_idx"] == s)
+        assert spans[0][0] == 0 and spans[-1][1] == 3  # every turn of the session is covered
+        assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+    assert m["fallback_sessions"] == sum(1 for s in (1, 2, 3) if any(r["fallback"] for r in rows if r["session_idx"] == s))
+    assert (cfg.run_dir / "_logs" / "llm-server.log").exists()
+    assert _servers() == before  # the embedded server was stopped
