@@ -50,7 +50,7 @@ def _usage_cell(u: dict[str, Any] | None) -> str:
     if not u:
         return "-"
     fresh = u.get("calls", 0) - u.get("cached_calls", 0)
-    return f"{fresh}/{u.get('cached_calls', 0)}"
+    return f"{fresh}/{u.get('cached_calls', 0)}/{u.get('failed_calls', 0)}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -70,7 +70,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             [st.name, state, str(m.get("rows", "-")), str(m.get("errors", "-")),
              _usage_cell(usage or None), _usage_cell(judge or None), str(tokens) if m else "-"]
         )
-    header = ["stage", "state", "rows", "errors", "llm fresh/cached", "judge fresh/cached", "tokens"]
+    header = ["stage", "state", "rows", "errors", "llm fresh/cached/failed", "judge fresh/cached/failed", "tokens"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"run {cfg.run_name} at {cfg.run_dir}")
     for r in [header, *rows]:

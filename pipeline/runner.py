@@ -264,6 +264,15 @@ def _explain(e: BaseException) -> str:
     return str(cause) if isinstance(cause, PipelineError) else f"{type(cause).__name__}: {cause}"
 
 
+# Model-loading progress bars from every worker drown the stage progress bars.
+QUIET_WORKERS = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
 @contextlib.contextmanager
 def ray_session(cfg: RunConfig) -> Iterator[None]:
     import ray
@@ -279,7 +288,8 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
         kwargs["num_cpus"] = cfg.ray.num_cpus
         # Workers must import this checkout (also when not pip-installed).
         paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
-        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}}
+        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS}
+        kwargs["runtime_env"] = {"env_vars": env}
     ray.init(**kwargs)
     try:
         yield

@@ -58,7 +58,7 @@ def _make_llms(cfg: RunConfig, stage: Any, handles: dict[str, Any]) -> tuple[Any
     from pipeline.llm.shared import make_client
 
     llm = make_client(cfg.llm, handles.get("llm")) if stage.uses_llm else None
-    judge = make_client(cfg.judge, handles.get("judge")) if stage.uses_judge else None
+    judge = make_client(cfg.judge, handles.get("judge"), section="judge") if stage.uses_judge else None
     return llm, judge
 
 

@@ -57,8 +57,8 @@ def ray_cluster() -> Iterator[None]:
 def handles(fake_llm: FakeOpenAI, ray_cluster: None) -> Any:
     made: list[SharedLLMHandles] = []
 
-    def make(cfg: LLMConfig) -> SharedLLMHandles:
-        h = SharedLLMHandles.get_or_create(cfg, job_key=uuid.uuid4().hex[:8])
+    def make(cfg: LLMConfig, job_key: str | None = None) -> SharedLLMHandles:
+        h = SharedLLMHandles.get_or_create(cfg, job_key=job_key or uuid.uuid4().hex[:8])
         made.append(h)
         return h
 
@@ -70,9 +70,14 @@ def handles(fake_llm: FakeOpenAI, ray_cluster: None) -> Any:
 def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -> None:
     rpm = 600  # one request per 100 ms for the whole job
     cfg = llm_config(fake_llm, rpm=rpm, max_concurrency=8)
-    h = handles(cfg)
+    job = uuid.uuid4().hex[:8]
+    h = handles(cfg, job)
     assert h.cache is not None and h.limiter is not None
-    assert SharedLLMHandles.get_or_create(cfg, job_key="other").limiter != h.limiter  # jobs don't share
+    same = SharedLLMHandles.get_or_create(cfg, job)  # a second lookup finds the same actors
+    assert same.limiter._actor_id == h.limiter._actor_id and same.cache._actor_id == h.cache._actor_id
+    other = handles(cfg)  # another job gets its own limiter
+    assert other.limiter._actor_id != h.limiter._actor_id
+    other.close()
 
     # Warm-up: worker processes start and import the client first, so the measured phase shows
     # the limiter rather than process start-up (a first request can reach the server long after

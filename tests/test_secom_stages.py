@@ -178,3 +178,26 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
     assert fake_llm.count() == 0
     first = StageDir(cfg.run_dir, "segment").read_table("segments").drop_columns(["raw"])
     assert StageDir(reuse.run_dir, "segment").read_table("segments").drop_columns(["raw"]).equals(first)
+
+
+def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm):
+    fake_llm.faults = {"429": 0.05, "500": 0.05, "timeout": 0.03, "malformed": 0.04}
+    fake_llm.retry_after_s = 0.05
+    fake_llm.timeout_sleep_s = 1.5
+    cfg = run_cfg("corpus.limit=2", "compress.method=none", "llm.timeout_s=0.5", "llm.max_retries=1",
+                  "llm.structured_retries=0", "probes.max_per_episode=null", "probes.max_qa_per_episode=null",
+                  "stages=[ingest,guidance,segment,compress,banks,probes,respond]")
+    Runner(cfg).run()
+    assert sum(fake_llm.outcomes[k] for k in ("429", "500", "timeout", "malformed")) > 0  # faults did happen
+    run = cfg.run_dir
+    n_turns = StageDir(run, "ingest").read_table("turns").num_rows
+    segments = StageDir(run, "segment").read_table("segments").to_pylist()
+    assert sum(r["turn_end"] - r["turn_start"] + 1 for r in segments) == n_turns  # every session still covered
+    probes = StageDir(run, "probes").read_table("probes").num_rows
+    responses = StageDir(run, "respond").read_table("responses").to_pylist()
+    assert len(responses) == probes * 3 and probes > 10
+    for r in responses:
+        assert (r["response"] is None) != (r["error"] is None)
+    failed = [r for r in responses if r["error"]]
+    assert StageDir(run, "respond").manifest()["errors"] == len(failed)
+    assert all(len(r["error"]) > 5 for r in failed)

@@ -99,7 +99,8 @@ class ActorRateLimiter:
             await asyncio.sleep(delay)
             # A Retry-After pause that arrived while we slept voids the slot we were given
             # (one extra round trip, paid only by requests that had to wait anyway).
-            return
+            if await self.handle.paused_for.remote() <= 0:
+                return
 
     async def pause(self, seconds: float) -> None:
         await self.handle.pause.remote(seconds)
