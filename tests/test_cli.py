@@ -84,3 +84,30 @@ def test_missing_corpus_file(tmp_path, capsys, ray_local):
                  "--set", f"corpus.path={tmp_path / 'nope.jsonl'}"])
     assert code == 1
     assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_cache_stats_export_import_replays_offline(tmp_path, fake_llm, capsys, monkeypatch):
+    import asyncio
+
+    from conftest import TEST_KEY_ENV, llm_config
+    from pipeline.llm.shared import make_client
+
+    monkeypatch.setenv(TEST_KEY_ENV, "sk-cli-test")
+    messages = [{"role": "user", "content": "remember the cello"}]
+
+    async def ask(cache_dir: Path):
+        client = make_client(llm_config(fake_llm, cache_dir=str(cache_dir)))
+        try:
+            return await client.chat(messages)
+        finally:
+            await client.aclose()
+
+    first = asyncio.run(ask(tmp_path / "c1"))
+    assert not first.cached and fake_llm.count() == 1
+    c1 = ["--set", f"llm.cache_dir={tmp_path / 'c1'}"]
+    assert main(["cache", "stats", *c1]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 1
+    assert main(["cache", "export", str(tmp_path / "calls.parquet"), *c1]) == 0
+    assert main(["cache", "import", str(tmp_path / "calls.parquet"), "--set", f"llm.cache_dir={tmp_path / 'c2'}"]) == 0
+    replay = asyncio.run(ask(tmp_path / "c2"))
+    assert replay.cached and replay.text == first.text and fake_llm.count() == 1

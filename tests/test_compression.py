@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pickle
-import socket
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
 
@@ -21,21 +19,6 @@ Dr. Kim: The left one needs physical therapy twice a week, starting next Monday 
 Alice: That sounds like a good plan. I started a pottery class last Tuesday, by the way."""
 
 
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Any connection that leaves the machine fails the test (no model or tiktoken downloads)."""
-    real_connect = socket.socket.connect
-
-    def guarded(self: socket.socket, address: Any) -> Any:
-        host = address[0] if isinstance(address, tuple) else address
-        if host not in ("127.0.0.1", "::1", "localhost") and self.family != socket.AF_UNIX:
-            raise AssertionError(f"test tried to reach the network: {address}")
-        return real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    yield
 
 
 def test_split_tag() -> None:

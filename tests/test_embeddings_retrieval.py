@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import socket
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,21 +31,6 @@ from pipeline.retrieval import (
 MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
 
 
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Any connection that leaves the machine fails the test."""
-    real_connect = socket.socket.connect
-
-    def guarded(self: socket.socket, address: Any) -> Any:
-        host = address[0] if isinstance(address, tuple) else address
-        if host not in ("127.0.0.1", "::1", "localhost") and self.family != socket.AF_UNIX:
-            raise AssertionError(f"test tried to reach the network: {address}")
-        return real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    yield
 
 
 # ------------------------------------------------------------------ embeddings

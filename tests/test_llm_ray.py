@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import ray
@@ -14,8 +13,6 @@ from conftest import llm_config
 from fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.llm.shared import SharedLLMHandles, make_client
-
-TESTS = Path(__file__).resolve().parent
 
 N_TASKS = 4
 PER_TASK = 12
@@ -39,22 +36,8 @@ def max_in_window(ts: list[float], width: float) -> int:
     return max(sum(1 for u in ts if t <= u < t + width) for t in ts)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """A local Ray for this module, or the one already running (then it is left as it was)."""
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{TESTS.parent}"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.fixture
-def handles(fake_llm: FakeOpenAI, ray_cluster: None) -> Any:
+def handles(fake_llm: FakeOpenAI, ray_local: None) -> Any:
     made: list[SharedLLMHandles] = []
 
     def make(cfg: LLMConfig, job_key: str | None = None) -> SharedLLMHandles:
@@ -77,7 +60,6 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
     assert same.limiter._actor_id == h.limiter._actor_id and same.cache._actor_id == h.cache._actor_id
     other = handles(cfg)  # another job gets its own limiter
     assert other.limiter._actor_id != h.limiter._actor_id
-    other.close()
 
     # Warm-up: worker processes start and import the client first, so the measured phase shows
     # the limiter rather than process start-up (a first request can reach the server long after

@@ -39,9 +39,6 @@ class CallCacheActor:
     def set(self, key: str, value: dict[str, Any]) -> None:
         self._cache.set_sync(key, value)
 
-    def directory(self) -> str:
-        return self._cache.directory
-
     def close(self) -> None:
         self._cache.close()
 
@@ -147,12 +144,13 @@ class SharedLLMHandles:
         return cls(cache=cache, limiter=limiter)
 
     def close(self) -> None:
-        """Close the cache file and stop the actors (end of job)."""
+        """Close the cache file and stop the actors (end of job). Safe to call twice."""
         if self.cache is not None:
             try:
                 ray.get(self.cache.close.remote())
-            finally:
-                ray.kill(self.cache)
+            except ray.exceptions.RayActorError:
+                pass  # already gone
+            ray.kill(self.cache)
         if self.limiter is not None:
             ray.kill(self.limiter)
 
