@@ -111,3 +111,10 @@ def test_cache_stats_export_import_replays_offline(tmp_path, fake_llm, capsys, m
     assert main(["cache", "import", str(tmp_path / "calls.parquet"), "--set", f"llm.cache_dir={tmp_path / 'c2'}"]) == 0
     replay = asyncio.run(ask(tmp_path / "c2"))
     assert replay.cached and replay.text == first.text and fake_llm.count() == 1
+
+
+def test_every_shipped_config_is_valid():
+    configs = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+    assert len(configs) >= 2
+    for path in configs:
+        load_config(path)
