@@ -174,8 +174,8 @@ class Runner:
                     import ray
 
                     job = ray.get_runtime_context().get_job_id()
-                    handles["llm"] = SharedLLMHandles.get_or_create(self.cfg.llm, f"{job}-llm")
-                    handles["judge"] = SharedLLMHandles.get_or_create(self.cfg.judge, f"{job}-judge")
+                    handles["llm"] = SharedLLMHandles.get_or_create(self.cfg.llm, job)
+                    handles["judge"] = SharedLLMHandles.get_or_create(self.cfg.judge, job)
             yield handles
 
     def _shards(self, stage: Stage) -> list[ShardTask]:

@@ -80,7 +80,7 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
     gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
     assert ts[-1] - ts[0] >= (n - 1) / per_s - 0.3, gaps
     for width in (3.0, 4.0):
-        assert max_in_window(ts, width) <= per_s * width * 1.05 + 2, (width, gaps)
+        assert max_in_window(ts, width) <= per_s * width * 1.05 + 3, (width, gaps)
     assert sum(u["calls"] for _, u in cold) == n
 
     # Cross-worker cache hits: every task now asks what another task asked.
