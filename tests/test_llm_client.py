@@ -20,7 +20,8 @@ from pipeline.errors import ConfigError
 from pipeline.llm import (DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter, Usage, cache_stats,
                           export_cache, import_cache, resolve_api_key)
 from pipeline.llm.cache import chat_cache_key
-from pipeline.llm.client import parse_retry_after, response_format_for, strict_json_schema
+from pipeline.llm.client import parse_retry_after
+from pipeline.llm.structured import response_format_for, strict_json_schema
 from pipeline.llm.ratelimit import PacingSchedule, estimate_tokens
 
 SECRET = "sk-test-SECRET-7f3a9c1e5b2d4680"
