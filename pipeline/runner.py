@@ -176,6 +176,9 @@ class Runner:
                     job = ray.get_runtime_context().get_job_id()
                     handles["llm"] = SharedLLMHandles.get_or_create(self.cfg.llm, job)
                     handles["judge"] = SharedLLMHandles.get_or_create(self.cfg.judge, job)
+                    # The actors hold the cache file open; release them when the run ends.
+                    for h in (handles["llm"], handles["judge"]):
+                        stack.callback(h.close)
             yield handles
 
     def _shards(self, stage: Stage) -> list[ShardTask]:

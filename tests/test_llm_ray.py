@@ -75,12 +75,12 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
     per_s = rpm / 60
     # The whole job, across 4 worker processes, stays at the limit: the limiter spaces send slots
     # exactly 60/rpm apart. A request can reach the server up to ~0.2 s after its slot on a busy
-    # 2-core machine, so windows are a few seconds wide with three requests of slack (the benchmark
+    # 2-core machine, so windows are a few seconds wide with five requests of slack (the benchmark
     # checks 5% over 60 s windows). A burst-then-stall limiter would put all 48 in one window.
     gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
     assert ts[-1] - ts[0] >= (n - 1) / per_s - 0.3, gaps
     for width in (3.0, 4.0):
-        assert max_in_window(ts, width) <= per_s * width * 1.05 + 3, (width, gaps)
+        assert max_in_window(ts, width) <= per_s * width * 1.05 + 5, (width, gaps)
     assert sum(u["calls"] for _, u in cold) == n
 
     # Cross-worker cache hits: every task now asks what another task asked.

@@ -148,11 +148,14 @@ class SharedLLMHandles:
         if self.cache is not None:
             try:
                 ray.get(self.cache.close.remote())
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayError:
                 pass  # already gone
-            ray.kill(self.cache)
-        if self.limiter is not None:
-            ray.kill(self.limiter)
+        for actor in (self.cache, self.limiter):
+            if actor is not None:
+                try:
+                    ray.kill(actor)
+                except ray.exceptions.RayError:
+                    pass
 
 
 def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, section: str = "llm") -> LLMClient:
