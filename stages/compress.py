@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline import compression
 from pipeline.compression import Compressor
 from pipeline.schemas import UNITS
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.common import failure_reason, sessions_of
+from stages import units
 from stages.units import build_units
 
 _COMPRESSORS: dict[tuple[Any, ...], Compressor] = {}
@@ -29,6 +31,7 @@ class CompressStage(EpisodeStage):
     inputs = ("ingest", "segment")
     outputs = {"units": UNITS}
     section = "compress"
+    code = (units, compression)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section

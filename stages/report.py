@@ -7,6 +7,7 @@ import polars as pl
 
 from pipeline.schemas import RESPONSE_SUMMARY, RETRIEVAL_SUMMARY, SEGMENTATION_SUMMARY
 from pipeline.stage import GlobalStage, StageContext
+from stages.metrics import segmentation as smetrics
 from stages.metrics.segmentation import segment_score
 
 REPORT_FILE = "report.md"
@@ -86,6 +87,7 @@ def _cast(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:
 class ReportStage(GlobalStage):
     name = "report"
     inputs = ("score", "respond")
+    code = (smetrics,)
     outputs = {
         "segmentation_summary": SEGMENTATION_SUMMARY,
         "retrieval_summary": RETRIEVAL_SUMMARY,

@@ -9,6 +9,7 @@ from typing import Any
 from pipeline.schemas import RETRIEVAL_SCORES, SEGMENTATION_SCORES
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.common import episode_dataset, sessions_of
+from stages.methods import base
 from stages.methods.base import rank_units
 from stages.metrics import retrieval as rmetrics
 from stages.metrics import segmentation as smetrics
@@ -67,6 +68,7 @@ class ScoreStage(EpisodeStage):
     outputs = {"segmentation_scores": SEGMENTATION_SCORES, "retrieval_scores": RETRIEVAL_SCORES}
     section = "score"
     uses_embedder = True
+    code = (base, rmetrics, smetrics)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         dataset = episode_dataset(inputs)
