@@ -18,6 +18,7 @@ from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import compute_fingerprint
+from pipeline.llm.usage import Usage
 from pipeline.schemas import EPISODES
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import EpisodeStage, GlobalStage, Stage, StageContext
@@ -35,17 +36,13 @@ class StageStatus:
 
 
 def _sum_usage(items: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    present = [u for u in items if u]
+    present = [Usage.from_dict(u) for u in items if u]
     if not present:
         return None
-    total: dict[str, Any] = {}
+    total = Usage()
     for u in present:
-        for k, v in u.items():
-            if isinstance(v, (int, float)):
-                total[k] = total.get(k, 0) + v
-    if "cost_usd" in total:
-        total["cost_usd"] = round(total["cost_usd"], 6)
-    return total
+        total.merge(u)
+    return total.to_dict()
 
 
 class Runner:

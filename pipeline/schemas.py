@@ -43,7 +43,6 @@ QA = pa.schema(
     ]
 )
 
-TABLES: dict[str, pa.Schema] = {"episodes": EPISODES, "turns": TURNS, "qa": QA}
 
 
 # --- SeCom stages ----------------------------------------------------------------------------
@@ -188,20 +187,4 @@ RESPONSE_SUMMARY = pa.schema(
         pa.field("mean_context_tokens", pa.float64()),
         pa.field("mean_response_words", pa.float64()),
     ]
-)
-
-TABLES.update(
-    {
-        "guidance": GUIDANCE,
-        "segments": SEGMENTS,
-        "units": UNITS,
-        "memory_units": MEMORY_UNITS,
-        "probes": PROBES,
-        "responses": RESPONSES,
-        "segmentation_scores": SEGMENTATION_SCORES,
-        "retrieval_scores": RETRIEVAL_SCORES,
-        "segmentation_summary": SEGMENTATION_SUMMARY,
-        "retrieval_summary": RETRIEVAL_SUMMARY,
-        "response_summary": RESPONSE_SUMMARY,
-    }
 )

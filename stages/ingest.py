@@ -9,15 +9,9 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.config import RunConfig
-from pipeline.corpus import load_corpus
+from pipeline.corpus import corpus_files, load_corpus
 from pipeline.schemas import EPISODES, QA, TURNS
 from pipeline.stage import GlobalStage, StageContext
-
-
-def corpus_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix in {".json", ".jsonl"})
-    return [path]
 
 
 class IngestStage(GlobalStage):

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.retrieval import top_k
 from pipeline.schemas import RETRIEVAL_SCORES, SEGMENTATION_SCORES
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.common import episode_dataset, sessions_of
 from stages.methods import base
-from stages.methods.base import rank_units
+from stages.methods.base import unit_retriever
 from stages.metrics import retrieval as rmetrics
 from stages.metrics import segmentation as smetrics
 
@@ -44,13 +45,20 @@ def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: An
     has_compression = any(u.get("compression") not in (None, "none") for u in units)
     qvecs = embed([q["question"] for q in questions]) if embed and set(cfg.retrievers) - {"bm25"} else None
     k_max = max(cfg.retrieval_k)
+    settings = [True, False] if has_compression else [False]
+    # One index per (granularity, key): BM25 is built once and serves every question.
+    indexes = {}
+    for gran in granularities:
+        pool = [u for u in units if u["granularity"] == gran]
+        for compressed in settings:
+            indexes[(gran, compressed)] = (pool, unit_retriever(pool, use_compression=compressed))
     for qi, q in enumerate(questions):
         for gran in granularities:
-            pool = [u for u in units if u["granularity"] == gran]
-            for compressed in ([True, False] if has_compression else [False]):
+            for compressed in settings:
+                pool, index = indexes[(gran, compressed)]
                 for retriever in cfg.retrievers:
-                    order = rank_units(pool, q["question"], retriever=retriever, use_compression=compressed,
-                                       k=k_max, qvec=None if qvecs is None else qvecs[qi])
+                    qvec = None if qvecs is None else qvecs[qi]
+                    order = top_k(index.scores(q["question"], retriever, qvec), k_max)
                     ranked = [pool[i]["source_turn_ids"] for i in order]
                     for k in cfg.retrieval_k:
                         rows.append({

@@ -8,43 +8,36 @@ granularity.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pipeline.stage import Rows
-from stages.methods.secom import format_unit
+from stages.methods.secom import Span, make_units
 
 
 def unit_id(granularity: str, session_idx: int, turn_start: int) -> str:
     return f"{granularity}:{session_idx}:{turn_start}"
 
 
-def _unit(episode_id: str, granularity: str, turns: Rows) -> dict[str, Any]:
-    first, last = turns[0], turns[-1]
-    return {
-        "episode_id": episode_id,
-        "unit_id": unit_id(granularity, first["session_idx"], first["turn_idx"]),
-        "granularity": granularity,
-        "session_idx": first["session_idx"],
-        "turn_start": first["turn_idx"],
-        "turn_end": last["turn_idx"],
-        "session_time": first.get("session_time"),
-        "source_turn_ids": [t["source_turn_id"] for t in turns],
-        "text": format_unit(turns),
-    }
+def _spans(granularity: str, turns: Rows, segments: Rows) -> list[Span]:
+    """Spans of positions in `turns` (one session) for one granularity."""
+    n = len(turns)
+    if granularity == "session":
+        return [(0, n - 1)]
+    if granularity == "turn":
+        return [(i, min(i + 1, n - 1)) for i in range(0, n, 2)]
+    if granularity == "segment":
+        position = {t["turn_idx"]: i for i, t in enumerate(turns)}
+        ordered = sorted(segments, key=lambda s: s["segment_idx"])
+        return [(position[s["turn_start"]], position[s["turn_end"]]) for s in ordered]
+    raise ValueError(f"unknown granularity {granularity!r}")
 
 
 def build_units(episode_id: str, sessions: dict[int, Rows], segments: Rows, granularity: str) -> Rows:
     units: Rows = []
-    if granularity == "session":
-        units = [_unit(episode_id, "session", turns) for turns in sessions.values()]
-    elif granularity == "turn":
-        for turns in sessions.values():
-            units += [_unit(episode_id, "turn", turns[i : i + 2]) for i in range(0, len(turns), 2)]
-    elif granularity == "segment":
-        for seg in sorted(segments, key=lambda s: (s["session_idx"], s["segment_idx"])):
-            turns = [t for t in sessions.get(seg["session_idx"], []) if seg["turn_start"] <= t["turn_idx"] <= seg["turn_end"]]
-            if turns:
-                units.append(_unit(episode_id, "segment", turns))
-    else:
-        raise ValueError(f"unknown granularity {granularity!r}")
+    for session_idx, turns in sessions.items():
+        if not turns:
+            continue
+        own = [s for s in segments if s["session_idx"] == session_idx]
+        for unit in make_units(turns, _spans(granularity, turns, own)):
+            unit.update(episode_id=episode_id, granularity=granularity,
+                        unit_id=unit_id(granularity, unit["session_idx"], unit["turn_start"]))
+            units.append(unit)
     return units

@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from pipeline.llm.types import ChatLLM, LLMResult
-from pipeline.retrieval import bm25_scores, count_tokens, dense_scores, hybrid_scores, top_k, within_budget
+from pipeline.retrieval import Retriever, count_tokens
 from pipeline.stage import Rows
 from stages.methods import secom
 
@@ -51,24 +51,18 @@ def _context_tokens(units: Rows, current: Rows) -> int:
     return sum(count_tokens(u["text"]) for u in units) + sum(count_tokens(t["text"]) for t in current)
 
 
-def rank_units(
-    pool: Rows, query: str, *, retriever: str, use_compression: bool, k: int,
-    hybrid_weight: float = 0.5, qvec: np.ndarray | None = None,
-) -> list[int]:
-    """Indices of the top-k units for a query. The key is the compressed text (SeCom's denoising)
-    or the original; dense scoring uses the matching stored vector."""
-    if not pool:
-        return []
-    texts = [(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool]
-    if retriever == "bm25":
-        scores = bm25_scores(query, texts)
-    else:
-        if qvec is None:
-            raise ValueError("dense retrieval needs a query vector")
-        vec_col = "vector" if use_compression else "text_vector"
-        dense = dense_scores(qvec, np.asarray([u[vec_col] for u in pool], dtype=np.float32))
-        scores = dense if retriever == "dense" else hybrid_scores(bm25_scores(query, texts), dense, hybrid_weight)
-    return top_k(scores, k)
+def unit_retriever(pool: Rows, *, use_compression: bool) -> Retriever:
+    """A retriever over memory units. The key is the compressed text (SeCom's denoising) or the
+    original, dense search uses the matching stored vector, and budgets count the original text,
+    which is what enters the context."""
+    vec_col = "vector" if use_compression else "text_vector"
+    has_vectors = bool(pool) and all(u.get(vec_col) is not None for u in pool)
+    return Retriever(
+        ids=[u["unit_id"] for u in pool],
+        texts=[(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool],
+        vectors=np.asarray([u[vec_col] for u in pool], dtype=np.float32) if has_vectors else None,
+        token_counts=[count_tokens(u["text"]) for u in pool],
+    )
 
 
 @dataclass
@@ -84,11 +78,12 @@ class RetrievalMethod:
             if u["granularity"] == self.granularity and u["session_idx"] < ctx.probe["session_idx"]
         ]
         qvec = ctx.embed([ctx.probe["request"]])[0] if (ctx.embed and cfg.retriever != "bm25" and pool) else None
-        order = rank_units(pool, ctx.probe["request"], retriever=cfg.retriever, use_compression=cfg.use_compression,
-                           k=cfg.top_k, hybrid_weight=cfg.hybrid_weight, qvec=qvec)
-        if cfg.token_budget is not None:
-            order = within_budget(order, [count_tokens(pool[i]["text"]) for i in range(len(pool))], cfg.token_budget)
-        return [pool[i] for i in order]
+        hits = unit_retriever(pool, use_compression=cfg.use_compression).search(
+            ctx.probe["request"], cfg.top_k, method=cfg.retriever, qvec=qvec,
+            budget=cfg.token_budget, hybrid_weight=cfg.hybrid_weight,
+        )
+        by_id = {u["unit_id"]: u for u in pool}
+        return [by_id[unit_id] for unit_id, _ in hits]
 
     async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer:
         units = self.rank(ctx, cfg)
