@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-c", "--config", default=None, help="YAML config (default: built-in defaults)")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+        sp.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
 
     run = sub.add_parser("run", help="run the pipeline (skips stages whose fingerprint matches)")
     common(run)
@@ -138,14 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     if args.command == "cache" and args.action in ("export", "import") and not args.path:
         print("mempipe: error: cache export/import needs a PATH", file=sys.stderr)
         return 2
     try:
         return args.func(args)
     except PipelineError as e:
+        if args.debug:
+            traceback.print_exc()
         print(f"mempipe: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -22,6 +22,11 @@ class InputError(PipelineError):
             where.append(f"field {field!r}")
         super().__init__(f"{', '.join(where)}: {message}")
 
+    def __reduce__(self) -> tuple:
+        # Ray pickles errors raised in tasks; the default rebuilds from `args` (the one joined
+        # message), which this __init__ does not take, and Ray then reports it as unserializable.
+        return (type(self), (self.file, self.record, self.field, self.message))
+
 
 class ConfigError(PipelineError):
     """Bad configuration: names the key."""

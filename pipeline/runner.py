@@ -16,7 +16,7 @@ from tqdm import tqdm
 from pipeline import __version__
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
-from pipeline.errors import PipelineError
+from pipeline.errors import InputError, PipelineError
 from pipeline.fingerprint import compute_fingerprint
 from pipeline.llm.usage import Usage
 from pipeline.schemas import EPISODES
@@ -197,10 +197,16 @@ class Runner:
         pending = [t for t in shards if t.shard_idx not in done]
         started = time.time()
         desc = f"{stage.name}"
-        with tqdm(total=len(shards), initial=len(shards) - len(pending), desc=desc, unit="shard", leave=True) as bar:
-            for stats in self._dispatch(stage, pending, handles):
-                done[stats["shard_idx"]] = stats
-                bar.update(1)
+        # disable=None: bars on a terminal only, so piped output and logs carry just the results.
+        with tqdm(total=len(shards), initial=len(shards) - len(pending), desc=desc, unit="shard",
+                  disable=None) as bar:
+            try:
+                for stats in self._dispatch(stage, pending, handles):
+                    done[stats["shard_idx"]] = stats
+                    bar.update(1)
+            except BaseException:
+                bar.leave = False  # erase the bar so the error is the last thing on screen
+                raise
         if isinstance(stage, EpisodeStage):
             stage.finalize(StageContext(cfg=self.cfg, stage=stage, out_dir=sd.partial))
         markers = [done[i] for i in sorted(done)]
@@ -243,25 +249,33 @@ class Runner:
         cpus = self.cfg.ray.llm_task_cpus if (stage.uses_llm or stage.uses_judge) else self.cfg.ray.task_cpus
         remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=0)
         refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
-        failures: list[str] = []
+        failures: list[BaseException] = []
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             task = refs.pop(ready[0])
             try:
                 yield {**ray.get(ready[0]), "shard_idx": task.shard_idx}
             except Exception as e:  # finish the other shards so a rerun resumes from them
-                failures.append(_explain(e))
+                failures.append(task_error(e))
         if failures:
-            raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {failures[0]}")
+            first = failures[0]
+            if isinstance(first, InputError):
+                raise first  # already names file, record and field: the whole story for the user
+            raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {_explain(first)}")
 
 
 def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
     return run_shard(task, cfg, handles)
 
 
+def task_error(e: BaseException) -> BaseException:
+    """The exception the task raised, unwrapped from Ray's RayTaskError."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
+
+
 def _explain(e: BaseException) -> str:
-    cause = getattr(e, "cause", None) or e
-    return str(cause) if isinstance(cause, PipelineError) else f"{type(cause).__name__}: {cause}"
+    return str(e) if isinstance(e, PipelineError) else f"{type(e).__name__}: {e}"
 
 
 # Model-loading progress bars from every worker drown the stage progress bars.

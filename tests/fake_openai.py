@@ -7,7 +7,12 @@ deterministically from a seeded hash of (request body, how many times that same 
 a retry of a failed request can succeed.
 
     server = FakeOpenAI(latency_s=0.05, max_concurrency=8).start()
-    server.faults = {"429": 0.05, "500": 0.05, "timeout": 0.02, "malformed": 0.05}
+    server.faults = {"429": 0.05, "500": 0.05, "timeout": 0.02, "malformed": 0.05, "html": 0.05}
+
+Faults: 429 (with Retry-After), 500, 400, timeout (answers after timeout_sleep_s), malformed (an
+invalid structured answer inside a valid response), and three broken 200 bodies a misbehaving proxy
+sends: html (text/html page), badjson (application/json that is not JSON), nochoices (JSON without
+`choices` / `data`).
     ... base_url=server.base_url ...
     server.stop()
 """
@@ -27,7 +32,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-FAULT_ORDER = ("429", "500", "400", "timeout", "malformed")
+FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
+_HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
 
 
 def _hash(obj: Any) -> str:
@@ -284,6 +290,12 @@ class FakeOpenAI:
             return _error(400, "fake bad request", None, "invalid_request_error")
         if outcome == "timeout":
             await self._sleep(self.timeout_sleep_s)
+        if outcome == "html":
+            return web.Response(status=200, text=_HTML_PAGE, content_type="text/html")
+        if outcome == "badjson":
+            return web.Response(status=200, text=_HTML_PAGE, content_type="application/json")
+        if outcome == "nochoices":
+            return web.json_response({"object": "error", "detail": "upstream unavailable"})
         return answer(body, outcome)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,6 +17,7 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_unknown_and_invalid_config_keys_are_named():
@@ -77,6 +82,42 @@ def test_bad_input_stops_before_publishing(tmp_path, capsys, ray_local):
     err = capsys.readouterr().err
     assert "bad.jsonl" in err and "ep-bad" in err and "speaker" in err
     assert not (tmp_path / "a" / "default" / "ingest").exists()
+
+
+def test_input_error_in_a_ray_task_prints_one_line_naming_file_record_field(tmp_path):
+    """A fresh `mempipe` process, so ingest runs as a Ray task exactly as a user runs it."""
+    raw = json.loads((FIXTURES / "locomo" / "locomo_mini.json").read_text())
+    del raw[0]["conversation"]["session_2"][1]["speaker"]
+    bad = tmp_path / "locomo_bad.json"
+    bad.write_text(json.dumps(raw))
+    args = ["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}", "--set", "corpus.format=locomo",
+            "--set", f"corpus.path={bad}", "--set", "ray.num_cpus=1"]
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(r"mempipe: error: file .*locomo_bad\.json, record .+, field '.*speaker': .+", lines[0]), lines[0]
+    assert "Traceback" not in proc.stderr and "Unserializable" not in proc.stderr
+    assert not (tmp_path / "a" / "default" / "ingest").exists()
+    # --debug shows where it came from.
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--debug"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_project_errors_survive_pickling():
+    import pickle
+
+    from pipeline.errors import InputError
+    from pipeline.llm.types import LLMError
+
+    err = pickle.loads(pickle.dumps(InputError("f.json", "conv-1", "speaker", "required field is missing")))
+    assert (err.file, err.record, err.field) == ("f.json", "conv-1", "speaker")
+    assert str(err) == "file f.json, record conv-1, field 'speaker': required field is missing"
+    llm_err = pickle.loads(pickle.dumps(LLMError("bad", raw="{")))
+    assert (llm_err.reason, llm_err.raw) == ("bad", "{")
 
 
 def test_missing_corpus_file(tmp_path, capsys, ray_local):

@@ -295,6 +295,26 @@ def test_server_errors_are_retried_then_reported(fake_llm: FakeOpenAI) -> None:
     assert client.usage.retries == 2 and client.usage.failed_calls == 1
 
 
+@pytest.mark.parametrize("fault", ["html", "badjson", "nochoices"])
+def test_a_broken_200_body_is_retried_like_a_server_error(fake_llm: FakeOpenAI, fault: str) -> None:
+    fake_llm.force = [fault, fault]  # two broken bodies, then a good one
+    client = client_for(fake_llm, max_retries=2)
+    result = run(client.chat(msgs("q")))
+    assert result.text.startswith("fake reply") and fake_llm.count() == 3 and client.usage.retries == 2
+    fake_llm.faults = {fault: 1.0}
+    with pytest.raises(LLMError) as ei:
+        run(client.chat(msgs("another")))
+    assert "malformed response" in ei.value.reason and "3 attempts" in ei.value.reason
+    assert client.usage.failed_calls == 1
+
+
+def test_a_broken_embeddings_body_is_retried(fake_llm: FakeOpenAI) -> None:
+    fake_llm.force = ["html", "nochoices"]
+    client = client_for(fake_llm, max_retries=2)
+    vectors = run(client.embed(["a", "b"], "fake-embed"))
+    assert vectors == [fake_llm.vector("a"), fake_llm.vector("b")] and fake_llm.count("/v1/embeddings") == 3
+
+
 def test_client_errors_are_not_retried(fake_llm: FakeOpenAI) -> None:
     fake_llm.faults = {"400": 1.0}
     client = client_for(fake_llm, max_retries=5)

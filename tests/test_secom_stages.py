@@ -181,14 +181,16 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
 
 
 def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm):
-    fake_llm.faults = {"429": 0.05, "500": 0.05, "timeout": 0.03, "malformed": 0.04}
+    # Transport faults plus the 200 bodies a misbehaving proxy sends (HTML, non-JSON, no choices).
+    fake_llm.faults = {"429": 0.05, "500": 0.05, "timeout": 0.03, "malformed": 0.04,
+                       "html": 0.03, "badjson": 0.03, "nochoices": 0.02}
     fake_llm.retry_after_s = 0.05
     fake_llm.timeout_sleep_s = 1.5
     cfg = run_cfg("corpus.limit=2", "compress.method=none", "llm.timeout_s=0.5", "llm.max_retries=1",
                   "llm.structured_retries=0", "probes.max_per_episode=null", "probes.max_qa_per_episode=null",
                   "stages=[ingest,guidance,segment,compress,banks,probes,respond]")
     Runner(cfg).run()
-    assert sum(fake_llm.outcomes[k] for k in ("429", "500", "timeout", "malformed")) > 0  # faults did happen
+    assert all(fake_llm.outcomes[k] > 0 for k in ("429", "500", "timeout", "malformed", "html", "badjson"))
     run = cfg.run_dir
     n_turns = StageDir(run, "ingest").read_table("turns").num_rows
     segments = StageDir(run, "segment").read_table("segments").to_pylist()

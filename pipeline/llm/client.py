@@ -11,6 +11,7 @@ keys, cache values, usage, reprs, exception messages or logs.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -186,8 +187,14 @@ class LLMClient:
 
     # ------------------------------------------------------------ retry loop
 
-    async def _send(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int) -> Any:
-        """One request with transport retries. Raises LLMError when retries are exhausted."""
+    async def _send(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int,
+                    read: Callable[[Any], Any]) -> Any:
+        """One request with transport retries; returns `read(response)`.
+
+        A body that is not the expected JSON (a proxy's HTML page, JSON without `choices`) is
+        transient like a 5xx: `read` raises MalformedResponse and the request is retried.
+        Raises LLMError when retries are exhausted.
+        """
         st = await self._state()
         attempt = 0
         while True:
@@ -198,7 +205,7 @@ class LLMClient:
                 if self.limiter is not None:
                     await self.limiter.acquire(est_tokens)
                 try:
-                    return await call(st.client)
+                    return read(await call(st.client))
                 except openai.APIStatusError as e:
                     status = e.status_code
                     err = f"HTTP {status}: {_short(e.message)}"
@@ -211,6 +218,10 @@ class LLMClient:
                     err = f"connection error: {_short(str(e.__cause__ or e))}"
                 except openai.APIResponseValidationError as e:
                     err = f"malformed response: {_short(e.message)}"
+                except json.JSONDecodeError as e:  # the SDK parses a JSON content-type eagerly
+                    err = f"malformed response: body is not JSON ({e.msg})"
+                except MalformedResponse as e:
+                    err = f"malformed response: {e}"
             # Raised here, outside the except blocks, so the SDK exception (whose request carries
             # the Authorization header) is not chained onto the LLMError.
             err = self._scrub(err)
@@ -309,8 +320,8 @@ class LLMClient:
                 return await client.chat.completions.create(
                     model=model, messages=conv, extra_body=extra or None, **named)  # type: ignore[arg-type]
 
-            resp = await self._send(call, estimate_tokens(conv, sampling.get("max_tokens")))
-            text, pt, ct, resp_model = _read_chat(resp)
+            text, pt, ct, resp_model = await self._send(
+                call, estimate_tokens(conv, sampling.get("max_tokens")), _read_chat)
             prompt_tokens += pt
             completion_tokens += ct
             self._add_tokens(model, pt, ct, cached=False)
@@ -355,15 +366,20 @@ class LLMClient:
             async def call(client: openai.AsyncOpenAI, batch: list[str] = batch) -> Any:
                 return await client.embeddings.create(model=model, input=batch, encoding_format="float")
 
+            def read(resp: Any, n: int = len(batch)) -> tuple[list[Any], int]:
+                data = getattr(resp, "data", None)
+                if not isinstance(data, list):
+                    raise MalformedResponse(f"no data in {_describe_body(resp)}")
+                if len(data) != n:
+                    raise MalformedResponse(f"asked for {n} embedding vectors, got {len(data)}")
+                vectors = [d.embedding for d in sorted(data, key=lambda d: d.index)]
+                return vectors, int(getattr(getattr(resp, "usage", None), "prompt_tokens", 0) or 0)
+
             try:
-                resp = await self._send(call, sum(len(t) for t in batch) // 4 + len(batch))
-                vectors = [d.embedding for d in sorted(resp.data, key=lambda d: d.index)]
-                if len(vectors) != len(batch):
-                    raise LLMError(f"embeddings: asked for {len(batch)} vectors, got {len(vectors)}")
+                vectors, total = await self._send(call, sum(len(t) for t in batch) // 4 + len(batch), read)
             except LLMError:
                 self.usage.failed_calls += len(batch)
                 raise
-            total = int(getattr(resp.usage, "prompt_tokens", 0) or 0)
             shares = _split_tokens(total, [len(t) for t in batch])
             for text, vec, tokens in zip(batch, vectors, shares):
                 vec = [float(x) for x in vec]
@@ -377,10 +393,20 @@ class LLMClient:
         return out  # type: ignore[return-value]
 
 
+class MalformedResponse(ValueError):
+    """A 200 answer whose body is not the shape the API promises; retried like a 5xx."""
+
+
+def _describe_body(resp: Any) -> str:
+    if isinstance(resp, str):  # the SDK hands back the text of a non-JSON content type
+        return f"a non-JSON body ({_short(resp, 80)!r})"
+    return f"a {type(resp).__name__} without the expected fields"
+
+
 def _read_chat(resp: Any) -> tuple[str, int, int, str]:
-    choices = getattr(resp, "choices", None) or []
-    if not choices:
-        raise LLMError("malformed response: no choices")
+    choices = getattr(resp, "choices", None)
+    if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
+        raise MalformedResponse(f"no choices in {_describe_body(resp)}")
     msg = choices[0].message
     text = msg.content
     if text is None:

@@ -26,6 +26,9 @@ class LLMError(Exception):
         self.reason = reason
         self.raw = raw
 
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.reason, self.raw))  # keep `raw` across Ray's pickling
+
 
 @dataclass
 class LLMResult:
