@@ -10,72 +10,60 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import RunConfig, load_config
+from pipeline.config import RunConfig, resolve_paths
 from pipeline.errors import PipelineError
 
 
-def resolve_paths(cfg: RunConfig) -> RunConfig:
-    """Make relative paths absolute against the driver's working directory, so Ray workers agree."""
-    def absolute(p: str | None) -> str | None:
-        return str(Path(p).expanduser().resolve()) if p else p
-
-    cfg.artifacts_dir = absolute(cfg.artifacts_dir)  # type: ignore[assignment]
-    cfg.corpus.path = absolute(cfg.corpus.path)  # type: ignore[assignment]
-    cfg.llm.cache_dir = absolute(cfg.llm.cache_dir)  # type: ignore[assignment]
-    cfg.judge.cache_dir = absolute(cfg.judge.cache_dir)  # type: ignore[assignment]
-    cfg.embedding.cache_dir = absolute(cfg.embedding.cache_dir)  # type: ignore[assignment]
-    if cfg.segment.guidance_path:
-        cfg.segment.guidance_path = absolute(cfg.segment.guidance_path)
-    if cfg.segment.reflection.corpus_path:
-        cfg.segment.reflection.corpus_path = absolute(cfg.segment.reflection.corpus_path)
-    return cfg
-
-
 def _config(args: argparse.Namespace) -> RunConfig:
-    return resolve_paths(load_config(args.config, args.set))
+    import stages
+
+    return resolve_paths(stages.load_config(args.config, args.set))
+
+
+def _runner(cfg: RunConfig) -> Any:
+    import stages
+    from pipeline.runner import Runner
+
+    return Runner(cfg, stages.registry(cfg))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.runner import Runner
-
     cfg = _config(args)
-    runner = Runner(cfg)
-    outcome = runner.run(only=args.only or None, from_=args.from_stage, force=args.force or None)
+    outcome = _runner(cfg).run(only=args.only or None, from_=args.from_stage, force=args.force or None,
+                               until=args.until, retry_failed=args.retry_failed)
+    width = max([12, *(len(n) for n in outcome)])
     for name, what in outcome.items():
-        print(f"{name:12s} {what}")
+        print(f"{name:{width}s} {what}")
     print(f"artifacts: {cfg.run_dir}")
     return 0
 
 
-def _usage_cell(u: dict[str, Any] | None) -> str:
-    if not u:
-        return "-"
+def _usage_cell(u: dict[str, Any]) -> str:
     fresh = u.get("calls", 0) - u.get("cached_calls", 0)
     return f"{fresh}/{u.get('cached_calls', 0)}/{u.get('failed_calls', 0)}"
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from pipeline.runner import Runner
+def _roles_cell(per_role: dict[str, dict[str, Any]] | None) -> str:
+    if not per_role:
+        return "-"
+    return ", ".join(f"{role} {_usage_cell(u)}" for role, u in per_role.items())
 
+
+def cmd_status(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    runner = Runner(cfg)
     rows = []
-    for st in runner.status():
+    for st in _runner(cfg).status():
         m = st.manifest or {}
-        usage = m.get("llm_usage") or {}
-        judge = m.get("judge_usage") or {}
-        tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-        tokens += judge.get("prompt_tokens", 0) + judge.get("completion_tokens", 0)
+        per_role = m.get("llm_usage") or {}
+        tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in per_role.values())
         state = st.state + (f" ({st.shards_done} shards)" if st.state == "partial" else "")
-        rows.append(
-            [st.name, state, str(m.get("rows", "-")), str(m.get("errors", "-")),
-             _usage_cell(usage or None), _usage_cell(judge or None), str(tokens) if m else "-"]
-        )
-    header = ["stage", "state", "rows", "errors", "llm fresh/cached/failed", "judge fresh/cached/failed", "tokens"]
+        rows.append([st.name, state, str(m.get("rows", "-")), str(m.get("errors", "-")),
+                     _roles_cell(per_role), str(tokens) if m else "-"])
+    header = ["stage", "state", "rows", "errors", "llm per role: fresh/cached/failed", "tokens"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"run {cfg.run_name} at {cfg.run_dir}")
     for r in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return 0
 
 
@@ -93,7 +81,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from pipeline.llm.cache import cache_stats, export_cache, import_cache
 
     cfg = _config(args)
-    directory = cfg.llm.cache_dir
+    directory = cfg.role(args.role).cache_dir if args.role else cfg.llm.cache_dir
     if args.action == "stats":
         print(json.dumps(cache_stats(directory), indent=2))
     elif args.action == "export":
@@ -119,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--only", action="append", default=[], metavar="STAGE", help="run only this stage")
     run.add_argument("--from", dest="from_stage", default=None, metavar="STAGE", help="rebuild this stage and all after it")
     run.add_argument("--force", action="append", default=[], metavar="STAGE", help="rebuild this stage even if up to date")
+    run.add_argument("--until", default=None, metavar="STAGE", help="run this stage and whatever it needs that is not done")
+    run.add_argument("--retry-failed", default=None, metavar="STAGE",
+                     help="rebuild this stage, re-asking rows whose answers were all invalid with a new sample")
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser("status", help="per stage: done / stale / partial / missing, rows, errors, LLM usage")
@@ -134,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser("cache", help="inspect, export or import the LLM call cache")
     cache.add_argument("action", choices=["stats", "export", "import"])
     cache.add_argument("path", nargs="?", help="Parquet file for export/import")
+    cache.add_argument("--role", default=None, help="the cache of this LLM role (default: llm.cache_dir)")
     common(cache)
     cache.set_defaults(func=cmd_cache)
     return p

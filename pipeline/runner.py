@@ -15,13 +15,13 @@ from tqdm import tqdm
 
 from pipeline import __version__
 from pipeline.artifacts import StageDir
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import InputError, PipelineError
 from pipeline.fingerprint import compute_fingerprint
 from pipeline.llm.usage import Usage
 from pipeline.schemas import EPISODES
 from pipeline.shard import ShardTask, run_shard
-from pipeline.stage import EpisodeStage, GlobalStage, Stage, StageContext
+from pipeline.stage import GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
 
@@ -35,26 +35,34 @@ class StageStatus:
     shards_done: int = 0
 
 
-def _sum_usage(items: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    present = [Usage.from_dict(u) for u in items if u]
-    if not present:
-        return None
-    total = Usage()
-    for u in present:
-        total.merge(u)
-    return total.to_dict()
+def _sum_usage(items: list[dict[str, dict[str, Any]] | None]) -> dict[str, Any] | None:
+    """Per-role usage summed over shards: {role: usage}."""
+    per_role: dict[str, Usage] = {}
+    for item in items:
+        for role, u in (item or {}).items():
+            per_role.setdefault(role, Usage()).merge(Usage.from_dict(u))
+    return {role: u.to_dict() for role, u in sorted(per_role.items())} or None
+
+
+def _sum_stats(markers: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for m in markers:
+        for k, v in (m.get("extra") or {}).items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 class Runner:
-    def __init__(self, cfg: RunConfig, registry: dict[str, Stage] | None = None) -> None:
-        if registry is None:
-            from stages import REGISTRY as registry
+    """Plans and runs the stages of `registry` (the CLI builds it from the config with
+    `stages.registry(cfg)`; the framework itself knows no stage)."""
 
+    def __init__(self, cfg: RunConfig, registry: dict[str, Stage]) -> None:
         self.cfg = cfg
         self.registry = registry
         self.run_dir = cfg.run_dir
         self.plan = self._plan()
         self._fingerprints: dict[str, str] | None = None
+        self._retry_round: dict[str, int] = {}
 
     # --- planning ---------------------------------------------------------------------------
     def _plan(self) -> list[Stage]:
@@ -84,6 +92,16 @@ class Runner:
                 out.add(stage.name)
         return out
 
+    def upstream(self, name: str) -> set[str]:
+        """`name` and every stage it needs, directly or not."""
+        out, todo = set(), [name]
+        while todo:
+            n = todo.pop()
+            if n not in out:
+                out.add(n)
+                todo.extend(self.registry[n].inputs)
+        return out
+
     def status(self) -> list[StageStatus]:
         fps = self.fingerprints()
         result = []
@@ -104,30 +122,43 @@ class Runner:
         return result
 
     # --- execution --------------------------------------------------------------------------
-    def run(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None) -> dict[str, str]:
+    def run(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None,
+            until: str | None = None, retry_failed: str | None = None) -> dict[str, str]:
+        """Run what is not done. only: just these stages (their upstream must be done); from_:
+        this stage and everything downstream, rebuilt; until: this stage and whatever it needs that
+        is not done; force: rebuild these too; retry_failed: rebuild this stage (and its downstream)
+        re-asking only requests whose answers were all invalid, with new sample indexes."""
         names = {s.name for s in self.plan}
-        for n in [*(only or []), *(force or []), *([from_] if from_ else [])]:
+        for n in [*(only or []), *(force or []), *([from_] if from_ else []), *([until] if until else []),
+                  *([retry_failed] if retry_failed else [])]:
             if n not in names:
                 raise PipelineError(f"unknown stage {n!r}; this run's stages: {[s.name for s in self.plan]}")
-        if only and from_:
-            raise PipelineError("use either --only or --from, not both")
+        if sum(bool(x) for x in (only, from_, until, retry_failed)) > 1:
+            raise PipelineError("use one of --only, --from, --until, --retry-failed")
+        forced = set(force or [])
         if only:
-            selected, forced = set(only), set(force or [])
-        elif from_:
-            selected = self.downstream({from_})
-            forced = selected | set(force or [])
+            selected = set(only)
+        elif from_ or retry_failed:
+            selected = self.downstream({from_ or retry_failed})  # type: ignore[arg-type]
+            forced |= selected
+        elif until:
+            selected = self.upstream(until)
         else:
-            selected, forced = names, set(force or [])
+            selected = names
         fps = self.fingerprints()
         outcome: dict[str, str] = {}
         todo: list[Stage] = []
+        self._retry_round = {}
         for stage in self.plan:
             if stage.name not in selected:
                 continue
             sd = StageDir(self.run_dir, stage.name)
+            manifest = sd.manifest()
+            if stage.name == retry_failed:
+                self._retry_round[stage.name] = int((manifest or {}).get("retry_round", 0)) + 1
             if stage.name in forced:
                 sd.invalidate()
-            manifest = sd.manifest()
+                manifest = None
             if manifest is not None and manifest.get("fingerprint") == fps[stage.name]:
                 outcome[stage.name] = "skipped"
                 continue
@@ -139,7 +170,7 @@ class Runner:
                 if up not in todo_names and (up_manifest is None or up_manifest.get("fingerprint") != fps[up]):
                     raise PipelineError(
                         f"stage {stage.name!r} needs {up!r}, which is not done for this config; "
-                        f"run it first (drop --only, or add --only {up})"
+                        f"run it first (--until {stage.name} runs both)"
                     )
         if not todo:
             return outcome
@@ -151,41 +182,47 @@ class Runner:
 
     @contextlib.contextmanager
     def _services(self, todo: list[Stage]) -> Iterator[dict[str, Any]]:
-        """Ray, the embedded model server and the shared cache / rate-limiter actors, for this run."""
-        needs_llm = any(s.uses_llm or s.uses_judge for s in todo)
+        """Ray, one embedded model server per distinct local model, and per LLM role the shared
+        cache / rate-limiter actors, for this run."""
+        roles = sorted({r for s in todo for r in s.roles})
         with contextlib.ExitStack() as stack:
             if self.cfg.ray.executor == "ray":
                 stack.enter_context(ray_session(self.cfg))
             handles: dict[str, Any] = {}
-            if needs_llm:
-                for role in ("llm", "judge"):
-                    role_cfg = getattr(self.cfg, role)
-                    if role_cfg.provider == "local" and not role_cfg.base_url:
-                        url = stack.enter_context(local_server(role_cfg, self.run_dir))
-                        # Runtime-only address; fingerprints and cache keys use the model file instead.
-                        setattr(self.cfg, role, role_cfg.model_copy(update={"base_url": url}))
-                        stack.callback(setattr, self.cfg, role, role_cfg)
-                if self.cfg.ray.executor == "ray":
-                    from pipeline.llm.shared import SharedLLMHandles
+            started: set[str] = set()
+            for role in roles:
+                role_cfg = self.cfg.role(role)
+                key = local_server_key(role_cfg)
+                if role_cfg.provider == "local" and not role_cfg.base_url and key not in started:
+                    started.add(key)
+                    log_name = "llm-server.log" if len(started) == 1 else f"llm-server-{len(started)}.log"
+                    url = stack.enter_context(local_server(role_cfg, self.run_dir, log_name))
+                    # Runtime-only address; fingerprints and cache keys use the model file instead.
+                    self.cfg.set_local_url(role_cfg, url)
+                    stack.callback(self.cfg.set_local_url, role_cfg, None)
+            if roles and self.cfg.ray.executor == "ray":
+                from pipeline.llm.shared import SharedLLMHandles
 
-                    import ray
+                import ray
 
-                    job = ray.get_runtime_context().get_job_id()
-                    handles["llm"] = SharedLLMHandles.get_or_create(self.cfg.llm, job)
-                    handles["judge"] = SharedLLMHandles.get_or_create(self.cfg.judge, job)
-                    # The actors hold the cache file open; release them when the run ends.
-                    for h in (handles["llm"], handles["judge"]):
-                        stack.callback(h.close)
+                job = ray.get_runtime_context().get_job_id()
+                for role in roles:
+                    handles[role] = SharedLLMHandles.get_or_create(self.cfg.role(role), job)
+                # The actors hold the cache file open; release them when the run ends.
+                for h in handles.values():  # two roles may share actors; close is idempotent
+                    stack.callback(h.close)
             yield handles
 
     def _shards(self, stage: Stage) -> list[ShardTask]:
         upstream = {name: dict(self.registry[name].outputs) for name in stage.inputs}
+        retry = self._retry_round.get(stage.name, 0)
         if isinstance(stage, GlobalStage):
-            return [ShardTask(stage, 0, None, str(self.run_dir), upstream)]
-        episodes = StageDir(self.run_dir, "ingest").read_table("episodes", schema=EPISODES).column("episode_id").to_pylist()
+            return [ShardTask(stage, 0, None, str(self.run_dir), upstream, retry)]
+        source = StageDir(self.run_dir, stage.episodes_from)
+        episodes = source.read_table("episodes", schema=EPISODES).column("episode_id").to_pylist()
         size = self.cfg.ray.episodes_per_shard
         return [
-            ShardTask(stage, i // size, episodes[i : i + size], str(self.run_dir), upstream)
+            ShardTask(stage, i // size, episodes[i : i + size], str(self.run_dir), upstream, retry)
             for i in range(0, len(episodes), size)
         ]
 
@@ -207,8 +244,6 @@ class Runner:
             except BaseException:
                 bar.leave = False  # erase the bar so the error is the last thing on screen
                 raise
-        if isinstance(stage, EpisodeStage):
-            stage.finalize(StageContext(cfg=self.cfg, stage=stage, out_dir=sd.partial))
         markers = [done[i] for i in sorted(done)]
         rows: dict[str, int] = {}
         for m in markers:
@@ -225,8 +260,9 @@ class Runner:
             "rows": sum(rows.values()),
             "errors": sum(m["errors"] for m in markers),
             "shards": len(markers),
-            "llm_usage": _sum_usage([m.get("llm_usage") for m in markers]),
-            "judge_usage": _sum_usage([m.get("judge_usage") for m in markers]),
+            "llm_usage": _sum_usage([m.get("llm_usage") for m in markers]),  # per role
+            "roles": {r: self.cfg.role(r).model for r in stage.roles},
+            "retry_round": self._retry_round.get(stage.name, 0),
             "timings": {
                 "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "wall_s": round(time.time() - started, 3),
@@ -234,7 +270,7 @@ class Runner:
                 "resumed_shards": len(shards) - len(pending),
             },
         }
-        manifest.update(stage.manifest_extra(sd.partial))
+        manifest.update(_sum_stats(markers))
         sd.publish(manifest)
 
     def _dispatch(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -246,7 +282,7 @@ class Runner:
             return
         import ray
 
-        cpus = self.cfg.ray.llm_task_cpus if (stage.uses_llm or stage.uses_judge) else self.cfg.ray.task_cpus
+        cpus = self.cfg.ray.llm_task_cpus if stage.roles else self.cfg.ray.task_cpus
         remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=0)
         refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
         failures: list[BaseException] = []
@@ -312,8 +348,8 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def local_server(cfg: Any, run_dir: Path) -> Iterator[str]:
+def local_server(cfg: Any, run_dir: Path, log_name: str) -> Iterator[str]:
     from pipeline.llm.local_server import LocalLLMServer
 
-    with LocalLLMServer(cfg, log_path=run_dir / "_logs" / "llm-server.log") as server:
+    with LocalLLMServer(cfg, log_path=run_dir / "_logs" / log_name) as server:
         yield server.base_url

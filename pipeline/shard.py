@@ -28,6 +28,7 @@ class ShardTask:
     episode_ids: list[str] | None  # None for a global stage
     run_dir: str
     upstream: dict[str, dict[str, pa.Schema]]  # finished upstream stage -> its tables
+    retry_samples: int = 0  # --retry-failed: new samples for requests whose answers were all invalid
 
 
 def count_errors(table: pa.Table) -> int:
@@ -52,20 +53,25 @@ def _group_by_episode(table: pa.Table) -> dict[str, Rows]:
     return groups
 
 
-def _make_llms(cfg: RunConfig, stage: Any, handles: dict[str, Any]) -> tuple[Any, Any]:
-    if not (stage.uses_llm or stage.uses_judge):
-        return None, None
+def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any]) -> dict[str, Any]:
+    """One client per LLM role of the stage, on the job's shared cache and limiter of that role."""
+    if not task.stage.roles:
+        return {}
     from pipeline.llm.shared import make_client
 
-    llm = make_client(cfg.llm, handles.get("llm")) if stage.uses_llm else None
-    judge = make_client(cfg.judge, handles.get("judge"), section="judge") if stage.uses_judge else None
-    return llm, judge
+    return {role: make_client(cfg.role(role), handles.get(role), section=f"roles.{role}",
+                              retry_samples=task.retry_samples)
+            for role in task.stage.roles}
 
 
-async def _close(*clients: Any) -> None:
-    for c in clients:
-        if c is not None:
-            await c.aclose()
+async def _close(clients: dict[str, Any]) -> None:
+    for c in clients.values():
+        await c.aclose()
+
+
+def _add_stats(total: dict[str, Any], more: dict[str, Any]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + v
 
 
 def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
@@ -74,13 +80,14 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
     run_dir = Path(task.run_dir)
     sd = StageDir(run_dir, stage.name)
     upstream_dirs = {name: run_dir / name for name in task.upstream}
-    llm, judge = _make_llms(cfg, stage, handles)
-    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs, llm=llm, judge=judge)
+    clients = _make_clients(cfg, task, handles)
+    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs, clients=clients)
 
-    inputs: dict[str, pa.Table] = {}
+    inputs: dict[str, pa.Table] = {}  # "<stage>.<table>" -> this shard's rows
     for name, tables in task.upstream.items():
         for table, schema in tables.items():
-            inputs[table] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema)
+            inputs[f"{name}.{table}"] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema)
+    extra_stats: dict[str, Any] = {}
 
     async def work() -> dict[str, Rows] | dict[str, pa.Table]:
         try:
@@ -97,11 +104,12 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
             results = await asyncio.gather(*jobs)
             merged: dict[str, Rows] = {t: [] for t in stage.outputs}
             for res in results:
+                _add_stats(extra_stats, stage.shard_stats(res))
                 for t, rows in res.items():
                     merged[t].extend(rows)
             return merged
         finally:
-            await _close(llm, judge)
+            await _close(clients)
 
     produced = asyncio.run(work())
     stats: dict[str, Any] = {"rows": {}, "errors": 0, "episodes": len(task.episode_ids or [])}
@@ -113,8 +121,8 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
         atomic_write_parquet(sd.partial / table / part_name(task.shard_idx), tbl)
         stats["rows"][table] = tbl.num_rows
         stats["errors"] += count_errors(tbl)
-    stats["llm_usage"] = llm.usage.to_dict() if llm is not None else None
-    stats["judge_usage"] = judge.usage.to_dict() if judge is not None else None
+    stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
+    stats["extra"] = extra_stats
     stats["wall_s"] = round(time.time() - started, 3)
     atomic_write_json(sd.shard_marker(task.shard_idx), stats)
     return stats

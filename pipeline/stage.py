@@ -1,13 +1,14 @@
-"""What a stage is: inputs, config section, outputs, and the work it does.
+"""What a stage is: inputs, settings, outputs, LLM roles, and the work it does.
 
 Two shapes cover every stage SPEC lists:
 - `EpisodeStage`: an async function over one episode's upstream rows (segmenting sessions,
-  building graphs, answering probes, judging pairs). The runner shards episodes over Ray
+  building memories, answering probes, judging pairs). The runner shards episodes over Ray
   tasks, and a finished shard is never redone.
 - `GlobalStage`: one function over whole upstream tables (ingest, aggregate scores, reports).
 
-Stages never touch Ray, paths of other stages or the LLM cache directly; they get a
-`StageContext` that hands out the injected services lazily.
+Upstream tables reach a stage as `"<stage>.<table>"` (e.g. `"ingest.turns"`), so two stages
+that write a table of the same name never collide. Stages never touch Ray, paths of other stages
+or the LLM cache directly; they get a `StageContext` that hands out the injected services.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from pipeline.config import RunConfig
+    from pipeline.config import RunConfig, Section
 
 Rows = list[dict[str, Any]]
 
@@ -32,13 +33,24 @@ class StageContext:
     stage: "Stage"
     out_dir: Path  # where side artifacts (Lance banks, JSON) of this stage go; renamed atomically
     upstream_dirs: dict[str, Path] = field(default_factory=dict)
-    llm: Any = None  # ChatLLM, set by the runner when stage.uses_llm
-    judge: Any = None  # ChatLLM for the judge model, when stage.uses_judge
+    clients: dict[str, Any] = field(default_factory=dict)  # role -> ChatLLM, one per stage.roles
     _embedder: Any = None
 
     @property
     def section(self) -> Any:
-        return getattr(self.cfg, self.stage.section) if self.stage.section else None
+        """This stage's settings (its config section, or its method's settings)."""
+        return self.stage.settings_of(self.cfg)
+
+    @property
+    def llm(self) -> Any:
+        """The client of the stage's first role."""
+        return self.role(self.stage.roles[0]) if self.stage.roles else None
+
+    def role(self, name: str) -> Any:
+        try:
+            return self.clients[name]
+        except KeyError:
+            raise KeyError(f"stage {self.stage.name} did not declare LLM role {name!r}") from None
 
     @property
     def embedder(self) -> Any:
@@ -51,24 +63,25 @@ class StageContext:
 
 
 class Stage:
-    name: ClassVar[str]
-    inputs: ClassVar[tuple[str, ...]] = ()
-    outputs: ClassVar[dict[str, pa.Schema]] = {}
+    # Class attributes for fixed stages; stages made per method set them on the instance.
+    name: str
+    inputs: tuple[str, ...] = ()
+    outputs: dict[str, pa.Schema] = {}
     section: ClassVar[str | None] = None  # config section; its values enter the fingerprint
+    settings: ClassVar[type["Section"] | None] = None  # the section's model, owned by the stage
+    episodes_from: str = "ingest"  # the stage whose `episodes` table shards this one
+    roles: tuple[str, ...] = ()  # LLM roles it calls; their identity enters the fingerprint
     config_keys: ClassVar[tuple[str, ...]] = ()  # other top-level config keys it depends on
     version: ClassVar[str] = "1"  # bump when behaviour changes in a way the source hash misses
-    prompts: ClassVar[dict[str, str]] = {}  # prompt texts; a change re-runs the stage
-    code: ClassVar[tuple[Any, ...]] = ()  # extra modules whose source enters the fingerprint
-    uses_llm: ClassVar[bool] = False
-    uses_judge: ClassVar[bool] = False
-    uses_embedder: ClassVar[bool] = False
+    prompts: dict[str, str] = {}  # prompt texts; a change re-runs the stage
+    code: tuple[Any, ...] = ()  # extra modules whose source enters the fingerprint
+    uses_embedder: bool = False
+
+    def settings_of(self, cfg: "RunConfig") -> Any:
+        return getattr(cfg, self.section) if self.section else None
 
     def extra_fingerprint(self, cfg: "RunConfig") -> dict[str, Any]:
         """Anything else the output depends on (e.g. input file hashes for ingest)."""
-        return {}
-
-    def manifest_extra(self, out_dir: Path) -> dict[str, Any]:
-        """Stage-specific counts for the manifest (e.g. segmentation fallbacks), read from out_dir."""
         return {}
 
     def source_texts(self) -> list[str]:
@@ -86,5 +99,6 @@ class EpisodeStage(Stage):
         """Rows of every output table for one episode. LLM failures become rows with `error` set."""
         raise NotImplementedError
 
-    def finalize(self, ctx: StageContext) -> None:
-        """Optional work after every shard is done (e.g. a stage-level side artifact)."""
+    def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
+        """Counts for the manifest from one shard's rows (summed over shards); e.g. fallbacks."""
+        return {}

@@ -1,36 +1,63 @@
-"""The pipeline's stages, in pipeline order. Add a stage by adding it to REGISTRY."""
+"""The pipeline's stages, in pipeline order, and the config model they make up.
+
+`registry(cfg)` is what the CLI hands the runner: the fixed stages, then for each method in
+`cfg.methods` its `memory_<method>` (when it has memory) and `respond_<method>` stages, then
+scoring and the report. `load_config` validates a YAML file against every stage's and method's
+settings model.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Mapping
+
+from pipeline.config import RunConfig, Section, compose_config
+from pipeline.config import load_config as _load_config
 from pipeline.stage import Stage
 from stages.banks import BanksStage
 from stages.compress import CompressStage
 from stages.guidance import GuidanceStage
 from stages.ingest import IngestStage
+from stages.memory import MemoryStage
+from stages.methods import METHODS
+from stages.methods.base import Method
 from stages.probes import ProbesStage
 from stages.report import ReportStage
 from stages.respond import RespondStage
 from stages.score import ScoreStage
 from stages.segment import SegmentStage
 
-REGISTRY: dict[str, Stage] = {
-    s.name: s
-    for s in [
-        IngestStage(),
-        GuidanceStage(),
-        SegmentStage(),
-        CompressStage(),
-        BanksStage(),
-        ProbesStage(),
-        RespondStage(),
-        ScoreStage(),
-        ReportStage(),
-    ]
-}
+# Stage classes in pipeline order around the per-method stages.
+BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, GuidanceStage, SegmentStage, CompressStage, BanksStage,
+                                           ProbesStage)
+AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ReportStage)
 
 
-def get_stage(name: str) -> Stage:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown stage {name!r}; known: {list(REGISTRY)}") from None
+def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[str, Stage]:
+    chosen = [methods[name] for name in cfg.methods]
+    memory = [MemoryStage(m) for m in chosen if m.memory]
+    respond = [RespondStage(m) for m in chosen]
+    stages: list[Stage] = [cls() for cls in BEFORE_METHODS] + memory + respond
+    stages += [ScoreStage(), ReportStage(tuple(s.name for s in respond))]
+    return {s.name: s for s in stages}
+
+
+def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:
+    """Run-level sections + each stage's settings section + `method.<name>` per method."""
+    sections: dict[str, type[Section]] = {}
+    roles: set[str] = set()
+    for cls in (*BEFORE_METHODS, *AFTER_METHODS):
+        roles.update(cls.roles)
+        if cls.settings is not None and cls.section is not None:
+            if sections.get(cls.section, cls.settings) is not cls.settings:
+                raise TypeError(f"stages disagree on the settings model of section {cls.section!r}")
+            sections[cls.section] = cls.settings
+    for m in methods.values():
+        roles.update((m.build_role, m.answer_role) if m.memory else (m.answer_role,))
+    return compose_config(sections, {name: m.Settings for name, m in methods.items()}, roles)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                methods: Mapping[str, Method] = METHODS) -> RunConfig:
+    """A YAML config with `--set` overrides, validated against every stage and method."""
+    return _load_config(path, overrides, config_model(methods))

@@ -8,11 +8,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.config import Section
 from pipeline.lance_store import write_bank
-from pipeline.schemas import MEMORY_UNITS
 from pipeline.stage import EpisodeStage, Rows, StageContext
+from stages.compress import Granularity
+from stages.units import UNIT_FIELDS
 
 LANCE_DIR = "lance"
+
+MEMORY_UNITS = pa.schema(
+    [
+        *UNIT_FIELDS,
+        pa.field("vector", pa.list_(pa.float32())),  # embedding of the retrieval key (compressed text)
+        pa.field("text_vector", pa.list_(pa.float32())),  # embedding of the original text (ablation)
+        pa.field("lance_table", pa.string()),
+    ]
+)
+
+
+class BanksConfig(Section):
+    granularities: list[Granularity] = Field(default_factory=lambda: ["turn", "session", "segment"])
 
 
 def bank_name(episode_id: str, granularity: str) -> str:
@@ -29,11 +47,12 @@ class BanksStage(EpisodeStage):
     inputs = ("compress",)
     outputs = {"memory_units": MEMORY_UNITS}
     section = "banks"
+    settings = BanksConfig
     uses_embedder = True
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         wanted = set(ctx.section.granularities)
-        units = [u for u in inputs["units"] if u["granularity"] in wanted]
+        units = [u for u in inputs["compress.units"] if u["granularity"] in wanted]
         if not units:
             return {"memory_units": []}
         keys = ctx.embedder.encode([retrieval_key(u) for u in units])

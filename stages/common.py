@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
-
 from pipeline.stage import Rows
 
 
@@ -19,8 +17,3 @@ def sessions_of(turns: Rows) -> dict[int, Rows]:
 def failure_reason(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
     return reason[:2000]
-
-
-def episode_dataset(inputs: dict[str, Any]) -> str:
-    eps = inputs.get("episodes") or []
-    return eps[0]["dataset"] if eps else "unknown"

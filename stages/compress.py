@@ -5,20 +5,35 @@ The compressed text becomes the retrieval key; the original text is what retriev
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import Field
 
 from pipeline import compression
-from pipeline.compression import Compressor
-from pipeline.schemas import UNITS
+from pipeline.compression import CompressMethod, Compressor
+from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.common import failure_reason, sessions_of
 from stages import units
-from stages.units import build_units
+from stages.common import failure_reason, sessions_of
+from stages.units import UNIT_FIELDS, build_units
+
+Granularity = Literal["turn", "session", "segment"]
+UNITS = pa.schema([*UNIT_FIELDS, pa.field("error", pa.string())])
+
+
+class CompressConfig(Section):
+    method: CompressMethod = "llmlingua"
+    # llmlingua2: a token-classification model name/folder; llmlingua: a causal LM; None = default
+    model: str | None = None
+    rate: float = Field(default=0.75, gt=0, le=1)
+    granularities: list[Granularity] = Field(default_factory=lambda: ["turn", "session", "segment"])
+
 
 _COMPRESSORS: dict[tuple[Any, ...], Compressor] = {}
 
 
-def compressor_for(cfg: Any, cache_dir: str) -> Compressor:
+def compressor_for(cfg: CompressConfig, cache_dir: str) -> Compressor:
     """One compressor per worker process: loading the scorer model is the slow part."""
     key = (cfg.method, cfg.model, cfg.rate, cache_dir)
     if key not in _COMPRESSORS:
@@ -31,11 +46,12 @@ class CompressStage(EpisodeStage):
     inputs = ("ingest", "segment")
     outputs = {"units": UNITS}
     section = "compress"
+    settings = CompressConfig
     code = (units, compression)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section
-        sessions = sessions_of(inputs["turns"])
+        sessions = sessions_of(inputs["ingest.turns"])
         compressor = compressor_for(cfg, ctx.cfg.embedding.cache_dir)
         label = "none" if cfg.method == "none" else f"{cfg.method}@{cfg.rate}"
         # The compressor works line by line, and every utterance sits in one unit of each
@@ -52,7 +68,7 @@ class CompressStage(EpisodeStage):
 
         rows: Rows = []
         for granularity in cfg.granularities:
-            for unit in build_units(episode_id, sessions, inputs["segments"], granularity):
+            for unit in build_units(sessions, inputs["segment.segments"], granularity):
                 try:
                     unit["compressed_text"], unit["error"] = compress_unit(unit["text"]), None
                 except Exception as e:  # one bad unit keeps its original text as key and is marked

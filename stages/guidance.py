@@ -15,11 +15,20 @@ import pyarrow as pa
 from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
 from pipeline.errors import PipelineError
-from pipeline.schemas import GUIDANCE
 from pipeline.stage import GlobalStage, StageContext
 from stages.common import sessions_of
-from stages.methods import secom
-from stages.segment import GUIDANCE_FILE
+from stages.methods.secom import reflection, segmentation
+from stages.segment import GUIDANCE_FILE, SegmentConfig
+
+GUIDANCE = pa.schema(
+    [
+        pa.field("rubric", pa.string()),
+        pa.field("examples_json", pa.string()),
+        pa.field("history_json", pa.string()),  # per reflection round: mean WindowDiff, ...
+        pa.field("sessions_used", pa.int64()),
+        pa.field("model", pa.string()),
+    ]
+)
 
 
 def annotated_sessions(turns: list[dict[str, Any]], limit: int | None) -> list[list[dict[str, Any]]]:
@@ -38,8 +47,9 @@ class GuidanceStage(GlobalStage):
     inputs = ("ingest",)
     outputs = {"guidance": GUIDANCE}
     section = "segment"
-    uses_llm = True
-    code = (secom,)
+    settings = SegmentConfig
+    roles = ("segmenter",)
+    code = (reflection, segmentation)
 
     def active(self, cfg: RunConfig) -> bool:
         return cfg.segment.mode == "reflection" and not cfg.segment.guidance_path
@@ -54,12 +64,12 @@ class GuidanceStage(GlobalStage):
         if rcfg.corpus_path:
             turns = load_corpus(rcfg.corpus_format, rcfg.corpus_path).turns
         else:
-            turns = inputs["turns"].to_pylist()
+            turns = inputs["ingest.turns"].to_pylist()
         sessions = annotated_sessions(turns, rcfg.limit)
         if not sessions:
             raise PipelineError("segment.mode=reflection needs sessions with gold topic boundaries "
                                 "(set segment.reflection.corpus_path to an annotated corpus)")
-        learned = await secom.learn_guidance(
+        learned = await reflection.learn_guidance(
             ctx.llm, sessions, rounds=rcfg.rounds, batch_size=rcfg.batch_size, hard_k=rcfg.hard_k,
             max_turns_per_call=ctx.section.max_turns_per_call,
         )
@@ -67,5 +77,6 @@ class GuidanceStage(GlobalStage):
         data = learned.to_dict()
         (ctx.out_dir / GUIDANCE_FILE).write_text(json.dumps(data, indent=2))
         row = {"rubric": learned.rubric, "examples_json": json.dumps(data["examples"]),
-               "history_json": json.dumps(data["history"]), "sessions_used": len(sessions), "model": ctx.cfg.llm.model}
+               "history_json": json.dumps(data["history"]), "sessions_used": len(sessions),
+               "model": ctx.llm.cfg.model}
         return {"guidance": pa.Table.from_pylist([row], GUIDANCE)}

@@ -11,9 +11,38 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pipeline.schemas import PROBES
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.common import sessions_of
+
+PROBES = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("probe_id", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),  # next_response | qa
+        pa.field("session_idx", pa.int32(), nullable=False),  # session the probe sits in
+        pa.field("turn_idx", pa.int32()),  # the turn to produce (next_response); null for qa
+        pa.field("respondent", pa.string(), nullable=False),
+        pa.field("request", pa.string(), nullable=False),  # last partner utterance, or the question
+        pa.field("gold", pa.string()),  # the real next turn, or the reference answer
+        pa.field("qa_id", pa.string()),
+        pa.field("evidence", pa.list_(pa.string())),
+        pa.field("category", pa.string()),
+    ]
+)
+
+
+class ProbesConfig(Section):
+    next_response: bool = True
+    from_session: int = Field(default=3, ge=2)  # next-response probes in sessions >= this
+    max_per_episode: int | None = Field(default=2, ge=1)  # sampled; None = every agent turn
+    agent_speaker: int = Field(default=1, ge=0)  # index into the episode's speakers: whose turns are predicted
+    qa: bool = True
+    max_qa_per_episode: int | None = Field(default=2, ge=1)
+    seed: int = 0
 
 
 def next_response_probes(episode: dict[str, Any], sessions: dict[int, Rows], cfg: Any) -> Rows:
@@ -58,13 +87,14 @@ class ProbesStage(EpisodeStage):
     inputs = ("ingest",)
     outputs = {"probes": PROBES}
     section = "probes"
+    settings = ProbesConfig
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section
-        episode = inputs["episodes"][0]
+        episode = inputs["ingest.episodes"][0]
         rows: Rows = []
         if cfg.next_response:
-            rows += sample(next_response_probes(episode, sessions_of(inputs["turns"]), cfg), cfg.max_per_episode, cfg.seed, episode_id)
+            rows += sample(next_response_probes(episode, sessions_of(inputs["ingest.turns"]), cfg), cfg.max_per_episode, cfg.seed, episode_id)
         if cfg.qa:
-            rows += sample(qa_probes(episode, inputs["qa"]), cfg.max_qa_per_episode, cfg.seed, episode_id)
+            rows += sample(qa_probes(episode, inputs["ingest.qa"]), cfg.max_qa_per_episode, cfg.seed, episode_id)
         return {"probes": rows}

@@ -5,12 +5,47 @@ from __future__ import annotations
 import pyarrow as pa
 import polars as pl
 
-from pipeline.schemas import RESPONSE_SUMMARY, RETRIEVAL_SUMMARY, SEGMENTATION_SUMMARY
 from pipeline.stage import GlobalStage, StageContext
 from stages.metrics import segmentation as smetrics
 from stages.metrics.segmentation import segment_score
+from stages.respond import RESPONSES
 
 REPORT_FILE = "report.md"
+
+SEGMENTATION_SUMMARY = pa.schema(
+    [
+        pa.field("dataset", pa.string()),
+        pa.field("sessions", pa.int64()),
+        pa.field("pk", pa.float64()),
+        pa.field("window_diff", pa.float64()),
+        pa.field("f1", pa.float64()),
+        pa.field("segment_score", pa.float64()),  # SeCom Eq. 3 on the mean Pk, WD and F1
+        pa.field("fallback_sessions", pa.int64()),
+    ]
+)
+
+RETRIEVAL_SUMMARY = pa.schema(
+    [
+        pa.field("dataset", pa.string()),
+        pa.field("granularity", pa.string()),
+        pa.field("compressed", pa.bool_()),
+        pa.field("retriever", pa.string()),
+        pa.field("k", pa.int32()),
+        pa.field("questions", pa.int64()),
+        pa.field("recall", pa.float64()),
+        pa.field("dcg", pa.float64()),
+    ]
+)
+
+RESPONSE_SUMMARY = pa.schema(
+    [
+        pa.field("method", pa.string()),
+        pa.field("probes", pa.int64()),
+        pa.field("failed", pa.int64()),
+        pa.field("mean_context_tokens", pa.float64()),
+        pa.field("mean_response_words", pa.float64()),
+    ]
+)
 
 
 def segmentation_summary(scores: pl.DataFrame) -> pl.DataFrame:
@@ -85,8 +120,9 @@ def _cast(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:
 
 
 class ReportStage(GlobalStage):
+    """Reads the scores and every `respond_<method>` stage of the run."""
+
     name = "report"
-    inputs = ("score", "respond")
     code = (smetrics,)
     outputs = {
         "segmentation_summary": SEGMENTATION_SUMMARY,
@@ -94,10 +130,15 @@ class ReportStage(GlobalStage):
         "response_summary": RESPONSE_SUMMARY,
     }
 
+    def __init__(self, respond_stages: tuple[str, ...] = ()) -> None:
+        self.respond_stages = respond_stages
+        self.inputs = ("score", *respond_stages)
+
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        seg = segmentation_summary(pl.from_arrow(inputs["segmentation_scores"]))
-        ret = retrieval_summary(pl.from_arrow(inputs["retrieval_scores"]))
-        resp = response_summary(pl.from_arrow(inputs["responses"]))
+        seg = segmentation_summary(pl.from_arrow(inputs["score.segmentation_scores"]))
+        ret = retrieval_summary(pl.from_arrow(inputs["score.retrieval_scores"]))
+        responses = pa.concat_tables([inputs[f"{s}.responses"] for s in self.respond_stages] or [RESPONSES.empty_table()])
+        resp = response_summary(pl.from_arrow(responses))
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         plotted = _plot_retrieval(ret, str(ctx.out_dir / "retrieval_recall.png"))
         text = [

@@ -1,55 +1,87 @@
-"""respond: every configured method answers every probe."""
+"""respond_<method>: one method answers every probe, from the memory built before the probe."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from typing import Any
 
-from pipeline.config import RunConfig
-from pipeline.errors import ConfigError
+import pyarrow as pa
+
 from pipeline.llm.types import LLMError
-from pipeline.schemas import RESPONSES
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.common import failure_reason, sessions_of
-from stages.methods import base, secom
+from stages.memory import memory_stage_name, method_settings
+from stages.methods import base
+from stages.methods.base import Method, ProbeInput, visible_memory
+
+RESPONSES = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("probe_id", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("response", pa.string()),
+        pa.field("rationale", pa.string()),
+        pa.field("memory_ids", pa.list_(pa.string())),  # memory / unit ids that entered the context
+        pa.field("context_tokens", pa.int32()),
+        pa.field("details_json", pa.string()),  # method-specific record, e.g. timelines
+        pa.field("model", pa.string()),
+        pa.field("error", pa.string()),
+    ]
+)
+
+
+def respond_stage_name(method: str) -> str:
+    return f"respond_{method}"
+
+
+def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[int, Rows],
+                upstream: dict[str, Rows], embed: Any) -> ProbeInput:
+    """What a method may see of the conversation at a probe: earlier sessions, and the probe's own
+    session up to the turn to produce (nothing of it for a question asked after the history)."""
+    s, t = probe["session_idx"], probe["turn_idx"]
+    current = [] if t is None else [turn for turn in sessions.get(s, []) if turn["turn_idx"] < t]
+    history = {k: v for k, v in sessions.items() if k < s}
+    return ProbeInput(probe=probe, episode=episode, history=history, current=current, upstream=upstream, embed=embed)
 
 
 class RespondStage(EpisodeStage):
-    name = "respond"
-    inputs = ("ingest", "probes", "banks")
     outputs = {"responses": RESPONSES}
-    section = "respond"
-    config_keys = ("methods",)
-    uses_llm = True
-    uses_embedder = True
-    code = (base, secom)
 
-    def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
-        unknown = [m for m in cfg.methods if m not in base.METHODS]
-        if unknown:
-            raise ConfigError(f"methods: unknown method(s) {unknown}; available: {sorted(base.METHODS)}")
-        return {}
+    def __init__(self, method: Method) -> None:
+        self.method = method
+        self.name = respond_stage_name(method.name)
+        self.memory_stage = memory_stage_name(method.name) if method.memory else None
+        self.inputs = ("ingest", "probes", *method.needs, *([self.memory_stage] if self.memory_stage else []))
+        self.roles = (method.answer_role,)
+        self.uses_embedder = method.uses_embedder
+        self.code = (base, sys.modules[type(method).__module__], *method.code)
+        self.prompts = dict(method.prompts)
+
+    def settings_of(self, cfg: Any) -> Any:
+        return method_settings(cfg, self.method.name)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        cfg = ctx.section
-        sessions = sessions_of(inputs["turns"])
-        embed = ctx.embedder.encode if cfg.retriever != "bm25" else None
+        settings = ctx.section
+        sessions = sessions_of(inputs["ingest.turns"])
+        episode = inputs["ingest.episodes"][0]
+        upstream = {k: v for k, v in inputs.items() if k.split(".")[0] in self.method.needs}
+        memory = {t: inputs[f"{self.memory_stage}.{t}"] for t in self.method.memory} if self.memory_stage else {}
+        embed = ctx.embedder.encode if self.method.uses_embedder else None
 
-        async def one(probe: dict[str, Any], method_name: str) -> dict[str, Any]:
-            s = probe["session_idx"]
-            current = [t for t in sessions.get(s, []) if probe["turn_idx"] is not None and t["turn_idx"] < probe["turn_idx"]]
-            pctx = base.ProbeContext(
-                probe=probe, history={k: v for k, v in sessions.items() if k < s}, current=current,
-                memory_units=inputs["memory_units"], embed=embed,
-            )
-            row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": method_name}
+        async def one(probe: dict[str, Any]) -> dict[str, Any]:
+            seen = {t: visible_memory(rows, probe["session_idx"], probe["turn_idx"], self.method.memory_kind)
+                    for t, rows in memory.items()}
+            row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": self.method.name}
             try:
-                ans = await base.METHODS[method_name].answer(ctx.llm, pctx, cfg)
+                ans = await self.method.answer(ctx.llm, probe_input(probe, episode, sessions, upstream, embed),
+                                               seen, settings)
             except LLMError as e:  # one failed probe is a row with a reason, never a dead stage
-                return {**row, "response": None, "retrieved_unit_ids": None, "context_tokens": None,
-                        "model": ctx.cfg.llm.model, "error": failure_reason(e)}
-            return {**row, "response": ans.result.text.strip(), "retrieved_unit_ids": ans.retrieved_unit_ids,
-                    "context_tokens": ans.context_tokens, "model": ans.result.model or ctx.cfg.llm.model, "error": None}
+                return {**row, "model": ctx.llm.cfg.model, "error": failure_reason(e)}
+            return {**row, "response": ans.text, "rationale": ans.rationale, "memory_ids": ans.used_ids,
+                    "context_tokens": ans.context_tokens,
+                    "details_json": json.dumps(ans.details) if ans.details is not None else None,
+                    "model": ans.model or ctx.llm.cfg.model, "error": None}
 
-        jobs = [one(p, m) for p in inputs["probes"] for m in ctx.cfg.methods]
-        return {"responses": list(await asyncio.gather(*jobs))}
+        return {"responses": list(await asyncio.gather(*(one(p) for p in inputs["probes.probes"])))}

@@ -4,16 +4,52 @@ without compression as the retrieval key."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.config import Section
 from pipeline.retrieval import top_k
-from pipeline.schemas import RETRIEVAL_SCORES, SEGMENTATION_SCORES
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.common import episode_dataset, sessions_of
-from stages.methods import base
-from stages.methods.base import unit_retriever
+from stages import units
+from stages.common import sessions_of
 from stages.metrics import retrieval as rmetrics
 from stages.metrics import segmentation as smetrics
+from stages.units import unit_retriever
+
+SEGMENTATION_SCORES = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("session_idx", pa.int32(), nullable=False),
+        pa.field("n_turns", pa.int32(), nullable=False),
+        pa.field("pk", pa.float64()),
+        pa.field("window_diff", pa.float64()),
+        pa.field("f1", pa.float64()),
+        pa.field("segment_score", pa.float64()),
+        pa.field("fallback", pa.bool_()),
+    ]
+)
+
+RETRIEVAL_SCORES = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("qa_id", pa.string(), nullable=False),
+        pa.field("granularity", pa.string(), nullable=False),
+        pa.field("compressed", pa.bool_(), nullable=False),  # retrieval key: compressed vs original text
+        pa.field("retriever", pa.string(), nullable=False),
+        pa.field("k", pa.int32(), nullable=False),
+        pa.field("recall", pa.float64()),
+        pa.field("dcg", pa.float64()),
+    ]
+)
+
+
+class ScoreConfig(Section):
+    retrieval_k: list[int] = Field(default_factory=lambda: [1, 3, 5])
+    retrievers: list[Literal["bm25", "dense", "hybrid"]] = Field(default_factory=lambda: ["bm25", "dense"])
 
 
 def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], segments: Rows) -> Rows:
@@ -75,13 +111,14 @@ class ScoreStage(EpisodeStage):
     inputs = ("ingest", "segment", "banks")
     outputs = {"segmentation_scores": SEGMENTATION_SCORES, "retrieval_scores": RETRIEVAL_SCORES}
     section = "score"
+    settings = ScoreConfig
     uses_embedder = True
-    code = (base, rmetrics, smetrics)
+    code = (units, rmetrics, smetrics)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        dataset = episode_dataset(inputs)
+        dataset = inputs["ingest.episodes"][0]["dataset"]
         embed = ctx.embedder.encode if set(ctx.section.retrievers) - {"bm25"} else None
         return {
-            "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["turns"]), inputs["segments"]),
-            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["qa"], inputs["memory_units"], ctx.section, embed),
+            "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["ingest.turns"]), inputs["segment.segments"]),
+            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"], ctx.section, embed),
         }

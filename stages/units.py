@@ -1,22 +1,75 @@
-"""Memory construction (SeCom Sec. 2.1): cut a conversation into turn, session or segment units.
+"""Memory units (SeCom Sec. 2.1): a conversation cut into turn, session or segment units.
 
 A turn-level unit is one interaction (a request and the reply to it, i.e. two consecutive
 utterances), as in SeCom; a session-level unit is a whole session; a segment-level unit is a
 topical segment from the `segment` stage. Every utterance lands in exactly one unit of each
-granularity.
+granularity. Units are built here, compressed by `compress`, embedded by `banks` and searched
+with `unit_retriever`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.retrieval import Retriever, count_tokens
 from pipeline.stage import Rows
-from stages.methods.secom import Span, make_units
+
+Span = tuple[int, int]  # inclusive positions in a session's list of turns
+
+UNIT_FIELDS = [
+    pa.field("episode_id", pa.string(), nullable=False),
+    pa.field("unit_id", pa.string(), nullable=False),  # "<granularity>:<session>:<turn_start>"
+    pa.field("granularity", pa.string(), nullable=False),  # turn | session | segment
+    pa.field("session_idx", pa.int32(), nullable=False),
+    pa.field("turn_start", pa.int32(), nullable=False),
+    pa.field("turn_end", pa.int32(), nullable=False),
+    pa.field("session_time", pa.timestamp("s")),
+    pa.field("source_turn_ids", pa.list_(pa.string())),
+    pa.field("text", pa.string(), nullable=False),  # what retrieval returns
+    pa.field("compressed_text", pa.string()),  # the retrieval key after denoising
+    pa.field("compression", pa.string()),  # method@rate, or "none"
+]
+
+
+def format_unit(turns: Sequence[dict]) -> str:
+    """The text of a memory unit (a turn, a segment or a session): "Speaker: text" lines."""
+    return "\n".join(f"{t['speaker']}: {t['text']}" for t in turns)
 
 
 def unit_id(granularity: str, session_idx: int, turn_start: int) -> str:
     return f"{granularity}:{session_idx}:{turn_start}"
 
 
-def _spans(granularity: str, turns: Rows, segments: Rows) -> list[Span]:
+def make_units(turns: Sequence[dict], spans: Sequence[Span], granularity: str) -> Rows:
+    """Memory units of one session from inclusive spans of positions in `turns`.
+
+    Each unit: episode_id, unit_id, granularity, session_idx, session_time, turn_start / turn_end
+    (turn_idx of its first / last turn), text (`format_unit`) and source_turn_ids (for retrieval
+    metrics; null ids are skipped).
+    """
+    units = []
+    for start, end in spans:
+        part = turns[start : end + 1]
+        first = part[0]
+        turn_start = first.get("turn_idx", start)
+        units.append({
+            "episode_id": first.get("episode_id"),
+            "unit_id": unit_id(granularity, first.get("session_idx"), turn_start),
+            "granularity": granularity,
+            "session_idx": first.get("session_idx"),
+            "session_time": first.get("session_time"),
+            "turn_start": turn_start,
+            "turn_end": part[-1].get("turn_idx", end),
+            "text": format_unit(part),
+            "source_turn_ids": [t["source_turn_id"] for t in part if t.get("source_turn_id") is not None],
+        })
+    return units
+
+
+def spans_for(granularity: str, turns: Rows, segments: Rows) -> list[Span]:
     """Spans of positions in `turns` (one session) for one granularity."""
     n = len(turns)
     if granularity == "session":
@@ -30,14 +83,30 @@ def _spans(granularity: str, turns: Rows, segments: Rows) -> list[Span]:
     raise ValueError(f"unknown granularity {granularity!r}")
 
 
-def build_units(episode_id: str, sessions: dict[int, Rows], segments: Rows, granularity: str) -> Rows:
+def build_units(sessions: dict[int, Rows], segments: Rows, granularity: str) -> Rows:
+    """Every unit of one episode at one granularity, sessions in order."""
     units: Rows = []
     for session_idx, turns in sessions.items():
-        if not turns:
-            continue
-        own = [s for s in segments if s["session_idx"] == session_idx]
-        for unit in make_units(turns, _spans(granularity, turns, own)):
-            unit.update(episode_id=episode_id, granularity=granularity,
-                        unit_id=unit_id(granularity, unit["session_idx"], unit["turn_start"]))
-            units.append(unit)
+        if turns:
+            own = [s for s in segments if s["session_idx"] == session_idx]
+            units += make_units(turns, spans_for(granularity, turns, own), granularity)
     return units
+
+
+def in_time_order(units: Sequence[dict]) -> list[dict]:
+    """Units by session, then first turn: the order they enter a context (SeCom Sec. 2.1)."""
+    return sorted(units, key=lambda u: (int(u["session_idx"]), int(u.get("turn_start") or 0)))
+
+
+def unit_retriever(pool: Rows, *, use_compression: bool) -> Retriever:
+    """A retriever over memory units. The key is the compressed text (SeCom's denoising) or the
+    original, dense search uses the matching stored vector, and budgets count the original text,
+    which is what enters the context."""
+    vec_col = "vector" if use_compression else "text_vector"
+    has_vectors = bool(pool) and all(u.get(vec_col) is not None for u in pool)
+    return Retriever(
+        ids=[u["unit_id"] for u in pool],
+        texts=[(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool],
+        vectors=np.asarray([u[vec_col] for u in pool], dtype=np.float32) if has_vectors else None,
+        token_counts=[count_tokens(u["text"]) for u in pool],
+    )

@@ -23,6 +23,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import re
 import socket
 import struct
 import threading
@@ -124,6 +125,8 @@ class FakeOpenAI:
         self.timeout_sleep_s = timeout_sleep_s  # a "timeout" fault answers after this long
         self.embed_dim = embed_dim
         self.responder: Callable[[dict[str, Any]], str | None] | None = None
+        # response_format types answered with HTTP 400, as older OpenAI models do for json_schema
+        self.reject_formats: set[str] = set()
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
         self.host = "127.0.0.1"
         self.port = 0
@@ -290,6 +293,10 @@ class FakeOpenAI:
             return _error(400, "fake bad request", None, "invalid_request_error")
         if outcome == "timeout":
             await self._sleep(self.timeout_sleep_s)
+        if request_path_is_chat(body):
+            rejected = self._rejected(body)
+            if rejected is not None:
+                return rejected
         if outcome == "html":
             return web.Response(status=200, text=_HTML_PAGE, content_type="text/html")
         if outcome == "badjson":
@@ -300,6 +307,13 @@ class FakeOpenAI:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, self._chat_answer)
+
+    def _rejected(self, body: dict[str, Any]) -> web.Response | None:
+        kind = (body.get("response_format") or {}).get("type")
+        if kind in self.reject_formats:
+            return _error(400, f"Invalid parameter: 'response_format' of type '{kind}' is not supported with "
+                               "this model.", None, "invalid_request_error")
+        return None
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, self._embed_answer)
@@ -314,14 +328,18 @@ class FakeOpenAI:
         messages = body.get("messages", [])
         h = _hash({"messages": messages, "model": body.get("model"), "seed": body.get("seed")})
         rf = body.get("response_format") or {}
-        structured = rf.get("type") == "json_schema"
+        # The schema comes with the response_format (json_schema), or in the prompt (json_object and
+        # prompt modes); in prompt mode the JSON comes wrapped in prose, as chat models write it.
+        schema = rf.get("json_schema", {}).get("schema") if rf.get("type") == "json_schema" else schema_in_prompt(messages)
+        structured = schema is not None
         content = self.responder(body) if self.responder is not None else None
         if outcome == "malformed":
             content = '{"answer": "truncated' if structured else "malformed {"
         elif content is None:
             if structured:
-                schema = rf.get("json_schema", {}).get("schema", {})
                 content = json.dumps(SchemaInstance(schema, h[:8]).build(schema))
+                if not rf:
+                    content = f"Here is the JSON you asked for:\n{content}\nLet me know if you need more."
             else:
                 content = f"fake reply {h[:8]}"
         prompt = sum(_words(str(m.get("content") or "")) for m in messages)
@@ -360,6 +378,20 @@ class FakeOpenAI:
             out.extend((b - 127.5) / 127.5 for b in digest)
             counter += 1
         return [round(x, 6) for x in out[: self.embed_dim]]
+
+
+def request_path_is_chat(body: dict[str, Any]) -> bool:
+    return "messages" in body
+
+
+_SCHEMA_BLOCK = re.compile(r"JSON schema:\n```json\n(.*?)\n```", re.DOTALL)
+
+
+def schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The JSON schema the client spelled out in the prompt (json_object / prompt modes)."""
+    text = "\n".join(str(m.get("content") or "") for m in messages)
+    found = _SCHEMA_BLOCK.findall(text)
+    return json.loads(found[-1]) if found else None
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None

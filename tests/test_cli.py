@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import load_config
+from stages import load_config
 from pipeline.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.artifacts import StageDir
 from pipeline.cli import resolve_paths
-from pipeline.config import load_config
+from stages import load_config, registry
 from pipeline.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,10 +27,10 @@ def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeyp
         f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,probes]",
     ]))
     assert cfg.llm.provider == "local"
-    assert set(Runner(cfg).run().values()) == {"ran"}
+    assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}
     sd = StageDir(cfg.run_dir, "segment")
     m = sd.manifest()
-    usage = m["llm_usage"]
+    usage = m["llm_usage"]["segmenter"]  # usage is reported per LLM role
     # One segmentation call per session reached the embedded server (answered or recorded as fallback).
     assert usage["calls"] + usage["failed_calls"] == 3 and usage["prompt_tokens"] > 0
     rows = sd.read_table("segments").to_pylist()

@@ -32,10 +32,11 @@ def msgs(text: str) -> list[dict[str, str]]:
 
 
 def client_for(server: FakeOpenAI, cache: bool = True, limiter: LocalRateLimiter | None = None,
-               **overrides: Any) -> LLMClient:
+               retry_samples: int = 0, **overrides: Any) -> LLMClient:
     cfg = llm_config(server, **overrides)
     return LLMClient(cfg, cache=DiskCallCache(cfg.cache_dir) if cache else None,
-                     limiter=limiter if limiter is not None else LocalRateLimiter(cfg.rpm, cfg.tpm))
+                     limiter=limiter if limiter is not None else LocalRateLimiter(cfg.rpm, cfg.tpm),
+                     retry_samples=retry_samples)
 
 
 def run(coro: Any) -> Any:
@@ -228,10 +229,17 @@ def test_validator_failure_exhausts_reasks_then_llmerror_with_raw(fake_llm: Fake
     assert ei.value.raw is not None and json.loads(ei.value.raw)["n"] < 100
     assert client.usage.failed_calls == 1 and client.usage.calls == 0
     assert "n must be at least 100" in fake_llm.requests[2]["body"]["messages"][-1]["content"]
-    # failures are not cached: a rerun asks again
+    # Every raw answer was cached, invalid ones too: a rerun replays the conversation for free.
+    again = client_for(fake_llm)
+    with pytest.raises(LLMError) as ei2:
+        run(again.chat(msgs("q"), schema=Answer, validate=validate))
+    assert fake_llm.count() == 3 and ei2.value.reason == ei.value.reason and ei2.value.raw == ei.value.raw
+    # Retry mode (--retry-failed) asks again with a new sample index, so a new seed.
+    retry = client_for(fake_llm, retry_samples=1)
     with pytest.raises(LLMError):
-        run(client_for(fake_llm).chat(msgs("q"), schema=Answer, validate=validate))
+        run(retry.chat(msgs("q"), schema=Answer, validate=validate))
     assert fake_llm.count() == 6
+    assert {r["body"]["seed"] for r in fake_llm.requests[3:]} == {fake_llm.requests[0]["body"]["seed"] + 1}
 
 
 def test_stricter_validator_rejects_a_cached_answer(fake_llm: FakeOpenAI) -> None:
@@ -509,3 +517,49 @@ def test_local_limiter_holds_rpm_in_any_window(fake_llm: FakeOpenAI) -> None:
     ts = sorted(fake_llm.timestamps)
     assert ts[-1] - ts[0] >= 19 * 0.05 * 0.95
     assert max(sum(1 for u in ts if t <= u < t + 0.5) for t in ts) <= 11  # 0.5 s holds 10 (+1 edge)
+
+
+# ------------------------------------------------------------------ structured modes
+
+
+def test_auto_mode_steps_down_to_json_object_when_json_schema_is_rejected(fake_llm: FakeOpenAI) -> None:
+    fake_llm.reject_formats = {"json_schema"}
+    client = client_for(fake_llm)
+    r = run(client.chat(msgs("q"), schema=Answer))
+    assert isinstance(r.parsed, Answer)
+    kinds = [(req["body"].get("response_format") or {}).get("type") for req in fake_llm.requests]
+    assert kinds == ["json_schema", "json_object"]
+    assert "JSON schema" in fake_llm.requests[1]["body"]["messages"][-1]["content"]
+    assert client.usage.structured_modes == {"json_object": 1} and client.usage.failed_calls == 0
+    # The mode is remembered: this client and a new one on the same cache go straight to json_object.
+    run(client.chat(msgs("other"), schema=Answer))
+    run(client_for(fake_llm).chat(msgs("third"), schema=Answer))
+    assert [(req["body"].get("response_format") or {}).get("type") for req in fake_llm.requests[2:]] == [
+        "json_object", "json_object"]
+
+
+def test_auto_mode_reaches_prompt_mode_and_parses_json_out_of_prose(fake_llm: FakeOpenAI) -> None:
+    fake_llm.reject_formats = {"json_schema", "json_object"}
+    client = client_for(fake_llm)
+    r = run(client.chat(msgs("q"), schema=Answer))
+    assert isinstance(r.parsed, Answer) and not r.text.lstrip().startswith("{")
+    assert "response_format" not in fake_llm.requests[-1]["body"] and client.usage.structured_modes == {"prompt": 1}
+
+
+def test_a_fixed_mode_never_steps_down(fake_llm: FakeOpenAI) -> None:
+    fake_llm.reject_formats = {"json_schema"}
+    client = client_for(fake_llm, structured_mode="json_schema")
+    with pytest.raises(LLMError) as ei:
+        run(client.chat(msgs("q"), schema=Answer))
+    assert ei.value.status == 400 and fake_llm.count() == 1
+    ok = run(client_for(fake_llm, structured_mode="json_object").chat(msgs("q"), schema=Answer))
+    assert isinstance(ok.parsed, Answer) and fake_llm.requests[-1]["body"]["response_format"] == {"type": "json_object"}
+
+
+def test_first_json_object_is_taken_from_text() -> None:
+    from pipeline.llm.structured import extract_json
+
+    assert extract_json('Sure: {"a": 1} and also {"b": 2}') == {"a": 1}
+    assert extract_json('noise {not json} then {"a": [1, {"b": 2}]} tail }') == {"a": [1, {"b": 2}]}
+    with pytest.raises(ValueError):
+        extract_json("no json here")

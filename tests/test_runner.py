@@ -34,7 +34,7 @@ def toy(tmp_path: Path, ray_local, toy_dir: Path):
         cfg = load_config(None, [
             f"artifacts_dir={tmp_path / 'artifacts'}", f"corpus.path={corpus}", "ray.episodes_per_shard=2",
             f"ray.executor={executor}", *sets,
-        ])
+        ], toy_stages.config_model())
         return Runner(cfg, toy_stages.registry())
 
     make.corpus = corpus  # type: ignore[attr-defined]
@@ -70,18 +70,18 @@ def test_first_run_writes_everything_and_second_run_does_nothing(toy):
 def test_upstream_change_reruns_downstream_only(toy):
     toy().run()
     n = len(work())
-    # probes.* is count's section: count and its downstream re-run; ingest and other do not.
-    out = toy("probes.seed=7").run()
+    # count.* is count's section: count and its downstream re-run; ingest and other do not.
+    out = toy("count.seed=7").run()
     assert out == {"ingest": "skipped", "count": "ran", "double": "ran", "other": "skipped"}
     stages_run = {line.split()[0] for line in work()[n:]}
     assert stages_run == {"count", "double"}
     # An unrelated section touches only its own stage.
     n = len(work())
-    out = toy("probes.seed=7", "score.retrieval_k=[2]").run()
+    out = toy("count.seed=7", "other.size=[2]").run()
     assert out == {"ingest": "skipped", "count": "skipped", "double": "skipped", "other": "ran"}
     # Input data change re-runs everything downstream of ingest.
     toy.corpus.write_text("6")
-    out = toy("probes.seed=7", "score.retrieval_k=[2]").run()
+    out = toy("count.seed=7", "other.size=[2]").run()
     assert set(out.values()) == {"ran"}
     assert StageDir(toy.run_dir, "double").manifest()["rows"] == 6
 
@@ -109,7 +109,7 @@ def test_only_force_from_and_status(toy):
     n = len(work())
     assert toy().run(from_="count") == {"count": "ran", "double": "ran"}
     assert {line.split()[0] for line in work()[n:]} == {"count", "double"}
-    states = {s.name: s.state for s in toy("probes.seed=3").status()}
+    states = {s.name: s.state for s in toy("count.seed=3").status()}
     assert states == {"ingest": "done", "count": "stale", "double": "stale", "other": "done"}
 
 
@@ -130,7 +130,7 @@ def test_resume_after_killed_run(toy, toy_dir, tmp_path):
         from pipeline.config import load_config
         from pipeline.runner import Runner
         cfg = load_config(None, ["artifacts_dir={tmp_path / 'artifacts'}", "corpus.path={toy.corpus}",
-                                 "ray.episodes_per_shard=2", "ray.num_cpus=2"])
+                                 "ray.episodes_per_shard=2", "ray.num_cpus=2"], toy_stages.config_model())
         Runner(cfg, toy_stages.registry()).run(only=["count"])
     """))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -10,23 +10,18 @@ import pytest
 
 from fake_chat import FakeChat
 from pipeline.llm.types import LLMError
-from stages.methods.secom import (
-    ReflectionOutput,
+from stages.methods.response import answer_question, build_qa_messages, build_response_messages, respond
+from stages.methods.secom.reflection import ReflectionOutput, learn_guidance
+from stages.methods.secom.segmentation import (
     SegmentationGuidance,
     SegmentationOutput,
-    answer_question,
-    build_qa_messages,
-    build_response_messages,
     build_segmentation_messages,
     check_spans,
     fixed_chunks,
-    format_unit,
-    make_units,
-    learn_guidance,
-    respond,
     segment_session,
     window_bounds,
 )
+from stages.units import format_unit, make_units
 from stages.metrics.segmentation import lengths_to_boundaries, spans_to_boundaries, window_diff
 
 
@@ -89,7 +84,7 @@ def test_format_unit_and_make_units() -> None:
         t["turn_idx"] += 10
         t["source_turn_id"] = f"D1:{t['turn_idx']}"
     turns[3]["source_turn_id"] = None
-    units = make_units(turns, [(0, 1), (2, 4)])
+    units = make_units(turns, [(0, 1), (2, 4)], "segment")
     assert [(u["turn_start"], u["turn_end"]) for u in units] == [(10, 11), (12, 14)]
     assert units[1]["text"] == format_unit(turns[2:]) and units[1]["source_turn_ids"] == ["D1:12", "D1:14"]
     assert units[0]["episode_id"] == "e1" and units[0]["session_idx"] == 1

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.artifacts import StageDir
 from pipeline.cli import resolve_paths
-from pipeline.config import load_config
+from stages import load_config, registry
 from pipeline.runner import Runner
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
@@ -38,8 +38,7 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
         cfg = load_config(ROOT / "configs" / "default.yaml", [
             f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
             "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
-            "judge.provider=openai", f"judge.base_url={fake_llm.base_url}", "judge.api_key_env=MEMPIPE_TEST_KEY",
-            f"judge.cache_dir={tmp_path / 'llm-cache'}", f"embedding.cache_dir={models_cache}",
+            f"embedding.cache_dir={models_cache}",
             "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", *sets,
         ])
         return resolve_paths(cfg)
@@ -49,7 +48,7 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
 
 def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
     cfg = run_cfg("corpus.limit=2", "compress.method=none", "methods=[secom,turn,session,full_history,zero_history]")
-    out = Runner(cfg).run()
+    out = Runner(cfg, registry(cfg)).run()
     assert set(out.values()) == {"ran"}
     run = cfg.run_dir
     turns = StageDir(run, "ingest").read_table("turns")
@@ -74,16 +73,17 @@ def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
     probes = StageDir(run, "probes").read_table("probes").to_pylist()
     assert {p["kind"] for p in probes} == {"next_response", "qa"}
     assert all(p["session_idx"] >= 3 for p in probes)
-    responses = StageDir(run, "respond").read_table("responses").to_pylist()
+    methods = ["secom", "turn", "session", "full_history", "zero_history"]
+    responses = [r for m in methods for r in StageDir(run, f"respond_{m}").read_table("responses").to_pylist()]
     assert len(responses) == len(probes) * 5
     for r in responses:
         assert r["error"] is None and r["response"]
         if r["method"] in ("secom", "turn", "session"):
-            assert 1 <= len(r["retrieved_unit_ids"]) <= 3
+            assert 1 <= len(r["memory_ids"]) <= 3
             assert all(uid.startswith({"secom": "segment", "turn": "turn", "session": "session"}[r["method"]])
-                       for uid in r["retrieved_unit_ids"])
+                       for uid in r["memory_ids"])
         if r["method"] == "zero_history":
-            assert r["retrieved_unit_ids"] == []
+            assert r["memory_ids"] == []
     report = (run / "report" / "report.md").read_text()
     assert "secom" in report and "Retrieval" in report
     seg_summary = StageDir(run, "report").read_table("segmentation_summary").to_pylist()
@@ -91,8 +91,8 @@ def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
 
     # A second identical run makes no request and reruns nothing.
     before = fake_llm.count()
-    assert set(Runner(run_cfg("corpus.limit=2", "compress.method=none",
-                              "methods=[secom,turn,session,full_history,zero_history]")).run().values()) == {"skipped"}
+    again = run_cfg("corpus.limit=2", "compress.method=none", "methods=[secom,turn,session,full_history,zero_history]")
+    assert set(Runner(again, registry(again)).run().values()) == {"skipped"}
     assert fake_llm.count() == before
     # The API key is nowhere on disk.
     for base in (run, tmp_path / "llm-cache"):
@@ -104,7 +104,7 @@ def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
 def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
     fake_llm.responder = lambda body: '{"segments": [{"start": 0, "end": 1}]}' if "response_format" in body else None
     cfg = run_cfg("corpus.limit=1", "compress.method=none", "stages=[ingest,guidance,segment]")
-    Runner(cfg).run()
+    Runner(cfg, registry(cfg)).run()
     sd = StageDir(cfg.run_dir, "segment")
     rows = sd.read_table("segments").to_pylist()
     assert rows and all(r["fallback"] for r in rows)
@@ -116,7 +116,7 @@ def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
 def test_locomo_banks_and_retrieval_scores(run_cfg):
     cfg = run_cfg("corpus.format=locomo", f"corpus.path={FIXTURES / 'locomo' / 'locomo_mini.json'}",
                   "stages=[ingest,guidance,segment,compress,banks,score]", "score.retrievers=[bm25,dense]")
-    Runner(cfg).run()
+    Runner(cfg, registry(cfg)).run()
     run = cfg.run_dir
     turns = StageDir(run, "ingest").read_table("turns")
     units = StageDir(run, "banks").read_table("memory_units")
@@ -145,7 +145,7 @@ def test_locomo_banks_and_retrieval_scores(run_cfg):
 def test_dialseg_segmentation_scores(run_cfg):
     cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
                   "compress.method=none", "stages=[ingest,guidance,segment,compress,banks,score]")
-    Runner(cfg).run()
+    Runner(cfg, registry(cfg)).run()
     rows = StageDir(cfg.run_dir, "score").read_table("segmentation_scores").to_pylist()
     assert len(rows) == 2 and {r["dataset"] for r in rows} == {"dialseg"}
     for r in rows:
@@ -156,7 +156,7 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
     cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
                   "segment.mode=reflection", "segment.reflection.rounds=1", "segment.reflection.batch_size=2",
                   "stages=[ingest,guidance,segment]")
-    Runner(cfg).run()
+    Runner(cfg, registry(cfg)).run()
     path = cfg.run_dir / "guidance" / "guidance.json"
     guidance = json.loads(path.read_text())
     assert guidance["rubric"] and guidance["history"][0]["round"] == 1
@@ -172,7 +172,7 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
                     "segment.mode=reflection", f"segment.guidance_path={path}", "run_name=reuse",
                     "stages=[ingest,guidance,segment]")
     fake_llm.reset()
-    Runner(reuse).run()
+    Runner(reuse, registry(reuse)).run()
     assert StageDir(reuse.run_dir, "guidance").read_table("guidance").num_rows == 0
     # Same guidance, same prompts: the segmentation calls come from the cache, and nothing is learned.
     assert fake_llm.count() == 0
@@ -188,18 +188,19 @@ def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm
     fake_llm.timeout_sleep_s = 1.5
     cfg = run_cfg("corpus.limit=2", "compress.method=none", "llm.timeout_s=0.5", "llm.max_retries=1",
                   "llm.structured_retries=0", "probes.max_per_episode=null", "probes.max_qa_per_episode=null",
-                  "stages=[ingest,guidance,segment,compress,banks,probes,respond]")
-    Runner(cfg).run()
+                  "stages=[ingest,guidance,segment,compress,banks,probes,respond_secom,respond_turn,respond_session]")
+    Runner(cfg, registry(cfg)).run()
     assert all(fake_llm.outcomes[k] > 0 for k in ("429", "500", "timeout", "malformed", "html", "badjson"))
     run = cfg.run_dir
     n_turns = StageDir(run, "ingest").read_table("turns").num_rows
     segments = StageDir(run, "segment").read_table("segments").to_pylist()
     assert sum(r["turn_end"] - r["turn_start"] + 1 for r in segments) == n_turns  # every session still covered
     probes = StageDir(run, "probes").read_table("probes").num_rows
-    responses = StageDir(run, "respond").read_table("responses").to_pylist()
+    respond = [StageDir(run, f"respond_{m}") for m in ("secom", "turn", "session")]
+    responses = [r for sd in respond for r in sd.read_table("responses").to_pylist()]
     assert len(responses) == probes * 3 and probes > 10
     for r in responses:
         assert (r["response"] is None) != (r["error"] is None)
     failed = [r for r in responses if r["error"]]
-    assert StageDir(run, "respond").manifest()["errors"] == len(failed)
+    assert sum(sd.manifest()["errors"] for sd in respond) == len(failed)
     assert all(len(r["error"]) > 5 for r in failed)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.config import RunConfig, Section, compose_config
 from pipeline.schemas import EPISODES, TURNS
 from pipeline.stage import EpisodeStage, GlobalStage, StageContext
 
@@ -65,11 +66,20 @@ class ToyIngest(GlobalStage):
         return {"episodes": pa.Table.from_pylist(eps, EPISODES), "turns": pa.Table.from_pylist(turns, TURNS)}
 
 
+class CountSettings(Section):
+    seed: int = 0
+
+
+class OtherSettings(Section):
+    size: list[int] = [1]
+
+
 class CountTurns(EpisodeStage):
     name = "count"
     inputs = ("ingest",)
     outputs = {"counts": COUNTS}
-    section = "probes"
+    section = "count"
+    settings = CountSettings
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
         log_work(self.name, episode_id)
@@ -78,7 +88,7 @@ class CountTurns(EpisodeStage):
             time.sleep(600)  # the test kills the driver while this shard hangs
         if ctl.get("fail_row") == episode_id:
             return {"counts": [{"episode_id": episode_id, "n_turns": None, "error": "toy failure"}]}
-        return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["turns"]), "error": None}]}
+        return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["ingest.turns"]), "error": None}]}
 
 
 class Double(EpisodeStage):
@@ -88,19 +98,24 @@ class Double(EpisodeStage):
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
         log_work(self.name, episode_id)
-        return {"doubled": [{"episode_id": episode_id, "value": 2 * (r["n_turns"] or 0)} for r in inputs["counts"]]}
+        return {"doubled": [{"episode_id": episode_id, "value": 2 * (r["n_turns"] or 0)} for r in inputs["count.counts"]]}
 
 
 class Unrelated(EpisodeStage):
     name = "other"
     inputs = ("ingest",)
     outputs = {"sizes": DOUBLED}
-    section = "score"
+    section = "other"
+    settings = OtherSettings
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
         log_work(self.name, episode_id)
-        return {"sizes": [{"episode_id": episode_id, "value": len(inputs["turns"])}]}
+        return {"sizes": [{"episode_id": episode_id, "value": len(inputs["ingest.turns"])}]}
 
 
 def registry() -> dict:
     return {s.name: s for s in [ToyIngest(), CountTurns(), Double(), Unrelated()]}
+
+
+def config_model() -> type[RunConfig]:
+    return compose_config({"count": CountSettings, "other": OtherSettings}, {}, [])

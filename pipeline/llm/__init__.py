@@ -9,17 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.llm.cache import CallCache, DiskCallCache, cache_stats, export_cache, import_cache
-from pipeline.llm.client import LLMClient, endpoint_identity, resolve_api_key
+from pipeline.llm.client import LLMClient, resolve_api_key
+from pipeline.llm.identity import answer_identity, endpoint_identity
 from pipeline.llm.ratelimit import LocalRateLimiter, RateLimiter
-from pipeline.llm.types import ChatLLM, LLMError, LLMResult, Messages
+from pipeline.llm.types import ChatLLM, InvalidAnswer, LLMError, LLMResult, Messages
 from pipeline.llm.usage import Usage
 
 _SHARED = {"SharedLLMHandles", "make_client", "ActorCallCache", "ActorRateLimiter"}
 
 __all__ = [
     "CallCache", "DiskCallCache", "cache_stats", "export_cache", "import_cache",
-    "LLMClient", "endpoint_identity", "resolve_api_key", "LocalRateLimiter", "RateLimiter",
-    "ChatLLM", "LLMError", "LLMResult", "Messages", "Usage", *sorted(_SHARED),
+    "LLMClient", "answer_identity", "endpoint_identity", "resolve_api_key", "LocalRateLimiter", "RateLimiter",
+    "ChatLLM", "InvalidAnswer", "LLMError", "LLMResult", "Messages", "Usage", *sorted(_SHARED),
 ]
 
 

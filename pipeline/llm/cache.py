@@ -11,13 +11,14 @@ node diskcache is process-safe. Never put the directory on NFS (SQLite locking i
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
 import diskcache
+
+from pipeline.hashing import canonical_json, sha256
 
 # diskcache defaults to a 1 GB limit with eviction; a call cache must never silently drop answers.
 _SIZE_LIMIT = 2**50
@@ -29,12 +30,8 @@ class CallCache(Protocol):
     async def set(self, key: str, value: dict[str, Any]) -> None: ...
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def make_key(payload: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
+    return sha256(canonical_json(payload))
 
 
 def chat_cache_key(endpoint: str, model: str, messages: list[dict[str, Any]], params: dict[str, Any],
@@ -47,6 +44,17 @@ def chat_cache_key(endpoint: str, model: str, messages: list[dict[str, Any]], pa
 
 def embed_cache_key(endpoint: str, model: str, text: str) -> str:
     return make_key({"kind": "embed", "endpoint": endpoint, "model": model, "text": text})
+
+
+def mode_cache_key(endpoint: str, model: str) -> str:
+    """Where the structured mode an endpoint accepts is remembered (see LLMClient)."""
+    return make_key({"kind": "structured_mode", "endpoint": endpoint, "model": model})
+
+
+def _kind(value: dict[str, Any]) -> str:
+    if "embedding" in value:
+        return "embed"
+    return "structured_mode" if "structured_mode" in value else "chat"
 
 
 def _open(directory: str | Path) -> diskcache.Cache:
@@ -94,7 +102,7 @@ def cache_stats(directory: str | Path) -> dict[str, Any]:
             entries += 1
             value = json.loads(raw)
             per_model[value.get("model") or "?"] += 1
-            per_kind["embed" if "embedding" in value else "chat"] += 1
+            per_kind[_kind(value)] += 1
         return {"entries": entries, "size_bytes": int(cache.volume()), "per_model": dict(per_model),
                 "per_kind": dict(per_kind)}
 

@@ -1,8 +1,19 @@
 """`LLMClient`: the one chat / embedding client (cached, rate-limited, retried, accounted).
 
 One retry loop lives here (the SDK's own retries are off): exponential backoff with full jitter on
-429, 5xx, timeouts and connection errors, honouring Retry-After. Structured answers are parsed and
-validated; an invalid one is re-asked with the error, then becomes `LLMError(reason, raw=...)`.
+429, 5xx, timeouts and connection errors, honouring Retry-After.
+
+The cache sits below validation: every HTTP request is cached with its raw answer, including the
+invalid structured answers that led to a re-ask, so a rerun replays the same conversation and
+never pays twice; only transport failures stay uncached. Structured answers are parsed and
+validated above the cache; an invalid one is re-asked with the error, then becomes
+`InvalidAnswer(reason, raw=...)`. With `retry_samples=n` (`mempipe run --retry-failed`), a
+request whose re-asks all failed is tried again with up to n new sample indexes.
+
+Structured modes (`structured_mode`): json_schema (strict response_format), json_object (JSON
+mode, schema in the prompt), prompt (schema in the prompt, first JSON object of the text), and
+auto: json_schema, stepping down when the endpoint rejects the response_format with a 400. The
+mode found is remembered in the call cache for (endpoint, model), so later clients start there.
 
 The API key comes from the environment only. It is held by the SDK client, and never enters cache
 keys, cache values, usage, reprs, exception messages or logs.
@@ -25,15 +36,16 @@ from pydantic import BaseModel
 
 from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
-from pipeline.llm.cache import CallCache, chat_cache_key, embed_cache_key
+from pipeline.llm.cache import CallCache, chat_cache_key, embed_cache_key, mode_cache_key
+from pipeline.llm.identity import OPENAI_BASE_URL, endpoint_identity
 from pipeline.llm.ratelimit import RateLimiter, estimate_tokens
-from pipeline.llm.structured import describe_error, parse_structured, response_format_for
-from pipeline.llm.types import LLMError, LLMResult, Messages
+from pipeline.llm.structured import (MODES_AFTER, describe_error, parse_structured, rejects_response_format,
+                                     request_format, with_schema_in_prompt)
+from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
 from pipeline.llm.usage import Usage, call_cost
 
 log = logging.getLogger(__name__)
 
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 PLACEHOLDER_KEY = "not-needed"  # local / self-hosted servers ignore the key but the SDK wants one
 EMBED_BATCH = 128
 _MAX_RETRY_AFTER_S = 300.0  # a server asking for longer is treated as asking for this
@@ -62,17 +74,6 @@ def resolve_api_key(cfg: LLMConfig, section: str = "llm") -> str:
             if cfg.api_key_env else
             f"{section}.api_key_env: not set; provider 'openai' without a base_url needs an API key")
     return PLACEHOLDER_KEY
-
-
-def endpoint_identity(cfg: LLMConfig) -> str:
-    """What identifies the endpoint in cache keys.
-
-    The embedded server gets a new free port each run, so its identity is the model file rather
-    than the URL; otherwise a warm rerun would miss every entry.
-    """
-    if cfg.provider == "local":
-        return f"local:{cfg.local.model_path or 'default'}"
-    return (cfg.base_url or OPENAI_BASE_URL).rstrip("/")
 
 
 # ---------------------------------------------------------------- transport helpers
@@ -107,6 +108,15 @@ def _retryable_status(status: int) -> bool:
 
 
 @dataclass
+class _Reply:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    cached: bool
+
+
+@dataclass
 class _LoopState:
     client: openai.AsyncOpenAI
     semaphore: asyncio.Semaphore
@@ -129,7 +139,7 @@ class LLMClient:
     """Implements `ChatLLM` over any OpenAI-compatible endpoint."""
 
     def __init__(self, cfg: LLMConfig, *, cache: CallCache | None = None, limiter: RateLimiter | None = None,
-                 api_key: str | None = None, section: str = "llm") -> None:
+                 api_key: str | None = None, section: str = "llm", retry_samples: int = 0) -> None:
         if cfg.provider == "local" and not cfg.base_url:
             raise ConfigError(f"{section}.base_url: not set; start the local server before creating the client")
         self.cfg = cfg
@@ -137,6 +147,8 @@ class LLMClient:
         self.limiter = limiter
         self.usage = Usage()
         self.endpoint = endpoint_identity(cfg)
+        self.retry_samples = retry_samples
+        self._mode: str | None = None if cfg.structured_mode == "auto" else cfg.structured_mode
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
         self._rng = random.Random()
         # The SDK's HTTP pool and asyncio primitives belong to one event loop; stages may call
@@ -208,7 +220,7 @@ class LLMClient:
                     return read(await call(st.client))
                 except openai.APIStatusError as e:
                     status = e.status_code
-                    err = f"HTTP {status}: {_short(e.message)}"
+                    err = f"HTTP {status}: {_short(e.message, 400)}"
                     fatal = not _retryable_status(status)
                     if status in (429, 503):
                         retry_after = parse_retry_after(e.response.headers)
@@ -226,7 +238,7 @@ class LLMClient:
             # the Authorization header) is not chained onto the LLMError.
             err = self._scrub(err)
             if fatal:
-                raise LLMError(err)
+                raise LLMError(err, status=status)
             if attempt >= self.cfg.max_retries:
                 raise LLMError(f"{err} (gave up after {attempt + 1} attempts)")
             attempt += 1
@@ -257,89 +269,122 @@ class LLMClient:
 
     async def chat(self, messages: Messages, *, schema: type[BaseModel] | None = None,
                    validate: Callable[[Any], None] | None = None, sample: int = 0, **params: Any) -> LLMResult:
-        model, sampling = self._sampling(sample, params)
-        response_format = response_format_for(schema) if schema is not None else None
-        key = chat_cache_key(self.endpoint, model, messages, sampling, response_format, sample)
-        if self.cache is not None:
-            hit = await self.cache.get(key)
-            result = self._from_cache(hit, schema, validate) if hit is not None else None
-            if result is not None:
-                self.usage.calls += 1
-                self.usage.cached_calls += 1
-                self._add_tokens(model, result.prompt_tokens, result.completion_tokens, cached=True)
-                return result
         try:
-            result = await self._chat_live(model, messages, sampling, schema, response_format, validate)
+            if schema is None:
+                model, sampling = self._sampling(sample, params)
+                reply = await self._request(model, messages, sampling, None, sample)
+                result = LLMResult(text=reply.text, prompt_tokens=reply.prompt_tokens,
+                                   completion_tokens=reply.completion_tokens, model=reply.model, cached=reply.cached)
+            else:
+                result = await self._structured_samples(messages, schema, validate, sample, params)
         except LLMError:
             self.usage.failed_calls += 1
             raise
         self.usage.calls += 1
-        if self.cache is not None:
-            await self.cache.set(key, {
-                "text": result.text,
-                "parsed": result.parsed.model_dump(mode="json") if result.parsed is not None else None,
-                "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                "model": result.model,
-            })
+        self.usage.cached_calls += int(result.cached)
         return result
 
-    def _from_cache(self, hit: dict[str, Any], schema: type[BaseModel] | None,
-                    validate: Callable[[Any], None] | None) -> LLMResult | None:
-        parsed = None
-        if schema is not None:
-            # Re-check: the validator may have become stricter since the answer was stored.
+    async def _structured_samples(self, messages: Messages, schema: type[BaseModel],
+                                  validate: Callable[[Any], None] | None, sample: int,
+                                  params: dict[str, Any]) -> LLMResult:
+        """The structured call; in retry mode, new sample indexes after an all-invalid conversation."""
+        invalid: InvalidAnswer | None = None
+        for s in range(sample, sample + 1 + self.retry_samples):
+            model, sampling = self._sampling(s, params)
             try:
-                parsed = schema.model_validate(hit["parsed"])
+                return await self._structured(model, messages, sampling, s, schema, validate)
+            except InvalidAnswer as e:
+                invalid = e
+        assert invalid is not None
+        raise invalid
+
+    async def _structured(self, model: str, messages: Messages, sampling: dict[str, Any], sample: int,
+                          schema: type[BaseModel], validate: Callable[[Any], None] | None) -> LLMResult:
+        mode = await self._structured_mode(model)
+        while True:
+            try:
+                result = await self._ask_valid(model, messages, sampling, sample, schema, validate, mode)
+            except InvalidAnswer:
+                raise
+            except LLMError as e:
+                if self.cfg.structured_mode != "auto" or not rejects_response_format(e) or mode not in MODES_AFTER:
+                    raise
+                mode = MODES_AFTER[mode]
+                log.info("%s rejected the response format (%s); structured mode is now %s", self.endpoint,
+                         e.reason, mode)
+                await self._remember_mode(model, mode)
+                continue
+            self.usage.structured_modes[mode] = self.usage.structured_modes.get(mode, 0) + 1
+            return result
+
+    async def _ask_valid(self, model: str, messages: Messages, sampling: dict[str, Any], sample: int,
+                         schema: type[BaseModel], validate: Callable[[Any], None] | None, mode: str) -> LLMResult:
+        """One structured conversation: ask, validate, re-ask with the error; each request cached."""
+        conversation = list(messages) if mode == "json_schema" else with_schema_in_prompt(messages, schema)
+        response_format = request_format(schema, mode)
+        attempts = 1 + self.cfg.structured_retries
+        prompt_tokens = completion_tokens = 0
+        cached = True
+        last_text, last_error = "", ""
+        for i in range(attempts):
+            if i:
+                self.usage.reasks += 1
+            reply = await self._request(model, conversation, sampling, response_format, sample)
+            prompt_tokens += reply.prompt_tokens
+            completion_tokens += reply.completion_tokens
+            cached = cached and reply.cached
+            try:
+                parsed = parse_structured(reply.text, schema)
                 if validate is not None:
                     validate(parsed)
             except ValueError as e:
-                log.info("cached answer no longer valid (%s); asking again", describe_error(e))
-                return None
-        return LLMResult(text=hit["text"], parsed=parsed, prompt_tokens=int(hit.get("prompt_tokens", 0)),
-                         completion_tokens=int(hit.get("completion_tokens", 0)),
-                         model=hit.get("model", ""), cached=True)
+                last_text, last_error = reply.text, describe_error(e)
+                conversation = conversation + [{"role": "assistant", "content": reply.text},
+                                               {"role": "user", "content": REASK.format(error=last_error)}]
+                continue
+            return LLMResult(text=reply.text, parsed=parsed, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens, model=reply.model, cached=cached)
+        raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
 
-    async def _chat_live(self, model: str, messages: Messages, sampling: dict[str, Any],
-                         schema: type[BaseModel] | None, response_format: dict[str, Any] | None,
-                         validate: Callable[[Any], None] | None) -> LLMResult:
+    async def _structured_mode(self, model: str) -> str:
+        if self._mode is None:
+            found = await self.cache.get(mode_cache_key(self.endpoint, model)) if self.cache is not None else None
+            self._mode = (found or {}).get("structured_mode", "json_schema")
+        return self._mode
+
+    async def _remember_mode(self, model: str, mode: str) -> None:
+        self._mode = mode
+        if self.cache is not None:
+            await self.cache.set(mode_cache_key(self.endpoint, model), {"structured_mode": mode, "model": model})
+
+    async def _request(self, model: str, messages: Messages, sampling: dict[str, Any],
+                       response_format: dict[str, Any] | None, sample: int) -> _Reply:
+        """One exact request: from the cache, or sent and then cached (whatever the model said)."""
+        key = chat_cache_key(self.endpoint, model, messages, sampling, response_format, sample)
+        if self.cache is not None:
+            hit = await self.cache.get(key)
+            if hit is not None:
+                reply = _Reply(hit["text"], int(hit.get("prompt_tokens", 0)), int(hit.get("completion_tokens", 0)),
+                               hit.get("model") or model, cached=True)
+                self._add_tokens(model, reply.prompt_tokens, reply.completion_tokens, cached=True)
+                return reply
         named = {k: v for k, v in sampling.items() if k in _CREATE_ARGS}
         extra = {k: v for k, v in sampling.items() if k not in _CREATE_ARGS}
         if response_format is not None:
             named["response_format"] = response_format
-        conversation = list(messages)
-        prompt_tokens = completion_tokens = 0
-        attempts = 1 + (self.cfg.structured_retries if schema is not None else 0)
-        last_text: str | None = None
-        last_error = ""
-        for i in range(attempts):
-            if i:
-                self.usage.reasks += 1
-            conv = conversation  # bind this attempt's conversation for the closure
 
-            async def call(client: openai.AsyncOpenAI) -> Any:
-                return await client.chat.completions.create(
-                    model=model, messages=conv, extra_body=extra or None, **named)  # type: ignore[arg-type]
+        async def call(client: openai.AsyncOpenAI) -> Any:
+            return await client.chat.completions.create(
+                model=model, messages=messages, extra_body=extra or None, **named)  # type: ignore[arg-type]
 
-            text, pt, ct, resp_model = await self._send(
-                call, estimate_tokens(conv, sampling.get("max_tokens")), _read_chat)
-            prompt_tokens += pt
-            completion_tokens += ct
-            self._add_tokens(model, pt, ct, cached=False)
-            if schema is None:
-                return LLMResult(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                 model=resp_model or model)
-            try:
-                parsed = parse_structured(text, schema)
-                if validate is not None:
-                    validate(parsed)
-            except ValueError as e:
-                last_text, last_error = text, describe_error(e)
-                conversation = conversation + [{"role": "assistant", "content": text},
-                                               {"role": "user", "content": REASK.format(error=last_error)}]
-                continue
-            return LLMResult(text=text, parsed=parsed, prompt_tokens=prompt_tokens,
-                             completion_tokens=completion_tokens, model=resp_model or model)
-        raise LLMError(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
+        text, pt, ct, resp_model = await self._send(call, estimate_tokens(messages, sampling.get("max_tokens")),
+                                                    _read_chat)
+        self._add_tokens(model, pt, ct, cached=False)
+        reply = _Reply(text, pt, ct, resp_model or model, cached=False)
+        if self.cache is not None:
+            await self.cache.set(key, {"text": text, "prompt_tokens": pt, "completion_tokens": ct,
+                                       "model": reply.model})
+        return reply
 
     # ------------------------------------------------------------ embeddings
 

@@ -21,7 +21,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.config import LLMConfig
 from pipeline.llm.cache import DiskCallCache
-from pipeline.llm.client import LLMClient, endpoint_identity
+from pipeline.llm.client import LLMClient
+from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
 
 # Threads let cache reads overlap SQLite writes; diskcache keeps one connection per thread.
@@ -158,7 +159,8 @@ class SharedLLMHandles:
                     pass
 
 
-def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, section: str = "llm") -> LLMClient:
+def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, section: str = "llm",
+                retry_samples: int = 0) -> LLMClient:
     """Build a client in this process.
 
     With handles: the job's shared cache and limiter. Without (inline runs, tests): the cache
@@ -166,8 +168,9 @@ def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, sect
     """
     if handles is None:
         cache = DiskCallCache(cfg.cache_dir) if cfg.cache_enabled else None
-        return LLMClient(cfg, cache=cache, limiter=LocalRateLimiter(cfg.rpm, cfg.tpm), section=section)
+        return LLMClient(cfg, cache=cache, limiter=LocalRateLimiter(cfg.rpm, cfg.tpm), section=section,
+                         retry_samples=retry_samples)
     cache = ActorCallCache(handles.cache) if handles.cache is not None and cfg.cache_enabled else None
     # Without a shared limiter (no rpm/tpm) a local one still honours Retry-After within the worker.
     limiter = ActorRateLimiter(handles.limiter) if handles.limiter is not None else LocalRateLimiter()
-    return LLMClient(cfg, cache=cache, limiter=limiter, section=section)
+    return LLMClient(cfg, cache=cache, limiter=limiter, section=section, retry_samples=retry_samples)

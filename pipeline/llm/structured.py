@@ -1,4 +1,4 @@
-"""Structured outputs: the JSON schema sent with a request, and parsing + validating the answer."""
+"""Structured outputs: how a schema is asked for in each mode, and parsing + validating the answer."""
 
 from __future__ import annotations
 
@@ -51,27 +51,60 @@ def strict_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return walk(schema)
 
 
+# auto mode steps down this ladder when an endpoint rejects the response_format it was sent.
+MODES_AFTER = {"json_schema": "json_object", "json_object": "prompt"}
+SCHEMA_IN_PROMPT = "Reply with one JSON object that follows this JSON schema:\n```json\n{schema}\n```"
+
+
 def response_format_for(schema: type[BaseModel]) -> dict[str, Any]:
     name = re.sub(r"[^a-zA-Z0-9_-]", "_", schema.__name__)[:64] or "answer"
     return {"type": "json_schema", "json_schema": {
         "name": name, "schema": strict_json_schema(schema.model_json_schema()), "strict": True}}
 
 
+def request_format(schema: type[BaseModel], mode: str) -> dict[str, Any] | None:
+    """The `response_format` a request carries in `mode` (none in prompt mode)."""
+    if mode == "json_schema":
+        return response_format_for(schema)
+    if mode == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+def with_schema_in_prompt(messages: list[dict[str, Any]], schema: type[BaseModel]) -> list[dict[str, Any]]:
+    """The messages with the JSON schema spelled out at the end of the last one (json_object and
+    prompt modes; JSON mode on OpenAI also requires the word JSON in the prompt)."""
+    text = json.dumps(strict_json_schema(schema.model_json_schema()), indent=1, ensure_ascii=False)
+    last = messages[-1]
+    return [*messages[:-1], {**last, "content": f"{last.get('content') or ''}\n\n{SCHEMA_IN_PROMPT.format(schema=text)}"}]
+
+
+def rejects_response_format(err: Any) -> bool:
+    """A 400 that names the response format: the endpoint does not support this mode."""
+    reason = str(getattr(err, "reason", err)).lower()
+    return getattr(err, "status", None) == 400 and any(
+        w in reason for w in ("response_format", "json_schema", "json_object", "response format"))
+
+
 def extract_json(text: str) -> Any:
-    """json.loads that tolerates ```json fences and prose around one JSON object."""
+    """The answer's JSON: the whole text, else a ```json fence, else the first JSON object in it."""
     s = text.strip()
     try:
         return json.loads(s)
     except json.JSONDecodeError as first:
         m = _FENCE.search(s)
         if m:
-            return json.loads(m.group(1).strip())
-        i, j = s.find("{"), s.rfind("}")
-        if 0 <= i < j:
             try:
-                return json.loads(s[i:j + 1])
+                return json.loads(m.group(1).strip())
             except json.JSONDecodeError:
                 pass
+        decoder = json.JSONDecoder()
+        for i, ch in enumerate(s):
+            if ch == "{":
+                try:
+                    return decoder.raw_decode(s, i)[0]
+                except json.JSONDecodeError:
+                    continue
         raise first
 
 

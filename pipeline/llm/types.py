@@ -21,13 +21,18 @@ class LLMError(Exception):
     instead of failing the stage.
     """
 
-    def __init__(self, reason: str, raw: str | None = None) -> None:
+    def __init__(self, reason: str, raw: str | None = None, status: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.raw = raw
+        self.status = status  # HTTP status of a request the endpoint refused, when there was one
 
     def __reduce__(self) -> tuple:
-        return (type(self), (self.reason, self.raw))  # keep `raw` across Ray's pickling
+        return (type(self), (self.reason, self.raw, self.status))  # keep them across Ray's pickling
+
+
+class InvalidAnswer(LLMError):
+    """Every answer of a structured conversation failed parsing or validation (all cached)."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ Tokens and cost include calls served from the cache (the spec reports usage of c
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 
@@ -22,11 +22,17 @@ class Usage:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     cached_cost_usd: float = 0.0
+    structured_modes: dict[str, int] = field(default_factory=dict)  # answers per structured mode used
 
     def merge(self, other: Usage) -> Usage:
         """Add `other` into this one (in place) and return self."""
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v
+            else:
+                setattr(self, f.name, mine + theirs)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -39,7 +45,7 @@ class Usage:
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
         # Unknown keys are ignored so manifests written by older versions still load.
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items() if k in known})
 
 
 def call_cost(prices: Mapping[str, Mapping[str, float]], model: str, prompt_tokens: int,

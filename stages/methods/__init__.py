@@ -1,1 +1,12 @@
-"""Memory-method algorithms: pure async functions over plain records, with the LLM injected."""
+"""Every memory method, by name: the values `methods` selects and `method.<name>.*` configures.
+
+Add a method by writing its module (see `base.py` and the README) and listing it here.
+"""
+
+from __future__ import annotations
+
+from stages.methods.base import Method
+from stages.methods.history import FullHistory, ZeroHistory
+from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
+
+METHODS: dict[str, Method] = {m.name: m for m in [SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory()]}

@@ -1,128 +1,123 @@
-"""The one interface every response method implements.
+"""What a memory method is, and what the framework hands it.
 
-A method sees a probe, the conversation before it and whatever memory tables its stages built,
-and returns an answer. Retrieval-augmented SeCom and its baselines are here; Theanine, RSum,
-LD-Agent and CREEM plug in the same way (add to METHODS).
+A method is one module (or small package) under `stages/methods/` with:
+- `Settings`: its pydantic settings model, configured as `method.<name>.*`;
+- `needs`: upstream stages it reads besides `ingest` and `probes` (SeCom's retrieval needs `banks`);
+- `memory`: the tables its `build` writes, with their Arrow schemas (start them with
+  `SNAPSHOT_FIELDS`); empty for methods without memory (full history, SeCom's banks);
+- `build(ctx, episode)`: walks the episode session by session (turn by turn where memory evolves
+  inside a session) and returns memory rows keyed by the point they were built up to;
+- `answer(llm, probe, memory, settings)`: the response plus what it used.
+
+The framework turns each selected method into the stages `memory_<name>` (when it has memory) and
+`respond_<name>`, each with its own fingerprint, and shows every probe exactly the memory built
+from what came before it (`visible_memory`). Methods are pure: no Ray, no I/O, the LLM injected.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ClassVar, Literal
 
 import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict
 
-from pipeline.llm.types import ChatLLM, LLMResult
-from pipeline.retrieval import Retriever, count_tokens
+from pipeline.llm.types import ChatLLM
 from pipeline.stage import Rows
-from stages.methods import secom
+
+Embed = Callable[[list[str]], np.ndarray]
+
+# Every memory row says up to which point of the conversation it was built: the end of session
+# `snapshot_session` (snapshot_turn null), or its turn `snapshot_turn` included.
+SNAPSHOT_FIELDS = [
+    pa.field("episode_id", pa.string(), nullable=False),
+    pa.field("snapshot_session", pa.int32(), nullable=False),
+    pa.field("snapshot_turn", pa.int32()),
+]
+
+
+class MethodSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 @dataclass
-class ProbeContext:
-    probe: dict[str, Any]
-    history: dict[int, Rows]  # sessions before the probe's session, turn rows in order
+class EpisodeInput:
+    """One episode as `build` sees it."""
+
+    episode: dict[str, Any]  # the `ingest.episodes` row
+    sessions: dict[int, Rows]  # turns by session index, each in turn order
+    upstream: dict[str, Rows] = field(default_factory=dict)  # "<stage>.<table>" rows of `needs`
+
+
+@dataclass
+class BuildContext:
+    llm: ChatLLM
+    settings: Any  # the method's Settings
+    embed: Embed | None = None
+
+
+@dataclass
+class ProbeInput:
+    """One probe as `answer` sees it: the conversation before it, nothing after."""
+
+    probe: dict[str, Any]  # the `probes.probes` row
+    episode: dict[str, Any]
+    history: dict[int, Rows]  # sessions before the probe's session
     current: Rows  # the probe's session up to (not including) the turn to produce
-    memory_units: Rows = field(default_factory=list)  # banks rows of this episode
-    embed: Callable[[list[str]], np.ndarray] | None = None
+    upstream: dict[str, Rows] = field(default_factory=dict)  # "<stage>.<table>" rows of `needs`
+    embed: Embed | None = None
+
+    @property
+    def request(self) -> str:
+        return self.probe["request"]
 
 
 @dataclass
-class MethodAnswer:
-    result: LLMResult
-    retrieved_unit_ids: list[str]
-    context_tokens: int
+class Answer:
+    text: str
+    used_ids: list[str] = field(default_factory=list)  # memory / unit ids that entered the context
+    context_tokens: int = 0
+    rationale: str | None = None
+    details: dict[str, Any] | None = None  # method-specific record (JSON), e.g. timelines
+    model: str = ""
 
 
-class ResponseMethod(Protocol):
-    name: str
+class Method:
+    name: ClassVar[str]
+    Settings: ClassVar[type[MethodSettings]] = MethodSettings
+    needs: ClassVar[tuple[str, ...]] = ()
+    memory: ClassVar[dict[str, pa.Schema]] = {}
+    # snapshots: each key holds the whole memory at that point; log: rows accumulate over keys.
+    memory_kind: ClassVar[Literal["snapshots", "log"]] = "snapshots"
+    build_role: ClassVar[str] = "memory"
+    answer_role: ClassVar[str] = "generator"
+    uses_embedder: ClassVar[bool] = False
+    code: ClassVar[tuple[Any, ...]] = ()  # modules besides its own whose source shapes its output
+    prompts: ClassVar[dict[str, str]] = {}
 
-    async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer: ...
+    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, Rows]:
+        raise NotImplementedError(f"method {self.name} has no memory to build")
 
-
-def _generate(llm: ChatLLM, ctx: ProbeContext, units: Rows) -> Any:
-    probe = ctx.probe
-    if probe["kind"] == "qa":
-        return secom.answer_question(llm, units, probe["request"])
-    return secom.respond(llm, units, ctx.current, probe["request"], probe["respondent"])
-
-
-def _context_tokens(units: Rows, current: Rows) -> int:
-    return sum(count_tokens(u["text"]) for u in units) + sum(count_tokens(t["text"]) for t in current)
-
-
-def unit_retriever(pool: Rows, *, use_compression: bool) -> Retriever:
-    """A retriever over memory units. The key is the compressed text (SeCom's denoising) or the
-    original, dense search uses the matching stored vector, and budgets count the original text,
-    which is what enters the context."""
-    vec_col = "vector" if use_compression else "text_vector"
-    has_vectors = bool(pool) and all(u.get(vec_col) is not None for u in pool)
-    return Retriever(
-        ids=[u["unit_id"] for u in pool],
-        texts=[(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool],
-        vectors=np.asarray([u[vec_col] for u in pool], dtype=np.float32) if has_vectors else None,
-        token_counts=[count_tokens(u["text"]) for u in pool],
-    )
+    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Rows], settings: Any) -> Answer:
+        raise NotImplementedError
 
 
-@dataclass
-class RetrievalMethod:
-    """Retrieve top-k units of one granularity with the current request, answer from them."""
-
-    name: str
-    granularity: str
-
-    def rank(self, ctx: ProbeContext, cfg: Any) -> Rows:
-        pool = [
-            u for u in ctx.memory_units
-            if u["granularity"] == self.granularity and u["session_idx"] < ctx.probe["session_idx"]
-        ]
-        qvec = ctx.embed([ctx.probe["request"]])[0] if (ctx.embed and cfg.retriever != "bm25" and pool) else None
-        hits = unit_retriever(pool, use_compression=cfg.use_compression).search(
-            ctx.probe["request"], cfg.top_k, method=cfg.retriever, qvec=qvec,
-            budget=cfg.token_budget, hybrid_weight=cfg.hybrid_weight,
-        )
-        by_id = {u["unit_id"]: u for u in pool}
-        return [by_id[unit_id] for unit_id, _ in hits]
-
-    async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer:
-        units = self.rank(ctx, cfg)
-        in_time_order = sorted(units, key=lambda u: (u["session_idx"], u["turn_start"]))
-        result = await _generate(llm, ctx, in_time_order)
-        return MethodAnswer(result, [u["unit_id"] for u in in_time_order], _context_tokens(in_time_order, ctx.current))
+def _point(session: int, turn: int | None) -> tuple[int, float]:
+    return (session, float("inf") if turn is None else turn)
 
 
-@dataclass
-class HistoryMethod:
-    """Baselines without retrieval: the whole past (full_history) or nothing (zero_history)."""
+def visible_memory(rows: Rows, probe_session: int, probe_turn: int | None, kind: str) -> Rows:
+    """The memory rows a probe may see: built from turns strictly before the probe's turn.
 
-    name: str
-    full: bool
-
-    async def answer(self, llm: ChatLLM, ctx: ProbeContext, cfg: Any) -> MethodAnswer:
-        units: Rows = []
-        if self.full:
-            for s, turns in ctx.history.items():
-                units.append({"session_idx": s, "turn_start": 0, "text": secom.format_unit(turns), "unit_id": f"session:{s}:0"})
-            if cfg.token_budget is not None:  # keep the most recent sessions that fit
-                kept, used = [], 0
-                for u in reversed(units):
-                    used += count_tokens(u["text"])
-                    if used > cfg.token_budget:
-                        break
-                    kept.append(u)
-                units = kept[::-1]
-        result = await _generate(llm, ctx, units)
-        return MethodAnswer(result, [u["unit_id"] for u in units], _context_tokens(units, ctx.current))
-
-
-METHODS: dict[str, ResponseMethod] = {
-    m.name: m
-    for m in [
-        RetrievalMethod("secom", "segment"),
-        RetrievalMethod("turn", "turn"),
-        RetrievalMethod("session", "session"),
-        HistoryMethod("full_history", True),
-        HistoryMethod("zero_history", False),
-    ]
-}
+    A row keyed (S, T) was built from everything up to turn T of session S (the whole session when T
+    is null). A probe at turn t of session s sees turns before t of session s, so keys with S < s, or
+    S == s and T < t, are visible. `snapshots`: the rows of the latest visible key; `log`: the rows
+    of every visible key.
+    """
+    limit = _point(probe_session, None if probe_turn is None else probe_turn - 1)
+    visible = [r for r in rows if _point(r["snapshot_session"], r["snapshot_turn"]) <= limit]
+    if kind == "log" or not visible:
+        return visible
+    latest = max(_point(r["snapshot_session"], r["snapshot_turn"]) for r in visible)
+    return [r for r in visible if _point(r["snapshot_session"], r["snapshot_turn"]) == latest]

@@ -1,0 +1,53 @@
+"""Baselines without retrieval: the whole past in the context (full_history) or nothing
+(zero_history), in SeCom's response frame (Theanine Sec. 3.2 and SeCom list both)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from pipeline.llm.types import ChatLLM
+from pipeline.retrieval import count_tokens
+from stages import units as unit_module
+from stages.methods import response
+from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
+from stages.methods.secom.retrieval import generate
+from stages.units import format_unit, unit_id
+
+
+class FullHistorySettings(MethodSettings):
+    # Keep the most recent sessions that fit this many tokens; null = every past session.
+    token_budget: int | None = Field(default=None, ge=1)
+
+
+def recent_within(units: list[dict], budget: int | None) -> list[dict]:
+    """The most recent units whose tokens fit `budget` together (all of them when None)."""
+    if budget is None:
+        return units
+    kept, used = [], 0
+    for u in reversed(units):
+        used += count_tokens(u["text"])
+        if used > budget:
+            break
+        kept.append(u)
+    return kept[::-1]
+
+
+class FullHistory(Method):
+    name = "full_history"
+    Settings = FullHistorySettings
+    code = (response, unit_module)
+
+    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+        units = [{"session_idx": s, "turn_start": 0, "text": format_unit(turns), "unit_id": unit_id("session", s, 0)}
+                 for s, turns in probe.history.items()]
+        return await generate(llm, probe, recent_within(units, settings.token_budget))
+
+
+class ZeroHistory(Method):
+    name = "zero_history"
+    code = (response, unit_module)
+
+    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+        return await generate(llm, probe, [])

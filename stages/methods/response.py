@@ -1,0 +1,74 @@
+"""The response frame shared by the retrieval and history methods (SeCom Sec. 2.1 and its
+baselines): memory units placed in time order, then the current session, then the request.
+
+Its own module so that editing these prompts re-runs only the respond stages of the methods
+that use them, never segmentation, compression or banks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.llm.types import ChatLLM, LLMResult, Messages
+from stages.units import format_unit, in_time_order
+
+def format_memory(units: Sequence[dict]) -> str:
+    """Retrieved units in time order, each under a header naming its session (and date if known)."""
+    blocks = []
+    for u in in_time_order(units):
+        when = u.get("session_time")
+        header = f"[Session {u['session_idx']}" + (f", {when}" if when not in (None, "") else "") + "]"
+        blocks.append(f"{header}\n{u['text']}")
+    return "\n\n".join(blocks)
+
+
+def build_response_messages(
+    retrieved_units: list[dict], current_turns: list[dict], request: str, respondent: str
+) -> Messages:
+    """Messages for the respondent's next utterance, given retrieved memory and the live session.
+
+    retrieved_units: dicts with session_idx, text, optional session_time and turn_start.
+    current_turns: the current session so far. request: the latest message, to be answered; if it is
+    also the text of the last current turn it is shown once.
+    """
+    turns = list(current_turns)
+    if turns and turns[-1].get("text") == request:
+        turns = turns[:-1]
+    memory = format_memory(retrieved_units) or "(no memories retrieved)"
+    system = (
+        f"You are {respondent}, talking with someone you have had earlier conversations with. Relevant "
+        "excerpts of those earlier conversations are provided as memory. Use them when they help you "
+        "reply consistently and personally; ignore them when they do not apply."
+    )
+    user = (
+        f"Memory from earlier sessions (oldest first):\n{memory}\n\n"
+        f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
+        f"Latest message:\n{request}\n\n"
+        f"Write {respondent}'s next utterance only: a short, natural reply, without a speaker label."
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def respond(
+    llm: ChatLLM, retrieved_units: list[dict], current_turns: list[dict], request: str, respondent: str,
+    **params: Any,
+) -> LLMResult:
+    """SeCom's retrieval-augmented response (the same for turn, segment and session memory)."""
+    return await llm.chat(build_response_messages(retrieved_units, current_turns, request, respondent), **params)
+
+
+def build_qa_messages(retrieved_units: list[dict], question: str) -> Messages:
+    """Messages for a QA probe answered from retrieved memory units (in time order)."""
+    memory = format_memory(retrieved_units) or "(no memories retrieved)"
+    system = (
+        "You answer questions about past conversations using only the excerpts provided. Answer "
+        "concisely, with a short phrase where possible. Use the session dates to resolve relative "
+        "times. If the excerpts do not contain the answer, say that it is not mentioned."
+    )
+    user = f"Conversation excerpts (oldest first):\n{memory}\n\nQuestion: {question}\nAnswer:"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def answer_question(llm: ChatLLM, retrieved_units: list[dict], question: str, **params: Any) -> LLMResult:
+    return await llm.chat(build_qa_messages(retrieved_units, question), **params)

@@ -1,0 +1,138 @@
+"""SeCom (Pan et al.) Sec. 2.2 and App. A.1: segmentation guidance learned by reflection.
+
+`learn_guidance` segments annotated sessions, picks the hard ones by WindowDiff, and asks the LLM
+in mini-batches to rewrite a rubric and pick a worked example. Pure; the chat model is injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from pipeline.llm.types import ChatLLM, LLMError, Messages
+from stages.methods.secom.segmentation import SegmentationGuidance, number_turns, segment_session
+from stages.metrics.segmentation import boundaries_to_spans, gold_boundaries, spans_to_boundaries, window_diff
+
+class ReflectionOutput(BaseModel):
+    rubric: list[str] = Field(description="the full updated rubric, one criterion per item")
+    representative: int = Field(description="number of the example that best shows the mistakes")
+    reflection: str = Field(description="what went wrong on that example and how to avoid it")
+
+
+REFLECT_SYSTEM = (
+    "You improve the instructions of a conversation segmenter. You are shown conversations where "
+    "its segmentation disagreed with human annotators, next to the human segmentation. Work out "
+    "which systematic habits caused the disagreements and turn them into short, general criteria."
+)
+
+
+def _format_spans(spans: Sequence[Sequence[int]]) -> str:
+    return ", ".join(f"{s}-{e}" for s, e in spans)
+
+
+def build_reflection_messages(
+    rubric: str, batch: Sequence[dict], max_rubric_items: int
+) -> Messages:
+    """batch items: {"turns", "gold": spans, "pred": spans, "wd"}."""
+    blocks = []
+    for j, item in enumerate(batch):
+        blocks.append(
+            f"Example {j}:\n{number_turns(item['turns'])}\n"
+            f"Human segmentation: {_format_spans(item['gold'])}\n"
+            f"Segmenter's output: {_format_spans(item['pred'])}\n"
+            f"WindowDiff error: {item['wd']:.3f}"
+        )
+    current = rubric.strip() or "(no rubric yet)"
+    user = (
+        f"Current rubric:\n{current}\n\n" + "\n\n".join(blocks) + "\n\n"
+        f"Write the updated rubric as a list of at most {max_rubric_items} criteria: keep what still "
+        "holds, fix or drop what led to the errors above, add what was missing. Criteria must be general "
+        "(no references to these particular conversations). Also give the number of the example that best "
+        f"illustrates the errors (0 to {len(batch) - 1}) and a one or two sentence reflection on it. "
+        'Answer as JSON with keys "rubric", "representative" and "reflection".'
+    )
+    return [{"role": "system", "content": REFLECT_SYSTEM}, {"role": "user", "content": user}]
+
+
+def _check_reflection(out: ReflectionOutput, batch_len: int, max_items: int) -> None:
+    items = [r for r in out.rubric if r.strip()]
+    if not items:
+        raise ValueError("the rubric is empty; give at least one criterion")
+    if len(items) > max_items:
+        raise ValueError(f"the rubric has {len(items)} criteria; give at most {max_items}")
+    if not 0 <= out.representative < batch_len:
+        raise ValueError(f"representative must be an example number from 0 to {batch_len - 1}")
+
+
+def _rubric_text(items: Sequence[str]) -> str:
+    return "\n".join(f"{i}. {r.strip()}" for i, r in enumerate((r for r in items if r.strip()), start=1))
+
+
+async def learn_guidance(
+    llm: ChatLLM,
+    annotated: list[list[dict]],
+    *,
+    rounds: int = 2,
+    batch_size: int = 4,
+    hard_k: int = 8,
+    initial: SegmentationGuidance | None = None,
+    max_rubric_items: int = 10,
+    max_examples: int = 3,
+    max_turns_per_call: int = 60,
+) -> SegmentationGuidance:
+    """Learn segmentation guidance by reflection on annotated sessions (SeCom Sec. 2.2, App. A.1).
+
+    Each round: segment every annotated session with the current guidance, score it by WindowDiff
+    against its gold boundaries (`gold_topic_boundary`, null = no boundary), take the hard_k
+    sessions with the highest WD (ties: input order; WD 0 is never "hard"), and reflect on them in
+    mini-batches of batch_size. Each mini-batch call sees the current rubric and, per session, the
+    gold vs predicted segments; it returns the full updated rubric (<= max_rubric_items), which the
+    next mini-batch builds on, like successive SGD steps, plus the most representative session, which
+    becomes a few-shot example (gold segments + prediction + reflection; the latest max_examples are
+    kept, one per session). A failed reflection call (LLMError) leaves the guidance unchanged and is
+    counted in history. Rounds stop early when no session has any error.
+    """
+    g = SegmentationGuidance.from_dict(initial.to_dict()) if initial else SegmentationGuidance()
+    sessions = [s for s in annotated if s]
+    golds = [gold_boundaries([t.get("gold_topic_boundary") for t in s]) for s in sessions]
+    start_round = len(g.history)
+    for r in range(start_round + 1, start_round + rounds + 1):
+        preds = await asyncio.gather(
+            *(segment_session(llm, s, guidance=g, max_turns_per_call=max_turns_per_call) for s in sessions)
+        )
+        wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold))) for gold, p in zip(golds, preds)]
+        order = sorted((i for i in range(len(sessions)) if wds[i] > 0), key=lambda i: (-wds[i], i))
+        hard = order[:hard_k]
+        entry: dict[str, Any] = {"round": r, "mean_wd": sum(wds) / len(wds) if wds else 0.0,
+                                 "n_hard": len(hard), "hard_wd": [wds[i] for i in hard],
+                                 "fallbacks": sum(p.fallback for p in preds), "reflection_failures": 0}
+        g.history.append(entry)
+        if not hard:
+            break
+        for b in range(0, len(hard), batch_size):
+            idx = hard[b : b + batch_size]
+            batch = [{"turns": sessions[i], "gold": boundaries_to_spans(golds[i]), "pred": preds[i].segments,
+                      "wd": wds[i]} for i in idx]
+            try:
+                res = await llm.chat(
+                    build_reflection_messages(g.rubric, batch, max_rubric_items),
+                    schema=ReflectionOutput,
+                    validate=lambda out, n=len(batch): _check_reflection(out, n, max_rubric_items),
+                )
+            except LLMError:
+                entry["reflection_failures"] += 1
+                continue
+            out: ReflectionOutput = res.parsed
+            g.rubric = _rubric_text(out.rubric)
+            pick = idx[out.representative]
+            example = {"conversation": number_turns(sessions[pick]),
+                       "segments": [list(s) for s in boundaries_to_spans(golds[pick])],
+                       "prediction": [list(s) for s in preds[pick].segments],
+                       "reflection": out.reflection.strip()}
+            # One example per session (same text = same session), newest last.
+            g.examples = [e for e in g.examples if e["conversation"] != example["conversation"]] + [example]
+            g.examples = g.examples[-max_examples:] if max_examples > 0 else []
+    return g
