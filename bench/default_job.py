@@ -27,8 +27,7 @@ LIMIT_S = 600  # the product's budget for the default job on a 2-core machine
 
 def run_job(workdir: Path) -> float:
     cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", str(ROOT / "configs" / "default.yaml"),
-           "--set", f"artifacts_dir={workdir / 'artifacts'}", "--set", f"llm.cache_dir={workdir / 'llm-cache'}",
-           "--set", f"judge.cache_dir={workdir / 'llm-cache'}"]
+           "--set", f"artifacts_dir={workdir / 'artifacts'}", "--set", f"llm.cache_dir={workdir / 'llm-cache'}"]
     started = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
@@ -38,10 +37,14 @@ def stage_rows(run_dir: Path) -> list[list[str]]:
     rows = []
     for manifest in sorted(run_dir.glob("*/_manifest.json"), key=lambda p: p.stat().st_mtime):
         m = json.loads(manifest.read_text())
-        u = m.get("llm_usage") or {}
-        calls = f"{u.get('calls', 0) - u.get('cached_calls', 0)}/{u.get('failed_calls', 0)}" if u else "-"
-        tokens = str(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0)) if u else "-"
-        rows.append([m["stage"], f"{m['timings']['wall_s']:.1f}", str(m["rows"]), calls, tokens])
+        per_role = m.get("llm_usage") or {}  # {role: usage}
+        fresh = sum(u.get("calls", 0) - u.get("cached_calls", 0) for u in per_role.values())
+        failed = sum(u.get("failed_calls", 0) for u in per_role.values())
+        tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in per_role.values())
+        calls = f"{fresh}/{failed}" if per_role else "-"
+        fallback = f"{m['fallback_sessions']}/{m['sessions']}" if "sessions" in m else "-"
+        rows.append([m["stage"], f"{m['timings']['wall_s']:.1f}", str(m["rows"]), calls,
+                     str(tokens) if per_role else "-", fallback])
     return rows
 
 
@@ -65,7 +68,7 @@ def main() -> int:
         [["cold", f"{cold:.1f}", str(LIMIT_S), str(cold <= LIMIT_S)],
          ["warm (every stage skipped)", f"{warm:.1f}", "-", f"{warm / cold:.1%} of cold"]],
     )
-    stages = table(["stage", "wall s (cold)", "rows", "LLM fresh/failed", "tokens"], per_stage)
+    stages = table(["stage", "wall s (cold)", "rows", "LLM fresh/failed", "tokens", "fallback sessions"], per_stage)
     text = (
         f"# Default job benchmark\n\n{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}; load average before: "

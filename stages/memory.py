@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-from typing import Any
-
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.stage import Rows, StageContext
 from stages.common import sessions_of
-from stages.methods import base
+from stages.method_stage import MethodStage, memory_stage_name
 from stages.methods.base import BuildContext, EpisodeInput, Method
 
 
-def memory_stage_name(method: str) -> str:
-    return f"memory_{method}"
-
-
-def method_settings(cfg: Any, method: str) -> Any:
-    return getattr(cfg.method, method)
-
-
-class MemoryStage(EpisodeStage):
+class MemoryStage(MethodStage):
     def __init__(self, method: Method) -> None:
-        self.method = method
-        self.name = memory_stage_name(method.name)
-        self.inputs = ("ingest", *method.needs)
+        super().__init__(method, memory_stage_name(method.name), ("ingest", *method.needs), method.build_role)
         self.outputs = dict(method.memory)
-        self.roles = (method.build_role,)
-        self.uses_embedder = method.uses_embedder
-        self.code = (base, sys.modules[type(method).__module__], *method.code)
-        self.prompts = dict(method.prompts)
-
-    def settings_of(self, cfg: Any) -> Any:
-        return method_settings(cfg, self.method.name)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        episode = EpisodeInput(
-            episode=inputs["ingest.episodes"][0], sessions=sessions_of(inputs["ingest.turns"]),
-            upstream={k: v for k, v in inputs.items() if k.split(".")[0] in self.method.needs},
-        )
+        episode = EpisodeInput(episode=inputs["ingest.episodes"][0], sessions=sessions_of(inputs["ingest.turns"]),
+                               upstream=self.needed(inputs))
         build = BuildContext(llm=ctx.llm, settings=ctx.section,
                              embed=ctx.embedder.encode if self.method.uses_embedder else None)
         return await self.method.build(build, episode)

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.llm.types import LLMError
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.stage import Rows, StageContext
 from stages.common import failure_reason, sessions_of
-from stages.memory import memory_stage_name, method_settings
-from stages.methods import base
+from stages.method_stage import MethodStage, memory_stage_name, respond_stage_name
 from stages.methods.base import Method, ProbeInput, visible_memory
 
 RESPONSES = pa.schema(
@@ -32,10 +30,6 @@ RESPONSES = pa.schema(
 )
 
 
-def respond_stage_name(method: str) -> str:
-    return f"respond_{method}"
-
-
 def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[int, Rows],
                 upstream: dict[str, Rows], embed: Any) -> ProbeInput:
     """What a method may see of the conversation at a probe: earlier sessions, and the probe's own
@@ -46,27 +40,19 @@ def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[i
     return ProbeInput(probe=probe, episode=episode, history=history, current=current, upstream=upstream, embed=embed)
 
 
-class RespondStage(EpisodeStage):
+class RespondStage(MethodStage):
     outputs = {"responses": RESPONSES}
 
     def __init__(self, method: Method) -> None:
-        self.method = method
-        self.name = respond_stage_name(method.name)
         self.memory_stage = memory_stage_name(method.name) if method.memory else None
-        self.inputs = ("ingest", "probes", *method.needs, *([self.memory_stage] if self.memory_stage else []))
-        self.roles = (method.answer_role,)
-        self.uses_embedder = method.uses_embedder
-        self.code = (base, sys.modules[type(method).__module__], *method.code)
-        self.prompts = dict(method.prompts)
-
-    def settings_of(self, cfg: Any) -> Any:
-        return method_settings(cfg, self.method.name)
+        inputs = ("ingest", "probes", *method.needs, *([self.memory_stage] if self.memory_stage else []))
+        super().__init__(method, respond_stage_name(method.name), inputs, method.answer_role)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         settings = ctx.section
         sessions = sessions_of(inputs["ingest.turns"])
         episode = inputs["ingest.episodes"][0]
-        upstream = {k: v for k, v in inputs.items() if k.split(".")[0] in self.method.needs}
+        upstream = self.needed(inputs)
         memory = {t: inputs[f"{self.memory_stage}.{t}"] for t in self.method.memory} if self.memory_stage else {}
         embed = ctx.embedder.encode if self.method.uses_embedder else None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Iterator
@@ -10,7 +12,8 @@ from typing import Any, Iterator
 import pytest
 
 from fake_openai import FakeOpenAI
-from pipeline.config import LLMConfig
+from pipeline.config import LLMConfig, resolve_paths
+from stages import load_config
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -38,6 +41,36 @@ def llm_config(fake_llm: FakeOpenAI, **overrides: Any) -> LLMConfig:
     }
     base.update(overrides)
     return LLMConfig(**base)
+
+
+def segmenting_responder(body: dict) -> str | None:
+    """Answer segmentation requests with valid segments of three turns; others get the default."""
+    text = body["messages"][-1]["content"]
+    m = re.search(r"Conversation \((\d+) turns", text)
+    if not m or "response_format" not in body:
+        return None
+    n = int(m.group(1))
+    return json.dumps({"segments": [{"start": s, "end": min(s + 2, n - 1)} for s in range(0, n, 3)]})
+
+
+@pytest.fixture
+def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
+    """make(*sets, methods=None): the default config pointed at the fake server, on Ray; `methods`
+    adds method plug-ins to the registry the config is validated against."""
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    fake_llm.responder = segmenting_responder
+
+    def make(*sets: str, methods: Any = None):
+        extra = {} if methods is None else {"methods": methods}
+        cfg = load_config(ROOT / "configs" / "default.yaml", [
+            f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
+            "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
+            f"embedding.cache_dir={models_cache}",
+            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", *sets,
+        ], **extra)
+        return resolve_paths(cfg)
+
+    return make
 
 
 @pytest.fixture(scope="session")

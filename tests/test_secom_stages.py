@@ -3,47 +3,17 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import lancedb
 import pyarrow.compute as pc
-import pytest
 
 from pipeline.artifacts import StageDir
-from pipeline.cli import resolve_paths
-from stages import load_config, registry
 from pipeline.runner import Runner
+from stages import registry
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def segmenting_responder(body: dict) -> str | None:
-    """Answer segmentation requests with valid segments of three turns; others get the default."""
-    text = body["messages"][-1]["content"]
-    m = re.search(r"Conversation \((\d+) turns", text)
-    if not m or "response_format" not in body:
-        return None
-    n = int(m.group(1))
-    return json.dumps({"segments": [{"start": s, "end": min(s + 2, n - 1)} for s in range(0, n, 3)]})
-
-
-@pytest.fixture
-def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
-    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
-    fake_llm.responder = segmenting_responder
-
-    def make(*sets: str):
-        cfg = load_config(ROOT / "configs" / "default.yaml", [
-            f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
-            "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
-            f"embedding.cache_dir={models_cache}",
-            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", *sets,
-        ])
-        return resolve_paths(cfg)
-
-    return make
 
 
 def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):

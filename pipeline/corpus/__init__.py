@@ -18,8 +18,6 @@ from pipeline.corpus.records import Checker, Episode, build_rows
 from pipeline.errors import ConfigError, InputError
 from pipeline.schemas import EPISODES, QA, TURNS
 
-FORMATS = ("sample", "msc", "cc", "locomo", "longmtbench", "dialseg")
-
 _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "sample": sample.parse,
     "msc": msc.parse,
@@ -28,6 +26,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "longmtbench": longmtbench.parse,
     "dialseg": dialseg.parse,
 }
+FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
 __all__ = ["FORMATS", "Corpus", "load_corpus", "corpus_files"]
 
