@@ -154,8 +154,11 @@ class Runner:
                 continue
             sd = StageDir(self.run_dir, stage.name)
             manifest = sd.manifest()
-            if stage.name == retry_failed:
-                self._retry_round[stage.name] = int((manifest or {}).get("retry_round", 0)) + 1
+            # A forced rerun of the same config keeps the retry rounds it had (so it replays the
+            # same answers from the cache); --retry-failed adds one.
+            same = manifest is not None and manifest.get("fingerprint") == fps[stage.name]
+            rounds = int(manifest.get("retry_round", 0)) if same else 0  # type: ignore[union-attr]
+            self._retry_round[stage.name] = rounds + (stage.name == retry_failed)
             if stage.name in forced:
                 sd.invalidate()
                 manifest = None

@@ -163,6 +163,12 @@ def test_a_forced_rerun_of_all_invalid_rows_sends_nothing_and_retry_failed_asks_
     new = fake_llm.requests[sent:]
     assert len(new) >= sd.manifest()["sessions"] and {r["body"]["seed"] for r in new} == {1}
     assert sd.manifest()["retry_round"] == 1
+    retried = sd.read_table("segments")
+    # A later forced rerun keeps the retry round, so it replays the same answers for free.
+    sent = fake_llm.count()
+    run(cfg, force=["segment"])
+    assert fake_llm.count() == sent and sd.read_table("segments").equals(retried)
+    assert sd.manifest()["retry_round"] == 1
 
 
 def test_until_runs_a_stage_and_what_it_needs(run_cfg, fake_llm):

@@ -148,7 +148,7 @@ class LLMClient:
         self.usage = Usage()
         self.endpoint = endpoint_identity(cfg)
         self.retry_samples = retry_samples
-        self._mode: str | None = None if cfg.structured_mode == "auto" else cfg.structured_mode
+        self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
         self._rng = random.Random()
         # The SDK's HTTP pool and asyncio primitives belong to one event loop; stages may call
@@ -347,13 +347,15 @@ class LLMClient:
         raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
 
     async def _structured_mode(self, model: str) -> str:
-        if self._mode is None:
+        if self.cfg.structured_mode != "auto":
+            return self.cfg.structured_mode
+        if model not in self._modes:
             found = await self.cache.get(mode_cache_key(self.endpoint, model)) if self.cache is not None else None
-            self._mode = (found or {}).get("structured_mode", "json_schema")
-        return self._mode
+            self._modes[model] = (found or {}).get("structured_mode", "json_schema")
+        return self._modes[model]
 
     async def _remember_mode(self, model: str, mode: str) -> None:
-        self._mode = mode
+        self._modes[model] = mode
         if self.cache is not None:
             await self.cache.set(mode_cache_key(self.endpoint, model), {"structured_mode": mode, "model": model})
 
