@@ -127,13 +127,23 @@ class Compressor:
             out = pc.compress_prompt(text, rate=self.rate, target_token=target, iterative_size=n)
         return _SPACES.sub(" ", str(out["compressed_prompt"])).strip()
 
+    @property
+    def per_line(self) -> bool:
+        """Whether each line is compressed on its own (so a caller may compress each line once).
+        LLMLingua-2 compresses a whole unit, as SeCom's official code does."""
+        return self.method != "llmlingua2"
+
     def compress(self, text: str) -> str:
         """Compressed text: same number of lines, each starting with its original speaker tag."""
         if self.method == "none" or not text.strip():
             return text
         pc = self._compressor()
-        lines = []
         with _COMPRESS_LOCK:  # the shared torch model is not safe to call from several threads at once
+            if not self.per_line:
+                whole = self._compress_unit(pc, text)
+                if whole is not None:
+                    return whole
+            lines = []
             for line in text.split("\n"):
                 tag, utterance = split_tag(line)
                 if len(utterance.split()) < self.min_words:
@@ -142,6 +152,23 @@ class Compressor:
                 short = self._compress_utterance(pc, utterance) or utterance
                 lines.append(f"{tag} {short}" if tag else short)
         return "\n".join(lines)
+
+    def _compress_unit(self, pc: Any, text: str) -> str | None:
+        """LLMLingua-2 over a whole unit with newlines, full stops and the speaker tags forced to
+        stay (the official call); None when the result lost a line or a tag (then: per line)."""
+        tags = [split_tag(line)[0] for line in text.split("\n")]
+        force = ["\n", ".", *sorted({t for t in tags if t})]
+        out = pc.compress_prompt(text, rate=self.rate, force_tokens=force, drop_consecutive=False,
+                                 use_context_level_filter=False)
+        lines = [_SPACES.sub(" ", line).strip() for line in str(out["compressed_prompt"]).split("\n")]
+        if len(lines) != len(tags) or any(t and not line.startswith(t) for t, line in zip(tags, lines)):
+            return None
+        kept = []
+        for original, tag, line in zip(text.split("\n"), tags, lines):
+            rest = line[len(tag):].strip(" \t,;:") if tag else line
+            # A line pruned to nothing (or to punctuation) keeps its original text.
+            kept.append(original if not rest.strip(" .") else (f"{tag} {rest}" if tag else rest))
+        return "\n".join(kept)
 
     def compress_many(self, texts: list[str]) -> list[str]:
         return [self.compress(t) for t in texts]

@@ -136,6 +136,9 @@ class EmbeddingConfig(Section):
     cache_dir: str = PathField(".cache/models")  # packaged models (embeddings, compression scorer) unpack here once
     batch_size: int = 32
     device: str = "cpu"
+    # Unit-length vectors (cosine). Off for dot-product models such as multi-qa-mpnet-base-dot-v1,
+    # whose vector lengths carry meaning (SeCom's MPNet retriever scores by dot product).
+    normalize: bool = True
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

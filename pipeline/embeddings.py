@@ -96,9 +96,9 @@ class LocalEmbedder:
         with _ENCODE_LOCK:  # the shared torch model is not safe to call from several threads at once
             out = self.model.encode(
                 list(texts), batch_size=self.cfg.batch_size, convert_to_numpy=True,
-                normalize_embeddings=True, show_progress_bar=False,
+                normalize_embeddings=self.cfg.normalize, show_progress_bar=False,
             )
-        return l2_normalize(out)
+        return l2_normalize(out) if self.cfg.normalize else np.asarray(out, dtype=np.float32)
 
 
 def _run_sync(coro: Awaitable[Any]) -> Any:

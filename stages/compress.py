@@ -26,7 +26,7 @@ class CompressConfig(Section):
     method: CompressMethod = "llmlingua"
     # llmlingua2: a token-classification model name/folder; llmlingua: a causal LM; None = default
     model: str | None = None
-    rate: float = Field(default=0.75, gt=0, le=1)
+    rate: float = Field(default=0.75, gt=0, le=1)  # kept share: 0.75 (paper); the official code's default is 0.9
     granularities: list[Granularity] = Field(default_factory=lambda: ["turn", "session", "segment"])
 
 
@@ -54,11 +54,14 @@ class CompressStage(EpisodeStage):
         sessions = sessions_of(inputs["ingest.turns"])
         compressor = compressor_for(cfg, ctx.cfg.embedding.cache_dir)
         label = "none" if cfg.method == "none" else f"{cfg.method}@{cfg.rate}"
-        # The compressor works line by line, and every utterance sits in one unit of each
-        # granularity: compress each line once and reassemble units from the results.
+        # A per-line compressor (LLMLingua with a small scorer) sees each utterance alone, and every
+        # utterance sits in one unit of each granularity: compress each line once and reassemble
+        # units. LLMLingua-2 compresses whole units (turn-level units are exchanges).
         lines: dict[str, str] = {}
 
         def compress_unit(text: str) -> str:
+            if not compressor.per_line:
+                return compressor.compress(text)
             out = []
             for line in text.split("\n"):
                 if line not in lines:

@@ -16,6 +16,7 @@ from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
 from pipeline.errors import PipelineError
 from pipeline.stage import GlobalStage, StageContext
+from stages import units
 from stages.common import sessions_of
 from stages.methods.secom import reflection, segmentation
 from stages.segment import GUIDANCE_FILE, SegmentConfig
@@ -49,7 +50,7 @@ class GuidanceStage(GlobalStage):
     section = "segment"
     settings = SegmentConfig
     roles = ("segmenter",)
-    code = (reflection, segmentation)
+    code = (reflection, segmentation, units)
 
     def active(self, cfg: RunConfig) -> bool:
         return cfg.segment.mode == "reflection" and not cfg.segment.guidance_path
@@ -69,9 +70,10 @@ class GuidanceStage(GlobalStage):
         if not sessions:
             raise PipelineError("segment.mode=reflection needs sessions with gold topic boundaries "
                                 "(set segment.reflection.corpus_path to an annotated corpus)")
+        options = ctx.section.options()
         learned = await reflection.learn_guidance(
-            ctx.llm, sessions, rounds=rcfg.rounds, batch_size=rcfg.batch_size, hard_k=rcfg.hard_k,
-            max_turns_per_call=ctx.section.max_turns_per_call,
+            ctx.llm, sessions, rounds=rcfg.rounds, hard_k=rcfg.hard_k, mini_batches=rcfg.mini_batches,
+            max_rubric_items=rcfg.max_rubric_items, unit=options.pop("unit"), segment_options=options,
         )
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         data = learned.to_dict()

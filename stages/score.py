@@ -48,11 +48,15 @@ RETRIEVAL_SCORES = pa.schema(
 
 
 class ScoreConfig(Section):
+    # Pk / WindowDiff / F1 sequence: SuperDialseg's per-utterance labels (what SeCom reports) or
+    # the between-turn slots of Pevzner & Hearst (see stages/metrics/segmentation.py).
+    segmentation_convention: Literal["superdialseg", "slots"] = "superdialseg"
     retrieval_k: list[int] = Field(default_factory=lambda: [1, 3, 5])
     retrievers: list[Literal["bm25", "dense", "hybrid"]] = Field(default_factory=lambda: ["bm25", "dense"])
 
 
-def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], segments: Rows) -> Rows:
+def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], segments: Rows,
+                      convention: str = "superdialseg") -> Rows:
     rows: Rows = []
     for s, turns in sessions.items():
         gold = [t["gold_topic_boundary"] for t in turns]
@@ -63,7 +67,8 @@ def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], 
             continue
         position = {t["turn_idx"]: i for i, t in enumerate(turns)}
         spans = [(position[g["turn_start"]], position[g["turn_end"]]) for g in segs]
-        m = smetrics.evaluate(smetrics.gold_boundaries(gold), smetrics.spans_to_boundaries(spans, len(turns)))
+        m = smetrics.evaluate(smetrics.gold_boundaries(gold), smetrics.spans_to_boundaries(spans, len(turns)),
+                              convention=convention)
         rows.append({
             "episode_id": episode_id, "dataset": dataset, "session_idx": s, "n_turns": len(turns),
             "pk": m["pk"], "window_diff": m["wd"], "f1": m["f1"], "segment_score": m["score"],
@@ -101,7 +106,7 @@ def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: An
                             "episode_id": episode_id, "dataset": dataset, "qa_id": q["qa_id"], "granularity": gran,
                             "compressed": compressed, "retriever": retriever, "k": k,
                             "recall": rmetrics.recall_at_k(ranked, q["evidence"], k),
-                            "dcg": rmetrics.dcg_at_k(ranked, q["evidence"], k),
+                            "dcg": rmetrics.dcg_at_k(ranked, q["evidence"], k, by_turn=True),  # App. A.8
                         })
     return rows
 
@@ -119,6 +124,7 @@ class ScoreStage(EpisodeStage):
         dataset = inputs["ingest.episodes"][0]["dataset"]
         embed = ctx.embedder.encode if set(ctx.section.retrievers) - {"bm25"} else None
         return {
-            "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["ingest.turns"]), inputs["segment.segments"]),
+            "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["ingest.turns"]),
+                                                     inputs["segment.segments"], ctx.section.segmentation_convention),
             "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"], ctx.section, embed),
         }

@@ -1,8 +1,8 @@
 """Memory units (SeCom Sec. 2.1): a conversation cut into turn, session or segment units.
 
-A turn-level unit is one interaction (a request and the reply to it, i.e. two consecutive
-utterances), as in SeCom; a session-level unit is a whole session; a segment-level unit is a
-topical segment from the `segment` stage. Every utterance lands in exactly one unit of each
+A turn-level unit is one exchange (a turn of the session's first speaker and the replies to it,
+`build_exchanges`), SeCom's "user-agent interaction"; a session-level unit is a whole session; a
+segment-level unit is a topical segment from the `segment` stage. Every utterance lands in exactly one unit of each
 granularity. Units are built here, compressed by `compress`, embedded by `banks` and searched
 with `unit_retriever`.
 """
@@ -32,6 +32,16 @@ UNIT_FIELDS = [
     pa.field("compressed_text", pa.string()),  # the retrieval key after denoising
     pa.field("compression", pa.string()),  # method@rate, or "none"
 ]
+
+
+def build_exchanges(turns: Sequence[dict]) -> list[Span]:
+    """Turn spans of the exchanges of a session: a new exchange starts at each turn of the first
+    speaker, so whatever follows (answers, or several turns of the other side) joins it."""
+    if not turns:
+        return []
+    first = turns[0]["speaker"]
+    starts = [i for i, t in enumerate(turns) if i == 0 or t["speaker"] == first]
+    return [(s, e - 1) for s, e in zip(starts, [*starts[1:], len(turns)])]
 
 
 def format_unit(turns: Sequence[dict]) -> str:
@@ -75,7 +85,7 @@ def spans_for(granularity: str, turns: Rows, segments: Rows) -> list[Span]:
     if granularity == "session":
         return [(0, n - 1)]
     if granularity == "turn":
-        return [(i, min(i + 1, n - 1)) for i in range(0, n, 2)]
+        return build_exchanges(turns)
     if granularity == "segment":
         position = {t["turn_idx"]: i for i, t in enumerate(turns)}
         ordered = sorted(segments, key=lambda s: s["segment_idx"])
@@ -98,7 +108,7 @@ def in_time_order(units: Sequence[dict]) -> list[dict]:
     return sorted(units, key=lambda u: (int(u["session_idx"]), int(u.get("turn_start") or 0)))
 
 
-def unit_retriever(pool: Rows, *, use_compression: bool) -> Retriever:
+def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosine") -> Retriever:
     """A retriever over memory units. The key is the compressed text (SeCom's denoising) or the
     original, dense search uses the matching stored vector, and budgets count the original text,
     which is what enters the context."""
@@ -109,4 +119,5 @@ def unit_retriever(pool: Rows, *, use_compression: bool) -> Retriever:
         texts=[(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool],
         vectors=np.asarray([u[vec_col] for u in pool], dtype=np.float32) if has_vectors else None,
         token_counts=[count_tokens(u["text"]) for u in pool],
+        similarity=similarity,
     )

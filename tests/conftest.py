@@ -44,13 +44,17 @@ def llm_config(fake_llm: FakeOpenAI, **overrides: Any) -> LLMConfig:
 
 
 def segmenting_responder(body: dict) -> str | None:
-    """Answer segmentation requests with valid segments of three turns; others get the default."""
+    """Answer segmentation requests with valid segments of two units (spans or starts format, as
+    the request asks); others get the default."""
     text = body["messages"][-1]["content"]
-    m = re.search(r"Conversation \((\d+) turns", text)
+    m = re.search(r"Conversation \((\d+) (?:exchange|turn)s", text)
     if not m or "response_format" not in body:
         return None
     n = int(m.group(1))
-    return json.dumps({"segments": [{"start": s, "end": min(s + 2, n - 1)} for s in range(0, n, 3)]})
+    if '{"starts"' in text:
+        return json.dumps({"starts": list(range(1, n + 1, 2))})
+    return json.dumps({"segments": [{"start": s, "end": min(s + 1, n), "summary": f"topic {s}"}
+                                    for s in range(1, n + 1, 2)]})
 
 
 @pytest.fixture

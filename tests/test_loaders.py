@@ -200,6 +200,41 @@ def test_dialseg_segments():
     assert second == [True, False, True, False, False, True, False]
 
 
+def test_superdialseg_labels_mark_the_last_utterance_of_each_segment():
+    c = load_corpus("dialseg", CORPORA / "superdialseg" / "superdialseg_mini.json")
+    assert [e["episode_id"] for e in c.episodes] == ["dialseg-sds-1"]
+    assert [t["gold_topic_boundary"] for t in c.turns] == [True, False, True, False, False]
+    assert [t["speaker"] for t in c.turns] == ["user", "agent", "user", "agent", "user"]
+
+
+def test_longmtbench_as_released_loads_every_question_and_exchange(tmp_path):
+    path = CORPORA / "longmtbench" / "longmt_released.jsonl"
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    c = load_corpus("longmtbench", path)
+    assert [e["episode_id"] for e in c.episodes] == ["longmtbench-lmb-0", "longmtbench-lmb-1"]
+    assert len(c.qa) == sum(len(r["questions"]) for r in raw)
+    assert [q["question"] for q in c.qa] == [q for r in raw for q in r["questions"]]
+    assert turns_per_session(c, "longmtbench-lmb-0") == [4, 2]  # each exchange: a user and an assistant turn
+    first = [t for t in c.turns if t["episode_id"] == "longmtbench-lmb-0"]
+    assert [(t["speaker"], t["text"], t["source_turn_id"]) for t in first[2:4]] == [
+        ("user", "Now a slogan?", "S1:2"),  # the "<Turn 2>:" prefix is dropped
+        ("assistant", "Think two moves ahead.\nOr: plan first.", "S1:2"),  # an answer may span lines
+    ]
+    assert c.qa[0]["evidence"] == ["S1:1", "S1:2"] and c.qa[1]["evidence"] == ["S2:1"]
+    # The same records as a JSON array (as `datasets` exports them too) load the same.
+    array = tmp_path / "released.json"
+    array.write_text(json.dumps(raw))
+    assert [q["evidence"] for q in load_corpus("longmtbench", array).qa] == [q["evidence"] for q in c.qa]
+
+
+def test_longmtbench_exchange_without_a_speaker_tag_is_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"conversation_id": "x", "sessions": [["no tag here"]], "questions": [],
+                               "answers": []}) + "\n")
+    with pytest.raises(InputError, match=r"record longmtbench-x .*field 'sessions\[0\]\[0\]'.*speaker tag"):
+        load_corpus("longmtbench", bad)
+
+
 def test_dialseg_directory_of_tiage_files():
     c = load_corpus("dialseg", CORPORA / "tiage_dir")
     assert [e["episode_id"] for e in c.episodes] == ["dialseg-t1", "dialseg-dlg_002"]

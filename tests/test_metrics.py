@@ -97,8 +97,49 @@ def test_precision_recall_f1_exact_match() -> None:
     hyp = [True, True, True, False, False, False]
     p, r, f1 = precision_recall_f1(ref, hyp)  # hyp slots {1, 2}, ref slots {2, 4}
     assert (p, r) == (0.5, 0.5) and f1 == pytest.approx(0.5)
-    assert precision_recall_f1([True, False], [True, False]) == (1.0, 1.0, 1.0)
+    # Nothing to find and nothing found: 0, as scikit-learn's f1_score (zero_division=0) gives.
+    assert precision_recall_f1([True, False], [True, False]) == (0.0, 0.0, 0.0)
     assert precision_recall_f1([True, True], [True, False]) == (0.0, 0.0, 0.0)
+    # In SuperDialseg's labels the last utterance always ends a segment.
+    assert precision_recall_f1([True, False], [True, False], "superdialseg") == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("convention", ["slots", "superdialseg"])
+def test_f1_agrees_with_scikit_learn_in_both_conventions(convention: str) -> None:
+    from sklearn.metrics import f1_score, precision_score, recall_score
+
+    from stages.metrics.segmentation import boundary_items
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(2, 40)
+        ref, hyp = _random_boundaries(rng, n), _random_boundaries(rng, n)
+        r, h = boundary_items(ref, convention), boundary_items(hyp, convention)
+        p, rec, f1 = precision_recall_f1(ref, hyp, convention)
+        assert p == pytest.approx(precision_score(r, h, zero_division=0))
+        assert rec == pytest.approx(recall_score(r, h, zero_division=0))
+        assert f1 == pytest.approx(f1_score(r, h, zero_division=0))
+
+
+def test_superdialseg_convention_agrees_with_nltk_on_labels_and_its_window() -> None:
+    from stages.metrics.segmentation import superdialseg_k, superdialseg_labels
+
+    assert superdialseg_labels([True, False, True, False, False]) == [0, 1, 0, 0, 1]
+    # n = 10 labels, 2 segments: round(10 / 2 / 2) = round(2.5) = 2 (Python rounds half to even)
+    assert superdialseg_k(lengths_to_boundaries([5, 5])) == 2
+    assert superdialseg_k(lengths_to_boundaries([14])) == 7 and superdialseg_k(lengths_to_boundaries([1, 1])) == 2
+    rng = random.Random(99)
+    checked = 0
+    for _ in range(600):
+        n = rng.randint(2, 90)
+        ref, hyp = _random_boundaries(rng, n), _random_boundaries(rng, n)
+        k = min(superdialseg_k(ref), n)
+        r_s, h_s = to_nltk(ref, "superdialseg"), to_nltk(hyp, "superdialseg")
+        assert len(r_s) == n
+        assert pk(ref, hyp, convention="superdialseg") == pytest.approx(nltk_pk(r_s, h_s, k))
+        assert window_diff(ref, hyp, convention="superdialseg") == pytest.approx(nltk_windowdiff(r_s, h_s, k))
+        checked += 1
+    assert checked == 600
 
 
 def test_segment_score_matches_paper_table() -> None:

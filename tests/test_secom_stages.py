@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from pipeline.artifacts import StageDir
 from pipeline.runner import Runner
 from stages import registry
+from conftest import segmenting_responder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,14 +73,16 @@ def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
 
 
 def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
-    fake_llm.responder = lambda body: '{"segments": [{"start": 0, "end": 1}]}' if "response_format" in body else None
-    cfg = run_cfg("corpus.limit=1", "compress.method=none", "stages=[ingest,guidance,segment]")
+    fake_llm.responder = (lambda body: '{"segments": [{"start": 0, "end": 1, "summary": "s"}]}'
+                          if "response_format" in body else None)
+    cfg = run_cfg("corpus.limit=1", "compress.method=none", "stages=[ingest,guidance,segment]",
+                  "segment.answer_format=spans")
     Runner(cfg, registry(cfg)).run()
     sd = StageDir(cfg.run_dir, "segment")
     rows = sd.read_table("segments").to_pylist()
     assert rows and all(r["fallback"] for r in rows)
-    assert all("not in any segment" in r["fallback_reason"] for r in rows)
-    assert all(r["turn_end"] - r["turn_start"] + 1 <= 4 for r in rows)  # fixed chunks of fallback_size
+    assert all("out of range" in r["fallback_reason"] for r in rows)  # spans are 1-based
+    assert all(r["turn_end"] - r["turn_start"] + 1 <= 6 for r in rows)  # chunks of 3 exchanges
     assert sd.manifest()["fallback_sessions"] == 6
 
 
@@ -123,8 +126,15 @@ def test_dialseg_segmentation_scores(run_cfg):
 
 
 def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
+    def responder(body: dict) -> str | None:
+        if "Current rubric" in body["messages"][-1]["content"]:  # a reflection call: one valid answer
+            return json.dumps({"rubric": ["a new segment starts where the topic changes"], "representative": 0,
+                               "reflection": "the prediction split one topic"})
+        return segmenting_responder(body)
+
+    fake_llm.responder = responder
     cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
-                  "segment.mode=reflection", "segment.reflection.rounds=1", "segment.reflection.batch_size=2",
+                  "segment.mode=reflection", "segment.reflection.rounds=1", "segment.reflection.mini_batches=2",
                   "stages=[ingest,guidance,segment]")
     Runner(cfg, registry(cfg)).run()
     path = cfg.run_dir / "guidance" / "guidance.json"
@@ -174,3 +184,24 @@ def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm
     failed = [r for r in responses if r["error"]]
     assert sum(sd.manifest()["errors"] for sd in respond) == len(failed)
     assert all(len(r["error"]) > 5 for r in failed)
+
+
+def test_segment_manifest_counts_model_normalised_and_fallback_sessions(run_cfg, fake_llm):
+    cfg = run_cfg("corpus.limit=1", "stages=[ingest,guidance,segment]", "segment.answer_format=spans")
+    Runner(cfg, registry(cfg)).run()
+    sd = StageDir(cfg.run_dir, "segment")
+    m = sd.manifest()
+    assert m["sessions"] == m["model_sessions"] > 0 and m["fallback_sessions"] == m["normalised_sessions"] == 0
+    rows = sd.read_table("segments").to_pylist()
+    assert all(r["summary"].startswith("topic ") for r in rows)  # spans answers keep their summaries
+    # A starts answer that must be cleaned up is counted as normalised, never as a fallback.
+    fake_llm.responder = lambda body: '{"starts": [3, 1, 3]}' if "response_format" in body else None
+    starts = run_cfg("corpus.limit=1", "stages=[ingest,guidance,segment]", "segment.answer_format=starts",
+                     "run_name=starts")
+    Runner(starts, registry(starts)).run()
+    m = StageDir(starts.run_dir, "segment").manifest()
+    assert m["normalised_sessions"] == m["sessions"] and m["fallback_sessions"] == 0
+    seg = StageDir(starts.run_dir, "segment").read_table("segments").to_pylist()
+    turns = StageDir(starts.run_dir, "ingest").read_table("turns").num_rows
+    assert sum(r["turn_end"] - r["turn_start"] + 1 for r in seg) == turns
+    assert all(r["normalised"] and r["summary"] is None for r in seg)

@@ -1,7 +1,9 @@
 """Dialogue topic-segmentation sets with gold boundaries: one dialogue = one episode with one session.
 
-DialSeg711 style gives "segments" (segment lengths); TIAGE style gives "shift_labels" / "labels"
-(1 = a topic shift starts at this utterance)."""
+DialSeg711 style gives "utterances" and "segments" (segment lengths); TIAGE style gives
+"shift_labels" / "labels" (1 = a topic shift starts at this utterance); SuperDialseg style gives
+"turns" of {"utterance", "role", "segmentation_label"} (1 = the last utterance of a segment; give
+the list under its `dial_data.<name>` as a JSON array or JSON Lines)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     episode_id = f"{DATASET}-{_source_id(d, rec, chk)}"
     chk.name(episode_id)
 
+    if d.get("utterances") is None and d.get("turns") is not None:
+        return _superdialseg(d, episode_id, chk)
     utterances = chk.req(d, "utterances", list)
     turns = []
     for i, raw in enumerate(utterances):
@@ -29,6 +33,23 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     for i, start in enumerate(_boundaries(d, len(turns), chk)):
         turns[i].topic_start = start
     return Episode(episode_id=episode_id, dataset=DATASET, sessions=[Session(turns, "utterances")])
+
+
+def _superdialseg(d: dict, episode_id: str, chk: Checker) -> Episode:
+    turns = []
+    ends: list[bool] = []
+    for i, raw in enumerate(chk.req(d, "turns", list)):
+        at = join("turns", i)
+        t = chk.obj(raw, at)
+        turns.append(Turn(speaker=chk.req(t, "role", str, at), text=chk.req(t, "utterance", str, at), path=at))
+        label = chk.req(t, "segmentation_label", (int, bool), at)
+        if label not in (0, 1):
+            chk.fail(join(at, "segmentation_label"), f"label must be 0 or 1, got {label}")
+        ends.append(bool(label))
+    # A segment ends at a labelled utterance, so the next utterance starts one.
+    for i, turn in enumerate(turns):
+        turn.topic_start = i == 0 or ends[i - 1]
+    return Episode(episode_id=episode_id, dataset=DATASET, sessions=[Session(turns, "turns")])
 
 
 def _source_id(d: dict, rec: RawRecord, chk: Checker) -> str:

@@ -1,33 +1,60 @@
-"""Long-MT-Bench+: records of user/assistant sessions plus question/answer lists about them."""
+"""Long-MT-Bench+ (SeCom App. A.7): five merged MT-Bench+ sessions per conversation plus long-range
+questions after them.
+
+Two record shapes:
+- as released (`panzs19/Long-MT-Bench-Plus`, test split, exported with `datasets` to JSON Lines or
+  a JSON array): `conversation_id`, `sessions` (a list of sessions, each a list of strings, one
+  string per exchange: "[human]: ...\\n[bot]: ...", sometimes prefixed "<Turn k>: "), `questions`,
+  `answers`, and `turns`;
+- role/content: `id` (optional), `sessions` of {"role": "user"|"assistant", "content"} turns,
+  `questions`, `answers`.
+An exchange string becomes two turns, `user` and `assistant`, that share one source turn id
+("S<session>:<exchange>"), because the dataset counts an exchange as one turn ("# Turns").
+`turns`, when it is a list with one entry per question of exchange numbers (flattened over the
+conversation, counted from 0) or of "S:k" ids, becomes each question's evidence; other shapes
+are left unused.
+"""
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 from pipeline.corpus.reader import RawRecord
 from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join
 
 DATASET = "longmtbench"
 SPEAKERS = ["user", "assistant"]
+ROLES = {"human": "user", "user": "user", "bot": "assistant", "assistant": "assistant", "gpt": "assistant"}
+_TURN_PREFIX = re.compile(r"^\s*<\s*Turn\s*\d+\s*>\s*:?\s*", re.IGNORECASE)
+_TAG = re.compile(r"^\[(\w+)\]:\s?", re.MULTILINE)
 
 
 def parse(rec: RawRecord, chk: Checker) -> Episode:
     d = chk.obj(rec.data, "")
-    source_id = chk.ident(d, "id") if d.get("id") is not None else f"{rec.file.stem}-{rec.index}"
+    key = "conversation_id" if d.get("conversation_id") is not None else "id"
+    source_id = chk.ident(d, key) if d.get(key) is not None else f"{rec.file.stem}-{rec.index}"
     episode_id = f"{DATASET}-{source_id}"
     chk.name(episode_id)
 
-    sessions = []
+    sessions: list[Session] = []
+    exchange_ids: list[str] = []  # flattened over the conversation, for `turns` evidence
     for i, raw in enumerate(chk.req(d, "sessions", list)):
         at = join("sessions", i)
-        turns = []
-        for j, raw_turn in enumerate(chk.check(raw, list, at)):
+        turns: list[Turn] = []
+        for j, item in enumerate(chk.check(raw, list, at)):
             t_at = join(at, j)
-            t = chk.obj(raw_turn, t_at)
-            turns.append(Turn(speaker=chk.req(t, "role", str, t_at), text=chk.req(t, "content", str, t_at), path=t_at))
+            if isinstance(item, str):
+                exchange_id = f"S{i + 1}:{j + 1}"
+                exchange_ids.append(exchange_id)
+                turns += _exchange_turns(item, t_at, exchange_id, chk)
+            else:
+                t = chk.obj(item, t_at)
+                role = chk.req(t, "role", str, t_at)
+                if role not in SPEAKERS:
+                    chk.fail(join(t_at, "role"), f"role {role!r} is not one of {SPEAKERS}")
+                turns.append(Turn(speaker=role, text=chk.req(t, "content", str, t_at), path=t_at))
         sessions.append(Session(turns, at))
-    for s in sessions:
-        for t in s.turns:
-            if t.speaker not in SPEAKERS:
-                chk.fail(join(t.path, "role"), f"role {t.speaker!r} is not one of {SPEAKERS}")
 
     questions = chk.str_list(chk.req(d, "questions", list), "questions")
     answers = chk.req(d, "answers", list)
@@ -35,9 +62,41 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
         chk.check(a, (str, int, float), join("answers", i))
     if len(answers) != len(questions):
         chk.fail("answers", f"{len(answers)} answers for {len(questions)} questions")
-    qa = [
-        # The dataset gives no evidence turns: null, not an empty list.
-        QAItem(f"{episode_id}-q{i}", q, str(a), None, None, join("questions", i))
-        for i, (q, a) in enumerate(zip(questions, answers))
-    ]
+    evidence = _evidence(d.get("turns"), len(questions), exchange_ids)
+    qa = [QAItem(f"{episode_id}-q{i}", q, str(a), evidence[i], None, join("questions", i))
+          for i, (q, a) in enumerate(zip(questions, answers))]
     return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, speakers=SPEAKERS, qa=qa)
+
+
+def _exchange_turns(text: str, at: str, exchange_id: str, chk: Checker) -> list[Turn]:
+    """"[human]: question\\n[bot]: answer" -> a user turn and an assistant turn (answers may span
+    lines; a tag starts a new turn only at the beginning of a line)."""
+    body = _TURN_PREFIX.sub("", text, count=1)
+    tags = list(_TAG.finditer(body))
+    if not tags:
+        chk.fail(at, "an exchange must start with a speaker tag like \"[human]:\"")
+    turns = []
+    for k, m in enumerate(tags):
+        role = ROLES.get(m.group(1).lower())
+        if role is None:
+            chk.fail(at, f"unknown speaker tag [{m.group(1)}] (expected [human] or [bot])")
+        end = tags[k + 1].start() if k + 1 < len(tags) else len(body)
+        turns.append(Turn(speaker=role, text=body[m.end():end].strip(), path=at, source_turn_id=exchange_id))
+    return turns
+
+
+def _evidence(turns: Any, n_questions: int, exchange_ids: list[str]) -> list[list[str] | None]:
+    """Per-question evidence from `turns`, when its shape says so; None (unknown) otherwise."""
+    if not isinstance(turns, list) or len(turns) != n_questions:
+        return [None] * n_questions
+    out: list[list[str] | None] = []
+    for refs in turns:
+        refs = refs if isinstance(refs, list) else [refs]
+        ids = []
+        for r in refs:
+            if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < len(exchange_ids):
+                ids.append(exchange_ids[r])
+            elif isinstance(r, str) and r in exchange_ids:
+                ids.append(r)
+        out.append(ids or None)
+    return out

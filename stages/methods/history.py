@@ -40,8 +40,10 @@ class FullHistory(Method):
     code = (response, unit_module)
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
-        units = [{"session_idx": s, "turn_start": 0, "text": format_unit(turns), "unit_id": unit_id("session", s, 0)}
-                 for s, turns in probe.history.items()]
+        units = [{"session_idx": s, "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
+                  "text": format_unit(turns), "unit_id": unit_id("session", s, turns[0]["turn_idx"]),
+                  "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
+                 for s, turns in probe.history.items() if turns]
         return await generate(llm, probe, recent_within(units, settings.token_budget))
 
 

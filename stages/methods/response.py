@@ -7,6 +7,7 @@ that use them, never segmentation, compression or banks.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,5 +71,37 @@ def build_qa_messages(retrieved_units: list[dict], question: str) -> Messages:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-async def answer_question(llm: ChatLLM, retrieved_units: list[dict], question: str, **params: Any) -> LLMResult:
-    return await llm.chat(build_qa_messages(retrieved_units, question), **params)
+def build_chat_qa_messages(retrieved_units: list[dict], request: str) -> Messages:
+    """A user request after the history, answered as a chat assistant (Long-MT-Bench+: its
+    references are full answers, not short phrases)."""
+    memory = format_memory(retrieved_units) or "(no memories retrieved)"
+    system = ("You are a helpful assistant continuing a long conversation with a user. Relevant parts of "
+              "your earlier conversations are provided; use them where the request refers back to them.")
+    user = (f"Earlier conversation (oldest first):\n{memory}\n\nUser request: {request}\n\n"
+            "Give a concise, coherent and helpful response.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def answer_question(llm: ChatLLM, retrieved_units: list[dict], question: str, *, chat: bool = False,
+                          **params: Any) -> LLMResult:
+    build = build_chat_qa_messages if chat else build_qa_messages
+    return await llm.chat(build(retrieved_units, question), **params)
+
+
+_BRACKET_TAG = r"\[[^\]\n]{1,40}\]:"
+
+
+def one_turn(text: str, speakers: Sequence[str]) -> str:
+    """The reply as one turn: a leading speaker tag ("Name:" or "[name]:") is stripped, and the text
+    is cut where the model starts writing another turn (a line opening with a speaker tag)."""
+    names = "|".join(re.escape(s) for s in sorted({*speakers, "User", "Assistant", "user", "assistant"},
+                                                    key=len, reverse=True) if s)
+    tag = rf"(?:{_BRACKET_TAG}|(?:{names}):)" if names else _BRACKET_TAG
+    out = text.strip()
+    while True:  # "A: B: hello" happens with small models
+        stripped = re.sub(rf"^\s*{tag}\s*", "", out, count=1)
+        if stripped == out:
+            break
+        out = stripped
+    cut = re.search(rf"\n\s*{tag}", out)
+    return (out[: cut.start()] if cut else out).strip()

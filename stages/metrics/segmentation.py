@@ -5,12 +5,17 @@ Canonical representation ("boundaries"): one bool per turn, True = this turn sta
 always starts a segment. Helpers convert from/to segment spans (inclusive (start, end) turn
 indices) and segment lengths.
 
-Pk and WindowDiff are computed over the n-1 *slots between consecutive turns* (slot j holds a
-boundary iff turn j+1 starts a segment). A window of width k covers k consecutive slots, so it
-compares turn i with turn i+k, and there are (n-1)-k+1 = n-k windows, as in Pevzner & Hearst
-(2002). `to_nltk` writes exactly these slots as the "0100.." string nltk expects, so
-`pk(ref, hyp, k) == nltk.metrics.segmentation.pk(to_nltk(ref), to_nltk(hyp), k)` (same for
-WindowDiff).
+Two conventions for the sequence Pk, WindowDiff and F1 run over:
+- "superdialseg" (default; SuperDialseg, Jiang et al. 2023, which SeCom follows): n per-utterance
+  labels, 1 = the last utterance of a segment (the final utterance included), and the window
+  k = max(2, round(n / segments / 2)) with Python's round;
+- "slots": the n-1 *slots between consecutive turns* (slot j holds a boundary iff turn j+1 starts a
+  segment), k = half the mean reference segment length rounded half up, at least 1, as in
+  Pevzner & Hearst (2002).
+In both, a window of width k covers k consecutive items and there are len-k+1 windows, exactly as
+nltk computes them: `pk(ref, hyp, k, c) == nltk.pk(to_nltk(ref, c), to_nltk(hyp, c), k)` (same for
+WindowDiff). F1 is the binary F1 of the boundary items, 0 when there is none on either side (as
+scikit-learn's f1_score with zero_division=0).
 """
 
 from __future__ import annotations
@@ -80,9 +85,28 @@ def gold_boundaries(values: Sequence[bool | None]) -> list[bool]:
     return out
 
 
-def to_nltk(boundaries: Boundaries) -> str:
-    """The n-1 between-turn slots as nltk's segmentation string ('1' = boundary)."""
-    return "".join("1" if b else "0" for b in list(boundaries)[1:])
+Convention = str  # "superdialseg" | "slots"
+CONVENTIONS = ("superdialseg", "slots")
+
+
+def superdialseg_labels(boundaries: Boundaries) -> list[int]:
+    """Per-utterance labels, 1 = the last utterance of a segment (the final one included)."""
+    b = list(boundaries)
+    return [1 if i == len(b) - 1 or b[i + 1] else 0 for i in range(len(b))]
+
+
+def boundary_items(boundaries: Boundaries, convention: Convention = "superdialseg") -> np.ndarray:
+    """The 0/1 sequence the metrics run over in a convention."""
+    if convention == "superdialseg":
+        return np.asarray(superdialseg_labels(boundaries), dtype=np.int64)
+    if convention == "slots":
+        return _slots(boundaries)
+    raise ValueError(f"unknown segmentation convention {convention!r}; use one of {CONVENTIONS}")
+
+
+def to_nltk(boundaries: Boundaries, convention: Convention = "slots") -> str:
+    """The items of a convention as nltk's segmentation string ('1' = boundary)."""
+    return "".join(str(int(x)) for x in boundary_items(boundaries, convention))
 
 
 # ---------------------------------------------------------------- metrics
@@ -111,45 +135,49 @@ def _window_counts(slots: np.ndarray, k: int) -> np.ndarray:
     return cs[k:] - cs[:-k]
 
 
-def _resolve_k(ref: Boundaries, k: int | None, n_slots: int) -> int:
-    k = default_k(ref) if k is None else int(k)
+def superdialseg_k(ref: Boundaries) -> int:
+    """SuperDialseg's window: max(2, round(n / segments / 2)) over n labels."""
+    labels = superdialseg_labels(ref)
+    return max(2, round(len(labels) / sum(labels) / 2))
+
+
+def _resolve_k(ref: Boundaries, k: int | None, n_items: int, convention: Convention) -> int:
+    if k is None:
+        k = superdialseg_k(ref) if convention == "superdialseg" else default_k(ref)
     if k < 1:
         raise ValueError(f"window width k must be >= 1; got {k}")
     # A window wider than the conversation would leave no window at all; clamp to one window.
-    return min(k, n_slots)
+    return min(int(k), n_items)
 
 
-def pk(ref: Boundaries, hyp: Boundaries, k: int | None = None) -> float:
+def pk(ref: Boundaries, hyp: Boundaries, k: int | None = None, convention: Convention = "slots") -> float:
     """Beeferman's Pk: share of windows where ref and hyp disagree on 'is there any boundary'."""
     _check(ref, hyp)
-    r, h = _slots(ref), _slots(hyp)
-    if len(r) == 0:
+    r, h = boundary_items(ref, convention), boundary_items(hyp, convention)
+    if len(ref) < 2:
         return 0.0  # a single turn cannot be segmented wrongly
-    k = _resolve_k(ref, k, len(r))
+    k = _resolve_k(ref, k, len(r), convention)
     return float(np.mean((_window_counts(r, k) > 0) != (_window_counts(h, k) > 0)))
 
 
-def window_diff(ref: Boundaries, hyp: Boundaries, k: int | None = None) -> float:
+def window_diff(ref: Boundaries, hyp: Boundaries, k: int | None = None, convention: Convention = "slots") -> float:
     """Pevzner & Hearst's WindowDiff: share of windows whose boundary counts differ."""
     _check(ref, hyp)
-    r, h = _slots(ref), _slots(hyp)
-    if len(r) == 0:
+    r, h = boundary_items(ref, convention), boundary_items(hyp, convention)
+    if len(ref) < 2:
         return 0.0
-    k = _resolve_k(ref, k, len(r))
+    k = _resolve_k(ref, k, len(r), convention)
     return float(np.mean(_window_counts(r, k) != _window_counts(h, k)))
 
 
-def precision_recall_f1(ref: Boundaries, hyp: Boundaries) -> tuple[float, float, float]:
-    """Exact-match boundary precision, recall and F1 over the between-turn slots.
-
-    When there is nothing to find and nothing was predicted, all three are 1.0; a ratio with an
-    empty denominator otherwise counts as 0.0.
-    """
+def precision_recall_f1(ref: Boundaries, hyp: Boundaries, convention: Convention = "slots"
+                        ) -> tuple[float, float, float]:
+    """Exact-match boundary precision, recall and F1 over the convention's items; a ratio with an
+    empty denominator is 0.0 (scikit-learn's zero_division=0), also when neither side has a
+    boundary."""
     _check(ref, hyp)
-    r, h = _slots(ref).astype(bool), _slots(hyp).astype(bool)
+    r, h = boundary_items(ref, convention).astype(bool), boundary_items(hyp, convention).astype(bool)
     n_ref, n_hyp, tp = int(r.sum()), int(h.sum()), int((r & h).sum())
-    if n_ref == 0 and n_hyp == 0:
-        return 1.0, 1.0, 1.0
     p = tp / n_hyp if n_hyp else 0.0
     rec = tp / n_ref if n_ref else 0.0
     f1 = 2 * p * rec / (p + rec) if p + rec else 0.0
@@ -168,11 +196,13 @@ def segment_score(pk_value: float, wd_value: float, f1_value: float) -> float:
     return (2.0 * f1_value + 2.0 - pk_value - wd_value) / 4.0
 
 
-def evaluate(ref: Boundaries, hyp: Boundaries, k: int | None = None) -> dict[str, float]:
+def evaluate(ref: Boundaries, hyp: Boundaries, k: int | None = None,
+             convention: Convention = "superdialseg") -> dict[str, float]:
     """All segmentation metrics for one session: pk, wd, precision, recall, f1, score, k."""
     _check(ref, hyp)
-    p_k, wd = pk(ref, hyp, k), window_diff(ref, hyp, k)
-    p, r, f1 = precision_recall_f1(ref, hyp)
-    used_k = _resolve_k(ref, k, len(ref) - 1) if len(ref) > 1 else 0
+    p_k, wd = pk(ref, hyp, k, convention), window_diff(ref, hyp, k, convention)
+    p, r, f1 = precision_recall_f1(ref, hyp, convention)
+    n_items = len(boundary_items(ref, convention))
+    used_k = _resolve_k(ref, k, n_items, convention) if len(ref) > 1 else 0
     return {"pk": p_k, "wd": wd, "precision": p, "recall": r, "f1": f1,
             "score": segment_score(p_k, wd, f1), "k": float(used_k)}

@@ -1,19 +1,23 @@
 """SeCom (Pan et al.) Sec. 2.2 and App. A.1: segmentation guidance learned by reflection.
 
-`learn_guidance` segments annotated sessions, picks the hard ones by WindowDiff, and asks the LLM
-in mini-batches to rewrite a rubric and pick a worked example. Pure; the chat model is injected.
+`learn_guidance` segments annotated sessions, picks the hard ones by WindowDiff (the paper: the
+100 worst), splits them into mini-batches (the paper: 10) and asks the LLM, batch by batch, to
+rewrite a rubric (at most 10 items) and pick the batch's most representative example; the final
+prompt holds the rubric and one example per mini-batch with its gold segmentation, the prediction
+and the reflection. Pure; the chat model is injected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from pipeline.llm.types import ChatLLM, LLMError, Messages
-from stages.methods.secom.segmentation import SegmentationGuidance, number_turns, segment_session
+from stages.methods.secom.segmentation import Numbered, SegmentationGuidance, Unit, segment_session
 from stages.metrics.segmentation import boundaries_to_spans, gold_boundaries, spans_to_boundaries, window_diff
 
 class ReflectionOutput(BaseModel):
@@ -36,11 +40,11 @@ def _format_spans(spans: Sequence[Sequence[int]]) -> str:
 def build_reflection_messages(
     rubric: str, batch: Sequence[dict], max_rubric_items: int
 ) -> Messages:
-    """batch items: {"turns", "gold": spans, "pred": spans, "wd"}."""
+    """batch items: {"text": numbered session, "gold": spans, "pred": spans (1-based units), "wd"}."""
     blocks = []
     for j, item in enumerate(batch):
         blocks.append(
-            f"Example {j}:\n{number_turns(item['turns'])}\n"
+            f"Example {j}:\n{item['text']}\n"
             f"Human segmentation: {_format_spans(item['gold'])}\n"
             f"Segmenter's output: {_format_spans(item['pred'])}\n"
             f"WindowDiff error: {item['wd']:.3f}"
@@ -71,38 +75,46 @@ def _rubric_text(items: Sequence[str]) -> str:
     return "\n".join(f"{i}. {r.strip()}" for i, r in enumerate((r for r in items if r.strip()), start=1))
 
 
+def unit_spans(numbered: Numbered, turn_spans: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """Turn spans made of whole units -> 1-based unit spans, as the model numbers them."""
+    first = {s: k for k, (s, _) in enumerate(numbered.units, start=1)}
+    last = {e: k for k, (_, e) in enumerate(numbered.units, start=1)}
+    return [[first[s], last[e]] for s, e in turn_spans]
+
+
 async def learn_guidance(
     llm: ChatLLM,
     annotated: list[list[dict]],
     *,
-    rounds: int = 2,
-    batch_size: int = 4,
-    hard_k: int = 8,
-    initial: SegmentationGuidance | None = None,
+    rounds: int = 1,
+    hard_k: int = 100,
+    mini_batches: int = 10,
     max_rubric_items: int = 10,
-    max_examples: int = 3,
-    max_turns_per_call: int = 60,
+    initial: SegmentationGuidance | None = None,
+    unit: Unit = "exchange",
+    segment_options: dict[str, Any] | None = None,
 ) -> SegmentationGuidance:
     """Learn segmentation guidance by reflection on annotated sessions (SeCom Sec. 2.2, App. A.1).
 
-    Each round: segment every annotated session with the current guidance, score it by WindowDiff
-    against its gold boundaries (`gold_topic_boundary`, null = no boundary), take the hard_k
-    sessions with the highest WD (ties: input order; WD 0 is never "hard"), and reflect on them in
-    mini-batches of batch_size. Each mini-batch call sees the current rubric and, per session, the
-    gold vs predicted segments; it returns the full updated rubric (<= max_rubric_items), which the
-    next mini-batch builds on, like successive SGD steps, plus the most representative session, which
-    becomes a few-shot example (gold segments + prediction + reflection; the latest max_examples are
-    kept, one per session). A failed reflection call (LLMError) leaves the guidance unchanged and is
-    counted in history. Rounds stop early when no session has any error.
+    Each round: segment every annotated session with the current guidance (`segment_options` go to
+    `segment_session`), score it by WindowDiff against its gold boundaries (`gold_topic_boundary`,
+    null = no boundary), take the hard_k sessions with the highest WD (ties: input order; WD 0 is
+    never "hard") and split them into `mini_batches` batches. Each batch's call sees the current
+    rubric and, per session, the gold vs predicted segments; it returns the full updated rubric
+    (<= max_rubric_items), which the next batch builds on, like successive SGD steps, and the most
+    representative session, which becomes that batch's worked example (gold + prediction +
+    reflection); the guidance keeps one example per mini-batch of the last round. A failed
+    reflection call (LLMError) leaves the guidance unchanged and is counted in history. Rounds stop
+    early when no session has any error.
     """
     g = SegmentationGuidance.from_dict(initial.to_dict()) if initial else SegmentationGuidance()
+    options = {**(segment_options or {}), "unit": unit}
     sessions = [s for s in annotated if s]
+    numbered = [Numbered.of(s, unit) for s in sessions]
     golds = [gold_boundaries([t.get("gold_topic_boundary") for t in s]) for s in sessions]
     start_round = len(g.history)
     for r in range(start_round + 1, start_round + rounds + 1):
-        preds = await asyncio.gather(
-            *(segment_session(llm, s, guidance=g, max_turns_per_call=max_turns_per_call) for s in sessions)
-        )
+        preds = await asyncio.gather(*(segment_session(llm, s, guidance=g, **options) for s in sessions))
         wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold))) for gold, p in zip(golds, preds)]
         order = sorted((i for i in range(len(sessions)) if wds[i] > 0), key=lambda i: (-wds[i], i))
         hard = order[:hard_k]
@@ -112,10 +124,16 @@ async def learn_guidance(
         g.history.append(entry)
         if not hard:
             break
-        for b in range(0, len(hard), batch_size):
-            idx = hard[b : b + batch_size]
-            batch = [{"turns": sessions[i], "gold": boundaries_to_spans(golds[i]), "pred": preds[i].segments,
-                      "wd": wds[i]} for i in idx]
+        size = math.ceil(len(hard) / max(1, mini_batches))
+        examples: list[dict] = []
+        for b in range(0, len(hard), size):
+            idx = hard[b : b + size]
+            batch = []
+            for i in idx:
+                gold_units = numbered[i].unit_boundaries(golds[i])
+                batch.append({"text": numbered[i].text(), "wd": wds[i],
+                              "gold": [[s + 1, e + 1] for s, e in boundaries_to_spans(gold_units)],
+                              "pred": unit_spans(numbered[i], preds[i].segments)})
             try:
                 res = await llm.chat(
                     build_reflection_messages(g.rubric, batch, max_rubric_items),
@@ -127,12 +145,8 @@ async def learn_guidance(
                 continue
             out: ReflectionOutput = res.parsed
             g.rubric = _rubric_text(out.rubric)
-            pick = idx[out.representative]
-            example = {"conversation": number_turns(sessions[pick]),
-                       "segments": [list(s) for s in boundaries_to_spans(golds[pick])],
-                       "prediction": [list(s) for s in preds[pick].segments],
-                       "reflection": out.reflection.strip()}
-            # One example per session (same text = same session), newest last.
-            g.examples = [e for e in g.examples if e["conversation"] != example["conversation"]] + [example]
-            g.examples = g.examples[-max_examples:] if max_examples > 0 else []
+            item = batch[out.representative]
+            examples.append({"conversation": item["text"], "segments": item["gold"], "prediction": item["pred"],
+                             "reflection": out.reflection.strip()})
+        g.examples = examples or g.examples
     return g
