@@ -1,4 +1,4 @@
-"""`mempipe` command line: run, status, export, cache."""
+"""`mempipe` command line: run, status, report, export, cache."""
 
 from __future__ import annotations
 
@@ -67,6 +67,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    import stages
+
+    cfg = _config(args)
+    html, md = stages.report_files(cfg)
+    if not html.exists():
+        raise PipelineError(f"no report at {html} yet: run `mempipe run{' -c ' + args.config if args.config else ''}` first")
+    print(f"report: {html}\nmarkdown: {md}")
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(html.as_uri()):
+            print("mempipe: no browser to open it with here; open the file above", file=sys.stderr)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from pipeline.artifacts import StageDir
     from pipeline.export import export_stage
@@ -115,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="per stage: done / stale / partial / missing, rows, errors, LLM usage")
     common(status)
     status.set_defaults(func=cmd_status)
+
+    report = sub.add_parser("report", help="where the run's HTML and Markdown report are; --open opens it")
+    common(report)
+    report.add_argument("--open", action="store_true", help="open the HTML report in a browser")
+    report.set_defaults(func=cmd_report)
 
     export = sub.add_parser("export", help="copy a stage's Parquet tables with a README")
     common(export)

@@ -2,7 +2,7 @@
 
 `registry(cfg)` is what the CLI hands the runner: the fixed stages, then for each method in
 `cfg.methods` its `memory_<method>` (when it has memory) and `respond_<method>` stages, then
-scoring and the report. `load_config` validates a YAML file against every stage's and method's
+scoring, the reference metrics, the judges and the report. `load_config` validates a YAML file against every stage's and method's
 settings model.
 """
 
@@ -18,19 +18,24 @@ from stages.banks import BanksStage
 from stages.compress import CompressStage
 from stages.guidance import GuidanceStage
 from stages.ingest import IngestStage
+from stages.judge_answers import JudgeAnswersStage
+from stages.judge_memory import JudgeMemoryStage
+from stages.judge_pairwise import JudgePairwiseStage
 from stages.memory import MemoryStage
 from stages.methods import METHODS
 from stages.methods.base import Method
 from stages.probes import ProbesStage
-from stages.report import ReportStage
+from stages.report import REPORT_HTML, REPORT_MD, ReportStage
 from stages.respond import RespondStage
+from stages.response_metrics import ResponseMetricsStage
 from stages.score import ScoreStage
 from stages.segment import SegmentStage
 
 # Stage classes in pipeline order around the per-method stages.
 BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, GuidanceStage, SegmentStage, CompressStage, BanksStage,
                                            ProbesStage)
-AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ReportStage)
+AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, JudgePairwiseStage, JudgeAnswersStage,
+                                          JudgeMemoryStage, ReportStage)
 
 
 def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[str, Stage]:
@@ -38,8 +43,16 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     memory = [MemoryStage(m) for m in chosen if m.memory]
     respond = [RespondStage(m) for m in chosen]
     stages: list[Stage] = [cls() for cls in BEFORE_METHODS] + memory + respond
-    stages += [ScoreStage(), ReportStage(tuple(s.name for s in respond))]
+    names = tuple(cfg.methods)
+    stages += [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names), JudgeAnswersStage(names),
+               JudgeMemoryStage(names), ReportStage(names, tuple(m.name for m in chosen if m.memory))]
     return {s.name: s for s in stages}
+
+
+def report_files(cfg: RunConfig) -> tuple[Path, Path]:
+    """The run's HTML and Markdown report."""
+    out = Path(cfg.run_dir) / ReportStage.name
+    return out / REPORT_HTML, out / REPORT_MD
 
 
 def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:

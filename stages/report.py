@@ -1,158 +1,194 @@
-"""report: the score tables per dataset, and a Markdown report with plots comparing settings."""
+"""report: summary tables (Parquet) and `report.md` + `report.html` with plots: every method's
+cost beside its quality, judge win rates with p-values, answer judges, reference metrics per
+dataset and category, memory quality, segmentation and retrieval, and the per-probe rows.
+Every judged number carries its judge model and prompt fingerprint."""
 
 from __future__ import annotations
 
-import pyarrow as pa
-import polars as pl
+from pathlib import Path
 
+import polars as pl
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.artifacts import StageDir
+from pipeline.config import Section
 from pipeline.stage import GlobalStage, StageContext
+from stages import plots, report_render, summaries
+from stages.judging import JUDGE_ROLE
 from stages.metrics import segmentation as smetrics
-from stages.metrics.segmentation import segment_score
+from stages.metrics import significance
+from stages.method_stage import memory_stage_name, respond_stage_name
+from stages.report_render import Section as ReportSection
 from stages.respond import RESPONSES
 
-REPORT_FILE = "report.md"
-
-SEGMENTATION_SUMMARY = pa.schema(
-    [
-        pa.field("dataset", pa.string()),
-        pa.field("sessions", pa.int64()),
-        pa.field("pk", pa.float64()),
-        pa.field("window_diff", pa.float64()),
-        pa.field("f1", pa.float64()),
-        pa.field("segment_score", pa.float64()),  # SeCom Eq. 3 on the mean Pk, WD and F1
-        pa.field("fallback_sessions", pa.int64()),
-    ]
-)
-
-RETRIEVAL_SUMMARY = pa.schema(
-    [
-        pa.field("dataset", pa.string()),
-        pa.field("granularity", pa.string()),
-        pa.field("compressed", pa.bool_()),
-        pa.field("retriever", pa.string()),
-        pa.field("k", pa.int32()),
-        pa.field("questions", pa.int64()),
-        pa.field("recall", pa.float64()),
-        pa.field("dcg", pa.float64()),
-    ]
-)
-
-RESPONSE_SUMMARY = pa.schema(
-    [
-        pa.field("method", pa.string()),
-        pa.field("probes", pa.int64()),
-        pa.field("failed", pa.int64()),
-        pa.field("mean_context_tokens", pa.float64()),
-        pa.field("mean_response_words", pa.float64()),
-    ]
-)
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+_USAGE_KEYS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd")
 
 
-def segmentation_summary(scores: pl.DataFrame) -> pl.DataFrame:
-    if scores.is_empty():
-        return pl.DataFrame(schema=pl.from_arrow(SEGMENTATION_SUMMARY.empty_table()).schema)
-    out = scores.group_by("dataset").agg(
-        pl.len().alias("sessions"), pl.col("pk").mean(), pl.col("window_diff").mean(), pl.col("f1").mean(),
-        pl.col("fallback").sum().alias("fallback_sessions"),
-    )
-    out = out.with_columns(
-        pl.struct(["pk", "window_diff", "f1"]).map_elements(
-            lambda r: segment_score(r["pk"], r["window_diff"], r["f1"]), return_dtype=pl.Float64
-        ).alias("segment_score")
-    )
-    return out.sort("dataset")
+class ReportSettings(Section):
+    max_probe_rows: int = Field(default=300, ge=0)  # per-probe rows shown (all are in the Parquet tables)
+    text_chars: int = Field(default=240, ge=20)  # request / response text shown per cell
 
 
-def retrieval_summary(scores: pl.DataFrame) -> pl.DataFrame:
-    if scores.is_empty():
-        return pl.DataFrame(schema=pl.from_arrow(RETRIEVAL_SUMMARY.empty_table()).schema)
-    keys = ["dataset", "granularity", "compressed", "retriever", "k"]
-    return scores.group_by(keys).agg(
-        pl.col("qa_id").n_unique().alias("questions"), pl.col("recall").fill_nan(None).mean(),
-        pl.col("dcg").fill_nan(None).mean(),
-    ).sort(keys)
+def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
+    return pl.from_arrow(inputs[key]) if key in inputs else pl.DataFrame()  # type: ignore[return-value]
 
 
-def response_summary(responses: pl.DataFrame) -> pl.DataFrame:
+def stage_usage(run_dir: Path, stages: list[str]) -> dict[str, float]:
+    """LLM usage summed over the roles of the given stages' manifests."""
+    total: dict[str, float] = {k: 0 for k in _USAGE_KEYS}
+    for s in stages:
+        manifest = StageDir(run_dir, s).manifest() or {}
+        for usage in (manifest.get("llm_usage") or {}).values():
+            for k in _USAGE_KEYS:
+                total[k] += usage.get(k, 0) or 0
+    return total
+
+
+def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame, metrics: pl.DataFrame,
+               limit: int, chars: int) -> pl.DataFrame:
+    """One row per (probe, method): what was asked, the gold, the response and its scores."""
     if responses.is_empty():
-        return pl.DataFrame(schema=pl.from_arrow(RESPONSE_SUMMARY.empty_table()).schema)
-    return responses.group_by("method").agg(
-        pl.len().alias("probes"), pl.col("error").is_not_null().sum().alias("failed"),
-        pl.col("context_tokens").cast(pl.Float64).mean().alias("mean_context_tokens"),
-        pl.col("response").str.split(" ").list.len().cast(pl.Float64).mean().alias("mean_response_words"),
-    ).sort("method")
+        return pl.DataFrame()
+    keys = ["episode_id", "probe_id", "method"]
+    out = responses.select([*keys, "response", "context_tokens", "error"]).join(
+        probes.select(["episode_id", "probe_id", "kind", "request", "gold"]), on=["episode_id", "probe_id"], how="left")
+    if not answers.is_empty():
+        wide = answers.pivot(on="judge", index=keys, values="score", aggregate_function="first")
+        out = out.join(wide, on=keys, how="left")
+    if not metrics.is_empty():
+        out = out.join(metrics.select([*keys, "token_f1", "rougeL"]), on=keys, how="left")
+    cut = [pl.col(c).str.slice(0, chars) for c in ("request", "gold", "response") if c in out.columns]
+    ordered = ["episode_id", "probe_id", "kind", "request", "gold", "method", "response"]
+    out = out.with_columns(cut).sort(["episode_id", "probe_id", "method"])
+    return out.select(ordered + [c for c in out.columns if c not in ordered]).head(limit)
 
 
-def _markdown(df: pl.DataFrame) -> str:
-    if df.is_empty():
-        return "_no rows_\n"
-    cols = df.columns
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.iter_rows():
-        cells = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _plot_retrieval(df: pl.DataFrame, path: str) -> bool:
-    if df.is_empty():
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for (gran, comp, retr), part in df.sort("k").group_by(["granularity", "compressed", "retriever"], maintain_order=True):
-        label = f"{gran} / {retr}{' + compression' if comp else ''}"
-        ax.plot(part["k"].to_list(), part["recall"].to_list(), marker="o", label=label)
-    ax.set_xlabel("k (retrieved units)")
-    ax.set_ylabel("evidence recall")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def _cast(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:
-    return df.select(schema.names).to_arrow().cast(schema)
+def _pairwise_intro(pairwise: pl.DataFrame) -> str:
+    if pairwise.is_empty():
+        return "No head-to-head judgments in this run."
+    protocol = pairwise["protocol"][0]
+    how = ("each pair judged in both orders (reference shown first, then second); a preference that flips "
+           "with the order counts as a tie" if protocol == "both_orders"
+           else "CREEM's protocol: one order, N samples per item, majority vote")
+    return (f"Win / tie / loss of the reference method against each other method ({how}); p is a two-sided "
+            "sign test of wins against losses. Rows with an empty session are the whole dataset.")
 
 
 class ReportStage(GlobalStage):
-    """Reads the scores and every `respond_<method>` stage of the run."""
+    """Reads the scores, the judges, and every per-method stage of the run."""
 
-    name = "report"
-    code = (smetrics,)
+    name = section = "report"
+    settings = ReportSettings
+    roles = ()
+    code = (smetrics, summaries, plots, report_render, significance)
     outputs = {
-        "segmentation_summary": SEGMENTATION_SUMMARY,
-        "retrieval_summary": RETRIEVAL_SUMMARY,
-        "response_summary": RESPONSE_SUMMARY,
+        "segmentation_summary": summaries.SEGMENTATION_SUMMARY,
+        "retrieval_summary": summaries.RETRIEVAL_SUMMARY,
+        "method_summary": summaries.METHOD_SUMMARY,
+        "pairwise_summary": summaries.PAIRWISE_SUMMARY,
+        "answer_summary": summaries.ANSWER_SUMMARY,
+        "memory_summary": summaries.MEMORY_SUMMARY,
+        "metric_summary": summaries.METRIC_SUMMARY,
     }
 
-    def __init__(self, respond_stages: tuple[str, ...] = ()) -> None:
-        self.respond_stages = respond_stages
-        self.inputs = ("score", *respond_stages)
+    def __init__(self, methods: tuple[str, ...] = (), memory_methods: tuple[str, ...] = ()) -> None:
+        self.methods = methods
+        self.memory_methods = memory_methods
+        self.inputs = ("probes", "score", "response_metrics", "judge_pairwise", "judge_answers", "judge_memory",
+                       *(respond_stage_name(m) for m in methods), *(memory_stage_name(m) for m in memory_methods))
+
+    def usage(self, ctx: StageContext) -> dict[str, dict[str, float]]:
+        run_dir = next(iter(ctx.upstream_dirs.values())).parent
+        return {m: stage_usage(run_dir, [respond_stage_name(m)] + ([memory_stage_name(m)] if m in self.memory_methods
+                                                                   else [])) for m in self.methods}
 
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        seg = segmentation_summary(pl.from_arrow(inputs["score.segmentation_scores"]))
-        ret = retrieval_summary(pl.from_arrow(inputs["score.retrieval_scores"]))
-        responses = pa.concat_tables([inputs[f"{s}.responses"] for s in self.respond_stages] or [RESPONSES.empty_table()])
-        resp = response_summary(pl.from_arrow(responses))
-        ctx.out_dir.mkdir(parents=True, exist_ok=True)
-        plotted = _plot_retrieval(ret, str(ctx.out_dir / "retrieval_recall.png"))
-        text = [
-            f"# Run `{ctx.cfg.run_name}`", "",
-            f"Generator `{ctx.cfg.llm.model}` ({ctx.cfg.llm.provider}); corpus `{ctx.cfg.corpus.format}`.", "",
-            "## Responses per method", "", _markdown(resp),
-            "## Segmentation (per dataset)", "", _markdown(seg),
-            "## Retrieval against gold evidence", "", _markdown(ret),
-        ]
-        if plotted:
-            text += ["![evidence recall by k](retrieval_recall.png)", ""]
-        (ctx.out_dir / REPORT_FILE).write_text("\n".join(text))
-        return {
-            "segmentation_summary": _cast(seg, SEGMENTATION_SUMMARY),
-            "retrieval_summary": _cast(ret, RETRIEVAL_SUMMARY),
-            "response_summary": _cast(resp, RESPONSE_SUMMARY),
+        settings: ReportSettings = ctx.section
+        responses = pl.from_arrow(pa.concat_tables(
+            [inputs[f"{respond_stage_name(m)}.responses"] for m in self.methods] or [RESPONSES.empty_table()]))
+        answers_raw = _frame(inputs, "judge_answers.answer_judgments")
+        metrics_raw = _frame(inputs, "response_metrics.response_metrics")
+        memory_raw = _frame(inputs, "judge_memory.memory_judgments")
+        tables = {
+            "segmentation_summary": summaries.segmentation_summary(_frame(inputs, "score.segmentation_scores")),
+            "retrieval_summary": summaries.retrieval_summary(_frame(inputs, "score.retrieval_scores")),
+            "pairwise_summary": summaries.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
+            "answer_summary": summaries.answer_summary(answers_raw),
+            "memory_summary": summaries.memory_summary(memory_raw),
+            "metric_summary": summaries.metric_summary(metrics_raw),
+            "method_summary": summaries.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
+                                                       memory_raw),
         }
+        self.write_report(ctx, settings, tables, probe_rows(
+            _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
+            settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"))
+        return {name: summaries.to_arrow(df, self.outputs[name]) for name, df in tables.items()}
+
+    def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
+                     probes: pl.DataFrame, implementations: pl.DataFrame) -> None:
+        out = ctx.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = ctx.cfg
+        methods = t["method_summary"]
+        quality = next((q for q in ("gpt4score", "token_f1") if q in methods.columns
+                        and methods[q].drop_nulls().len()), "token_f1")
+        answers = t["answer_summary"]
+        teafarm = answers.filter((pl.col("judge") == "teafarm") & pl.col("category").is_null()) \
+            if not answers.is_empty() else answers
+        judges_differ = self.strict_vs_lenient(answers)
+        figures = {
+            "win_rates.png": plots.win_rates(t["pairwise_summary"], out / "win_rates.png"),
+            "cost_quality.png": plots.cost_quality(methods, quality, out / "cost_quality.png"),
+            "teafarm.png": plots.bars_by_method({r["method"]: r["score"] for r in teafarm.iter_rows(named=True)},
+                                                out / "teafarm.png", "TeaFarm correctness", 1.0),
+            "memory_quality.png": plots.memory_quality(t["memory_summary"], out / "memory_quality.png"),
+            "segmentation.png": plots.segmentation(t["segmentation_summary"], out / "segmentation.png"),
+            "retrieval_recall.png": plots.retrieval_recall(t["retrieval_summary"], out / "retrieval_recall.png"),
+        }
+
+        def fig(name: str, alt: str) -> list[tuple[str, str]]:
+            return [(name, alt)] if figures[name] else []
+
+        sections = [
+            ReportSection("Methods: cost beside quality",
+                          "LLM calls and tokens of each method's memory and respond stages (cached calls "
+                          "included), memory tokens in the context, response length, and its scores.",
+                          [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
+            ReportSection("Head-to-head (G-Eval)", _pairwise_intro(t["pairwise_summary"]),
+                          [("", t["pairwise_summary"])], fig("win_rates.png", "win rates")),
+            ReportSection("Answers judged against the reference",
+                          "gpt4score: 0-100; strict / lenient: share judged correct; teafarm: TeaFarm "
+                          "correctness. " + judges_differ, [("", answers)], fig("teafarm.png", "TeaFarm correctness")),
+            ReportSection("Reference metrics", "Means per dataset, probe kind and category (empty = all).",
+                          [("", t["metric_summary"]), ("Implementations", implementations)]),
+            ReportSection("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
+                          fig("memory_quality.png", "memory quality")),
+            ReportSection("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
+            ReportSection("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],
+                          fig("retrieval_recall.png", "evidence recall by k")),
+        ]
+        roles = {r: cfg.role(r).model for r in sorted(set(cfg.roles) | {JUDGE_ROLE, "generator"})}
+        header = [f"Methods: {', '.join(self.methods)}; corpus `{cfg.corpus.format}` ({cfg.corpus.path}).",
+                  "Models by role: " + ", ".join(f"{r} = {m}" for r, m in roles.items()) + "."]
+        title = f"Run {cfg.run_name}"
+        (out / REPORT_MD).write_text(report_render.render_markdown(title, header, sections, probes))
+        (out / REPORT_HTML).write_text(report_render.render_html(title, header, sections, probes))
+
+    @staticmethod
+    def strict_vs_lenient(answers: pl.DataFrame) -> str:
+        """A line naming where the strict and lenient correctness judges disagree."""
+        if answers.is_empty():
+            return ""
+        overall = answers.filter(pl.col("category").is_null() & pl.col("judge").is_in(["strict", "lenient"]))
+        wide = overall.pivot(on="judge", index=["dataset", "method"], values="score", aggregate_function="first")
+        if not {"strict", "lenient"} <= set(wide.columns):
+            return ""
+        differ = wide.filter((pl.col("strict") - pl.col("lenient")).abs() > 1e-9)
+        if differ.is_empty():
+            return "Strict and lenient correctness agree everywhere."
+        cells = [f"{r['method']} on {r['dataset']}: strict {r['strict']:.2f} vs lenient {r['lenient']:.2f}"
+                 for r in differ.iter_rows(named=True)]
+        return "Strict and lenient correctness differ: " + "; ".join(cells) + "."

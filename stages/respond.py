@@ -9,10 +9,11 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.llm.types import LLMError
+from pipeline.retrieval import count_tokens
 from pipeline.stage import Rows, StageContext
 from stages.common import failure_reason, sessions_of
 from stages.method_stage import MethodStage, memory_stage_name, respond_stage_name
-from stages.methods.base import Method, ProbeInput, visible_memory
+from stages.methods.base import EpisodeInput, Method, ProbeInput, visible_memory
 
 RESPONSES = pa.schema(
     [
@@ -22,10 +23,21 @@ RESPONSES = pa.schema(
         pa.field("response", pa.string()),
         pa.field("rationale", pa.string()),
         pa.field("memory_ids", pa.list_(pa.string())),  # memory / unit ids that entered the context
-        pa.field("context_tokens", pa.int32()),
+        pa.field("context_tokens", pa.int32()),  # tokens (cl100k) of memory in the context: "# Tokens"
+        pa.field("context_turns", pa.int32()),  # dataset turns of memory in the context: "# Turns"
         pa.field("details_json", pa.string()),  # method-specific record, e.g. timelines
         pa.field("model", pa.string()),
         pa.field("error", pa.string()),
+    ]
+)
+
+# The method's memory of the whole episode as text: what the memory-quality judge rates.
+MEMORY_VIEW = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("memory", pa.string(), nullable=False),
+        pa.field("memory_tokens", pa.int32()),
     ]
 )
 
@@ -41,7 +53,7 @@ def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[i
 
 
 class RespondStage(MethodStage):
-    outputs = {"responses": RESPONSES}
+    outputs = {"responses": RESPONSES, "memory_view": MEMORY_VIEW}
 
     def __init__(self, method: Method) -> None:
         self.memory_stage = memory_stage_name(method.name) if method.memory else None
@@ -66,8 +78,19 @@ class RespondStage(MethodStage):
             except LLMError as e:  # one failed probe is a row with a reason, never a dead stage
                 return {**row, "model": ctx.llm.cfg.model, "error": failure_reason(e)}
             return {**row, "response": ans.text, "rationale": ans.rationale, "memory_ids": ans.used_ids,
-                    "context_tokens": ans.context_tokens,
+                    "context_tokens": ans.context_tokens, "context_turns": ans.context_turns,
                     "details_json": json.dumps(ans.details) if ans.details is not None else None,
                     "model": ans.model or ctx.llm.cfg.model, "error": None}
 
-        return {"responses": list(await asyncio.gather(*(one(p) for p in inputs["probes.probes"])))}
+        responses = list(await asyncio.gather(*(one(p) for p in inputs["probes.probes"])))
+        return {"responses": responses, "memory_view": self.memory_view(episode, sessions, upstream, memory)}
+
+    def memory_view(self, episode: dict[str, Any], sessions: dict[int, Rows], upstream: dict[str, Rows],
+                    memory: dict[str, Rows]) -> Rows:
+        after_last = max(sessions, default=0) + 1
+        final = {t: visible_memory(rows, after_last, None, self.method.memory_kind) for t, rows in memory.items()}
+        text = self.method.memory_view(EpisodeInput(episode=episode, sessions=sessions, upstream=upstream), final)
+        if not text:
+            return []
+        return [{"episode_id": episode["episode_id"], "method": self.method.name, "memory": text,
+                 "memory_tokens": count_tokens(text)}]

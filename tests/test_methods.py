@@ -32,9 +32,13 @@ def test_each_method_gets_its_own_memory_and_respond_stages(run_cfg):
     cfg = run_cfg("methods=[secom,turn_log,full_history]", methods=ALL_METHODS)
     names = list(registry(cfg, ALL_METHODS))
     assert names == ["ingest", "guidance", "segment", "compress", "banks", "probes", "memory_turn_log",
-                     "respond_secom", "respond_turn_log", "respond_full_history", "score", "report"]
+                     "respond_secom", "respond_turn_log", "respond_full_history", "score", "response_metrics",
+                     "judge_pairwise", "judge_answers", "judge_memory", "report"]
+    responded = ("respond_secom", "respond_turn_log", "respond_full_history")
     assert registry(cfg, ALL_METHODS)["report"].inputs == (
-        "score", "respond_secom", "respond_turn_log", "respond_full_history")
+        "probes", "score", "response_metrics", "judge_pairwise", "judge_answers", "judge_memory", *responded,
+        "memory_turn_log")
+    assert registry(cfg, ALL_METHODS)["judge_pairwise"].inputs == ("ingest", "probes", *responded)
 
 
 def test_a_probe_sees_exactly_the_memory_built_before_its_turn(run_cfg, fake_llm):
@@ -70,28 +74,37 @@ def test_visible_memory_keys():
     assert visible_memory(rows, 1, 5, "log") == []
 
 
+# The stages that read every method's responses.
+SCORED_FROM_RESPONSES = {"response_metrics", "judge_pairwise", "judge_answers", "judge_memory", "report"}
+
+
+def generated(fake_llm) -> list:
+    """Requests for free text (responses), not structured (segmentation, judges)."""
+    return [r for r in fake_llm.requests if "response_format" not in r["body"]]
+
+
 def test_one_methods_setting_reruns_only_its_respond_stage_and_the_report(run_cfg, fake_llm):
     first = run_cfg("corpus.limit=1", "compress.method=none", "methods=[secom,turn]")
     run(first)
     fake_llm.reset()
     changed = run_cfg("corpus.limit=1", "compress.method=none", "methods=[secom,turn]", "method.turn.top_k=5")
     out = run(changed)
-    assert {k for k, v in out.items() if v == "ran"} == {"respond_turn", "report"}
+    assert {k for k, v in out.items() if v == "ran"} == {"respond_turn", *SCORED_FROM_RESPONSES}
     assert out["respond_secom"] == "skipped" and out["segment"] == "skipped"
     n_probes = StageDir(changed.run_dir, "probes").manifest()["rows"]
-    assert 0 < fake_llm.count() <= n_probes  # respond_turn's calls, none from respond_secom
-    assert all("response_format" not in r["body"] for r in fake_llm.requests)
-    # Adding a method runs only its stage (and the report that reads it).
+    # respond_turn's calls, none from respond_secom; the judges' calls are structured
+    assert 0 < len(generated(fake_llm)) <= n_probes
+    # Adding a method runs only its stage (and what scores and reports the responses).
     fake_llm.reset()
     added = run_cfg("corpus.limit=1", "compress.method=none", "methods=[secom,turn,zero_history]", "method.turn.top_k=5")
     out = run(added)
-    assert {k for k, v in out.items() if v == "ran"} == {"respond_zero_history", "report"}
-    assert fake_llm.count() <= n_probes
+    assert {k for k, v in out.items() if v == "ran"} == {"respond_zero_history", *SCORED_FROM_RESPONSES}
+    assert len(generated(fake_llm)) <= n_probes
 
 
 def test_method_settings_are_validated_by_the_method():
     cfg = load_config(None, ["methods=[turn]", "method.turn.top_k=5", "method.secom.retriever=dense"])
-    assert cfg.method.turn.top_k == 5 and cfg.method.secom.retriever == "dense" and cfg.method.session.top_k == 3
+    assert cfg.method.turn.top_k == 5 and cfg.method.secom.retriever == "dense" and cfg.method.session.top_k == 1
     with pytest.raises(ConfigError, match=r"method\.turn\.top_kk: unknown key"):
         load_config(None, ["method.turn.top_kk=5"])
     with pytest.raises(ConfigError, match=r"method\.nosuch: unknown key"):
@@ -161,7 +174,7 @@ def test_a_forced_rerun_of_all_invalid_rows_sends_nothing_and_retry_failed_asks_
     out = run(cfg, retry_failed="segment")
     assert out == {"segment": "ran"}
     new = fake_llm.requests[sent:]
-    assert len(new) >= sd.manifest()["sessions"] and {r["body"]["seed"] for r in new} == {1}
+    assert len(new) >= sd.manifest()["sessions"] and {r["body"]["seed"] for r in new} == {cfg.segment.seed + 1}
     assert sd.manifest()["retry_round"] == 1
     retried = sd.read_table("segments")
     # A later forced rerun keeps the retry round, so it replays the same answers for free.

@@ -7,7 +7,9 @@ A method is one module (or small package) under `stages/methods/` with:
   `SNAPSHOT_FIELDS`); empty for methods without memory (full history, SeCom's banks);
 - `build(ctx, episode)`: walks the episode session by session (turn by turn where memory evolves
   inside a session) and returns memory rows keyed by the point they were built up to;
-- `answer(llm, probe, memory, settings)`: the response plus what it used.
+- `answer(llm, probe, memory, settings)`: the response plus what it used;
+- `memory_view(episode, memory)`: its memory of the whole episode as text, which the memory-quality
+  judge rates (None for methods that keep none).
 
 The framework turns each selected method into the stages `memory_<name>` (when it has memory) and
 `respond_<name>`, each with its own fingerprint, and shows every probe exactly the memory built
@@ -77,7 +79,8 @@ class ProbeInput:
 class Answer:
     text: str
     used_ids: list[str] = field(default_factory=list)  # memory / unit ids that entered the context
-    context_tokens: int = 0
+    context_tokens: int = 0  # tokens of memory that entered the context
+    context_turns: int = 0  # dataset turns of memory that entered the context
     rationale: str | None = None
     details: dict[str, Any] | None = None  # method-specific record (JSON), e.g. timelines
     model: str = ""
@@ -101,6 +104,11 @@ class Method:
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Rows], settings: Any) -> Answer:
         raise NotImplementedError
+
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows]) -> str | None:
+        """The method's memory of the whole episode as text (for the memory-quality judge), given its
+        memory rows visible after the last session; None for a method that keeps no memory."""
+        return None
 
 
 def _point(session: int, turn: int | None) -> tuple[int, float]:

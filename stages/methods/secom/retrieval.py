@@ -1,48 +1,76 @@
 """SeCom's retrieval-augmented response (Sec. 2.1) and its turn- and session-level baselines.
 
 The three methods share the machinery and differ in the memory unit they retrieve: `secom`
-retrieves topical segments, `turn` interactions, `session` whole sessions, all from the memory
-banks (`banks` stage), only from sessions before the probe's.
+retrieves topical segments, `turn` exchanges, `session` whole sessions, all from the memory
+banks (`banks` stage), only from sessions before the probe's. Default top-k per granularity as
+the official code: segment 1, turn 3, session 1; `token_budget` with `top_k: null` fills a
+context matched in tokens instead (the paper's LoCoMo tables give every method about 3.5K).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens
 from stages import units as unit_module
 from stages.methods import response
-from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
+from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
 from stages.units import in_time_order, unit_retriever
 
 BANK = "banks.memory_units"
 
 
 class RetrievalSettings(MethodSettings):
-    top_k: int = Field(default=3, ge=1)
+    top_k: int | None = Field(default=1, ge=1)  # units retrieved; null: as many as fit token_budget
     retriever: Literal["bm25", "dense", "hybrid"] = "bm25"
     hybrid_weight: float = Field(default=0.5, ge=0, le=1)
-    token_budget: int | None = Field(default=None, ge=1)  # tokens of retrieved memory per response
+    # Tokens (cl100k) of retrieved memory per response: caps top_k, or with top_k null fills up to it.
+    token_budget: int | None = Field(default=None, ge=1)
     use_compression: bool = True  # compressed text as retrieval key (SeCom denoising)
+    similarity: Literal["cosine", "dot"] = "cosine"  # dense scoring; dot for multi-qa-mpnet-base-dot-v1
+
+    @model_validator(mode="after")
+    def _sized(self) -> RetrievalSettings:
+        if self.top_k is None and self.token_budget is None:
+            raise ValueError("top_k and token_budget cannot both be null")
+        return self
 
 
-def context_tokens(units: list[dict], current: list[dict]) -> int:
-    """Tokens of what enters the context: memory units plus the current session."""
-    return sum(count_tokens(u["text"]) for u in units) + sum(count_tokens(t["text"]) for t in current)
+class TurnSettings(RetrievalSettings):
+    top_k: int | None = Field(default=3, ge=1)
+
+
+def context_tokens(units: list[dict]) -> int:
+    """Tokens (cl100k) of the memory that entered the context: the paper's "# Tokens"."""
+    return sum(count_tokens(u["text"]) for u in units)
+
+
+def context_turns(units: list[dict]) -> int:
+    """Dataset turns of the memory that entered the context: the paper's "# Turns" (distinct source
+    turn ids where units carry them, else utterances)."""
+    ids = {t for u in units for t in (u.get("source_turn_ids") or [])}
+    return len(ids) if ids else sum(int(u["turn_end"]) - int(u["turn_start"]) + 1 for u in units)
+
+
+# Datasets whose questions are user requests with full reference answers, not short-fact QA.
+CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
 
 async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict]) -> Answer:
-    """The shared response frame over memory units in time order (QA or next response)."""
+    """The shared response frame over memory units in time order (QA or next response), cut to
+    one turn; records the turns and tokens of memory that entered the context."""
     ordered = in_time_order(units)
     if probe.probe["kind"] == "qa":
-        result = await response.answer_question(llm, ordered, probe.request)
+        chat = probe.episode.get("dataset") in CHAT_QA_DATASETS
+        result = await response.answer_question(llm, ordered, probe.request, chat=chat)
     else:
         result = await response.respond(llm, ordered, probe.current, probe.request, probe.probe["respondent"])
-    return Answer(text=result.text.strip(), used_ids=[u["unit_id"] for u in ordered],
-                  context_tokens=context_tokens(ordered, probe.current), model=result.model)
+    return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []),
+                  used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
+                  context_turns=context_turns(ordered), model=result.model)
 
 
 class RetrievalMethod(Method):
@@ -59,7 +87,7 @@ class RetrievalMethod(Method):
                 if u["granularity"] == self.granularity and u["session_idx"] < probe.probe["session_idx"]]
         dense = settings.retriever != "bm25" and probe.embed is not None and pool
         qvec = probe.embed([probe.request])[0] if dense else None  # type: ignore[misc]
-        hits = unit_retriever(pool, use_compression=settings.use_compression).search(
+        hits = unit_retriever(pool, use_compression=settings.use_compression, similarity=settings.similarity).search(
             probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
             budget=settings.token_budget, hybrid_weight=settings.hybrid_weight,
         )
@@ -68,6 +96,10 @@ class RetrievalMethod(Method):
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         return await generate(llm, probe, self.rank(probe, settings))
+
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any]) -> str | None:
+        units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]
+        return response.format_memory(units) or None
 
 
 class SeCom(RetrievalMethod):
@@ -78,6 +110,7 @@ class SeCom(RetrievalMethod):
 class TurnLevel(RetrievalMethod):
     name = "turn"
     granularity = "turn"
+    Settings = TurnSettings
 
 
 class SessionLevel(RetrievalMethod):

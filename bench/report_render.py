@@ -1,0 +1,106 @@
+"""Render a run's report.html in headless Chromium and check it shows every method that ran.
+
+Reads `method_summary` of the run for the methods, loads the page with Chromium (Debian package
+`chromium`: `apt-get install chromium`), checks the rendered DOM names each method in the
+methods table and in the per-probe rows, that every image loaded, and writes a screenshot and a
+table to bench/results/.
+
+    python bench/report_render.py                      # the default job's run: artifacts/default
+    python bench/report_render.py artifacts/<run>
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--allow-file-access-from-files", "--virtual-time-budget=5000"]
+# Reports loaded images: naturalWidth is 0 for an image that failed to load.
+CHECK_IMAGES = ("<script>addEventListener('load',()=>{document.body.setAttribute('data-broken',"
+                "[...document.images].filter(i=>!i.naturalWidth).map(i=>i.src).join(' '))})</script>")
+
+
+class Cells(HTMLParser):
+    """Text of every table cell, per table class, and the body's data-broken attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: dict[str, list[str]] = {}
+        self.broken: str | None = None
+        self._cls = ""
+        self._in_cell = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if tag == "body" and "data-broken" in a:
+            self.broken = a["data-broken"] or ""
+        if tag == "table":
+            self._cls = a.get("class") or ""
+            self.cells.setdefault(self._cls, [])
+        self._in_cell = tag == "td"
+
+    def handle_data(self, data: str) -> None:
+        if self._in_cell:
+            self.cells[self._cls].append(data.strip())
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._in_cell = False
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not found:
+        sys.exit("bench/report_render.py needs Chromium: apt-get install chromium")
+    return found
+
+
+def main(run_dir: Path) -> int:
+    report = run_dir / "report" / "report.html"
+    if not report.exists():
+        sys.exit(f"no report at {report}: run `mempipe run` first")
+    methods = pq.read_table(run_dir / "report" / "method_summary").column("method").to_pylist()
+    browser = chromium()
+    with tempfile.TemporaryDirectory() as tmp:
+        page = report.with_name("_render_check.html")
+        page.write_text(report.read_text().replace("</body>", CHECK_IMAGES + "</body>"))
+        try:
+            dom = subprocess.run([browser, *FLAGS, f"--user-data-dir={tmp}/a", "--dump-dom", page.as_uri()],
+                                 capture_output=True, text=True, timeout=120, check=True).stdout
+            shot = RESULTS / "report_render.png"
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            subprocess.run([browser, *FLAGS, f"--user-data-dir={tmp}/b", "--window-size=1280,2400",
+                            f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=True)
+        finally:
+            page.unlink(missing_ok=True)
+    parsed = Cells()
+    parsed.feed(dom)
+    in_methods_table = {m: m in parsed.cells.get("", []) for m in methods}
+    in_probe_rows = {m: m in parsed.cells.get("probes", []) for m in methods}
+    rows = [[m, "yes" if in_methods_table[m] else "NO", "yes" if in_probe_rows[m] else "NO"] for m in methods]
+    broken = (parsed.broken or "").split()
+    lines = [f"# Report render check ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
+             f"Run `{run_dir}`, Chromium `{browser}`; screenshot `bench/results/report_render.png`.", "",
+             "| method | in a summary table | in the per-probe rows |", "|---|---|---|",
+             *[f"| {' | '.join(r)} |" for r in rows], "",
+             f"Images that failed to load: {len(broken)}{' (' + ', '.join(broken) + ')' if broken else ''}.", ""]
+    text = "\n".join(lines)
+    print(text)
+    (RESULTS / "report_render.md").write_text(text)
+    ok = all(in_methods_table.values()) and all(in_probe_rows.values()) and parsed.broken is not None and not broken
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "artifacts" / "default"))

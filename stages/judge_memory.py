@@ -1,0 +1,101 @@
+"""judge_memory: each method's memory of an episode rated 1-5 on CREEM's seven criteria (App.
+B.2), about each speaker, N samples per rating (paper: 20) averaged in the report. Methods that
+keep no memory of their own (full / zero history) have nothing to rate."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.hashing import sha256
+from pipeline.llm.types import LLMError
+from pipeline.retrieval import count_tokens
+from pipeline.stage import Rows, StageContext
+from stages.common import failure_reason
+from stages.judges import memory_quality
+from stages.judging import JudgeSettings, JudgeStage
+from stages.method_stage import respond_stage_name
+
+MemoryCriterion = Literal["integration", "consistency", "sophistication", "conciseness", "relevance",
+                          "concreteness", "diversity"]
+
+MEMORY_JUDGMENTS = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("speaker", pa.string(), nullable=False),
+        pa.field("criterion", pa.string(), nullable=False),
+        pa.field("group", pa.string(), nullable=False),  # evolutionary | fundamental
+        pa.field("sample", pa.int32(), nullable=False),
+        pa.field("score", pa.int32()),  # 1-5; null when the rating failed
+        pa.field("judge_model", pa.string()),
+        pa.field("prompt_fingerprint", pa.string(), nullable=False),
+        pa.field("error", pa.string()),
+    ]
+)
+
+
+class JudgeMemorySettings(JudgeSettings):
+    criteria: list[MemoryCriterion] = list(memory_quality.CRITERIA)  # type: ignore[assignment]
+    samples: int = Field(default=20, ge=1)  # ratings per (memory, speaker, criterion), averaged
+    temperature: float | None = Field(default=1.0, ge=0)  # samples differ only above 0
+    max_tokens: int = Field(default=24, ge=8)
+    max_memory_tokens: int | None = Field(default=3000, ge=1)  # memory shown, cut from the oldest end
+    # Share of episodes rated, picked by a seeded hash of the episode id (sizes the default job).
+    episode_share: float = Field(default=1.0, gt=0, le=1)
+
+
+def cut_to_tokens(text: str, budget: int | None) -> str:
+    """The last lines of `text` that fit `budget` cl100k tokens (the most recent memory)."""
+    if budget is None or count_tokens(text) <= budget:
+        return text
+    kept, used = [], 0
+    for line in reversed(text.splitlines()):
+        used += count_tokens(line) + 1
+        if used > budget:
+            break
+        kept.append(line)
+    return "\n".join(kept[::-1])
+
+
+def picked(episode_id: str, share: float, seed: int) -> bool:
+    return share >= 1 or int(sha256(f"{seed}:{episode_id}")[:8], 16) / 0xFFFFFFFF < share
+
+
+class JudgeMemoryStage(JudgeStage):
+    name = section = "judge_memory"
+    settings = JudgeMemorySettings
+    outputs = {"memory_judgments": MEMORY_JUDGMENTS}
+    module_prompts = memory_quality.PROMPTS
+    code = (memory_quality,)
+
+    def __init__(self, methods: tuple[str, ...] = ()) -> None:
+        super().__init__(methods, extra_inputs=())
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+        settings: JudgeMemorySettings = ctx.section
+        episode = inputs["ingest.episodes"][0]
+        if not settings.enabled or not picked(episode_id, settings.episode_share, settings.seed):
+            return {"memory_judgments": []}
+        views = {m: r["memory"] for m in self.methods for r in inputs[f"{respond_stage_name(m)}.memory_view"]}
+        stamp = self.stamp(ctx, episode)
+        params = self.params(settings)
+
+        async def one(method: str, speaker: str, criterion: str, s: int) -> dict[str, Any]:
+            row = {**stamp, "method": method, "speaker": speaker, "criterion": criterion,
+                   "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, "error": None}
+            try:
+                score, model = await memory_quality.rate_memory(
+                    ctx.llm, criterion, speaker, cut_to_tokens(views[method], settings.max_memory_tokens),
+                    sample=s, **params)
+            except LLMError as e:
+                return {**row, "error": failure_reason(e)}
+            return {**row, "score": score, "judge_model": model or row["judge_model"]}
+
+        jobs = [one(m, sp, c, s) for m in views for sp in episode["speakers"] for c in settings.criteria
+                for s in range(settings.samples)]
+        return {"memory_judgments": list(await asyncio.gather(*jobs))}
