@@ -78,6 +78,21 @@ def count_tokens(text: str) -> int:
     return len(enc.encode_ordinary(text)) if enc is not None else estimate_tokens(text)
 
 
+def within_tokens(pieces: Sequence[str], budget: int | None, *, newest: bool = True) -> list[str]:
+    """The pieces (lines, sessions, units) that fit `budget` cl100k tokens together, in their order:
+    the last ones when `newest`, else the first ones; all of them when `budget` is None."""
+    if budget is None:
+        return list(pieces)
+    kept: list[str] = []
+    used = 0
+    for piece in (reversed(pieces) if newest else pieces):
+        used += count_tokens(piece)
+        if used > budget:
+            break
+        kept.append(piece)
+    return kept[::-1] if newest else kept
+
+
 def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> np.ndarray:
     """BM25 score (Okapi, Lucene idf) of every doc for the query; zeros when nothing can match."""
     if len(docs) == 0:

@@ -20,7 +20,7 @@ from pipeline.errors import InputError, PipelineError
 from pipeline.fingerprint import compute_fingerprint
 from pipeline.llm.usage import Usage
 from pipeline.schemas import EPISODES
-from pipeline.shard import ShardTask, run_shard
+from pipeline.shard import ShardTask, add_stats, run_shard
 from pipeline.stage import GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
@@ -47,8 +47,7 @@ def _sum_usage(items: list[dict[str, dict[str, Any]] | None]) -> dict[str, Any] 
 def _sum_stats(markers: list[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for m in markers:
-        for k, v in (m.get("extra") or {}).items():
-            total[k] = total.get(k, 0) + v
+        add_stats(total, m.get("extra") or {})
     return total
 
 

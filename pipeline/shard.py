@@ -69,9 +69,13 @@ async def _close(clients: dict[str, Any]) -> None:
         await c.aclose()
 
 
-def _add_stats(total: dict[str, Any], more: dict[str, Any]) -> None:
+def add_stats(total: dict[str, Any], more: dict[str, Any]) -> None:
+    """Add counts into `total` in place; nested dicts (e.g. counts per episode) merge key by key."""
     for k, v in more.items():
-        total[k] = total.get(k, 0) + v
+        if isinstance(v, dict):
+            add_stats(total.setdefault(k, {}), v)
+        else:
+            total[k] = total.get(k, 0) + v
 
 
 def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +108,7 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
             results = await asyncio.gather(*jobs)
             merged: dict[str, Rows] = {t: [] for t in stage.outputs}
             for res in results:
-                _add_stats(extra_stats, stage.shard_stats(res))
+                add_stats(extra_stats, stage.shard_stats(res))
                 for t, rows in res.items():
                     merged[t].extend(rows)
             return merged

@@ -44,8 +44,11 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     respond = [RespondStage(m) for m in chosen]
     stages: list[Stage] = [cls() for cls in BEFORE_METHODS] + memory + respond
     names = tuple(cfg.methods)
-    stages += [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names), JudgeAnswersStage(names),
-               JudgeMemoryStage(names), ReportStage(names, tuple(m.name for m in chosen if m.memory))]
+    scoring: list[Stage] = [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names),
+                            JudgeAnswersStage(names), JudgeMemoryStage(names)]
+    # The report reads the scoring stages the run includes (a Theanine run needs no SeCom scores).
+    in_run = tuple(n for n in ("probes", *(s.name for s in scoring)) if not cfg.stages or n in cfg.stages)
+    stages += [*scoring, ReportStage(names, tuple(m.name for m in chosen if m.memory), in_run)]
     return {s.name: s for s in stages}
 
 

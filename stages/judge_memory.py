@@ -10,9 +10,8 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.hashing import sha256
 from pipeline.llm.types import LLMError
-from pipeline.retrieval import count_tokens
+from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
 from stages.common import failure_reason
 from stages.judges import memory_quality
@@ -45,25 +44,7 @@ class JudgeMemorySettings(JudgeSettings):
     temperature: float | None = Field(default=1.0, ge=0)  # samples differ only above 0
     max_tokens: int = Field(default=24, ge=8)
     max_memory_tokens: int | None = Field(default=3000, ge=1)  # memory shown, cut from the oldest end
-    # Share of episodes rated, picked by a seeded hash of the episode id (sizes the default job).
-    episode_share: float = Field(default=1.0, gt=0, le=1)
-
-
-def cut_to_tokens(text: str, budget: int | None) -> str:
-    """The last lines of `text` that fit `budget` cl100k tokens (the most recent memory)."""
-    if budget is None or count_tokens(text) <= budget:
-        return text
-    kept, used = [], 0
-    for line in reversed(text.splitlines()):
-        used += count_tokens(line) + 1
-        if used > budget:
-            break
-        kept.append(line)
-    return "\n".join(kept[::-1])
-
-
-def picked(episode_id: str, share: float, seed: int) -> bool:
-    return share >= 1 or int(sha256(f"{seed}:{episode_id}")[:8], 16) / 0xFFFFFFFF < share
+    episodes: list[str] | None = None  # episode ids to rate; None = every episode (sizes the default job)
 
 
 class JudgeMemoryStage(JudgeStage):
@@ -79,7 +60,7 @@ class JudgeMemoryStage(JudgeStage):
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         settings: JudgeMemorySettings = ctx.section
         episode = inputs["ingest.episodes"][0]
-        if not settings.enabled or not picked(episode_id, settings.episode_share, settings.seed):
+        if not settings.enabled or (settings.episodes is not None and episode_id not in settings.episodes):
             return {"memory_judgments": []}
         views = {m: r["memory"] for m in self.methods for r in inputs[f"{respond_stage_name(m)}.memory_view"]}
         stamp = self.stamp(ctx, episode)
@@ -90,7 +71,7 @@ class JudgeMemoryStage(JudgeStage):
                    "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, "error": None}
             try:
                 score, model = await memory_quality.rate_memory(
-                    ctx.llm, criterion, speaker, cut_to_tokens(views[method], settings.max_memory_tokens),
+                    ctx.llm, criterion, speaker, "\n".join(within_tokens(views[method].splitlines(), settings.max_memory_tokens)),
                     sample=s, **params)
             except LLMError as e:
                 return {**row, "error": failure_reason(e)}

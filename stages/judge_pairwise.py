@@ -19,7 +19,7 @@ from pydantic import Field
 
 from pipeline.errors import ConfigError
 from pipeline.llm.types import LLMError
-from pipeline.retrieval import count_tokens
+from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
 from stages.common import failure_reason, sessions_of
 from stages.judges import pairwise, transcript
@@ -68,16 +68,7 @@ class JudgePairwiseSettings(JudgeSettings):
 def past_sessions_text(sessions: dict[int, Rows], before: int, budget: int | None) -> str:
     """Raw past sessions in order; with a budget, the most recent whole sessions within it (cl100k)."""
     blocks = [f"[Session {s}]\n{transcript(turns)}" for s, turns in sessions.items() if s < before]
-    if budget is None:
-        return "\n\n".join(blocks)
-    kept: list[str] = []
-    used = 0
-    for block in reversed(blocks):
-        used += count_tokens(block)
-        if used > budget:
-            break
-        kept.append(block)
-    return "\n\n".join(kept[::-1])
+    return "\n\n".join(within_tokens(blocks, budget))
 
 
 class JudgePairwiseStage(JudgeStage):

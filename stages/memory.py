@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.stage import Rows, StageContext
 from stages.common import sessions_of
 from stages.method_stage import MethodStage, memory_stage_name
@@ -19,3 +21,6 @@ class MemoryStage(MethodStage):
         build = BuildContext(llm=ctx.llm, settings=ctx.section,
                              embed=ctx.embedder.encode if self.method.uses_embedder else None)
         return await self.method.build(build, episode)
+
+    def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
+        return self.method.build_stats(produced)

@@ -38,6 +38,7 @@ PROBES = pa.schema(
 class ProbesConfig(Section):
     next_response: bool = True
     from_session: int = Field(default=3, ge=2)  # next-response probes in sessions >= this
+    to_session: int | None = Field(default=None, ge=2)  # ... and <= this (Theanine: 3-5); None = the last
     max_per_episode: int | None = Field(default=2, ge=1)  # sampled; None = every agent turn
     agent_speaker: int = Field(default=1, ge=0)  # index into the episode's speakers: whose turns are predicted
     qa: bool = True
@@ -50,7 +51,7 @@ def next_response_probes(episode: dict[str, Any], sessions: dict[int, Rows], cfg
     agent = speakers[min(cfg.agent_speaker, len(speakers) - 1)]
     probes: Rows = []
     for s, turns in sessions.items():
-        if s < cfg.from_session:
+        if s < cfg.from_session or (cfg.to_session is not None and s > cfg.to_session):
             continue
         for i in range(1, len(turns)):
             if turns[i]["speaker"] != agent:

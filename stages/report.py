@@ -5,6 +5,8 @@ Every judged number carries its judge model and prompt fingerprint."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -94,11 +96,13 @@ class ReportStage(GlobalStage):
         "metric_summary": summaries.METRIC_SUMMARY,
     }
 
-    def __init__(self, methods: tuple[str, ...] = (), memory_methods: tuple[str, ...] = ()) -> None:
+    def __init__(self, methods: tuple[str, ...] = (), memory_methods: tuple[str, ...] = (),
+                 scoring: tuple[str, ...] = ("probes", "score", "response_metrics", "judge_pairwise",
+                                             "judge_answers", "judge_memory")) -> None:
         self.methods = methods
         self.memory_methods = memory_methods
-        self.inputs = ("probes", "score", "response_metrics", "judge_pairwise", "judge_answers", "judge_memory",
-                       *(respond_stage_name(m) for m in methods), *(memory_stage_name(m) for m in memory_methods))
+        self.inputs = (*scoring, *(respond_stage_name(m) for m in methods),
+                       *(memory_stage_name(m) for m in memory_methods))
 
     def usage(self, ctx: StageContext) -> dict[str, dict[str, float]]:
         run_dir = next(iter(ctx.upstream_dirs.values())).parent
@@ -122,13 +126,37 @@ class ReportStage(GlobalStage):
             "method_summary": summaries.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
                                                        memory_raw),
         }
-        self.write_report(ctx, settings, tables, probe_rows(
+        graph = self.memory_graph(inputs, ctx.out_dir)
+        self.write_report(ctx, settings, tables, graph, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
             settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"))
         return {name: summaries.to_arrow(df, self.outputs[name]) for name, df in tables.items()}
 
+    def memory_graph(self, inputs: dict[str, pa.Table], out: Path) -> tuple[str, str] | None:
+        """Draw one episode's memory graph of the first method whose memory is a graph (tables
+        `memories` and `edges`, as Theanine's), with the longest timeline one of its responses used."""
+        for m in self.memory_methods:
+            nodes_key, edges_key = f"{memory_stage_name(m)}.memories", f"{memory_stage_name(m)}.edges"
+            if nodes_key not in inputs or edges_key not in inputs or not inputs[edges_key].num_rows:
+                continue
+            edges = inputs[edges_key].to_pylist()
+            episode = Counter(e["episode_id"] for e in edges).most_common(1)[0][0]
+            nodes = [n for n in inputs[nodes_key].select(["episode_id", "memory_id", "session_idx", "memory_idx",
+                                                          "event"]).to_pylist() if n["episode_id"] == episode]
+            highlight: list[str] = []
+            for r in inputs[f"{respond_stage_name(m)}.responses"].to_pylist():
+                if r["episode_id"] == episode and r["details_json"]:
+                    for timeline in json.loads(r["details_json"]).get("timelines") or []:
+                        highlight = timeline if len(timeline) > len(highlight) else highlight
+            name = f"memory_graph_{m}.png"
+            out.mkdir(parents=True, exist_ok=True)
+            title = f"{m}: memory graph of episode {episode} (red: a timeline a response retrieved)"
+            if plots.memory_graph(nodes, [e for e in edges if e["episode_id"] == episode], highlight, out / name, title):
+                return name, title
+        return None
+
     def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
-                     probes: pl.DataFrame, implementations: pl.DataFrame) -> None:
+                     graph: tuple[str, str] | None, probes: pl.DataFrame, implementations: pl.DataFrame) -> None:
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
         cfg = ctx.cfg
@@ -166,6 +194,8 @@ class ReportStage(GlobalStage):
                           [("", t["metric_summary"]), ("Implementations", implementations)]),
             ReportSection("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
                           fig("memory_quality.png", "memory quality")),
+            *([ReportSection("Memory graph", "Memories as nodes by session; edges point from the older memory "
+                             "to the newer and carry their relation.", [], [graph])] if graph else []),
             ReportSection("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
             ReportSection("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],
                           fig("retrieval_recall.png", "evidence recall by k")),

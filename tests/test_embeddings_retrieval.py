@@ -243,3 +243,13 @@ def test_lance_bank_errors(tmp_path: Path) -> None:
         open_bank(tmp_path, "missing")
     assert write_bank(tmp_path, "empty", [], vector_dim=8) == 0
     assert search_bank(tmp_path, "empty", np.ones(8), k=3) == []
+
+
+def test_within_tokens_keeps_the_newest_or_the_first_pieces_that_fit():
+    from pipeline.retrieval import count_tokens, within_tokens
+
+    pieces = ["alpha beta", "gamma delta", "epsilon zeta"]
+    two = count_tokens(pieces[1]) + count_tokens(pieces[2])
+    assert within_tokens(pieces, two) == pieces[1:]
+    assert within_tokens(pieces, count_tokens(pieces[0]), newest=False) == pieces[:1]
+    assert within_tokens(pieces, None) == pieces and within_tokens(pieces, 1) == []

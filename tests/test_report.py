@@ -14,7 +14,7 @@ from stages import registry
 
 METHODS = ["secom", "turn", "full_history"]
 SETS = ("corpus.limit=2", "compress.method=none", f"methods=[{','.join(METHODS)}]", "judge_memory.samples=2",
-        "judge_memory.episode_share=1.0", "judge_pairwise.explain=true")
+        "judge_memory.episodes=null", "judge_pairwise.explain=true")
 JUDGES = {"judge_pairwise", "judge_answers", "judge_memory"}
 
 

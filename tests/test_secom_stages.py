@@ -167,7 +167,7 @@ def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm
     fake_llm.retry_after_s = 0.05
     fake_llm.timeout_sleep_s = 1.5
     cfg = run_cfg("corpus.limit=2", "compress.method=none", "llm.timeout_s=0.5", "llm.max_retries=1",
-                  "llm.structured_retries=0", "probes.max_per_episode=null", "probes.max_qa_per_episode=null",
+                  "llm.structured_retries=0", "probes.max_per_episode=null", "probes.max_qa_per_episode=null", "methods=[secom,turn,session]",
                   "stages=[ingest,guidance,segment,compress,banks,probes,respond_secom,respond_turn,respond_session]")
     Runner(cfg, registry(cfg)).run()
     assert all(fake_llm.outcomes[k] > 0 for k in ("429", "500", "timeout", "malformed", "html", "badjson"))

@@ -8,5 +8,9 @@ from __future__ import annotations
 from stages.methods.base import Method
 from stages.methods.history import FullHistory, ZeroHistory
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
+from stages.methods.theanine import Theanine, TheanineAll, TheanineNoRefine, TheanineNoRelation
 
-METHODS: dict[str, Method] = {m.name: m for m in [SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory()]}
+METHODS: dict[str, Method] = {m.name: m for m in [
+    SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
+    Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
+]}

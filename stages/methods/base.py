@@ -105,6 +105,11 @@ class Method:
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Rows], settings: Any) -> Answer:
         raise NotImplementedError
 
+    def build_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
+        """Counts for the memory stage's manifest from one episode's built rows (summed over
+        episodes; nested dicts, e.g. per episode, merge)."""
+        return {}
+
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows]) -> str | None:
         """The method's memory of the whole episode as text (for the memory-quality judge), given its
         memory rows visible after the last session; None for a method that keeps no memory."""

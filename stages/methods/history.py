@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from pipeline.llm.types import ChatLLM
-from pipeline.retrieval import count_tokens
+from pipeline.retrieval import within_tokens
 from stages import units as unit_module
 from stages.methods import response
 from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
@@ -23,15 +23,8 @@ class FullHistorySettings(MethodSettings):
 
 def recent_within(units: list[dict], budget: int | None) -> list[dict]:
     """The most recent units whose tokens fit `budget` together (all of them when None)."""
-    if budget is None:
-        return units
-    kept, used = [], 0
-    for u in reversed(units):
-        used += count_tokens(u["text"])
-        if used > budget:
-            break
-        kept.append(u)
-    return kept[::-1]
+    n = len(within_tokens([u["text"] for u in units], budget))
+    return units[len(units) - n:]
 
 
 class FullHistory(Method):

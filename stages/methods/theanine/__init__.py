@@ -1,0 +1,290 @@
+"""Theanine (seed 000): a relation-aware memory graph built session by session (Phase I,
+Algorithm 1), timelines retrieved through it (Phase II-1, Algorithm 2), refined for the current
+conversation (Phase II-2), and a chain-of-thought response over them (Phase III).
+
+Variants (Section 4's ablations and Section 6), each a method with its own settings:
+`theanine`, `theanine_all` (link every labelled candidate, or every candidate),
+`theanine_no_relation` (no LLM labelling: edges by similarity and chronology), `theanine_no_refine`
+(raw timelines go to the response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.llm.types import ChatLLM, LLMError
+from pipeline.retrieval import count_tokens, within_tokens
+from stages.common import failure_reason
+from stages.methods import response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+                                 ProbeInput)
+from stages.methods.theanine import graph as g
+from stages.methods.theanine import prompts
+from stages.units import format_unit
+
+MEMORIES = pa.schema([
+    *SNAPSHOT_FIELDS,  # keyed by the end of the session the memory was summarised from
+    pa.field("memory_id", pa.string(), nullable=False),  # "<session>:<index>"
+    pa.field("session_idx", pa.int32(), nullable=False),
+    pa.field("memory_idx", pa.int32(), nullable=False),
+    pa.field("event", pa.string(), nullable=False),
+    pa.field("session_time", pa.string()),  # the session's date when the corpus has one
+    pa.field("turn_start", pa.int32()),  # the origin dialogue: turns of its session
+    pa.field("turn_end", pa.int32()),
+    pa.field("source_turn_ids", pa.list_(pa.string())),
+    pa.field("vector", pa.list_(pa.float32())),
+])
+EDGES = pa.schema([
+    *SNAPSHOT_FIELDS,  # keyed by the session whose new memory the edge links in
+    pa.field("source", pa.string(), nullable=False),  # the older memory
+    pa.field("target", pa.string(), nullable=False),  # the new memory
+    pa.field("relation", pa.string(), nullable=False),
+])
+LINK_LABELS = pa.schema([
+    *SNAPSHOT_FIELDS,
+    pa.field("new_id", pa.string(), nullable=False),
+    pa.field("candidate_id", pa.string(), nullable=False),
+    pa.field("rank", pa.int32(), nullable=False),  # similarity rank among the top-j candidates
+    pa.field("relation", pa.string()),  # the LLM's label; "None" = no relation; null when the call failed
+    pa.field("linked", pa.bool_(), nullable=False),
+    pa.field("error", pa.string()),
+])
+BUILD_LOG = pa.schema([
+    *SNAPSHOT_FIELDS,
+    pa.field("memories", pa.int32(), nullable=False),
+    pa.field("link_calls", pa.int32(), nullable=False),  # at most j per new memory
+    pa.field("error", pa.string()),  # the session's summary failed: no memories from it
+])
+
+
+class TheanineSettings(MethodSettings):
+    j: int = Field(default=3, ge=1)  # associative memories per new memory (Phase I-1)
+    k: int = Field(default=3, ge=1)  # memories retrieved per response (Phase II)
+    n: int = Field(default=1, ge=1)  # timelines sampled per retrieved memory
+    max_memories: int = Field(default=10, ge=1)  # memories summarised per session
+    link_mode: g.LinkMode = "recent_per_component"
+    relation_aware: bool = True  # False: no labelling, every candidate is related (SameTopic)
+    refine: bool = True  # Phase II-2
+    # Algorithm 2 loops over the components of the retrieved memories, while Section 2.2 collects
+    # k*n timelines: `memory` (default) = n per retrieved memory; `component` = n per component.
+    timelines_per: Literal["memory", "component"] = "memory"
+    max_paths: int = Field(default=1000, ge=1)  # bound on enumerated paths per retrieved memory
+    origin_tokens: int | None = Field(default=600, ge=1)  # origin dialogue shown when labelling
+    seed: int = 0  # timeline sampling
+
+
+class TheanineAllSettings(TheanineSettings):
+    link_mode: Literal["all_labelled", "all_candidates"] = "all_labelled"  # type: ignore[assignment]
+
+
+class TheanineNoRelationSettings(TheanineSettings):
+    relation_aware: Literal[False] = False  # type: ignore[assignment]
+    # Whether the most-recent-per-component rule still applies to the (unlabelled) candidates.
+    per_component: bool = True
+
+
+class TheanineNoRefineSettings(TheanineSettings):
+    refine: Literal[False] = False  # type: ignore[assignment]
+
+
+def _time(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.strftime("%Y-%m-%d") if isinstance(value, datetime) else str(value)
+
+
+def origin_dialogue(turns: list[dict], budget: int | None) -> str:
+    """The memory's session as "Speaker: text" lines, its first `budget` cl100k tokens."""
+    lines = format_unit(turns).splitlines()
+    kept = within_tokens(lines, budget, newest=False)
+    return "\n".join(kept) + ("\n..." if len(kept) < len(lines) else "")
+
+
+def graph_of(memories: list[dict], edges: list[dict]) -> g.Graph:
+    graph = g.Graph()
+    graph.add_memories({m["memory_id"]: (m["session_idx"], m["memory_idx"]) for m in memories})
+    graph.edges = [g.Edge(e["source"], e["target"], e["relation"]) for e in edges]
+    return graph
+
+
+def _key(episode_id: str, session: int) -> dict[str, Any]:
+    return {"episode_id": episode_id, "snapshot_session": session, "snapshot_turn": None}
+
+
+class Theanine(Method):
+    name = "theanine"
+    Settings: ClassVar[type[MethodSettings]] = TheanineSettings
+    memory = {"memories": MEMORIES, "edges": EDGES, "link_labels": LINK_LABELS, "build_log": BUILD_LOG}
+    memory_kind = "log"
+    uses_embedder = True
+    code = (g, prompts, response)
+    prompts = {"relations": str(prompts.RELATION_DEFINITIONS)}
+
+    # ---------------------------------------------------------------- Phase I
+
+    async def summarize(self, llm: ChatLLM, turns: list[dict], session: int, settings: Any) -> list[str]:
+        msgs = prompts.summarize_messages(turns, session, _time(turns[0].get("session_time")), settings.max_memories)
+        result = await llm.chat(msgs, schema=prompts.SessionMemories)
+        return [m.strip() for m in result.parsed.memories if m.strip()][: settings.max_memories]
+
+    async def label(self, llm: ChatLLM, older: dict, newer: dict, sessions: dict[int, list[dict]],
+                    settings: Any) -> str:
+        msgs = prompts.relation_messages(
+            older, newer, origin_dialogue(sessions[older["session_idx"]], settings.origin_tokens),
+            origin_dialogue(sessions[newer["session_idx"]], settings.origin_tokens))
+        return (await llm.chat(msgs, schema=prompts.RelationLabel)).parsed.relation
+
+    def link_mode(self, settings: Any) -> g.LinkMode:
+        if not settings.relation_aware and not getattr(settings, "per_component", True):
+            return "all_candidates"
+        return settings.link_mode
+
+    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+        settings, eid = ctx.settings, episode.episode["episode_id"]
+        assert ctx.embed is not None, "theanine needs an embedder"
+        graph = g.Graph()
+        by_id: dict[str, dict] = {}
+        vectors: dict[str, np.ndarray] = {}
+        out: dict[str, list[dict]] = {t: [] for t in self.memory}
+        for s, turns in episode.sessions.items():
+            try:
+                events = await self.summarize(ctx.llm, turns, s, settings)
+            except LLMError as e:  # no memories from this session; the build goes on
+                out["build_log"].append({**_key(eid, s), "memories": 0, "link_calls": 0, "error": failure_reason(e)})
+                continue
+            new = [{**_key(eid, s), "memory_id": f"{s}:{i}", "session_idx": s, "memory_idx": i, "event": ev,
+                    "session_time": _time(turns[0].get("session_time")), "turn_start": turns[0]["turn_idx"],
+                    "turn_end": turns[-1]["turn_idx"],
+                    "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
+                   for i, ev in enumerate(events)]
+            new_vectors = np.asarray(ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
+            edges, labels = await self.link(ctx.llm, graph, by_id, vectors, new, new_vectors, episode.sessions,
+                                            settings)
+            for m, v in zip(new, new_vectors):
+                by_id[m["memory_id"]] = m
+                vectors[m["memory_id"]] = v
+                out["memories"].append({**m, "vector": v.tolist()})
+            graph.add_memories({m["memory_id"]: (s, m["memory_idx"]) for m in new})
+            graph.edges.extend(edges)
+            out["edges"] += [{**_key(eid, s), "source": e.source, "target": e.target, "relation": e.relation}
+                             for e in edges]
+            out["link_labels"] += labels
+            calls = len(labels) if settings.relation_aware else 0
+            out["build_log"].append({**_key(eid, s), "memories": len(new), "link_calls": calls, "error": None})
+        return out
+
+    async def link(self, llm: ChatLLM, graph: g.Graph, by_id: dict[str, dict], vectors: dict[str, np.ndarray],
+                   new: list[dict], new_vectors: np.ndarray, sessions: dict[int, list[dict]], settings: Any
+                   ) -> tuple[list[g.Edge], list[dict]]:
+        """Algorithm 1 for one session: every new memory against the graph as it stood before it."""
+        if not graph.ages or not new:
+            return [], []
+        pool = sorted(graph.ages, key=graph.ages.__getitem__)
+        pool_vectors = np.stack([vectors[m] for m in pool])
+        components = graph.components()
+        mode = self.link_mode(settings)
+
+        async def one(m: dict, vec: np.ndarray) -> tuple[list[g.Edge], list[dict]]:
+            candidates = g.top_similar(vec, pool, pool_vectors, settings.j)
+            errors: dict[str, str] = {}
+            if settings.relation_aware:
+                async def ask(c: str) -> str:
+                    try:
+                        return await self.label(llm, by_id[c], m, sessions, settings)
+                    except LLMError as e:  # a failed label is no relation, and recorded
+                        errors[c] = failure_reason(e)
+                        return g.NO_RELATION
+                labels = dict(zip(candidates, await asyncio.gather(*(ask(c) for c in candidates))))
+            else:
+                labels = {c: "SameTopic" for c in candidates}
+            edges = g.links_for(m["memory_id"], labels, graph, components, mode)
+            linked = {e.source for e in edges}
+            rows = [{**_key(m["episode_id"], m["session_idx"]), "new_id": m["memory_id"], "candidate_id": c,
+                     "rank": r, "relation": None if c in errors else labels[c], "linked": c in linked,
+                     "error": errors.get(c)} for r, c in enumerate(candidates)]
+            return edges, rows
+
+        results = await asyncio.gather(*(one(m, v) for m, v in zip(new, new_vectors)))
+        return [e for es, _ in results for e in es], [r for _, rows in results for r in rows]
+
+    # ---------------------------------------------------------------- Phase II and III
+
+    def timelines(self, graph: g.Graph, retrieved: list[str], settings: Any, probe_id: str
+                  ) -> tuple[list[list[str]], bool]:
+        targets = retrieved if settings.timelines_per == "memory" else g.group_by_component(retrieved, graph)
+        chosen: list[list[str]] = []
+        bound_hit = False
+        for m in targets:
+            found = g.timelines_through(m, graph, settings.max_paths)
+            bound_hit |= found.bound_hit
+            chosen += g.sample_timelines(found, settings.n, random.Random(f"{settings.seed}:{probe_id}:{m}"))
+        return chosen, bound_hit
+
+    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+        memories = memory.get("memories", [])
+        by_id = {m["memory_id"]: m for m in memories}
+        graph = graph_of(memories, memory.get("edges", []))
+        question = probe.probe["kind"] == "qa"  # a dataset question after the history: a short answer
+        # The query: the current dialogue so far (it ends with the request), or the question alone.
+        dialogue = format_unit(probe.current) if probe.current else probe.request
+        retrieved: list[str] = []
+        if memories and probe.embed is not None:
+            ids = [m["memory_id"] for m in memories]
+            qvec = np.asarray(probe.embed([dialogue])[0], dtype=np.float32)
+            retrieved = g.top_similar(qvec, ids, np.asarray([m["vector"] for m in memories], dtype=np.float32),
+                                      settings.k)
+        paths, bound_hit = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])
+        raw = [prompts.timeline_text([by_id[i] for i in p], [graph.relation(a, b) for a, b in zip(p, p[1:])])
+               for p in paths]
+        if settings.refine:
+            refined_results = await asyncio.gather(*(llm.chat(prompts.refine_messages(dialogue, t),
+                                                              schema=prompts.Refined) for t in raw))
+            refined = [r.parsed.information for r in refined_results]
+        else:
+            refined = raw
+        result = await llm.chat(prompts.response_messages(dialogue, refined, probe.probe["respondent"], question),
+                                schema=prompts.ReasonedResponse)
+        used = list(dict.fromkeys(i for p in paths for i in p))
+        turns = {t for i in used for t in (by_id[i].get("source_turn_ids") or [])}
+        return Answer(
+            text=response.one_turn(result.parsed.response, probe.episode.get("speakers") or []),
+            rationale=result.parsed.rationale, used_ids=used, context_tokens=sum(count_tokens(r) for r in refined),
+            context_turns=len(turns), model=result.model,
+            details={"retrieved": retrieved, "timelines": paths, "raw_timelines": raw, "refined_timelines": refined,
+                     "timelines_per": settings.timelines_per, "bound_hit": bound_hit})
+
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+        rows = sorted(memory.get("memories", []), key=lambda m: (m["session_idx"], m["memory_idx"]))
+        return "\n".join(f"[{prompts.when(m['session_idx'], m.get('session_time'))}] {m['event']}" for m in rows) or None
+
+    def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
+        log = produced.get("build_log", [])
+        if not log:
+            return {}
+        eid = log[0]["episode_id"]
+        calls = sum(r["link_calls"] for r in log)
+        new = sum(r["memories"] for r in log)
+        return {"memories": new, "link_calls": calls, "failed_sessions": sum(r["error"] is not None for r in log),
+                "link_calls_per_episode": {eid: calls}, "memories_per_episode": {eid: new}}
+
+
+class TheanineAll(Theanine):
+    name = "theanine_all"
+    Settings = TheanineAllSettings
+
+
+class TheanineNoRelation(Theanine):
+    name = "theanine_no_relation"
+    Settings = TheanineNoRelationSettings
+
+
+class TheanineNoRefine(Theanine):
+    name = "theanine_no_refine"
+    Settings = TheanineNoRefineSettings
