@@ -16,6 +16,9 @@ EPISODES = pa.schema(
         # One entry per speaker (same order as `speakers`); null when the corpus has none.
         pa.field("personas", pa.list_(pa.list_(pa.string()))),
         pa.field("relationship", pa.string()),
+        # Session annotations the corpus carries (LoCoMo's summaries and observations); null when none.
+        pa.field("notes", pa.list_(pa.struct([pa.field("session_idx", pa.int32()), pa.field("kind", pa.string()),
+                                               pa.field("speaker", pa.string()), pa.field("text", pa.string())]))),
         pa.field("n_sessions", pa.int32(), nullable=False),
         pa.field("source_file", pa.string(), nullable=False),
     ]

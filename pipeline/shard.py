@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,33 @@ def add_stats(total: dict[str, Any], more: dict[str, Any]) -> None:
             total[k] = total.get(k, 0) + v
 
 
+class EpisodeUsage:
+    """A client seen by one episode: passes every call through and counts that episode's calls and
+    tokens, so manifests report LLM use per episode as well as per role."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.counts = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    async def chat(self, messages: Any, **kwargs: Any) -> Any:
+        result = await self.inner.chat(messages, **kwargs)
+        self.counts["calls"] += 1
+        self.counts["cached_calls"] += int(result.cached)
+        self.counts["prompt_tokens"] += result.prompt_tokens
+        self.counts["completion_tokens"] += result.completion_tokens
+        return result
+
+    def __getattr__(self, name: str) -> Any:  # cfg, usage, embed, ... of the shared client
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def total(usages: Any) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for u in usages:
+            add_stats(out, u.counts)
+        return out
+
+
 def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     stage = task.stage
@@ -101,14 +128,20 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
             grouped = {t: _group_by_episode(tbl) for t, tbl in inputs.items()}
             # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
             whole = {t: tbl.to_pylist() for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
-            jobs = []
+            if stage.uses_embedder:
+                ctx.embedder  # load it once for the shard, before the per-episode contexts copy it
+            jobs, counters = [], []
             for ep in task.episode_ids or []:
                 ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
-                jobs.append(stage.process_episode(ctx, ep, ep_inputs))
+                counting = {role: EpisodeUsage(c) for role, c in clients.items()}
+                counters.append(counting)
+                jobs.append(stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs))
             results = await asyncio.gather(*jobs)
             merged: dict[str, Rows] = {t: [] for t in stage.outputs}
-            for res in results:
+            for ep, res, counting in zip(task.episode_ids or [], results, counters):
                 add_stats(extra_stats, stage.shard_stats(res))
+                if counting:
+                    add_stats(extra_stats, {"llm_per_episode": {ep: EpisodeUsage.total(counting.values())}})
                 for t, rows in res.items():
                     merged[t].extend(rows)
             return merged

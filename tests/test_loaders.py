@@ -566,3 +566,17 @@ def test_not_an_object(tmp_path):
     err = load_error("locomo", write_json(tmp_path / "l.json", [locomo_sample(), "oops"]))
     assert_names(err, "l.json", "item 1", None)
     assert "expected an object, got string" in str(err)
+
+
+def test_locomo_keeps_session_summaries_and_observations_as_notes(tmp_path):
+    s = locomo_sample()
+    s["session_summary"] = {"session_1_summary": "Ann and Ben said hello."}
+    s["observation"] = {"session_2_observation": {"Ben": [["Ben came back.", "D2:1"]]}}
+    c = load_corpus("locomo", write_json(tmp_path / "notes.json", [s]))
+    notes = c.episodes[0]["notes"]
+    assert notes == [{"session_idx": 1, "kind": "summary", "speaker": None, "text": "Ann and Ben said hello."},
+                     {"session_idx": 2, "kind": "observation", "speaker": "Ben", "text": "Ben came back."}]
+    assert load_corpus("locomo", write_json(tmp_path / "bare.json", [locomo_sample()])).episodes[0]["notes"] is None
+    s["observation"] = {"session_2_observation": {"Ben": [[7, "D2:1"]]}}
+    err = load_error("locomo", write_json(tmp_path / "bad.json", [s]))
+    assert_names(err, "bad.json", "locomo-conv-1", "observation.session_2_observation.Ben[0]")

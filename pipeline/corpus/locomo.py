@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from pipeline.corpus.reader import RawRecord
-from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join
+from pipeline.corpus.records import Checker, Episode, Note, QAItem, Session, Turn, join
 
 DATASET = "locomo"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -54,7 +54,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
             )
         time_key = f"{keys[n]}_date_time"
         when = chk.time(conv.get(time_key), join("conversation", time_key))
-        sessions.append(Session(turns, at, time=when))
+        sessions.append(Session(turns, at, time=when, notes=_notes(d, n, chk)))
 
     return Episode(
         episode_id=episode_id,
@@ -89,3 +89,22 @@ def _qa(d: dict, episode_id: str, chk: Checker) -> list[QAItem]:
             )
         )
     return items
+
+
+def _notes(d: dict, n: int, chk: Checker) -> list[Note]:
+    """Session n's annotations: `session_summary.session_<n>_summary` (text) and
+    `observation.session_<n>_observation` ({speaker: [[text, evidence], ...]})."""
+    notes = []
+    summaries = chk.opt(d, "session_summary", dict, default={})
+    key = f"session_{n}_summary"
+    if key in summaries:
+        notes.append(Note("summary", chk.check(summaries[key], str, join("session_summary", key))))
+    observations = chk.opt(d, "observation", dict, default={})
+    key = f"session_{n}_observation"
+    if key in observations:
+        at = join("observation", key)
+        for speaker, items in chk.check(observations[key], dict, at).items():
+            for i, item in enumerate(chk.check(items, list, join(at, speaker))):
+                text = item[0] if isinstance(item, list) and item else item
+                notes.append(Note("observation", chk.check(text, str, join(join(at, speaker), i)), speaker))
+    return notes

@@ -125,11 +125,22 @@ class Turn:
 
 
 @dataclass
+class Note:
+    """An annotation of a session the corpus carries (LoCoMo's session summary and observations):
+    gold memory for the methods that use it."""
+
+    kind: str  # summary | observation
+    text: str
+    speaker: str | None = None
+
+
+@dataclass
 class Session:
     turns: list[Turn]
     path: str
     time: datetime | None = None
     gap: str | None = None
+    notes: list[Note] = field(default_factory=list)
 
 
 @dataclass
@@ -214,11 +225,14 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
             }
         )
 
+    notes = [{"session_idx": s_idx, "kind": n.kind, "speaker": n.speaker, "text": n.text}
+             for s_idx, session in enumerate(ep.sessions, start=1) for n in session.notes]
     episode = {
         "episode_id": ep.episode_id,
         "dataset": ep.dataset,
         "speakers": speakers,
         "personas": personas,
+        "notes": notes or None,
         "relationship": ep.relationship,
         "n_sessions": len(ep.sessions),
         "source_file": chk.file,

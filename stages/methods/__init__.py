@@ -6,11 +6,16 @@ Add a method by writing its module (see `base.py` and the README) and listing it
 from __future__ import annotations
 
 from stages.methods.base import Method
-from stages.methods.history import FullHistory, ZeroHistory
+from stages.methods.gold_memory import GoldMemory
+from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
+from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
+from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
 from stages.methods.theanine import Theanine, TheanineAll, TheanineNoRefine, TheanineNoRelation
 
 METHODS: dict[str, Method] = {m.name: m for m in [
     SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
+    RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
+    AllContext(), PartContext(),
 ]}

@@ -46,3 +46,15 @@ class ZeroHistory(Method):
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         return await generate(llm, probe, [])
+
+
+class AllContext(FullHistory):
+    """RSum's "All Context" baseline: full_history under the RSum paper's name."""
+
+    name = "all_context"
+
+
+class PartContext(ZeroHistory):
+    """RSum's "Part Context" baseline (the current session only): zero_history under its name."""
+
+    name = "part_context"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import datetime
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -22,25 +21,15 @@ from pydantic import Field
 from pipeline.llm.types import ChatLLM, LLMError
 from pipeline.retrieval import count_tokens, within_tokens
 from stages.common import failure_reason
-from stages.methods import response
+from stages.methods import response, session_memories
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
                                  ProbeInput)
+from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
 from stages.methods.theanine import graph as g
 from stages.methods.theanine import prompts
 from stages.units import format_unit
 
-MEMORIES = pa.schema([
-    *SNAPSHOT_FIELDS,  # keyed by the end of the session the memory was summarised from
-    pa.field("memory_id", pa.string(), nullable=False),  # "<session>:<index>"
-    pa.field("session_idx", pa.int32(), nullable=False),
-    pa.field("memory_idx", pa.int32(), nullable=False),
-    pa.field("event", pa.string(), nullable=False),
-    pa.field("session_time", pa.string()),  # the session's date when the corpus has one
-    pa.field("turn_start", pa.int32()),  # the origin dialogue: turns of its session
-    pa.field("turn_end", pa.int32()),
-    pa.field("source_turn_ids", pa.list_(pa.string())),
-    pa.field("vector", pa.list_(pa.float32())),
-])
+MEMORIES = pa.schema([*MEMORY_FIELDS, pa.field("vector", pa.list_(pa.float32()))])
 EDGES = pa.schema([
     *SNAPSHOT_FIELDS,  # keyed by the session whose new memory the edge links in
     pa.field("source", pa.string(), nullable=False),  # the older memory
@@ -94,12 +83,6 @@ class TheanineNoRefineSettings(TheanineSettings):
     refine: Literal[False] = False  # type: ignore[assignment]
 
 
-def _time(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.strftime("%Y-%m-%d") if isinstance(value, datetime) else str(value)
-
-
 def origin_dialogue(turns: list[dict], budget: int | None) -> str:
     """The memory's session as "Speaker: text" lines, its first `budget` cl100k tokens."""
     lines = format_unit(turns).splitlines()
@@ -124,15 +107,10 @@ class Theanine(Method):
     memory = {"memories": MEMORIES, "edges": EDGES, "link_labels": LINK_LABELS, "build_log": BUILD_LOG}
     memory_kind = "log"
     uses_embedder = True
-    code = (g, prompts, response)
+    code = (g, prompts, response, session_memories)
     prompts = {"relations": str(prompts.RELATION_DEFINITIONS)}
 
     # ---------------------------------------------------------------- Phase I
-
-    async def summarize(self, llm: ChatLLM, turns: list[dict], session: int, settings: Any) -> list[str]:
-        msgs = prompts.summarize_messages(turns, session, _time(turns[0].get("session_time")), settings.max_memories)
-        result = await llm.chat(msgs, schema=prompts.SessionMemories)
-        return [m.strip() for m in result.parsed.memories if m.strip()][: settings.max_memories]
 
     async def label(self, llm: ChatLLM, older: dict, newer: dict, sessions: dict[int, list[dict]],
                     settings: Any) -> str:
@@ -155,15 +133,11 @@ class Theanine(Method):
         out: dict[str, list[dict]] = {t: [] for t in self.memory}
         for s, turns in episode.sessions.items():
             try:
-                events = await self.summarize(ctx.llm, turns, s, settings)
+                events = await summarize_session(ctx.llm, turns, s, settings.max_memories)
             except LLMError as e:  # no memories from this session; the build goes on
                 out["build_log"].append({**_key(eid, s), "memories": 0, "link_calls": 0, "error": failure_reason(e)})
                 continue
-            new = [{**_key(eid, s), "memory_id": f"{s}:{i}", "session_idx": s, "memory_idx": i, "event": ev,
-                    "session_time": _time(turns[0].get("session_time")), "turn_start": turns[0]["turn_idx"],
-                    "turn_end": turns[-1]["turn_idx"],
-                    "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
-                   for i, ev in enumerate(events)]
+            new = memory_rows(eid, s, turns, events)
             new_vectors = np.asarray(ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
             edges, labels = await self.link(ctx.llm, graph, by_id, vectors, new, new_vectors, episode.sessions,
                                             settings)
@@ -261,8 +235,7 @@ class Theanine(Method):
                      "timelines_per": settings.timelines_per, "bound_hit": bound_hit})
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
-        rows = sorted(memory.get("memories", []), key=lambda m: (m["session_idx"], m["memory_idx"]))
-        return "\n".join(f"[{prompts.when(m['session_idx'], m.get('session_time'))}] {m['event']}" for m in rows) or None
+        return memory_lines(memory.get("memories", [])) or None
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         log = produced.get("build_log", [])

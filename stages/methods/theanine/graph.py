@@ -16,6 +16,8 @@ from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from pipeline.retrieval import dense_scores, top_k
+
 NO_RELATION = "None"
 RELATIONS = ("Changed", "Cause", "Reason", "HinderedBy", "React", "Want", "SameTopic")
 
@@ -72,13 +74,9 @@ class Graph:
 
 def top_similar(query: np.ndarray, pool_ids: Sequence[str], pool_vectors: np.ndarray, j: int) -> list[str]:
     """The j pool memories most similar to `query` (cosine), most similar first; ties keep pool order."""
-    if not len(pool_ids) or j <= 0:
+    if not len(pool_ids):
         return []
-    q = query / (np.linalg.norm(query) or 1.0)
-    p = pool_vectors / np.clip(np.linalg.norm(pool_vectors, axis=1, keepdims=True), 1e-12, None)
-    scores = p @ q
-    order = sorted(range(len(pool_ids)), key=lambda i: (-float(scores[i]), i))
-    return [pool_ids[i] for i in order[:j]]
+    return [pool_ids[i] for i in top_k(dense_scores(query, pool_vectors), j)]
 
 
 LinkMode = Literal["recent_per_component", "all_labelled", "all_candidates"]

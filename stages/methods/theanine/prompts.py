@@ -1,4 +1,4 @@
-"""Theanine's prompts, in our own words: session memories, relation labelling (Phase I-2, with the
+"""Theanine's prompts, in our own words (session memories come from `session_memories`): relation labelling (Phase I-2, with the
 relation definitions of App. A.1), timeline refinement (Phase II-2) and the timeline-augmented
 chain-of-thought response (Phase III). Builders return messages; parsers return typed models."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from pipeline.llm.types import Messages
-from stages.units import format_unit
+from stages.methods.session_memories import when
 
 RELATION_DEFINITIONS = {
     "Changed": "what A describes turned into what B describes (a state, plan or fact was updated)",
@@ -24,10 +24,6 @@ RELATION_DEFINITIONS = {
 Relation = Literal["Changed", "Cause", "Reason", "HinderedBy", "React", "Want", "SameTopic", "None"]
 
 
-class SessionMemories(BaseModel):
-    memories: list[str] = Field(description="short facts about the speakers from this session, one per item")
-
-
 class RelationLabel(BaseModel):
     relation: Relation
 
@@ -39,21 +35,6 @@ class Refined(BaseModel):
 class ReasonedResponse(BaseModel):
     rationale: str
     response: str
-
-
-def when(session_idx: int, session_time: str | None) -> str:
-    return f"session {session_idx}" + (f" ({session_time})" if session_time else "")
-
-
-def summarize_messages(turns: Sequence[dict], session_idx: int, session_time: str | None,
-                       max_memories: int) -> Messages:
-    system = ("You keep a long-term memory of conversations between two people. From one conversation "
-              "session, write down what is worth remembering later: events, plans, changes, feelings and "
-              "facts about each speaker. Each memory is one short sentence that names the speaker.")
-    user = (f"Conversation ({when(session_idx, session_time)}):\n{format_unit(turns)}\n\n"
-            f"List at most {max_memories} memories. Reply in JSON: "
-            '{"memories": ["...", "..."]}.')
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def relation_messages(older: dict, newer: dict, older_dialogue: str, newer_dialogue: str) -> Messages:

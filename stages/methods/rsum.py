@@ -1,0 +1,109 @@
+"""RSum (seed 002, Sections 3-4): recursively summarised memory. The memory starts empty; at the end
+of each session the LLM rewrites it from the previous memory and that session (one call per
+session; the memory after every session is kept). A response uses the latest memory before the
+probe's session and the current session's context. Theanine's "RSum-LLM" variant first selects
+the parts of the memory relevant to the current dialogue (`select_relevant`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from pydantic import Field
+
+from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.retrieval import count_tokens
+from stages.common import failure_reason
+from stages.methods import memory_response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+                                 ProbeInput)
+from stages.methods.session_memories import session_time, when
+from stages.units import format_unit
+
+SUMMARY = pa.schema([
+    *SNAPSHOT_FIELDS,  # the memory after session snapshot_session
+    pa.field("memory", pa.string()),  # null when this session's update failed (the previous one is kept)
+    pa.field("tokens", pa.int32()),
+    pa.field("error", pa.string()),
+])
+
+# A made-up worked example for the one-shot switch (the paper's one-shot uses a labelled MSC dialogue).
+EXAMPLE = ("Previous memory: Alex works night shifts at a bakery. Sam is learning to play the cello.\n"
+           "Session: Alex: I finally switched to day shifts! Sam: Great, now you can come to my recital.\n"
+           "New memory: Alex works at a bakery and recently moved from night to day shifts. Sam is learning "
+           "the cello and has a recital coming up that Alex can now attend.")
+
+
+class RSumSettings(MethodSettings):
+    max_words: int | None = Field(default=None, ge=10)  # a memory-length instruction; the paper states none
+    one_shot: bool = False  # show one worked example to the memory manager
+    select_relevant: bool = False  # Theanine's RSum-LLM: pick the memory relevant to the dialogue first
+    temperature: float | None = Field(default=0.0, ge=0)  # the paper: 0 for memory and responses
+
+
+def update_messages(previous: str, turns: list[dict], session_idx: int, settings: RSumSettings) -> Messages:
+    limit = f" Keep it under {settings.max_words} words." if settings.max_words else ""
+    example = f"\n\nExample:\n{EXAMPLE}" if settings.one_shot else ""
+    system = ("You maintain the memory of a long conversation between two people: what each of them is like, "
+              "what happened to them, their plans and preferences. Given the memory so far and the latest "
+              "session, write the new memory: keep what still holds, update what changed, add what is new."
+              + limit + example)
+    user = (f"Memory so far:\n{previous or '(empty: this is the first session)'}\n\n"
+            f"Latest session ({when(session_idx, session_time(turns))}):\n{format_unit(turns)}\n\n"
+            "Write the new memory as a few plain sentences.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def select_messages(memory: str, dialogue: str) -> Messages:
+    return [{"role": "system", "content": "From a memory of past conversations, copy only the sentences that "
+                                          "matter for the conversation going on now; nothing else."},
+            {"role": "user", "content": f"Memory:\n{memory}\n\nConversation now:\n{dialogue}\n\nRelevant sentences:"}]
+
+
+class RSum(Method):
+    name = "rsum"
+    Settings = RSumSettings
+    memory = {"summary": SUMMARY}
+    memory_kind = "snapshots"
+    code = (memory_response,)
+
+    def params(self, settings: RSumSettings) -> dict[str, Any]:
+        return {} if settings.temperature is None else {"temperature": settings.temperature}
+
+    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+        eid = episode.episode["episode_id"]
+        rows, memory = [], ""
+        for s, turns in episode.sessions.items():
+            key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": None}
+            try:  # each memory is built from the previous memory and this session only
+                result = await ctx.llm.chat(update_messages(memory, turns, s, ctx.settings), **self.params(ctx.settings))
+            except LLMError as e:  # the previous memory stays in force
+                rows.append({**key, "memory": None, "tokens": None, "error": failure_reason(e)})
+                continue
+            memory = result.text.strip()
+            rows.append({**key, "memory": memory, "tokens": count_tokens(memory), "error": None})
+        return {"summary": rows}
+
+    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+        visible = [r for r in memory.get("summary", []) if r["memory"] is not None]
+        latest = max(visible, key=lambda r: r["snapshot_session"], default=None)
+        text = latest["memory"] if latest else ""
+        details: dict[str, Any] = {"memory_after_session": latest["snapshot_session"] if latest else None}
+        if text and settings.select_relevant:
+            dialogue = format_unit(probe.current) if probe.current else probe.request
+            text = (await llm.chat(select_messages(text, dialogue), **self.params(settings))).text.strip()
+            details["selected"] = text
+        used = [f"summary:{latest['snapshot_session']}"] if latest else []
+        return await memory_response.answer_from_memory(llm, probe, text, used, details=details,
+                                                        **self.params(settings))
+
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+        visible = [r for r in memory.get("summary", []) if r["memory"] is not None]
+        return max(visible, key=lambda r: r["snapshot_session"])["memory"] if visible else None
+
+    def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
+        rows = produced.get("summary", [])
+        if not rows:
+            return {}
+        return {"memory_calls": len(rows), "failed_sessions": sum(r["error"] is not None for r in rows),
+                "memory_calls_per_episode": {rows[0]["episode_id"]: len(rows)}}

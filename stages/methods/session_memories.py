@@ -1,0 +1,78 @@
+"""Session memories shared by Theanine's Phase I and the memory baselines: at the end of each
+session, one LLM call writes what is worth remembering as short sentences, each with its time
+(the session index and its date when the corpus has one) and its origin (session and turns).
+
+Its own module, so that editing this prompt re-runs exactly the methods built on it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Sequence
+
+import pyarrow as pa
+from pydantic import BaseModel, Field
+
+from pipeline.llm.types import ChatLLM, Messages
+from stages.methods.base import SNAPSHOT_FIELDS
+from stages.units import format_unit
+
+# One row per memory, keyed by the end of the session it was summarised from (a `log` memory).
+MEMORY_FIELDS = [
+    *SNAPSHOT_FIELDS,
+    pa.field("memory_id", pa.string(), nullable=False),  # "<session>:<index>"
+    pa.field("session_idx", pa.int32(), nullable=False),
+    pa.field("memory_idx", pa.int32(), nullable=False),
+    pa.field("event", pa.string(), nullable=False),
+    pa.field("session_time", pa.string()),  # the session's date when the corpus has one
+    pa.field("turn_start", pa.int32()),  # the origin dialogue: turns of its session
+    pa.field("turn_end", pa.int32()),
+    pa.field("source_turn_ids", pa.list_(pa.string())),
+]
+
+
+class SessionMemories(BaseModel):
+    memories: list[str] = Field(description="short facts about the speakers from this session, one per item")
+
+
+def session_time(turns: Sequence[dict]) -> str | None:
+    value = turns[0].get("session_time") if turns else None
+    if value is None:
+        return None
+    return value.strftime("%Y-%m-%d") if isinstance(value, datetime) else str(value)
+
+
+def when(session_idx: int, time: str | None) -> str:
+    return f"session {session_idx}" + (f" ({time})" if time else "")
+
+
+def summarize_messages(turns: Sequence[dict], session_idx: int, time: str | None, max_memories: int) -> Messages:
+    system = ("You keep a long-term memory of conversations between two people. From one conversation "
+              "session, write down what is worth remembering later: events, plans, changes, feelings and "
+              "facts about each speaker. Each memory is one short sentence that names the speaker.")
+    user = (f"Conversation ({when(session_idx, time)}):\n{format_unit(turns)}\n\n"
+            f"List at most {max_memories} memories. Reply in JSON: "
+            '{"memories": ["...", "..."]}.')
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+async def summarize_session(llm: ChatLLM, turns: list[dict], session_idx: int, max_memories: int) -> list[str]:
+    """The memories of one session (at most `max_memories`, blanks dropped)."""
+    result = await llm.chat(summarize_messages(turns, session_idx, session_time(turns), max_memories),
+                            schema=SessionMemories)
+    return [m.strip() for m in result.parsed.memories if m.strip()][:max_memories]
+
+
+def memory_rows(episode_id: str, session_idx: int, turns: list[dict], events: list[str]) -> list[dict[str, Any]]:
+    """Rows of MEMORY_FIELDS for one session's memories."""
+    return [{"episode_id": episode_id, "snapshot_session": session_idx, "snapshot_turn": None,
+             "memory_id": f"{session_idx}:{i}", "session_idx": session_idx, "memory_idx": i, "event": ev,
+             "session_time": session_time(turns), "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
+             "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
+            for i, ev in enumerate(events)]
+
+
+def memory_lines(memories: Sequence[dict]) -> str:
+    """Memories in time order, one per line with its time."""
+    rows = sorted(memories, key=lambda m: (m["session_idx"], m["memory_idx"]))
+    return "\n".join(f"[{when(m['session_idx'], m.get('session_time'))}] {m['event']}" for m in rows)
