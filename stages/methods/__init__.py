@@ -8,6 +8,7 @@ from __future__ import annotations
 from stages.methods.base import Method
 from stages.methods.gold_memory import GoldMemory
 from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
+from stages.methods.ld_agent import LDAgent
 from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
@@ -17,5 +18,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
-    AllContext(), PartContext(),
+    AllContext(), PartContext(), LDAgent(),
 ]}
