@@ -94,6 +94,7 @@ class ReportStage(GlobalStage):
         "answer_summary": summaries.ANSWER_SUMMARY,
         "memory_summary": summaries.MEMORY_SUMMARY,
         "metric_summary": summaries.METRIC_SUMMARY,
+        "evolution_summary": summaries.EVOLUTION_SUMMARY,
     }
 
     def __init__(self, methods: tuple[str, ...] = (), memory_methods: tuple[str, ...] = (),
@@ -123,6 +124,8 @@ class ReportStage(GlobalStage):
             "answer_summary": summaries.answer_summary(answers_raw),
             "memory_summary": summaries.memory_summary(memory_raw),
             "metric_summary": summaries.metric_summary(metrics_raw),
+            "evolution_summary": summaries.evolution_summary(
+                {m: _frame(inputs, f"{memory_stage_name(m)}.evolution") for m in self.memory_methods}),
             "method_summary": summaries.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
                                                        memory_raw),
         }
@@ -196,6 +199,9 @@ class ReportStage(GlobalStage):
                           fig("memory_quality.png", "memory quality")),
             *([ReportSection("Memory graph", "Memories as nodes by session; edges point from the older memory "
                              "to the newer and carry their relation.", [], [graph])] if graph else []),
+            *([ReportSection("Memory evolution", "Share of each insight label of a self-refining memory "
+                             "(CREEM: New, Redundant, Updated; first-session insights are Blended).",
+                             [("", t["evolution_summary"])])] if not t["evolution_summary"].is_empty() else []),
             ReportSection("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
             ReportSection("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],
                           fig("retrieval_recall.png", "evidence recall by k")),

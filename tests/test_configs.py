@@ -22,4 +22,4 @@ def test_each_config_loads_and_plans_every_method_it_names(path):
 
 def test_the_default_job_runs_one_method_of_every_paper_landed_so_far_and_full_history():
     cfg = stages.load_config(CONFIGS[0].parent / "default.yaml")
-    assert {"secom", "theanine", "rsum", "ld_agent", "full_history"} <= set(cfg.methods)
+    assert {"secom", "theanine", "rsum", "ld_agent", "creem", "full_history"} <= set(cfg.methods)

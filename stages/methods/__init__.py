@@ -6,6 +6,7 @@ Add a method by writing its module (see `base.py` and the README) and listing it
 from __future__ import annotations
 
 from stages.methods.base import Method
+from stages.methods.creem import Creem, CreemNoPreblend, CreemNoRefine
 from stages.methods.gold_memory import GoldMemory
 from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
 from stages.methods.ld_agent import LDAgent
@@ -18,5 +19,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
-    AllContext(), PartContext(), LDAgent(),
+    AllContext(), PartContext(), LDAgent(), Creem(), CreemNoRefine(), CreemNoPreblend(),
 ]}
