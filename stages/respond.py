@@ -25,6 +25,7 @@ RESPONSES = pa.schema(
         pa.field("memory_ids", pa.list_(pa.string())),  # memory / unit ids that entered the context
         pa.field("context_tokens", pa.int32()),  # tokens (cl100k) of memory in the context: "# Tokens"
         pa.field("context_turns", pa.int32()),  # dataset turns of memory in the context: "# Turns"
+        pa.field("memory_after_session", pa.int32()),  # the memory seen was built up to this session; null: none
         pa.field("details_json", pa.string()),  # method-specific record, e.g. timelines
         pa.field("model", pa.string()),
         pa.field("error", pa.string()),
@@ -71,7 +72,9 @@ class RespondStage(MethodStage):
         async def one(probe: dict[str, Any]) -> dict[str, Any]:
             seen = {t: visible_memory(rows, probe["session_idx"], probe["turn_idx"], self.method.memory_kind)
                     for t, rows in memory.items()}
-            row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": self.method.name}
+            built = [r["snapshot_session"] for rows in seen.values() for r in rows]
+            row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": self.method.name,
+                   "memory_after_session": max(built, default=None)}
             try:
                 ans = await self.method.answer(ctx.llm, probe_input(probe, episode, sessions, upstream, embed),
                                                seen, settings)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+from pydantic import ValidationError
+
 from fake_chat import FakeChat
 from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
 from stages.methods.creem import Creem, CreemNoPreblendSettings, CreemNoRefineSettings, CreemSettings
@@ -52,7 +55,7 @@ def test_a_new_insight_removes_nothing_and_a_removal_outside_the_retrieved_is_re
     memory = {"Ann": [mem(1), mem(2), mem(3)]}
     step(memory, llm)
     refine_call = llm.calls[-1]
-    assert refine_call["attempts"] == 2 and "M1..M1" in refine_call["errors"][0]
+    assert refine_call["attempts"] == 2 and refine_call["errors"]  # "removes": [3] when only M1 was shown
     assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "c11"]
 
 
@@ -79,7 +82,7 @@ def builder(messages, schema):
         return {"question": "What is new?"}
     if name == "Blended":
         return {"insights": [{"text": "insight"}]}
-    if name == "BlendedAndRefined":
+    if name == "BlendedAndRefined":  # the schema built for the number of memories retrieved
         return {"insights": [{"text": "insight", "label": "New", "removes": []}]}
     return "Bob: I remember!"
 
@@ -100,10 +103,11 @@ def test_memory_per_session_is_what_a_later_probe_sees_and_preblend_is_an_ablati
                        episode=episode.episode, history={}, current=sessions[3][:1])
     llm = FakeChat(responder=builder)
     answer = asyncio.run(Creem().answer(llm, probe, seen, CreemSettings()))
-    assert answer.text == "I remember!" and [c["schema"].__name__ for c in llm.calls if c["schema"]] == ["Blended"]
+    assert answer.text == "I remember!" and answer.details["question"] == "What is new?"
+    assert [c["schema"].__name__ for c in llm.calls if c["schema"]] == ["Question", "Blended"]
     llm = FakeChat(responder=builder)
     asyncio.run(Creem().answer(llm, probe, seen, CreemNoPreblendSettings()))
-    assert [c["schema"] for c in llm.calls] == [None]
+    assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", None]
 
 
 def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(run_cfg, fake_llm):
@@ -129,3 +133,14 @@ def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(r
     assert {r["method"] for r in evolution} == set(methods)
     for m in methods:
         assert abs(sum(r["share"] for r in evolution if r["method"] == m) - 1.0) < 1e-9
+
+
+def test_the_refine_schema_lets_removals_name_only_the_memories_shown():
+    from stages.methods.creem import blend_refine_schema
+
+    schema = blend_refine_schema(2)
+    assert schema.model_validate({"insights": [{"text": "x", "label": "Updated", "removes": [2]}]})
+    for bad in ([3], [0], [1, 2, 1]):
+        with pytest.raises(ValidationError):
+            schema.model_validate({"insights": [{"text": "x", "label": "Updated", "removes": bad}]})
+    assert blend_refine_schema(0).model_validate({"insights": [{"text": "x", "label": "New"}]})

@@ -180,3 +180,18 @@ def test_manifests_report_llm_calls_and_tokens_per_episode(run_cfg, fake_llm):
         usage = next(iter(m["llm_usage"].values()))
         assert sum(e["calls"] for e in per_episode.values()) == usage["calls"]
         assert sum(e["prompt_tokens"] for e in per_episode.values()) == usage["prompt_tokens"] > 0
+
+
+def test_every_response_records_after_which_session_its_memory_was_built(run_cfg, fake_llm):
+    from pipeline.artifacts import StageDir
+    from pipeline.runner import Runner
+    from stages import registry
+
+    cfg = run_cfg("corpus.limit=1", "methods=[rsum,zero_history]", "probes.max_per_episode=3",
+                  "stages=[ingest,probes,memory_rsum,respond_rsum,respond_zero_history]")
+    Runner(cfg, registry(cfg)).run()
+    probes = {p["probe_id"]: p for p in StageDir(cfg.run_dir, "probes").read_table("probes").to_pylist()}
+    for r in StageDir(cfg.run_dir, "respond_rsum").read_table("responses").to_pylist():
+        assert r["memory_after_session"] == probes[r["probe_id"]]["session_idx"] - 1
+    for r in StageDir(cfg.run_dir, "respond_zero_history").read_table("responses").to_pylist():
+        assert r["memory_after_session"] is None

@@ -116,7 +116,7 @@ def test_locomo_banks_and_retrieval_scores(run_cfg):
 
 
 def test_dialseg_segmentation_scores(run_cfg):
-    cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
+    cfg = run_cfg("corpus.format=dialseg", "corpus.limit=null", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
                   "compress.method=none", "stages=[ingest,guidance,segment,compress,banks,score]")
     Runner(cfg, registry(cfg)).run()
     rows = StageDir(cfg.run_dir, "score").read_table("segmentation_scores").to_pylist()
@@ -133,7 +133,7 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
         return segmenting_responder(body)
 
     fake_llm.responder = responder
-    cfg = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
+    cfg = run_cfg("corpus.format=dialseg", "corpus.limit=null", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
                   "segment.mode=reflection", "segment.reflection.rounds=1", "segment.reflection.mini_batches=2",
                   "stages=[ingest,guidance,segment]")
     Runner(cfg, registry(cfg)).run()
@@ -148,7 +148,7 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
     assert any(guidance["rubric"].splitlines()[0] in p for p in seg_prompts)
 
     # A later run reuses the stored file instead of learning again: no reflection calls.
-    reuse = run_cfg("corpus.format=dialseg", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
+    reuse = run_cfg("corpus.format=dialseg", "corpus.limit=null", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
                     "segment.mode=reflection", f"segment.guidance_path={path}", "run_name=reuse",
                     "stages=[ingest,guidance,segment]")
     fake_llm.reset()

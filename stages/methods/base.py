@@ -39,6 +39,11 @@ SNAPSHOT_FIELDS = [
 ]
 
 
+def after_session(episode_id: str, session: int) -> dict[str, Any]:
+    """The snapshot key of memory built from everything up to the end of `session`."""
+    return {"episode_id": episode_id, "snapshot_session": session, "snapshot_turn": None}
+
+
 class MethodSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

@@ -19,18 +19,19 @@ Every insight is logged with its label, what it removed, and where it was made.
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens, dense_scores, top_k
 from stages.common import failure_reason
 from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
-                                 ProbeInput)
+from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
+                                 MethodSettings, ProbeInput)
 from stages.units import format_unit
 
 MEMORIES = pa.schema([
@@ -69,6 +70,7 @@ class CreemSettings(MethodSettings):
     update_every: int = Field(default=1, ge=1)  # update after every n-th turn (1 = every turn, the paper)
     context_turns: int = Field(default=6, ge=1)  # recent turns in the query and the prompts
     response_words: int = Field(default=30, ge=5)
+    max_tokens: int | None = Field(default=None, ge=16)  # for the blend calls; None = the role's
 
 
 class Question(BaseModel):
@@ -83,14 +85,14 @@ class Blended(BaseModel):
     insights: list[Insight]
 
 
-class RefinedInsight(BaseModel):
-    text: str
-    label: Label
-    removes: list[int] = Field(default_factory=list)  # numbers of retrieved past memories it supersedes
-
-
-class BlendedAndRefined(BaseModel):
-    insights: list[RefinedInsight]
+@lru_cache(maxsize=64)
+def blend_refine_schema(retrieved: int) -> type[BaseModel]:
+    """The blend-and-refine answer, where `removes` can only name the retrieved past memories shown
+    (M1..Mn): on an endpoint that enforces the schema the answer cannot point anywhere else."""
+    index: Any = Literal[tuple(range(1, retrieved + 1))] if retrieved else int  # type: ignore[misc]
+    insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...),
+                           removes=(list[index], Field(default_factory=list, max_length=retrieved)))
+    return create_model("BlendedAndRefined", insights=(list[insight], ...))  # type: ignore[valid-type]
 
 
 # ------------------------------------------------------------------------------- prompts
@@ -140,7 +142,7 @@ def reply_messages(respondent: str, memory: list[str], dialogue: str, request: s
                                         f"{'Question' if question else 'Latest message'}: {request}\n\n{task}"}]
 
 
-def check_refined(out: BlendedAndRefined, n: int, retrieved: int) -> None:
+def check_refined(out: Any, n: int, retrieved: int) -> None:
     if not out.insights:
         raise ValueError("give at least one insight")
     for i, ins in enumerate(out.insights):
@@ -150,10 +152,6 @@ def check_refined(out: BlendedAndRefined, n: int, retrieved: int) -> None:
 
 
 # ------------------------------------------------------------------------------- the method
-
-def _key(eid: str, s: int) -> dict[str, Any]:
-    return {"episode_id": eid, "snapshot_session": s, "snapshot_turn": None}
-
 
 class Creem(Method):
     name = "creem"
@@ -183,12 +181,13 @@ class Creem(Method):
         """One update about `speaker` after `turns` (the session so far); mutates `memory`, returns log rows."""
         dialogue = format_unit(turns[-settings.context_turns:])
         t = turns[-1]["turn_idx"]
+        params = {"max_tokens": settings.max_tokens} if settings.max_tokens else {}
         base = {"speaker": speaker, "session_idx": session, "turn_idx": t}
         try:
             if first:
                 question = None
                 res = await llm.chat(first_session_messages(speaker, dialogue, settings.first_session_insights),
-                                     schema=Blended)
+                                     schema=Blended, **params)
                 made = [(i.text, "Blended", []) for i in res.parsed.insights]
             else:
                 question = (await llm.chat(question_messages(speaker, dialogue), schema=Question)).parsed.question
@@ -196,13 +195,13 @@ class Creem(Method):
                                            settings.k)
                 if settings.refine:
                     res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, True),
-                                         schema=BlendedAndRefined,
+                                         schema=blend_refine_schema(len(mems)), **params,
                                          validate=lambda out, n=len(mems): check_refined(out, settings.insights, n))
                     made = [(i.text, i.label, [mems[r - 1] for r in i.removes] if i.label != "New" else [])
                             for i in res.parsed.insights]
                 else:
                     res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, False),
-                                         schema=Blended)
+                                         schema=Blended, **params)
                     made = [(i.text, "New", []) for i in res.parsed.insights]
         except LLMError as e:  # the memory stays as it was; the failure is logged
             return [{**base, "question": None, "memory_id": None, "text": None, "label": None, "removed_ids": [],
@@ -232,9 +231,9 @@ class Creem(Method):
                     continue
                 rows = await self.step(ctx.llm, ctx.embed, settings, memory, turns[i]["speaker"], s, turns[:i + 1],
                                        first=n == 0, counter=counter)
-                out["evolution"] += [{**_key(eid, s), "dataset": episode.episode.get("dataset", ""), **r}
-                                     for r in rows]
-            out["memories"] += [{**_key(eid, s), **m} for ms in memory.values() for m in ms]
+                dataset = episode.episode.get("dataset", "")
+                out["evolution"] += [{**after_session(eid, s), "dataset": dataset, **r} for r in rows]
+            out["memories"] += [{**after_session(eid, s), **m} for ms in memory.values() for m in ms]
         return out
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
@@ -247,11 +246,13 @@ class Creem(Method):
         question = probe.probe["kind"] == "qa"
         # Memory about the person spoken to, then about oneself.
         about = [m for m in past if m["speaker"] == other] + [m for m in past if m["speaker"] == respondent]
-        mems, utts = self.retrieve(probe.embed, dialogue, about, turns, settings.k)
+        query = (await llm.chat(question_messages(other, dialogue), schema=Question)).parsed.question
+        mems, utts = self.retrieve(probe.embed, f"{query}\n{dialogue}", about, turns, settings.k)
         lines = [m["text"] for m in mems]
-        details: dict[str, Any] = {"retrieved": [m["memory_id"] for m in mems]}
+        details: dict[str, Any] = {"question": query, "retrieved": [m["memory_id"] for m in mems]}
         if settings.preblend and (mems or utts):
-            res = await llm.chat(blend_messages(other, dialogue, mems, utts, settings.insights, False), schema=Blended)
+            res = await llm.chat(blend_messages(other, dialogue, mems, utts, settings.insights, False), schema=Blended,
+                                 **({"max_tokens": settings.max_tokens} if settings.max_tokens else {}))
             lines = [i.text for i in res.parsed.insights] + lines
             details["preblend"] = [i.text for i in res.parsed.insights]
         result = await llm.chat(reply_messages(respondent, lines, dialogue, probe.request, settings.response_words,

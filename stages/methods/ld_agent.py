@@ -34,8 +34,8 @@ from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens, dense_scores
 from stages.common import failure_reason
 from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
-                                 ProbeInput)
+from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
+                                 MethodSettings, ProbeInput)
 from stages.units import format_unit
 
 NO_TRAIT = "NO_TRAIT"
@@ -198,10 +198,6 @@ def reply_messages(agent: str, user: str, agent_traits: list[str], user_traits: 
     return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
 
 
-def _key(eid: str, s: int) -> dict[str, Any]:
-    return {"episode_id": eid, "snapshot_session": s, "snapshot_turn": None}
-
-
 class LDAgent(Method):
     name = "ld_agent"
     Settings = LDAgentSettings
@@ -227,7 +223,8 @@ class LDAgent(Method):
                 summary = ""
             if summary:
                 vector = ctx.embed([summary])[0] if ctx.embed else []
-                out["events"].append({**_key(eid, session), "event_id": f"e{len(out['events'])}", "session_idx": session,
+                out["events"].append({**after_session(eid, session), "event_id": f"e{len(out['events'])}",
+                                      "session_idx": session,
                                       "summary": summary, "time_s": cache[-1][0], "time_source": times[session][1],
                                       "nouns": self.nouns(format_unit(turns)), "vector": list(map(float, vector)),
                                       "turns": len(turns)})
@@ -247,7 +244,7 @@ class LDAgent(Method):
         return out
 
     async def trait(self, llm: ChatLLM, eid: str, s: int, turn: dict, settings: LDAgentSettings) -> dict[str, Any]:
-        row = {**_key(eid, s), "speaker": turn["speaker"], "session_idx": s, "turn_idx": turn["turn_idx"],
+        row = {**after_session(eid, s), "speaker": turn["speaker"], "session_idx": s, "turn_idx": turn["turn_idx"],
                "trait": None, "error": None}
         try:
             text = (await llm.chat(persona_messages(turn["text"], turn["speaker"], settings.persona_words))).text.strip()

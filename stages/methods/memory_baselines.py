@@ -21,8 +21,8 @@ from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import dense_scores, top_k
 from stages.common import failure_reason
 from stages.methods import memory_response, session_memories
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
-                                 ProbeInput)
+from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
+                                 MethodSettings, ProbeInput)
 from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
 from stages.units import format_unit
 
@@ -150,7 +150,7 @@ class UpdatedMemoryMethod(SessionMemoryMethod):
         out: dict[str, list[dict]] = {"pool": [], "operations": []}
         pool: list[dict] = []
         for s, turns in episode.sessions.items():
-            key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": None}
+            key = after_session(eid, s)
             try:
                 new = memory_rows(eid, s, turns, await summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
             except LLMError:

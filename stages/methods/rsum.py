@@ -15,8 +15,8 @@ from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens
 from stages.common import failure_reason
 from stages.methods import memory_response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
-                                 ProbeInput)
+from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
+                                 MethodSettings, ProbeInput)
 from stages.methods.session_memories import session_time, when
 from stages.units import format_unit
 
@@ -74,7 +74,7 @@ class RSum(Method):
         eid = episode.episode["episode_id"]
         rows, memory = [], ""
         for s, turns in episode.sessions.items():
-            key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": None}
+            key = after_session(eid, s)
             try:  # each memory is built from the previous memory and this session only
                 result = await ctx.llm.chat(update_messages(memory, turns, s, ctx.settings), **self.params(ctx.settings))
             except LLMError as e:  # the previous memory stays in force

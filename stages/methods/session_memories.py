@@ -14,7 +14,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from pipeline.llm.types import ChatLLM, Messages
-from stages.methods.base import SNAPSHOT_FIELDS
+from stages.methods.base import SNAPSHOT_FIELDS, after_session
 from stages.units import format_unit
 
 # One row per memory, keyed by the end of the session it was summarised from (a `log` memory).
@@ -65,9 +65,8 @@ async def summarize_session(llm: ChatLLM, turns: list[dict], session_idx: int, m
 
 def memory_rows(episode_id: str, session_idx: int, turns: list[dict], events: list[str]) -> list[dict[str, Any]]:
     """Rows of MEMORY_FIELDS for one session's memories."""
-    return [{"episode_id": episode_id, "snapshot_session": session_idx, "snapshot_turn": None,
-             "memory_id": f"{session_idx}:{i}", "session_idx": session_idx, "memory_idx": i, "event": ev,
-             "session_time": session_time(turns), "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
+    return [{**after_session(episode_id, session_idx), "memory_id": f"{session_idx}:{i}", "session_idx": session_idx,
+             "memory_idx": i, "event": ev, "session_time": session_time(turns), "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
              "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
             for i, ev in enumerate(events)]
 

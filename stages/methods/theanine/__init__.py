@@ -22,8 +22,8 @@ from pipeline.llm.types import ChatLLM, LLMError
 from pipeline.retrieval import count_tokens, within_tokens
 from stages.common import failure_reason
 from stages.methods import response, session_memories
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
-                                 ProbeInput)
+from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
+                                 MethodSettings, ProbeInput)
 from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
 from stages.methods.theanine import graph as g
 from stages.methods.theanine import prompts
@@ -97,10 +97,6 @@ def graph_of(memories: list[dict], edges: list[dict]) -> g.Graph:
     return graph
 
 
-def _key(episode_id: str, session: int) -> dict[str, Any]:
-    return {"episode_id": episode_id, "snapshot_session": session, "snapshot_turn": None}
-
-
 class Theanine(Method):
     name = "theanine"
     Settings: ClassVar[type[MethodSettings]] = TheanineSettings
@@ -135,7 +131,8 @@ class Theanine(Method):
             try:
                 events = await summarize_session(ctx.llm, turns, s, settings.max_memories)
             except LLMError as e:  # no memories from this session; the build goes on
-                out["build_log"].append({**_key(eid, s), "memories": 0, "link_calls": 0, "error": failure_reason(e)})
+                out["build_log"].append({**after_session(eid, s), "memories": 0, "link_calls": 0,
+                                         "error": failure_reason(e)})
                 continue
             new = memory_rows(eid, s, turns, events)
             new_vectors = np.asarray(ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
@@ -147,11 +144,11 @@ class Theanine(Method):
                 out["memories"].append({**m, "vector": v.tolist()})
             graph.add_memories({m["memory_id"]: (s, m["memory_idx"]) for m in new})
             graph.edges.extend(edges)
-            out["edges"] += [{**_key(eid, s), "source": e.source, "target": e.target, "relation": e.relation}
+            out["edges"] += [{**after_session(eid, s), "source": e.source, "target": e.target, "relation": e.relation}
                              for e in edges]
             out["link_labels"] += labels
             calls = len(labels) if settings.relation_aware else 0
-            out["build_log"].append({**_key(eid, s), "memories": len(new), "link_calls": calls, "error": None})
+            out["build_log"].append({**after_session(eid, s), "memories": len(new), "link_calls": calls, "error": None})
         return out
 
     async def link(self, llm: ChatLLM, graph: g.Graph, by_id: dict[str, dict], vectors: dict[str, np.ndarray],
@@ -180,7 +177,7 @@ class Theanine(Method):
                 labels = {c: "SameTopic" for c in candidates}
             edges = g.links_for(m["memory_id"], labels, graph, components, mode)
             linked = {e.source for e in edges}
-            rows = [{**_key(m["episode_id"], m["session_idx"]), "new_id": m["memory_id"], "candidate_id": c,
+            rows = [{**after_session(m["episode_id"], m["session_idx"]), "new_id": m["memory_id"], "candidate_id": c,
                      "rank": r, "relation": None if c in errors else labels[c], "linked": c in linked,
                      "error": errors.get(c)} for r, c in enumerate(candidates)]
             return edges, rows
