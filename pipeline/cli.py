@@ -84,11 +84,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    import stages
     from pipeline.artifacts import StageDir
     from pipeline.export import export_stage
 
     cfg = _config(args)
-    out = export_stage(StageDir(cfg.run_dir, args.name), Path(args.out))
+    dataset = stages.exporter(args.name)  # a stage that ships a dataset (tables + card) exports it so
+    out = dataset(cfg, Path(args.out)) if dataset else export_stage(StageDir(cfg.run_dir, args.name), Path(args.out))
     print(f"exported {args.name} to {out}")
     return 0
 
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--open", action="store_true", help="open the HTML report in a browser")
     report.set_defaults(func=cmd_report)
 
-    export = sub.add_parser("export", help="copy a stage's Parquet tables with a README")
+    export = sub.add_parser("export", help="copy a stage's Parquet tables with a README (teabag: the TeaBag dataset with its card)")
     common(export)
     export.add_argument("name", help="stage name")
     export.add_argument("--out", required=True, help="output folder")

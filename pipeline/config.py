@@ -42,8 +42,8 @@ def resolve_paths(model: "M", base: Path | None = None) -> "M":
             setattr(model, name, str(((base or Path.cwd()) / Path(value).expanduser()).resolve()))
         elif isinstance(value, BaseModel):
             resolve_paths(value, base)
-        elif isinstance(value, dict):
-            for item in value.values():
+        elif isinstance(value, (dict, list)):
+            for item in value.values() if isinstance(value, dict) else value:
                 if isinstance(item, BaseModel):
                     resolve_paths(item, base)
     return model
@@ -183,10 +183,18 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-class CorpusConfig(Section):
+class CorpusSource(Section):
     format: CorpusFormat = "sample"
     path: str = PathField("data/sample")
     limit: int | None = Field(default=None, ge=1)  # first N episodes
+
+
+class CorpusConfig(CorpusSource):
+    # More corpora read after the first into the same run (e.g. TeaFarm's 50 MSC + 50 CC episodes).
+    extra: list[CorpusSource] = Field(default_factory=list)
+
+    def sources(self) -> list[CorpusSource]:
+        return [self, *self.extra]
 
 
 class RayConfig(Section):

@@ -1,6 +1,7 @@
 """The pipeline's stages, in pipeline order, and the config model they make up.
 
-`registry(cfg)` is what the CLI hands the runner: the fixed stages, then for each method in
+`registry(cfg)` is what the CLI hands the runner: the fixed stages (`teabag` only with
+`teabag.enabled`), then for each method in
 `cfg.methods` its `memory_<method>` (when it has memory) and `respond_<method>` stages, then
 scoring, the reference metrics, the judges and the report. `load_config` validates a YAML file against every stage's and method's
 settings model.
@@ -9,7 +10,7 @@ settings model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.config import load_config as _load_config
@@ -30,10 +31,12 @@ from stages.respond import RespondStage
 from stages.response_metrics import ResponseMetricsStage
 from stages.score import ScoreStage
 from stages.segment import SegmentStage
+from stages.teabag import TeabagStage
+from stages.teabag.export import export_teabag
 
 # Stage classes in pipeline order around the per-method stages.
 BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, GuidanceStage, SegmentStage, CompressStage, BanksStage,
-                                           ProbesStage)
+                                           TeabagStage, ProbesStage)
 AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, JudgePairwiseStage, JudgeAnswersStage,
                                           JudgeMemoryStage, ReportStage)
 
@@ -42,14 +45,25 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     chosen = [methods[name] for name in cfg.methods]
     memory = [MemoryStage(m) for m in chosen if m.memory]
     respond = [RespondStage(m) for m in chosen]
-    stages: list[Stage] = [cls() for cls in BEFORE_METHODS] + memory + respond
+    teafarm = cfg.teabag.enabled
+    fixed = [ProbesStage(teafarm) if cls is ProbesStage else cls() for cls in BEFORE_METHODS
+             if cls is not TeabagStage or teafarm]
+    stages: list[Stage] = fixed + memory + respond
     names = tuple(cfg.methods)
     scoring: list[Stage] = [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names),
                             JudgeAnswersStage(names), JudgeMemoryStage(names)]
     # The report reads the scoring stages the run includes (a Theanine run needs no SeCom scores).
-    in_run = tuple(n for n in ("probes", *(s.name for s in scoring)) if not cfg.stages or n in cfg.stages)
+    read = ("probes", *(["teabag"] if teafarm else []), *(s.name for s in scoring))
+    in_run = tuple(n for n in read if not cfg.stages or n in cfg.stages)
     stages += [*scoring, ReportStage(names, tuple(m.name for m in chosen if m.memory), in_run)]
     return {s.name: s for s in stages}
+
+
+def exporter(name: str) -> Callable[[RunConfig, Path], Path] | None:
+    """The dataset export of a stage that has one (`mempipe export teabag`), else None."""
+    if name == TeabagStage.name:
+        return lambda cfg, out: export_teabag(Path(cfg.run_dir), out, cfg.teabag)
+    return None
 
 
 def report_files(cfg: RunConfig) -> tuple[Path, Path]:

@@ -2,7 +2,10 @@
 
 - next_response: in sessions >= from_session, each turn of the agent speaker, given the history
   and the current session up to the turn before it (MSC / CC style evaluation);
-- qa: each dataset question, asked after the full history (LoCoMo, Long-MT-Bench+).
+- qa: each dataset question, asked after the full history (LoCoMo, Long-MT-Bench+);
+- teafarm: each TeaBag question (with `teabag.enabled`), asked at the end of its generated session
+  N+1, which the probe carries as `context` since the corpus does not hold it; the speaker who did
+  not ask answers, from the memory of sessions 1..N.
 Sampling is seeded per episode, so the same config always yields the same probes.
 """
 
@@ -22,7 +25,7 @@ PROBES = pa.schema(
     [
         pa.field("episode_id", pa.string(), nullable=False),
         pa.field("probe_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),  # next_response | qa
+        pa.field("kind", pa.string(), nullable=False),  # next_response | qa | teafarm
         pa.field("session_idx", pa.int32(), nullable=False),  # session the probe sits in
         pa.field("turn_idx", pa.int32()),  # the turn to produce (next_response); null for qa
         pa.field("respondent", pa.string(), nullable=False),
@@ -31,6 +34,8 @@ PROBES = pa.schema(
         pa.field("qa_id", pa.string()),
         pa.field("evidence", pa.list_(pa.string())),
         pa.field("category", pa.string()),
+        # the probe's session up to the turn to produce, when the corpus does not hold it (TeaFarm)
+        pa.field("context", pa.list_(pa.struct([pa.field("speaker", pa.string()), pa.field("text", pa.string())]))),
     ]
 )
 
@@ -76,6 +81,23 @@ def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
     ]
 
 
+def teafarm_probes(questions: Rows, sessions: Rows) -> Rows:
+    """One probe per usable TeaBag question: its session N+1 (ending with the question) as context."""
+    probes = []
+    for q in questions:
+        if q["error"] is not None:
+            continue
+        turns = sorted((t for t in sessions if t["question_id"] == q["question_id"]), key=lambda t: t["turn_idx"])
+        probes.append({
+            "episode_id": q["episode_id"], "probe_id": f"tf:{q['question_id']}", "kind": "teafarm",
+            "session_idx": q["memory_sessions"] + 1, "turn_idx": len(turns), "respondent": q["answerer"],
+            "request": q["question"], "gold": q["answer"], "qa_id": q["question_id"],
+            "evidence": [f"session {s}" for s in q["evidence_sessions"] or []],
+            "context": [{"speaker": t["speaker"], "text": t["text"]} for t in turns],
+        })
+    return probes
+
+
 def sample(rows: Rows, n: int | None, seed: int, episode_id: str) -> Rows:
     if n is None or len(rows) <= n:
         return rows
@@ -85,10 +107,12 @@ def sample(rows: Rows, n: int | None, seed: int, episode_id: str) -> Rows:
 
 class ProbesStage(EpisodeStage):
     name = "probes"
-    inputs = ("ingest",)
     outputs = {"probes": PROBES}
     section = "probes"
     settings = ProbesConfig
+
+    def __init__(self, teafarm: bool = False) -> None:
+        self.inputs = ("ingest", "teabag") if teafarm else ("ingest",)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section
@@ -98,4 +122,6 @@ class ProbesStage(EpisodeStage):
             rows += sample(next_response_probes(episode, sessions_of(inputs["ingest.turns"]), cfg), cfg.max_per_episode, cfg.seed, episode_id)
         if cfg.qa:
             rows += sample(qa_probes(episode, inputs["ingest.qa"]), cfg.max_qa_per_episode, cfg.seed, episode_id)
+        if "teabag.questions" in inputs:
+            rows += teafarm_probes(inputs["teabag.questions"], inputs["teabag.sessions"])
         return {"probes": rows}

@@ -68,6 +68,16 @@ def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFr
     return out.select(ordered + [c for c in out.columns if c not in ordered]).head(limit)
 
 
+def teabag_rows(questions: pl.DataFrame, limit: int, chars: int) -> pl.DataFrame:
+    """The TeaBag questions of the run, one row each (failed ones with their reason)."""
+    if questions.is_empty():
+        return questions
+    cols = ["question_id", "asker", "answerer", "question", "false_premise", "answer", "evidence_sessions",
+            "checked", "attempts", "error"]
+    cut = [pl.col(c).str.slice(0, chars) for c in ("question", "false_premise", "answer", "error")]
+    return questions.select(cols).with_columns(cut).sort("question_id").head(limit)
+
+
 def _pairwise_intro(pairwise: pl.DataFrame) -> str:
     if pairwise.is_empty():
         return "No head-to-head judgments in this run."
@@ -95,6 +105,7 @@ class ReportStage(GlobalStage):
         "memory_summary": summaries.MEMORY_SUMMARY,
         "metric_summary": summaries.METRIC_SUMMARY,
         "evolution_summary": summaries.EVOLUTION_SUMMARY,
+        "teafarm_summary": summaries.TEAFARM_SUMMARY,
     }
 
     def __init__(self, methods: tuple[str, ...] = (), memory_methods: tuple[str, ...] = (),
@@ -122,6 +133,7 @@ class ReportStage(GlobalStage):
             "retrieval_summary": summaries.retrieval_summary(_frame(inputs, "score.retrieval_scores")),
             "pairwise_summary": summaries.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
             "answer_summary": summaries.answer_summary(answers_raw),
+            "teafarm_summary": summaries.teafarm_summary(answers_raw),
             "memory_summary": summaries.memory_summary(memory_raw),
             "metric_summary": summaries.metric_summary(metrics_raw),
             "evolution_summary": summaries.evolution_summary(
@@ -132,7 +144,8 @@ class ReportStage(GlobalStage):
         graph = self.memory_graph(inputs, ctx.out_dir)
         self.write_report(ctx, settings, tables, graph, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
-            settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"))
+            settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
+            teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars))
         return {name: summaries.to_arrow(df, self.outputs[name]) for name, df in tables.items()}
 
     def memory_graph(self, inputs: dict[str, pa.Table], out: Path) -> tuple[str, str] | None:
@@ -159,7 +172,8 @@ class ReportStage(GlobalStage):
         return None
 
     def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
-                     graph: tuple[str, str] | None, probes: pl.DataFrame, implementations: pl.DataFrame) -> None:
+                     graph: tuple[str, str] | None, probes: pl.DataFrame, implementations: pl.DataFrame,
+                     teabag: pl.DataFrame) -> None:
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
         cfg = ctx.cfg
@@ -167,14 +181,13 @@ class ReportStage(GlobalStage):
         quality = next((q for q in ("gpt4score", "token_f1") if q in methods.columns
                         and methods[q].drop_nulls().len()), "token_f1")
         answers = t["answer_summary"]
-        teafarm = answers.filter((pl.col("judge") == "teafarm") & pl.col("category").is_null()) \
-            if not answers.is_empty() else answers
+        teafarm = t["teafarm_summary"].filter(pl.col("dataset") == "all")
         judges_differ = self.strict_vs_lenient(answers)
         figures = {
             "win_rates.png": plots.win_rates(t["pairwise_summary"], out / "win_rates.png"),
             "cost_quality.png": plots.cost_quality(methods, quality, out / "cost_quality.png"),
-            "teafarm.png": plots.bars_by_method({r["method"]: r["score"] for r in teafarm.iter_rows(named=True)},
-                                                out / "teafarm.png", "TeaFarm correctness", 1.0),
+            "teafarm.png": plots.bars_by_method({r["method"]: r["correctness"] for r in teafarm.iter_rows(named=True)},
+                                                out / "teafarm.png", "TeaFarm correct / total", 1.0),
             "memory_quality.png": plots.memory_quality(t["memory_summary"], out / "memory_quality.png"),
             "segmentation.png": plots.segmentation(t["segmentation_summary"], out / "segmentation.png"),
             "retrieval_recall.png": plots.retrieval_recall(t["retrieval_summary"], out / "retrieval_recall.png"),
@@ -192,7 +205,13 @@ class ReportStage(GlobalStage):
                           [("", t["pairwise_summary"])], fig("win_rates.png", "win rates")),
             ReportSection("Answers judged against the reference",
                           "gpt4score: 0-100; strict / lenient: share judged correct; teafarm: TeaFarm "
-                          "correctness. " + judges_differ, [("", answers)], fig("teafarm.png", "TeaFarm correctness")),
+                          "correctness. " + judges_differ, [("", answers)]),
+            *([ReportSection("TeaFarm (counterfactual questions)",
+                             "Each question treats an outdated or false thing as true; a method is correct when its "
+                             "answer does not go along with it (Theanine Table 3: correct / total). `all` pools "
+                             "every dataset.", [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
+                             fig("teafarm.png", "TeaFarm correct / total"))]
+              if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),
             ReportSection("Reference metrics", "Means per dataset, probe kind and category (empty = all).",
                           [("", t["metric_summary"]), ("Implementations", implementations)]),
             ReportSection("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
@@ -207,7 +226,8 @@ class ReportStage(GlobalStage):
                           fig("retrieval_recall.png", "evidence recall by k")),
         ]
         roles = {r: cfg.role(r).model for r in sorted(set(cfg.roles) | {JUDGE_ROLE, "generator"})}
-        header = [f"Methods: {', '.join(self.methods)}; corpus `{cfg.corpus.format}` ({cfg.corpus.path}).",
+        corpora = "; ".join(f"`{c.format}` ({c.path})" for c in cfg.corpus.sources())
+        header = [f"Methods: {', '.join(self.methods)}; corpus {corpora}.",
                   "Models by role: " + ", ".join(f"{r} = {m}" for r, m in roles.items()) + "."]
         title = f"Run {cfg.run_name}"
         (out / REPORT_MD).write_text(report_render.render_markdown(title, header, sections, probes))

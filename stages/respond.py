@@ -46,11 +46,25 @@ MEMORY_VIEW = pa.schema(
 def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[int, Rows],
                 upstream: dict[str, Rows], embed: Any) -> ProbeInput:
     """What a method may see of the conversation at a probe: earlier sessions, and the probe's own
-    session up to the turn to produce (nothing of it for a question asked after the history)."""
+    session up to the turn to produce (nothing of it for a question asked after the history; the
+    probe's `context` for a session the corpus does not hold, as TeaFarm's)."""
     s, t = probe["session_idx"], probe["turn_idx"]
-    current = [] if t is None else [turn for turn in sessions.get(s, []) if turn["turn_idx"] < t]
+    if probe.get("context") is not None:
+        current = [{"episode_id": probe["episode_id"], "session_idx": s, "turn_idx": i, "speaker": c["speaker"],
+                    "text": c["text"], "session_time": None, "session_gap_label": None, "source_turn_id": None}
+                   for i, c in enumerate(probe["context"])]
+    else:
+        current = [] if t is None else [turn for turn in sessions.get(s, []) if turn["turn_idx"] < t]
     history = {k: v for k, v in sessions.items() if k < s}
     return ProbeInput(probe=probe, episode=episode, history=history, current=current, upstream=upstream, embed=embed)
+
+
+def memory_point(probe: dict[str, Any]) -> tuple[int, int | None]:
+    """Where the memory a probe may see ends: before its turn; before its session when the session
+    is not the corpus's own (TeaFarm's session N+1 must not see memory of the corpus's session N+1)."""
+    if probe.get("context") is not None:
+        return probe["session_idx"], 0
+    return probe["session_idx"], probe["turn_idx"]
 
 
 class RespondStage(MethodStage):
@@ -70,8 +84,7 @@ class RespondStage(MethodStage):
         embed = ctx.embedder.encode if self.method.uses_embedder else None
 
         async def one(probe: dict[str, Any]) -> dict[str, Any]:
-            seen = {t: visible_memory(rows, probe["session_idx"], probe["turn_idx"], self.method.memory_kind)
-                    for t, rows in memory.items()}
+            seen = {t: visible_memory(rows, *memory_point(probe), self.method.memory_kind) for t, rows in memory.items()}
             built = [r["snapshot_session"] for rows in seen.values() for r in rows]
             row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": self.method.name,
                    "memory_after_session": max(built, default=None)}

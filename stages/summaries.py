@@ -96,6 +96,20 @@ ANSWER_SUMMARY = pa.schema(
     ]
 )
 
+# TeaFarm as Theanine's Table 3: correct / total per method and dataset ("all": every dataset).
+TEAFARM_SUMMARY = pa.schema(
+    [
+        pa.field("dataset", pa.string()),
+        pa.field("method", pa.string()),
+        pa.field("correct", pa.int64()),
+        pa.field("total", pa.int64()),  # questions judged
+        pa.field("correctness", pa.float64()),  # correct / total
+        pa.field("failed", pa.int64()),  # no response or no verdict: not in total
+        pa.field("judge_model", pa.string()),
+        pa.field("prompt_fingerprint", pa.string()),
+    ]
+)
+
 MEMORY_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
@@ -212,6 +226,24 @@ def answer_summary(judgments: pl.DataFrame) -> pl.DataFrame:
         ["dataset", "category", "method", "judge"]).agg(aggs)
     out = pl.concat([overall, by_category], how="diagonal")
     return out.sort(["dataset", "category", "method", "judge"], nulls_last=False)
+
+
+def teafarm_summary(judgments: pl.DataFrame) -> pl.DataFrame:
+    """Correct / total of the TeaFarm judge per dataset and method, and over every dataset."""
+    tf = judgments.filter(pl.col("judge") == "teafarm") if not judgments.is_empty() else judgments
+    if tf.is_empty():
+        return empty(TEAFARM_SUMMARY)
+    judged = pl.col("score").is_not_null() & pl.col("error").is_null()
+    aggs = [(pl.col("score") == 1.0).filter(judged).sum().cast(pl.Int64).alias("correct"),
+            judged.sum().cast(pl.Int64).alias("total"), (~judged).sum().cast(pl.Int64).alias("failed"),
+            *[_first(c).alias(c) for c in ("judge_model", "prompt_fingerprint") if c in tf.columns]]
+    per = tf.group_by(["dataset", "method"]).agg(aggs)
+    overall = tf.group_by("method").agg(aggs).with_columns(pl.lit("all").alias("dataset"))
+    out = pl.concat([per, overall.select(per.columns)])
+    out = out.with_columns(pl.when(pl.col("total") > 0).then(pl.col("correct") / pl.col("total"))
+                           .otherwise(None).alias("correctness"))
+    order = pl.when(pl.col("dataset") == "all").then(1).otherwise(0)
+    return out.sort([order, "dataset", "method"]).select([c for c in TEAFARM_SUMMARY.names if c in out.columns])
 
 
 def memory_summary(judgments: pl.DataFrame) -> pl.DataFrame:

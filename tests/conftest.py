@@ -70,7 +70,9 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
             f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
             "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
             f"embedding.cache_dir={models_cache}",
-            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", *sets,
+            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1",
+            "teabag.enabled=false",  # TeaFarm's tests opt in; the rest plan their own stage lists
+            *sets,
         ], **extra)
         return resolve_paths(cfg)
 

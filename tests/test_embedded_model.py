@@ -25,6 +25,7 @@ def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeyp
     cfg = resolve_paths(load_config(ROOT / "configs" / "default.yaml", [
         f"artifacts_dir={tmp_path / 'a'}", f"corpus.path={TINY}", f"llm.cache_dir={tmp_path / 'cache'}",
         f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,probes]",
+        "teabag.enabled=false",
     ]))
     assert cfg.llm.provider == "local"
     assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}
