@@ -4,7 +4,8 @@ Cold = fresh artifacts and a fresh LLM call cache (packaged models already unpac
 the first run); warm = the same command again, which must skip every stage. Prints a table per
 stage from the manifests and writes it to bench/results/default_job.md.
 
-    python bench/default_job.py            # about 4 minutes on 2 cores
+    python bench/default_job.py            # about 6 minutes on 2 cores
+    python bench/default_job.py --keep     # keep the run's folder (its path is printed)
 """
 
 from __future__ import annotations
@@ -54,15 +55,30 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def teafarm_rows(run_dir: Path) -> list[list[str]]:
+    """TeaFarm correct / total per method over every dataset, from the report's summary."""
+    import pyarrow.parquet as pq
+
+    folder = run_dir / "report" / "teafarm_summary"
+    if not folder.is_dir():
+        return []
+    rows = [r for f in sorted(folder.glob("*.parquet")) for r in pq.read_table(f).to_pylist() if r["dataset"] == "all"]
+    return [[r["method"], f"{r['correct']}/{r['total']}", str(r["failed"])] for r in rows]
+
+
 def main() -> int:
     load_before = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="mempipe-bench-"))
     try:
         cold = run_job(workdir)
         per_stage = stage_rows(workdir / "artifacts" / "default")
+        teafarm = teafarm_rows(workdir / "artifacts" / "default")
         warm = run_job(workdir)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if "--keep" in sys.argv:
+            print(f"run kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     summary = table(
         ["run", "wall s", "budget s", "within budget"],
         [["cold", f"{cold:.1f}", str(LIMIT_S), str(cold <= LIMIT_S)],
@@ -74,6 +90,9 @@ def main() -> int:
         f"{os.cpu_count()} cores, Python {platform.python_version()}; load average before: "
         f"{load_before:.2f}\n\n{summary}\n\nCold run per stage (from the manifests):\n\n{stages}\n"
     )
+    if teafarm:
+        text += ("\nTeaFarm on the default job (the embedded 135M model answers and judges: this shows the "
+                 "pipeline, not a score):\n\n" + table(["method", "correct/total", "failed"], teafarm) + "\n")
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(text)

@@ -90,15 +90,20 @@ def main(run_dir: Path) -> int:
     in_probe_rows = {m: m in parsed.cells.get("probes", []) for m in methods}
     rows = [[m, "yes" if in_methods_table[m] else "NO", "yes" if in_probe_rows[m] else "NO"] for m in methods]
     broken = (parsed.broken or "").split()
+    teafarm = (run_dir / "report" / "teafarm_summary").is_dir() and \
+        pq.read_table(run_dir / "report" / "teafarm_summary").num_rows > 0
+    teafarm_ok = not teafarm or "TeaFarm (counterfactual questions)" in dom
     lines = [f"# Report render check ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
              f"Run `{run_dir}`, Chromium `{browser}`; screenshot `bench/results/report_render.png`.", "",
              "| method | in a summary table | in the per-probe rows |", "|---|---|---|",
              *[f"| {' | '.join(r)} |" for r in rows], "",
-             f"Images that failed to load: {len(broken)}{' (' + ', '.join(broken) + ')' if broken else ''}.", ""]
+             f"Images that failed to load: {len(broken)}{' (' + ', '.join(broken) + ')' if broken else ''}.",
+             f"TeaFarm section: {'shown' if teafarm and teafarm_ok else 'MISSING' if teafarm else 'no TeaFarm in this run'}.",
+             ""]
     text = "\n".join(lines)
     print(text)
     (RESULTS / "report_render.md").write_text(text)
-    ok = all(in_methods_table.values()) and all(in_probe_rows.values()) and parsed.broken is not None and not broken
+    ok = teafarm_ok and all(in_methods_table.values()) and all(in_probe_rows.values()) and parsed.broken is not None and not broken
     return 0 if ok else 1
 
 

@@ -46,14 +46,16 @@ def when(session_idx: int, time: str | None) -> str:
     return f"session {session_idx}" + (f" ({time})" if time else "")
 
 
+SUMMARY_SYSTEM = ("You keep a long-term memory of conversations between two people. From one conversation "
+                  "session, write down what is worth remembering later: events, plans, changes, feelings and "
+                  "facts about each speaker. Each memory is one short sentence that names the speaker.")
+
+
 def summarize_messages(turns: Sequence[dict], session_idx: int, time: str | None, max_memories: int) -> Messages:
-    system = ("You keep a long-term memory of conversations between two people. From one conversation "
-              "session, write down what is worth remembering later: events, plans, changes, feelings and "
-              "facts about each speaker. Each memory is one short sentence that names the speaker.")
     user = (f"Conversation ({when(session_idx, time)}):\n{format_unit(turns)}\n\n"
             f"List at most {max_memories} memories. Reply in JSON: "
             '{"memories": ["...", "..."]}.')
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": user}]
 
 
 async def summarize_session(llm: ChatLLM, turns: list[dict], session_idx: int, max_memories: int) -> list[str]:

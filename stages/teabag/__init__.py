@@ -26,7 +26,7 @@ from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.common import failure_reason, sessions_of
 from stages.judges import prompt_fingerprint
 from stages.methods import session_memories
-from stages.methods.session_memories import session_time, summarize_messages, summarize_session
+from stages.methods.session_memories import SUMMARY_SYSTEM, session_time, summarize_session
 from stages.teabag import generate
 from stages.teabag.generate import Summary
 
@@ -116,8 +116,7 @@ class TeabagConfig(Section):
 
 def fingerprint() -> str:
     """The prompts every TeaBag item was made with (summary prompt included)."""
-    summary = summarize_messages([{"speaker": "A", "text": "x"}], 1, None, 1)
-    return prompt_fingerprint({**generate.PROMPTS, "summary.system": summary[0]["content"]})
+    return prompt_fingerprint({**generate.PROMPTS, "summary.system": SUMMARY_SYSTEM})
 
 
 class TeabagStage(EpisodeStage):
