@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -284,17 +285,29 @@ class Runner:
             return
         import ray
 
+        from pipeline.cluster import require_visible
+
         cpus = self.cfg.ray.llm_task_cpus if stage.roles else self.cfg.ray.task_cpus
-        remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=0)
+        retries = self.cfg.ray.max_task_retries
+        # A shard whose worker or node dies is run again elsewhere: parts and markers are written
+        # atomically and finished LLM calls come from the cache. Exceptions are never retried.
+        remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=retries, retry_exceptions=False)
         refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
+        here = ray.get_runtime_context().get_node_id()
+        sd = StageDir(self.run_dir, stage.name)
         failures: list[BaseException] = []
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
             task = refs.pop(ready[0])
             try:
-                yield {**ray.get(ready[0]), "shard_idx": task.shard_idx}
+                stats = ray.get(ready[0])
             except Exception as e:  # finish the other shards so a rerun resumes from them
-                failures.append(task_error(e))
+                failures.append(task_error(e, retries))
+                continue
+            node = stats.pop("node", None)
+            if node and node != here:  # written on another node's view of artifacts_dir
+                require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
+            yield {**stats, "shard_idx": task.shard_idx}
         if failures:
             first = failures[0]
             if isinstance(first, InputError):
@@ -303,13 +316,27 @@ class Runner:
 
 
 def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
-    return run_shard(task, cfg, handles)
+    """Run one shard (in a Ray task or inline); under Ray the stats also name the node it ran on."""
+    stats = run_shard(task, cfg, handles)
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and cfg.ray.executor == "ray":
+        stats["node"] = ray.get_runtime_context().get_node_id()
+    return stats
 
 
-def task_error(e: BaseException) -> BaseException:
-    """The exception the task raised, unwrapped from Ray's RayTaskError."""
+def task_error(e: BaseException, retries: int = 0) -> BaseException:
+    """The exception the task raised, unwrapped from Ray's RayTaskError; a lost worker or node (after
+    `retries` reruns) becomes a PipelineError saying so."""
     cause = getattr(e, "cause", None)
-    return cause if isinstance(cause, BaseException) else e
+    if isinstance(cause, BaseException):
+        return cause
+    ray = sys.modules.get("ray")
+    if ray is not None and isinstance(e, ray.exceptions.RayError) and not isinstance(e, ray.exceptions.RayTaskError):
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        return PipelineError(f"a shard's worker process or node was lost {retries + 1} time(s) "
+                             f"(ray.max_task_retries={retries}): {type(e).__name__}: {first_line}; finished "
+                             "shards are kept and a rerun resumes")
+    return e
 
 
 def _explain(e: BaseException) -> str:
@@ -327,9 +354,14 @@ QUIET_WORKERS = {
 
 @contextlib.contextmanager
 def ray_session(cfg: RunConfig) -> Iterator[None]:
+    """Ray for one run: the cluster at ray.address / $RAY_ADDRESS (what `ray job submit` sets for
+    its driver), else a new local instance; then the cluster path checks (pipeline.cluster)."""
     import ray
 
+    from pipeline.cluster import check_cluster_paths
+
     if ray.is_initialized():
+        check_cluster_paths(cfg)
         yield
         return
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
@@ -337,6 +369,9 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
     if address:
         kwargs["address"] = address
     else:
+        # "local" always starts a new instance: without it ray.init() would attach to whatever
+        # cluster `ray start` last left running on this machine.
+        kwargs["address"] = "local"
         kwargs["num_cpus"] = cfg.ray.num_cpus
         # Workers must import this checkout (also when not pip-installed).
         paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
@@ -344,6 +379,7 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
         kwargs["runtime_env"] = {"env_vars": env}
     ray.init(**kwargs)
     try:
+        check_cluster_paths(cfg)
         yield
     finally:
         ray.shutdown()

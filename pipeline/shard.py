@@ -128,8 +128,6 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
             grouped = {t: _group_by_episode(tbl) for t, tbl in inputs.items()}
             # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
             whole = {t: tbl.to_pylist() for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
-            if stage.uses_embedder:
-                ctx.embedder  # load it once for the shard, before the per-episode contexts copy it
             jobs, counters = [], []
             for ep in task.episode_ids or []:
                 ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}

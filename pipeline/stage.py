@@ -17,7 +17,7 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pyarrow as pa
 
@@ -34,7 +34,8 @@ class StageContext:
     out_dir: Path  # where side artifacts (Lance banks, JSON) of this stage go; renamed atomically
     upstream_dirs: dict[str, Path] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)  # role -> ChatLLM, one per stage.roles
-    _embedder: Any = None
+    # Loaded models; the per-episode copies of a shard's context share this dict, so one load serves all.
+    _models: dict[str, Any] = field(default_factory=dict)
 
     @property
     def section(self) -> Any:
@@ -54,12 +55,17 @@ class StageContext:
 
     @property
     def embedder(self) -> Any:
-        if self._embedder is None:
+        if "embedder" not in self._models:
             from pipeline.embeddings import make_embedder
 
             embed_fn = getattr(self.llm, "embed", None)
-            self._embedder = make_embedder(self.cfg.embedding, llm_embed=embed_fn)
-        return self._embedder
+            self._models["embedder"] = make_embedder(self.cfg.embedding, llm_embed=embed_fn)
+        return self._models["embedder"]
+
+    def lazy_embed(self) -> Callable[[list[str]], Any]:
+        """`embedder.encode`, loading the model at the first call: work whose settings never embed
+        (BM25 retrieval) never pays for loading it in every worker."""
+        return lambda texts: self.embedder.encode(texts)
 
 
 class Stage:

@@ -19,7 +19,7 @@ class MemoryStage(MethodStage):
         episode = EpisodeInput(episode=inputs["ingest.episodes"][0], sessions=sessions_of(inputs["ingest.turns"]),
                                upstream=self.needed(inputs))
         build = BuildContext(llm=ctx.llm, settings=ctx.section,
-                             embed=ctx.embedder.encode if self.method.uses_embedder else None)
+                             embed=ctx.lazy_embed() if self.method.uses_embedder else None)
         return await self.method.build(build, episode)
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:

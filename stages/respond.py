@@ -81,7 +81,7 @@ class RespondStage(MethodStage):
         episode = inputs["ingest.episodes"][0]
         upstream = self.needed(inputs)
         memory = {t: inputs[f"{self.memory_stage}.{t}"] for t in self.method.memory} if self.memory_stage else {}
-        embed = ctx.embedder.encode if self.method.uses_embedder else None
+        embed = ctx.lazy_embed() if self.method.uses_embedder else None
 
         async def one(probe: dict[str, Any]) -> dict[str, Any]:
             seen = {t: visible_memory(rows, *memory_point(probe), self.method.memory_kind) for t, rows in memory.items()}

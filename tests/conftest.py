@@ -94,7 +94,7 @@ def ray_local(toy_dir):
     if ray.is_initialized():  # started by another module's fixture: share it
         yield
         return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}", "TOY_DIR": str(toy_dir)}})
     yield
     ray.shutdown()

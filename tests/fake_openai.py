@@ -15,6 +15,11 @@ sends: html (text/html page), badjson (application/json that is not JSON), nocho
 `choices` / `data`).
     ... base_url=server.base_url ...
     server.stop()
+
+Standalone, for benchmarks and manual runs (serves until SIGINT / SIGTERM; GET /stats gives the
+counters and chat arrival times, POST /reset clears them):
+
+    python -m tests.fake_openai --port 8011 --latency 0.2 --max-concurrency 32 --faults 429=0.1,500=0.05
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ class FakeOpenAI:
         self.reject_formats: set[str] = set()
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
         self.host = "127.0.0.1"
-        self.port = 0
+        self.port = 0  # set before start() to bind a fixed port
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -168,7 +173,7 @@ class FakeOpenAI:
     def start(self) -> FakeOpenAI:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
+        sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         ready = threading.Event()
         errors: list[BaseException] = []
@@ -201,6 +206,8 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/stats", self._stats)
+        app.router.add_post("/reset", self._reset)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -263,9 +270,10 @@ class FakeOpenAI:
         except json.JSONDecodeError:
             return _error(400, "request body is not JSON")
         outcome = self._decide(body)
+        record = {"path": request.path, "body": body, "t": time.time(), "outcome": outcome,
+                  "auth": request.headers.get("Authorization"), "done": None}
         with self._lock:
-            self.requests.append({"path": request.path, "body": body, "t": time.time(), "outcome": outcome,
-                                  "auth": request.headers.get("Authorization")})
+            self.requests.append(record)
             self.by_path[request.path] += 1
             self.outcomes[outcome or "ok"] += 1
             self.timestamps.append(time.time())
@@ -280,6 +288,7 @@ class FakeOpenAI:
         finally:
             with self._lock:
                 self.in_flight -= 1
+                record["done"] = time.time()  # answered (or the client went away)
 
     async def _respond(self, body: dict[str, Any], outcome: str | None,
                        answer: Callable[[dict[str, Any], str | None], web.Response]) -> web.StreamResponse:
@@ -323,6 +332,31 @@ class FakeOpenAI:
             self.by_path[request.path] += 1
         return web.json_response({"object": "list", "data": [
             {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]})
+
+    async def _stats(self, request: web.Request) -> web.StreamResponse:
+        """Counters, plus one entry per chat request: arrival `t`, `done` (null while in flight),
+        `key` (hash of the body: equal keys are the same request sent again), `outcome` (null: ok),
+        `structured`, `tokens` (prompt words + max_tokens, what a tpm limiter budgets) and
+        `est_tokens` (the client's own estimate, pipeline.llm.ratelimit.estimate_tokens: prompt
+        characters // 4 + max_tokens, what its tpm pacing budgeted for the request) and `head`
+        (the first 120 characters of the first message: which prompt, hence which stage, sent it)."""
+        with self._lock:
+            chat = [{"t": r["t"], "done": r["done"], "key": _hash(r["body"])[:16], "outcome": r["outcome"],
+                     "structured": bool(r["body"].get("response_format")),
+                     "tokens": sum(_words(str(m.get("content") or "")) for m in r["body"].get("messages", []))
+                     + int(r["body"].get("max_tokens") or 0),
+                     "est_tokens": sum(len(str(m.get("content") or "")) for m in r["body"].get("messages", [])) // 4
+                     + int(r["body"].get("max_tokens") or 0),
+                     "head": str((r["body"].get("messages") or [{}])[0].get("content") or "")[:120]}
+                    for r in self.requests if r["path"] == "/v1/chat/completions"]
+            return web.json_response({"total": len(self.requests), "by_path": dict(self.by_path),
+                                      "outcomes": dict(self.outcomes), "max_in_flight": self.max_in_flight,
+                                      "chat": chat, "chat_times": [c["t"] for c in chat],
+                                      "plain_chat_times": [c["t"] for c in chat if not c["structured"]]})
+
+    async def _reset(self, request: web.Request) -> web.StreamResponse:
+        self.reset()
+        return web.json_response({"ok": True})
 
     def _chat_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
         messages = body.get("messages", [])
@@ -398,3 +432,35 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None, cod
            ) -> web.Response:
     return web.json_response({"error": {"message": message, "type": code or "error", "code": code}},
                              status=status, headers=headers)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(description="A deterministic fake OpenAI-compatible server.")
+    ap.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds per request")
+    ap.add_argument("--max-concurrency", type=int, default=None, help="requests served at once; more wait")
+    ap.add_argument("--faults", default="", help="e.g. 429=0.1,500=0.05,timeout=0.02,malformed=0.05")
+    ap.add_argument("--retry-after", type=float, default=1.0, help="Retry-After seconds of a 429")
+    ap.add_argument("--timeout-sleep", type=float, default=3.0, help="how long a 'timeout' fault hangs")
+    args = ap.parse_args(argv)
+    faults = {k: float(v) for k, v in (p.split("=") for p in args.faults.split(",") if p)}
+    unknown = set(faults) - set(FAULT_ORDER)
+    if unknown:
+        ap.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULT_ORDER)}")
+    server = FakeOpenAI(latency_s=args.latency, max_concurrency=args.max_concurrency, faults=faults,
+                        retry_after_s=args.retry_after, timeout_sleep_s=args.timeout_sleep)
+    server.port = args.port
+    server.start()
+    print(f"fake OpenAI server on {server.base_url}", flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -75,6 +75,16 @@ class DiskCallCache:
     def set_sync(self, key: str, value: dict[str, Any]) -> None:
         self._cache.set(key, canonical_json(value))
 
+    def get_many_raw(self, keys: list[str]) -> list[str | None]:
+        """Stored JSON texts (None for a miss), in key order; the caller parses them."""
+        return [self._cache.get(k) for k in keys]
+
+    def set_many_raw(self, items: list[tuple[str, str]]) -> None:
+        """Store (key, JSON text) pairs in one SQLite transaction: one commit for the lot."""
+        with self._cache.transact():
+            for key, raw in items:
+                self._cache.set(key, raw)
+
     async def get(self, key: str) -> dict[str, Any] | None:
         # SQLite calls block; a thread keeps the event loop serving other in-flight requests.
         return await asyncio.to_thread(self.get_sync, key)

@@ -21,6 +21,7 @@ from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, Pr
 from stages.units import in_time_order, unit_retriever
 
 BANK = "banks.memory_units"
+_INDEXES_KEPT = 256  # (episode bank, session) retrievers kept per method instance
 
 
 class RetrievalSettings(MethodSettings):
@@ -83,16 +84,33 @@ class RetrievalMethod(Method):
     granularity: ClassVar[str]
 
     def rank(self, probe: ProbeInput, settings: RetrievalSettings) -> list[dict]:
-        pool = [u for u in probe.upstream.get(BANK, [])
-                if u["granularity"] == self.granularity and u["session_idx"] < probe.probe["session_idx"]]
+        pool, retriever = self._index(probe, settings)
         dense = settings.retriever != "bm25" and probe.embed is not None and pool
         qvec = probe.embed([probe.request])[0] if dense else None  # type: ignore[misc]
-        hits = unit_retriever(pool, use_compression=settings.use_compression, similarity=settings.similarity).search(
-            probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
-            budget=settings.token_budget, hybrid_weight=settings.hybrid_weight,
-        )
+        hits = retriever.search(probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
+                                budget=settings.token_budget, hybrid_weight=settings.hybrid_weight)
         by_id = {u["unit_id"]: u for u in pool}
         return [by_id[unit_id] for unit_id, _ in hits]
+
+    def _index(self, probe: ProbeInput, settings: RetrievalSettings) -> tuple[list[dict], Any]:
+        """The units before the probe's session and their retriever, built once per episode bank and
+        session: every probe of an episode searches the same few pools, and building BM25 and
+        counting tokens per probe was most of a response's CPU time."""
+        bank = probe.upstream.get(BANK, [])
+        before = probe.probe["session_idx"]
+        key = (id(bank), before, settings.use_compression, settings.similarity)
+        memo = self.__dict__.setdefault("_indexes", {})
+        if key not in memo:
+            pool = [u for u in bank if u["granularity"] == self.granularity and u["session_idx"] < before]
+            retriever = unit_retriever(pool, use_compression=settings.use_compression, similarity=settings.similarity)
+            if len(memo) >= _INDEXES_KEPT:
+                memo.pop(next(iter(memo)))  # oldest first: episodes are answered one shard at a time
+            memo[key] = (bank, pool, retriever)  # holding `bank` keeps its id from being reused
+        _, pool, retriever = memo[key]
+        return pool, retriever
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_indexes"}  # a memo never travels
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         return await generate(llm, probe, self.rank(probe, settings))
