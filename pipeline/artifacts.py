@@ -82,10 +82,15 @@ class StageDir:
     def table_dir(self, table: str) -> Path:
         return self.final / table
 
-    def read_table(self, table: str, episode_ids: list[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
-        """Read a finished table, optionally only the rows of some episodes."""
+    def read_table(self, table: str, episode_ids: list[str] | None = None, schema: pa.Schema | None = None,
+                   parts: list[str] | None = None) -> pa.Table:
+        """Read a finished table, optionally only the rows of some episodes, and only from the part
+        files `parts` (None: every part; see `episode_parts`)."""
         path = self.table_dir(table)
-        files = sorted(path.glob("part-*.parquet")) if path.exists() else []
+        if parts is not None:
+            files = [f for f in (path / p for p in parts) if f.exists()]
+        else:
+            files = sorted(path.glob("part-*.parquet")) if path.exists() else []
         if not files:
             if schema is None:
                 raise FileNotFoundError(f"no table {table!r} in stage {self.stage}")
@@ -94,6 +99,15 @@ class StageDir:
         if episode_ids is not None and "episode_id" in dataset.schema.names:
             return dataset.to_table(filter=ds.field("episode_id").isin(episode_ids))
         return dataset.to_table()
+
+    def episode_parts(self) -> dict[str, str] | None:
+        """Episode id -> the part file holding its rows, from the manifest (None when the stage
+        recorded no layout: read every part)."""
+        manifest = self.manifest() or {}
+        layout = manifest.get("parts")
+        if not isinstance(layout, dict):
+            return None
+        return {eid: part for part, eids in layout.items() for eid in eids}
 
     # --- in-progress stage ----------------------------------------------------------------
     def open_partial(self, fingerprint: str) -> None:

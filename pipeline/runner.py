@@ -219,15 +219,19 @@ class Runner:
     def _shards(self, stage: Stage) -> list[ShardTask]:
         upstream = {name: dict(self.registry[name].outputs) for name in stage.inputs}
         retry = self._retry_round.get(stage.name, 0)
+        size = self.cfg.ray.episodes_per_shard
         if isinstance(stage, GlobalStage):
-            return [ShardTask(stage, 0, None, str(self.run_dir), upstream, retry)]
+            return [ShardTask(stage, 0, None, str(self.run_dir), upstream, retry, episodes_per_part=size)]
         source = StageDir(self.run_dir, stage.episodes_from)
         episodes = source.read_table("episodes", schema=EPISODES).column("episode_id").to_pylist()
-        size = self.cfg.ray.episodes_per_shard
-        return [
-            ShardTask(stage, i // size, episodes[i : i + size], str(self.run_dir), upstream, retry)
-            for i in range(0, len(episodes), size)
-        ]
+        layouts = {name: StageDir(self.run_dir, name).episode_parts() for name in stage.inputs}
+        tasks = []
+        for i in range(0, len(episodes), size):
+            ids = episodes[i : i + size]
+            parts = {name: None if layout is None else sorted({layout[e] for e in ids if e in layout})
+                     for name, layout in layouts.items()}
+            tasks.append(ShardTask(stage, i // size, ids, str(self.run_dir), upstream, retry, parts, size))
+        return tasks
 
     def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any]) -> None:
         sd = StageDir(self.run_dir, stage.name)
@@ -249,9 +253,13 @@ class Runner:
                 raise
         markers = [done[i] for i in sorted(done)]
         rows: dict[str, int] = {}
+        parts: dict[str, list[str]] | None = {}
         for m in markers:
             for t, n in m["rows"].items():
                 rows[t] = rows.get(t, 0) + n
+            parts.update(m.get("parts") or {})
+        if any("parts" not in m for m in markers):
+            parts = None  # shards resumed from an older run did not say: readers take every part
         fps = self.fingerprints()
         manifest = {
             "stage": stage.name,
@@ -263,6 +271,7 @@ class Runner:
             "rows": sum(rows.values()),
             "errors": sum(m["errors"] for m in markers),
             "shards": len(markers),
+            "parts": parts,  # part file -> its episodes: a later shard reads only the parts it needs
             "llm_usage": _sum_usage([m.get("llm_usage") for m in markers]),  # per role
             "roles": {r: self.cfg.role(r).model for r in stage.roles},
             "retry_round": self._retry_round.get(stage.name, 0),

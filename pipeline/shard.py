@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,10 @@ class ShardTask:
     run_dir: str
     upstream: dict[str, dict[str, pa.Schema]]  # finished upstream stage -> its tables
     retry_samples: int = 0  # --retry-failed: new samples for requests whose answers were all invalid
+    # upstream stage -> the part files holding this shard's episodes (None: read every part), so a
+    # shard opens a few files however many shards the upstream stage had
+    upstream_parts: dict[str, list[str] | None] = field(default_factory=dict)
+    episodes_per_part: int = 4  # how a global stage splits its per-episode tables into parts
 
 
 def count_errors(table: pa.Table) -> int:
@@ -117,7 +121,8 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
     inputs: dict[str, pa.Table] = {}  # "<stage>.<table>" -> this shard's rows
     for name, tables in task.upstream.items():
         for table, schema in tables.items():
-            inputs[f"{name}.{table}"] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema)
+            parts = task.upstream_parts.get(name) if "episode_id" in schema.names else None
+            inputs[f"{name}.{table}"] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema, parts)
     extra_stats: dict[str, Any] = {}
 
     async def work() -> dict[str, Rows] | dict[str, pa.Table]:
@@ -148,16 +153,54 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
 
     produced = asyncio.run(work())
     stats: dict[str, Any] = {"rows": {}, "errors": 0, "episodes": len(task.episode_ids or [])}
+    tables: dict[str, pa.Table] = {}
     for table, schema in stage.outputs.items():
         data = produced.get(table, [])
         tbl = data if isinstance(data, pa.Table) else _to_table(data, schema, stage.name, table)
         if not tbl.schema.equals(schema):
             tbl = tbl.select(schema.names).cast(schema)
-        atomic_write_parquet(sd.partial / table / part_name(task.shard_idx), tbl)
+        tables[table] = tbl
         stats["rows"][table] = tbl.num_rows
         stats["errors"] += count_errors(tbl)
+    if isinstance(stage, GlobalStage):
+        stats["parts"] = _write_global_parts(sd.partial, tables, task.episodes_per_part)
+    else:
+        for table, tbl in tables.items():
+            atomic_write_parquet(sd.partial / table / part_name(task.shard_idx), tbl)
+        stats["parts"] = {part_name(task.shard_idx): list(task.episode_ids or [])}
     stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
     stats["extra"] = extra_stats
     stats["wall_s"] = round(time.time() - started, 3)
     atomic_write_json(sd.shard_marker(task.shard_idx), stats)
     return stats
+
+
+def _write_global_parts(out_dir: Path, tables: dict[str, pa.Table], episodes_per_part: int) -> dict[str, list[str]]:
+    """Write a global stage's tables, those with an `episode_id` split into parts of
+    `episodes_per_part` episodes (in order of first appearance), so that the episode shards of a
+    later stage each read one small part instead of filtering the whole table. Returns the layout,
+    {part name: episode ids}."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    order: list[str] = []
+    seen: set[str] = set()
+    for tbl in tables.values():
+        if "episode_id" in tbl.column_names:
+            for eid in pc.unique(tbl.column("episode_id").drop_null()).to_pylist():
+                if eid not in seen:
+                    seen.add(eid)
+                    order.append(eid)
+    n_parts = max(1, -(-len(order) // episodes_per_part))
+    layout = {part_name(i): order[i * episodes_per_part:(i + 1) * episodes_per_part] for i in range(n_parts)}
+    for table, tbl in tables.items():
+        if "episode_id" not in tbl.column_names or n_parts == 1:
+            atomic_write_parquet(out_dir / table / part_name(0), tbl)
+            continue
+        position = pc.index_in(tbl.column("episode_id"), value_set=pa.array(order, pa.string()))
+        part_of = np.asarray(pc.fill_null(position, 0), dtype=np.int64) // episodes_per_part
+        rows = np.argsort(part_of, kind="stable")  # rows keep their order within a part
+        bounds = np.searchsorted(part_of[rows], np.arange(n_parts + 1))
+        for i in range(n_parts):
+            atomic_write_parquet(out_dir / table / part_name(i), tbl.take(rows[bounds[i]:bounds[i + 1]]))
+    return layout

@@ -334,7 +334,9 @@ def test_client_errors_are_not_retried(fake_llm: FakeOpenAI) -> None:
 def test_retry_after_is_honoured_and_pauses_everyone_sharing_the_limiter(fake_llm: FakeOpenAI) -> None:
     fake_llm.retry_after_s = 1
     fake_llm.force = ["429"]  # whichever request arrives first
-    limiter = LocalRateLimiter(rpm=600)  # b's slot is 100 ms after a's: reserved before the 429
+    # b's slot is 500 ms after a's: reserved before the 429, inside its 1 s pause, and late enough
+    # that a's first request (which pays the HTTP client's one-time set-up) is out before it
+    limiter = LocalRateLimiter(rpm=120)
     a = client_for(fake_llm, limiter=limiter, backoff_max_s=0.01)
     b = client_for(fake_llm, limiter=limiter, backoff_max_s=0.01)
 
@@ -510,6 +512,8 @@ def test_local_limiter_holds_rpm_in_any_window(fake_llm: FakeOpenAI) -> None:
     client = client_for(fake_llm, cache=False, rpm=1200, max_concurrency=8)  # one per 50 ms
 
     async def go() -> None:
+        await client.chat(msgs("warm-up"))  # the HTTP client's one-time set-up delays only its first send
+        fake_llm.reset()
         await asyncio.gather(*(client.chat(msgs(f"r{i}")) for i in range(20)))
         await client.aclose()
 

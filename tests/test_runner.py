@@ -160,3 +160,22 @@ def test_resume_after_killed_run(toy, toy_dir, tmp_path):
     a = sd.read_table("counts").sort_by("episode_id")
     b = StageDir(toy.run_dir.parent / "fresh", "count").read_table("counts").sort_by("episode_id")
     assert a.equals(b)
+
+
+def test_each_shard_reads_only_the_upstream_parts_that_hold_its_episodes(toy):
+    runner = toy()
+    runner.run()
+    run_dir = toy.run_dir
+    # The global ingest splits its per-episode tables into parts of episodes_per_shard episodes.
+    ingest = json.loads((run_dir / "ingest" / "_manifest.json").read_text())
+    assert [len(ids) for ids in ingest["parts"].values()] == [2, 2, 1]
+    assert sorted(p.name for p in (run_dir / "ingest" / "turns").iterdir()) == [
+        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    for stage in ("count", "double"):
+        for task in runner._shards(runner.registry[stage]):
+            for upstream, parts in task.upstream_parts.items():
+                layout = StageDir(run_dir, upstream).episode_parts()
+                assert parts == sorted({layout[e] for e in task.episode_ids}) and len(parts) == 1
+    # and what they read is every row of their episodes
+    counts = StageDir(run_dir, "count").read_table("counts").to_pylist()
+    assert sorted(r["n_turns"] for r in counts) == [3] * 5
