@@ -204,6 +204,9 @@ class RayConfig(Section):
     episodes_per_shard: int = Field(default=4, ge=1)  # unit of resume and of Ray tasks
     task_cpus: float = Field(default=1.0, gt=0)  # CPU-bound stages
     llm_task_cpus: float = Field(default=0.25, gt=0)  # LLM-bound stages mostly wait on I/O
+    # Reruns of a shard whose worker process or node died (system failures only: an exception the
+    # stage raises is never retried). Shards are idempotent and their finished calls are cached.
+    max_task_retries: int = Field(default=3, ge=0)
 
 
 class RunConfig(Section):

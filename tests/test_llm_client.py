@@ -520,7 +520,8 @@ def test_local_limiter_holds_rpm_in_any_window(fake_llm: FakeOpenAI) -> None:
     run(go())
     ts = sorted(fake_llm.timestamps)
     assert ts[-1] - ts[0] >= 19 * 0.05 * 0.95
-    assert max(sum(1 for u in ts if t <= u < t + 0.5) for t in ts) <= 11  # 0.5 s holds 10 (+1 edge)
+    # 0.5 s holds 10 slots (+1 at the edge, +1 for a send a loaded machine woke late); unpaced, all 20 at once
+    assert max(sum(1 for u in ts if t <= u < t + 0.5) for t in ts) <= 12
 
 
 # ------------------------------------------------------------------ structured modes
