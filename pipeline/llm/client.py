@@ -29,10 +29,8 @@ import random
 import weakref
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping
 
-import openai
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
 
 from pipeline.config import LLMConfig
@@ -44,6 +42,9 @@ from pipeline.llm.structured import (MODES_AFTER, describe_error, parse_structur
                                      request_format, with_schema_in_prompt)
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
 from pipeline.llm.usage import Usage, call_cost
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ class LLMClient:
         loop = asyncio.get_running_loop()
         st = self._states.get(loop)
         if st is None:
+            import openai  # here: a run answered from the cache never pays for importing the SDK
+
             client = openai.AsyncOpenAI(base_url=self.cfg.base_url or OPENAI_BASE_URL, api_key=self.__key,
                                         max_retries=0, timeout=self.cfg.timeout_s)
             closer = _close_at_loop_end(client)
@@ -202,6 +205,8 @@ class LLMClient:
         transient like a 5xx: `read` raises MalformedResponse and the request is retried.
         Raises LLMError when retries are exhausted.
         """
+        import openai
+
         st = await self._state()
         attempt = 0
         while True:
@@ -370,6 +375,8 @@ class LLMClient:
             body["response_format"] = response_format
 
         async def call(client: openai.AsyncOpenAI) -> Any:
+            from openai.types.chat import ChatCompletion
+
             # The SDK's generic POST: `chat.completions.create` would first walk the whole request
             # through its typed-params transform, a few ms of CPU per call that a concurrent stage
             # at hundreds of requests/s cannot spare. The body is the same JSON either way.

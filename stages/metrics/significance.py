@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Sequence
 
-from scipy.stats import binomtest
-
 VERDICTS = ("reference", "other", "tie")
 
 
@@ -35,7 +33,11 @@ def sign_test(wins: int, losses: int) -> float | None:
     """Two-sided exact binomial test of wins against losses at p = 0.5 (ties dropped, as the sign
     test does); None when every pair tied."""
     n = wins + losses
-    return float(binomtest(wins, n, 0.5, alternative="two-sided").pvalue) if n else None
+    if not n:
+        return None
+    from scipy.stats import binomtest  # here, not at the top: every Ray worker imports this module
+
+    return float(binomtest(wins, n, 0.5, alternative="two-sided").pvalue)
 
 
 def win_rates(outcomes: Sequence[str]) -> dict[str, float | int | None]:
