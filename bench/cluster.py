@@ -21,7 +21,7 @@ when the node died, manifests equal but for timings and the fresh/cached split, 
 rate in any 60 s window against llm.rpm (the limiter is one actor for both nodes), requests of the
 resubmissions.
 
-    python bench/cluster.py                         # 4 episodes, llm.rpm 300
+    python bench/cluster.py                         # 3 episodes, llm.rpm 300
     python bench/cluster.py --cache-run --keep      # with step 4's last run; keep the work folder
 """
 
@@ -51,7 +51,7 @@ README = ROOT / "README.md"
 SECTION = "## Running on a Ray cluster"
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
-KILL_STAGE = "memory_ld_agent"  # the default job's LLM stage with the most calls per episode
+KILL_STAGE = "memory_creem"  # the default job's LLM stage with the most calls per episode
 BUSY_BEFORE_KILL_S = 5.0  # a shard running this long on the worker node is in the middle of its LLM calls
 IN_FLIGHT_GRACE_S = 1.0  # an answer that arrived this long before the kill may not have reached the cache yet
 
@@ -342,9 +342,12 @@ def repeats(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def in_flight_at(chat: list[dict[str, Any]], when: float) -> int:
-    """Requests sent before `when` and not answered by then (less the grace for reaching the cache)."""
-    return sum(1 for c in chat if c["t"] <= when and (c["done"] is None or c["done"] + IN_FLIGHT_GRACE_S >= when))
+def in_flight_at(chat: list[dict[str, Any]], when: float) -> list[dict[str, Any]]:
+    """Requests sent before `when` and not answered by then (less the grace for reaching the
+    cache), each with how often its body was sent again afterwards."""
+    later = Counter(c["key"] for c in chat if c["t"] > when)
+    return [{"t": c["t"], "done": c["done"], "key": c["key"], "sent_again": later[c["key"]]} for c in chat
+            if c["t"] <= when and (c["done"] is None or c["done"] + IN_FLIGHT_GRACE_S >= when)]
 
 
 def classify_repeats(rep: list[dict[str, Any]], killed_at: float, baseline_keys: set[str]) -> dict[str, int]:
@@ -457,11 +460,93 @@ def status_from_checkout(sets: list[str]) -> dict[str, Any]:
 
 
 # --- the benchmark -----------------------------------------------------------------------------------
+class Bench:
+    """One benchmark: the cluster, the fake endpoint, the submissions and what they left."""
+
+    def __init__(self, a: argparse.Namespace, work: Path, cluster: LocalCluster, srv: FakeServer,
+                 corpus: Path, submit_env: dict[str, str]) -> None:
+        self.a, self.work, self.cluster, self.srv, self.corpus = a, work, cluster, srv, corpus
+        self.submit_env = submit_env
+        self.shared = work / "shared" / "artifacts"  # "shared storage": both nodes are on this machine
+        self.results: dict[str, Any] = {"args": vars(a), "commands": {}, "phases_s": {}}
+        self.started = time.time()
+
+    def phase(self, name: str) -> None:
+        self.results["phases_s"][name] = round(time.time() - self.started, 1)
+
+    def sets(self, run: str, cache: str) -> tuple[dict[str, str], list[str]]:
+        """The README's --set values for this run, and the bench's own overrides after them."""
+        values = {"llm.provider": "openai", "llm.model": "fake-model", "llm.rpm": str(self.a.rpm),
+                  "artifacts_dir": str(self.shared), "llm.cache_dir": str(self.work / "head-disk" / cache)}
+        extra = [s for s in fake_sets(self.work, self.srv.base_url, self.corpus, run_name=run)
+                 if s.split("=", 1)[0] not in values]
+        return values, [*extra, "compress.method=none"]
+
+    def submit(self, run: str, cache: str, label: str) -> Submission:
+        values, extra = self.sets(run, cache)
+        argv = submit_argv(self.cluster.url, values, extra)
+        self.results["commands"][label] = shlex.join(argv).replace(str(VENV_BIN) + "/", "")
+        self.srv.reset()
+        return Submission(argv, self.submit_env, self.work / f"{label}.log")
+
+    def interrupted(self) -> None:
+        """The run that loses its worker node in the middle of an LLM stage; once that stage is
+        published (by the head alone), a replacement node joins, as an autoscaler's would."""
+        self.digest = checkout_digest()
+        sub = self.submit("cluster", "llm", "interrupted")
+        kill = kill_mid_stage(self.cluster, sub, self.shared / "cluster", "worker1", self.a.timeout)
+        kill["stage_published_after_s"] = wait_for_manifest(self.shared / "cluster" / KILL_STAGE, sub, self.a.timeout)
+        if sub.proc.poll() is None:
+            self.cluster.add_worker("worker2", self.a.worker_cpus)
+        job = sub.wait(self.a.timeout)
+        chat = self.srv.stats()["chat"]
+        out = {**job, **kill, "requests": len(chat), "repeats": repeats(chat),
+               "in_flight": in_flight_at(chat, kill["killed_at"]), **peak_rate([c["t"] for c in chat])}
+        if job["submission_id"]:
+            out["retried_shards"] = retried_shards(self.cluster.url, job["submission_id"])
+            logs = subprocess.run([RAY, "job", "logs", job["submission_id"], "--address", self.cluster.url],
+                                  env=self.submit_env, capture_output=True, text=True, timeout=120)
+            out["job_logs"] = {"lines": len(logs.stdout.splitlines()),
+                               "names_artifacts": f"artifacts: {self.shared / 'cluster'}" in logs.stdout}
+        self.results["interrupted"] = out
+        self.phase("interrupted")
+
+    def again(self) -> None:
+        """The same command again: every stage is done, nothing is sent."""
+        job = self.submit("cluster", "llm", "resubmitted").wait(self.a.timeout)
+        self.results["resubmitted"] = {**job, "requests": len(self.srv.stats()["chat"])}
+        self.phase("resubmitted")
+
+    def reference(self) -> None:
+        """The same pipeline uninterrupted, under another run name with its own cache."""
+        job = self.submit("reference", "llm-ref", "reference").wait(self.a.timeout)
+        chat = self.srv.stats()["chat"]
+        self.results["reference"] = {**job, "requests": len(chat), "repeats": repeats(chat),
+                                     **peak_rate([c["t"] for c in chat])}
+        self.phase("reference")
+
+    def from_cache(self) -> None:
+        """Another run name on the first run's cache: every call from the cache."""
+        job = self.submit("from_cache", "llm", "from_cache").wait(self.a.timeout)
+        self.results["from_cache"] = {**job, "requests": len(self.srv.stats()["chat"]),
+                                      "compare": compare_runs(self.shared / "from_cache", self.shared / "reference")}
+        self.phase("from_cache")
+
+    def artifacts(self) -> None:
+        """The interrupted run against the reference; `mempipe status` from the checkout."""
+        self.results["compare"] = compare_runs(self.shared / "cluster", self.shared / "reference")
+        self.results["interrupted"]["cached_calls"] = cached_calls(self.shared / "cluster")
+        self.results["reference"]["cached_calls"] = cached_calls(self.shared / "reference")
+        values, extra = self.sets("cluster", "llm")
+        self.results["status"] = {**status_from_checkout([f"{k}={v}" for k, v in values.items()] + extra),
+                                  "checkout_edited": checkout_digest() != self.digest}
+        self.phase("compared")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=4)
-    # Long enough that a shard on the lost node likely has a call in flight at the kill.
-    ap.add_argument("--latency", type=float, default=0.5, help="fake endpoint seconds per request")
+    ap.add_argument("--episodes", type=int, default=3)
+    ap.add_argument("--latency", type=float, default=0.1, help="fake endpoint seconds per request")
     ap.add_argument("--rpm", type=int, default=300, help="llm.rpm for the job (both nodes share it)")
     ap.add_argument("--head-cpus", type=int, default=1)
     ap.add_argument("--worker-cpus", type=int, default=2)
@@ -479,83 +564,35 @@ def main() -> int:
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     node_env = {**base_env, **auth, KEY_ENV: "sk-bench-not-a-secret", "PATH": f"{VENV_BIN}:{base_env.get('PATH', '')}",
                 "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    submit_env = {**base_env, **auth}
     os.environ.update(auth)  # this process's state-API calls carry the token too
     cluster = LocalCluster(work, node_env)
-    results: dict[str, Any] = {"args": vars(a)}
     try:
         corpus = write_corpus(work / "corpus.jsonl", a.episodes, sessions=3, turns=8, questions=2)
-        shared = work / "shared" / "artifacts"  # "shared storage": both nodes are on this machine
         with FakeServer(latency=a.latency) as srv:
+            bench = Bench(a, work, cluster, srv, corpus, {**base_env, **auth})
             cluster.start_head(a.head_cpus)
             cluster.add_worker("worker1", a.worker_cpus)
-
-            def sets_for(run: str, cache: str) -> tuple[dict[str, str], list[str]]:
-                values = {"llm.provider": "openai", "llm.model": "fake-model", "llm.rpm": str(a.rpm),
-                          "artifacts_dir": str(shared), "llm.cache_dir": str(work / "head-disk" / cache)}
-                extra = [s for s in fake_sets(work, srv.base_url, corpus, run_name=run)
-                         if s.split("=", 1)[0] not in values]
-                return values, [*extra, "compress.method=none"]
-
-            def submit(run: str, cache: str, label: str) -> Submission:
-                values, extra = sets_for(run, cache)
-                argv = submit_argv(cluster.url, values, extra)
-                results.setdefault("commands", {})[label] = shlex.join(argv).replace(str(VENV_BIN) + "/", "")
-                srv.reset()
-                return Submission(argv, submit_env, work / f"{label}.log")
-
-            # 1. the run that loses its worker node in the middle of an LLM stage; once that stage
-            #    is published (by the head alone), a replacement node joins as an autoscaler's would
-            sub = submit("cluster", "llm", "interrupted")
-            digest = checkout_digest()
-            kill = kill_mid_stage(cluster, sub, shared / "cluster", "worker1", a.timeout)
-            kill["stage_published_after_s"] = wait_for_manifest(shared / "cluster" / KILL_STAGE, sub, a.timeout)
-            if sub.proc.poll() is None:
-                cluster.add_worker("worker2", a.worker_cpus)
-            job = sub.wait(a.timeout)
-            chat = srv.stats()["chat"]
-            results["interrupted"] = {**job, **kill, "requests": len(chat), "repeats": repeats(chat),
-                                      "in_flight_at_kill": in_flight_at(chat, kill["killed_at"]),
-                                      **peak_rate([c["t"] for c in chat])}
-            if job["submission_id"]:
-                results["interrupted"]["retried_shards"] = retried_shards(cluster.url, job["submission_id"])
-                logs = subprocess.run([RAY, "job", "logs", job["submission_id"], "--address", cluster.url],
-                                      env=submit_env, capture_output=True, text=True, timeout=120)
-                results["interrupted"]["job_logs"] = {
-                    "lines": len(logs.stdout.splitlines()),
-                    "names_artifacts": f"artifacts: {shared / 'cluster'}" in logs.stdout}
-            # 2. the same command again: every stage is done, nothing is sent
-            again = submit("cluster", "llm", "resubmitted").wait(a.timeout)
-            results["resubmitted"] = {**again, "requests": len(srv.stats()["chat"])}
-            # 3. the reference run: uninterrupted, its own cache
-            ref = submit("reference", "llm-ref", "reference").wait(a.timeout)
-            chat_ref = srv.stats()["chat"]
-            results["reference"] = {**ref, "requests": len(chat_ref), "repeats": repeats(chat_ref),
-                                    **peak_rate([c["t"] for c in chat_ref])}
-            # 4. another run name on the first run's cache: every call from the cache
+            bench.phase("cluster_started")
+            bench.interrupted()
+            bench.again()
+            bench.reference()
             if a.cache_run:
-                cached = submit("from_cache", "llm", "from_cache").wait(a.timeout)
-                results["from_cache"] = {**cached, "requests": len(srv.stats()["chat"]),
-                                         "compare": compare_runs(shared / "from_cache", shared / "reference")}
-            results["compare"] = compare_runs(shared / "cluster", shared / "reference")
-            results["interrupted"]["cached_calls"] = cached_calls(shared / "cluster")
-            results["reference"]["cached_calls"] = cached_calls(shared / "reference")
-            values, extra = sets_for("cluster", "llm")
-            results["status"] = {**status_from_checkout([f"{k}={v}" for k, v in values.items()] + extra),
-                                 "checkout_edited": checkout_digest() != digest}
+                bench.from_cache()
+            bench.artifacts()
     finally:
         cluster.stop()
         if a.keep:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    return report(results, a)
+    bench.phase("stopped")
+    return report(bench.results, a)
 
 
-def report(r: dict[str, Any], a: argparse.Namespace) -> int:
+def targets_of(r: dict[str, Any], a: argparse.Namespace, rep: dict[str, int]) -> list[tuple[str, bool | None, str]]:
+    """(target, met: True / False / None for not applicable, detail) for every target."""
     i, ref, cmp_ = r["interrupted"], r["reference"], r["compare"]
-    rep = classify_repeats(i["repeats"], i["killed_at"], {x["key"] for x in ref["repeats"]})
-    targets = [
+    targets: list[tuple[str, bool | None, str]] = [
         ("job with a lost worker node succeeded", i["succeeded"], f"rc {i['rc']}"),
         ("rows lost (against the uninterrupted run)", cmp_["rows_lost"] == 0 and cmp_["rows_extra"] == 0,
          f"{cmp_['rows_lost']} lost, {cmp_['rows_extra']} extra, {cmp_['tables']} tables of {cmp_['stages']} stages"),
@@ -563,8 +600,9 @@ def report(r: dict[str, Any], a: argparse.Namespace) -> int:
          not cmp_["differing_tables"] and not cmp_["differing_manifests"],
          f"differing tables: {cmp_['differing_tables'] or 'none'}; manifests: {cmp_['differing_manifests'] or 'none'}"),
         ("repeated calls: only those in flight at the kill",
-         rep["repeated_finished_calls"] == 0 and rep["repeated_of_in_flight"] <= i["in_flight_at_kill"],
-         f"{rep['repeated_of_in_flight']} of the {i['in_flight_at_kill']} in flight; "
+         rep["repeated_finished_calls"] == 0 and rep["repeated_of_in_flight"] <= len(i["in_flight"]),
+         f"{rep['repeated_of_in_flight']} of the {len(i['in_flight'])} in flight "
+         f"({sum(1 for c in i['in_flight'] if c['sent_again'])} of those sent again); "
          f"{rep['repeated_finished_calls']} finished calls sent again; {rep['repeated_as_in_reference']} "
          f"prompt(s) asked twice in one run (the uninterrupted run: {len(ref['repeats'])}); requests "
          f"{i['requests']} vs {ref['requests']} uninterrupted; calls from the cache {i['cached_calls']} vs "
@@ -592,6 +630,14 @@ def report(r: dict[str, Any], a: argparse.Namespace) -> int:
     if not status_ok and st["checkout_edited"]:
         status_ok, detail = None, detail + " (n/a: the checkout's code changed while the bench ran)"
     targets.append(("`mempipe status` from the checkout sees the submitted run done", status_ok, detail))
+    return targets
+
+
+def report(r: dict[str, Any], a: argparse.Namespace) -> int:
+    """Print and write bench/results/cluster.md / .json; 0 when every target is met."""
+    i, ref, st = r["interrupted"], r["reference"], r["status"]
+    rep = classify_repeats(i["repeats"], i["killed_at"], {x["key"] for x in ref["repeats"]})
+    targets = targets_of(r, a, rep)
     rows = [[label, {True: "met", False: "MISSED", None: "n/a"}[ok], detail] for label, ok, detail in targets]
     subs = [("interrupted (worker node killed)", i), ("same command again", r["resubmitted"]),
             ("reference (uninterrupted)", ref)] + ([("new run name, same cache", r["from_cache"])] if "from_cache" in r else [])
@@ -600,14 +646,19 @@ def report(r: dict[str, Any], a: argparse.Namespace) -> int:
             f"token auth), the default pipeline on {a.episodes} synthetic episodes against the fake endpoint "
             f"({a.latency} s latency), llm.rpm={a.rpm}, submitted with the README's command:\n\n"
             f"```\n{r['commands']['interrupted']}\n```\n\n"
-            f"During `{i['stage']}`, after {i['shards_done_before']} of {a.episodes} shards and with "
-            f"{i['shards_running_on_node']} shard(s) running on the worker node, its raylet and every other "
+            "(the README's line with its address and --set values filled in, then the bench's own --set: the "
+            "fake endpoint, the synthetic corpus, the run name; `RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN_PATH` "
+            "exported as the README says. The nodes were started with the README's `ray start` lines plus "
+            "private ports and temp dirs, so no other Ray on the machine is touched.)\n\n"
+            f"During `{i['stage']}` ({i['shards_done_before']} of its {a.episodes} shards published, "
+            f"{i['shards_running_on_node']} running on the worker node for {BUSY_BEFORE_KILL_S:.0f} s), its raylet and every other "
             f"process of that node ({i['processes_killed']}) were SIGKILLed at once; Ray reran its shards on the "
             f"head, which published the stage {i['stage_published_after_s']} s after the kill; then a replacement "
             f"worker node joined for the rest of the run. Repeated call = a request whose identical body had "
             f"already been answered earlier in the run (fake server /stats).\n\n"
             + table(["submission", "succeeded", "wall s", "requests"], runs) + "\n\n"
-            + table(["target", "result", "detail"], rows) + "\n")
+            + table(["target", "result", "detail"], rows) + "\n\n"
+            + "Seconds since the start: " + ", ".join(f"{k} {v}" for k, v in r["phases_s"].items()) + ".\n")
     ok = all(t[1] is not False for t in targets)
     if not ok:
         for name, x in subs:

@@ -3,9 +3,10 @@ never interrupted.
 
 `mempipe run` (segment, then `respond_turn` answering every QA probe of a synthetic corpus) runs
 against the fake server (fixed latency) in its own session; once a share of `respond_turn`'s shards
-have finished, the whole process group (the driver and the local Ray it started: GCS, raylet,
-workers, the cache actor) gets SIGKILL, and any process of the run that survived gets it too. The
-same command then runs to the end. A third run, from scratch with its own artifacts and cache,
+have finished, every process of the run (the driver and the local Ray it started: GCS, raylet,
+workers, the cache actor; Ray gives workers and actors process groups of their own, so they are
+found by session) is frozen and then gets SIGKILL, so all die at the same instant. The same command
+then runs to the end. A third run, from scratch with its own artifacts and cache,
 is the reference.
 
 From the server's log of chat requests (each with the hash of its body):
@@ -22,11 +23,13 @@ errors and per-table row counts are compared with the reference (target: all equ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -84,6 +87,43 @@ def cache_accounting(acc: dict[str, Any], cached_at_kill: int) -> dict[str, int]
             "resent_despite_cache": max(0, acc["repeated"] - not_cached)}
 
 
+def write_lags(entries: list[dict[str, Any]], stored: dict[str, float]) -> list[float]:
+    """Seconds from the server's answer to the call cache's write of it, per answer found in the
+    cache (`stored`: answer id -> store time); the window in which a SIGKILL loses an answer.
+    Twins (one answer asked twice) pair the cache's last write with the latest answer before it."""
+    done: dict[str, list[float]] = {}
+    for e in entries:
+        if e["outcome"] is None and e["done"] is not None and not e["structured"]:
+            done.setdefault(e["answer"], []).append(e["done"])
+    lags = []
+    for answer, times in done.items():
+        if answer in stored:
+            before = [t for t in times if t <= stored[answer]]
+            if before:
+                lags.append(stored[answer] - max(before))
+    return sorted(lags)
+
+
+def percentiles(values: list[float], qs: tuple[float, ...] = (0.5, 0.9, 0.99, 1.0)) -> list[float]:
+    """Nearest-rank percentiles of sorted `values` (empty: NaN)."""
+    if not values:
+        return [float("nan")] * len(qs)
+    return [values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] for q in qs]
+
+
+def cache_store_times(directory: Path) -> dict[str, float]:
+    """Answer id -> when the call cache stored the fake server's plain reply ("fake reply <id>"),
+    read-only from diskcache's SQLite file (it keeps each entry's store_time)."""
+    out: dict[str, float] = {}
+    with contextlib.closing(sqlite3.connect(f"file:{directory / 'cache.db'}?mode=ro", uri=True)) as db:
+        for value, stored in db.execute("SELECT value, store_time FROM Cache"):
+            if isinstance(value, str):
+                text = json.loads(value).get("text") or ""
+                if text.startswith("fake reply "):
+                    out[text.split()[-1]] = stored
+    return out
+
+
 def sorted_rows(tbl: pa.Table, ignore: tuple[str, ...] = ()) -> list[str]:
     """The table's rows as canonical JSON, sorted: equal lists = equal tables up to row order."""
     keep = [c for c in tbl.column_names if c not in ignore]
@@ -136,36 +176,40 @@ def run_processes(leader: int) -> set[int]:
     return found
 
 
-def kill_run(proc: subprocess.Popen, deadline_s: float = 20.0) -> tuple[int, list[int]]:
-    """SIGKILL the run's process group and any process of it left; (processes killed, survivors)."""
-    pids = run_processes(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _signal_all(pids: set[int], sig: int) -> None:
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def kill_run(proc: subprocess.Popen, deadline_s: float = 20.0) -> tuple[int, list[int]]:
+    """Kill every process of the run at once, as a power cut would: freeze them all (SIGSTOP), then
+    SIGKILL. Ray puts each worker and actor in a process group of its own, so killing the driver's
+    group alone would leave them working (and writing) for seconds. Returns (killed, survivors)."""
+    frozen: set[int] = set()
+    for _ in range(20):  # a process may fork while we freeze the others
+        more = run_processes(proc.pid) - frozen
+        if not more:
+            break
+        _signal_all(more, signal.SIGSTOP)
+        frozen |= more
+    _signal_all(frozen, signal.SIGKILL)
     proc.wait(deadline_s)
     end = time.time() + deadline_s
-    left = run_processes(proc.pid) | {p for p in pids if _proc_stat(p) is not None}
+    left = {p for p in frozen | run_processes(proc.pid) if _proc_stat(p) is not None}
     while left and time.time() < end:
-        for pid in left:  # something forked while we killed: kill it too
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _signal_all(left, signal.SIGKILL)
         time.sleep(0.2)
-        left = run_processes(proc.pid) | {p for p in pids if _proc_stat(p) is not None}
-    return len(pids), sorted(left)
+        left = {p for p in left | run_processes(proc.pid) if _proc_stat(p) is not None}
+    return len(frozen), sorted(left)
 
 
 # ---------------------------------------------------------------- the runs
 
 def start_run(sets: list[str], log: Path) -> subprocess.Popen:
-    """`mempipe run` in a new session (so one killpg reaches Ray's processes too)."""
+    """`mempipe run` as the leader of a new session, which every process it starts (Ray included) joins."""
     cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", str(ROOT / "configs" / "default.yaml")]
     for s in sets:
         cmd += ["--set", s]
@@ -263,9 +307,16 @@ def crash_and_compare(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         n_killed = len(srv.stats()["chat"])
         # answers the cache held after the kill (chat entries: one per distinct request)
         cached_at_kill = cache_stats(workdir / "llm-cache-crash")["per_kind"].get("chat", 0)
+        stored_at_kill = cache_store_times(workdir / "llm-cache-crash")
         out["rerun_wall"], _ = mempipe(["run"], sets("crash"), timeout=a.run_timeout)
         chat = srv.stats()["chat"]
+        n_rerun = len(chat)
         out["ref_wall"], _ = mempipe(["run"], sets("ref"), timeout=a.run_timeout)
+        ref_chat = srv.stats()["chat"][n_rerun:]
+    # how long answers wait for the cache write (the window a kill hits): killed run, uninterrupted run
+    lags = {"killed": write_lags(chat[:n_killed], stored_at_kill),
+            "ref": write_lags(ref_chat, cache_store_times(workdir / "llm-cache-ref"))}
+    out["write_lag_ms"] = {k: [round(x * 1000, 1) for x in percentiles(v)] for k, v in lags.items()}
     out["calls"] = call_accounting(chat[:n_killed], chat[n_killed:], t_kill)
     out["calls"].update(cache_accounting(out["calls"], cached_at_kill))
     out["compared"] = compare_runs(run_dir, ref_dir, stages, ignore)
@@ -276,7 +327,8 @@ def crash_and_compare(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def calls_table(r: dict[str, Any]) -> str:
     acc = r["calls"]
-    rows = [["killed run: chat requests / calls (distinct bodies)", f"{acc['killed_requests']} / {acc['killed_calls']}"],
+    rows = [["killed run: chat requests / calls (distinct bodies)",
+             f"{acc['killed_requests']} / {acc['killed_calls']}"],
             ["calls finished (answered by the server) before the kill", acc["finished"]],
             ["answers in the call cache after the kill", acc["cached_at_kill"]],
             ["finished calls whose answer did not reach the cache", acc["not_cached"]],
@@ -288,7 +340,10 @@ def calls_table(r: dict[str, Any]) -> str:
             ["rerun calls never sent before (work left at the kill)", acc["rerun_new"]],
             [f"shards of {KILL_STAGE} finished at the kill / resumed by the rerun / in all",
              f"{r['seen']} / {r['resumed']} / {r['shards']}"],
-            ["processes of the run killed / left alive", f"{r['killed_procs']} / {len(r['survivors'])}"]]
+            ["processes of the run killed / left alive", f"{r['killed_procs']} / {len(r['survivors'])}"],
+            *([f"{label}: ms from the server's answer to the cache write, p50 / p90 / p99 / max",
+               " / ".join(f"{x:g}" for x in r["write_lag_ms"][k])]
+              for k, label in (("killed", "killed run"), ("ref", "uninterrupted run")))]
     if acc["repeated"]:
         rows.append(["finished calls sent again: ms between the server's answer and the kill",
                      ", ".join(f"{ms:g}" for ms in acc["repeated_ms_before_kill"][:30])])

@@ -138,7 +138,8 @@ def row_report(run_dir: Path, retries: dict[str, int]) -> dict[str, dict[str, An
         rows = stage_rows(run_dir, stage)
         failed = {k: v["error"] for k, v in rows.items() if v["error"] is not None}
         with_reason = [e for e in failed.values() if e.strip()]
-        left = [e for e in with_reason if not retries_exhausted(e, retries["max_retries"], retries["structured_retries"])]
+        left = [e for e in with_reason
+                if not retries_exhausted(e, retries["max_retries"], retries["structured_retries"])]
         out[stage] = {"rows_in": len(expected[stage]), "present": len(rows), "answered": len(rows) - len(failed),
                       "failed": len(with_reason), "failed_no_reason": len(failed) - len(with_reason),
                       "lost": len(expected[stage] - set(rows)), "extra": len(set(rows) - expected[stage]),
@@ -256,50 +257,43 @@ def targets(runs: dict[str, dict[str, dict[str, Any]]], retry: dict[str, dict[st
     out = []
     for label, report in runs.items():
         out.append((f"run {label}: 0 rows lost", sum(r["lost"] + r["extra"] for r in report.values())))
-        out.append((f"run {label}: 0 failed rows without a reason", sum(r["failed_no_reason"] for r in report.values())))
+        out.append((f"run {label}: 0 failed rows without a reason",
+                    sum(r["failed_no_reason"] for r in report.values())))
         out.append((f"run {label}: 0 failed rows with retries left", sum(r["retries_left"] for r in report.values())))
     out.append(("run A2: 0 requests A had answered re-sent", sum(r["resent_answered"] for r in retry.values())))
-    out.append(("run A: some rows failed (else A2 tests nothing)", int(sum(r["failed_before"] for r in retry.values()) == 0)))
+    out.append(("run A: some rows failed (else A2 tests nothing)",
+                int(sum(r["failed_before"] for r in retry.values()) == 0)))
     return out
 
 
-def finish(a: argparse.Namespace, runs: dict[str, dict[str, dict[str, Any]]],
-           entries: dict[str, list[dict[str, Any]]], retry: dict[str, dict[str, Any]],
-           walls: dict[str, float]) -> int:
-    """Print and write the results; 0 when every target is met."""
-    checks = targets({k: runs[k] for k in ("A", "A2", "B")}, retry)
-    missed = [(t, n) for t, n in checks if n]
-    sections = []
-    for label, what in (("A", "few retries (llm.max_retries=2, llm.structured_retries=0)"),
-                        ("A2", "A's artifacts and cache after `--retry-failed segment` and a forced rerun of the "
-                               "other LLM stages"),
-                        ("B", "default retries (llm.max_retries=5, llm.structured_retries=2), fresh artifacts and cache")):
-        sections.append(f"### Run {label}: {what}; {walls[label]:.0f} s\n\n{rows_table(runs[label])}\n\n"
-                        f"Requests the server got during run {label}:\n\n{server_table(server_report(entries[label]))}")
-    body = (f"{a.episodes} synthetic episodes x {a.sessions} sessions x {a.turns} turns, {a.questions} questions "
+RUN_TITLES = {"A": "few retries (llm.max_retries=2, llm.structured_retries=0)",
+              "A2": "A's artifacts and cache after `--retry-failed segment` and a forced rerun of the other LLM stages",
+              "B": "default retries (llm.max_retries=5, llm.structured_retries=2), fresh artifacts and cache"}
+RETRY_NOTE = ("Rows A2 changed beyond A's failed rows: (1) RSum's memory of the sessions after a retried one is "
+              "built on it, and `respond_rsum` answers from that memory (new requests); (2) twins: two rows with the "
+              "same prompt are sent at once (the client does not share an identical request in flight), and when "
+              "they are answered differently (one a `malformed` text) the cache keeps one answer, which the rerun "
+              "replays for both rows (no request; see \"bodies answered twice / differently\").")
+
+
+def render(a: argparse.Namespace, r: dict[str, Any], checks: list[tuple[str, int]]) -> str:
+    """The Markdown report of the three runs."""
+    sections = [f"### Run {k}: {title}; {r['walls'][k]:.0f} s\n\n{rows_table(r['runs'][k])}\n\n"
+                f"Requests the server got during run {k}:\n\n{server_table(server_report(r['entries'][k]))}"
+                for k, title in RUN_TITLES.items()]
+    return (f"{a.episodes} synthetic episodes x {a.sessions} sessions x {a.turns} turns, {a.questions} questions "
             f"each; faults `{a.faults}` per request (a retry draws again), Retry-After {a.retry_after:g} s, an "
             f"injected timeout hangs {a.timeout_sleep:g} s against llm.timeout_s={a.llm_timeout:g}; latency "
             f"{a.latency:g} s. `malformed`: a valid reply whose structured answer is broken JSON (re-asked; a "
-            "plain-text call keeps it as its answer); `badjson`: a reply body that is not JSON (retried like a 5xx). "
-            "Segment rows are sessions (a failed one falls back to fixed chunks and keeps the reason).\n\n"
+            "plain-text call keeps it as its answer); `badjson`: a reply body that is not JSON (retried like a "
+            "5xx). Segment rows are sessions (a failed one falls back to fixed chunks and keeps the reason).\n\n"
             + "\n\n".join(sections)
-            + "\n\n### Run A2 against A: only failed rows re-sent\n\n" + retry_table(retry)
-            + "\n\nRows A2 changed beyond A's failed rows: (1) RSum's memory of the sessions after a retried "
-            "one is built on it, and `respond_rsum` answers from that memory (new requests); (2) twins: two rows "
-            "with the same prompt are sent at once (the client does not share an identical request in flight), "
-            "and when they are answered differently (one a `malformed` text) the cache keeps one answer, which "
-            "the rerun replays for both rows (no request; see \"bodies answered twice / differently\").\n\n"
-            "### Targets\n\n"
+            + "\n\n### Run A2 against A: only failed rows re-sent\n\n" + retry_table(r["retry"])
+            + "\n\n" + RETRY_NOTE + "\n\n### Targets\n\n"
             + "\n".join(f"- {t}: {'met' if not n else f'MISSED by {n}'}" for t, n in checks))
-    write_results("faults", "Faults: every row answered or failed with a reason; retries re-send only failures", body,
-                  {"args": vars(a), "runs": runs, "retry": retry, "walls": walls,
-                   "server": {k: {s: {**v, "keys": len(v["keys"])} for s, v in server_report(e).items()}
-                              for k, e in entries.items()},
-                   "targets": {t: n for t, n in checks}, "target_met": not missed})
-    return 0 if not missed else 1
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=60)
     ap.add_argument("--sessions", type=int, default=4)
@@ -315,35 +309,54 @@ def main() -> int:
     a = ap.parse_args()
     if a.llm_timeout >= a.timeout_sleep + a.latency:
         ap.error("--llm-timeout must be below --timeout-sleep, or injected timeouts are just slow answers")
-    workdir = Path(tempfile.mkdtemp(prefix="mempipe-faults-"))
+    return a
+
+
+def run_all(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Runs A, A2 and B against one faulty server: row reports, server logs, walls, A2 against A."""
+    corpus = write_corpus(workdir / "corpus.jsonl", a.episodes, sessions=a.sessions, turns=a.turns,
+                          questions=a.questions)
     entries: dict[str, list[dict[str, Any]]] = {"A": [], "A2": [], "B": []}
     walls = {"A": 0.0, "A2": 0.0, "B": 0.0}
+    with FakeServer(latency=a.latency, faults=a.faults, retry_after=a.retry_after,
+                    timeout_sleep=a.timeout_sleep) as srv:
+        bench = Bench(srv, workdir, corpus, a.llm_timeout, a.run_timeout)
+        run_a, run_b = workdir / "artifacts" / "few", workdir / "artifacts" / "default"
+        entries["A"], walls["A"] = bench.run(["run"], "few", FEW_RETRIES)
+        report_a = row_report(run_a, FEW_RETRIES)
+        a_rows = {s: stage_rows(run_a, s) for s in LLM_STAGES}
+        forced = [flag for s in LLM_STAGES[1:] for flag in ("--force", s)]
+        for args in (["--retry-failed", "segment"], forced):  # together they rebuild every LLM stage
+            got, wall = bench.run(["run", *args], "few", FEW_RETRIES)
+            entries["A2"] += got
+            walls["A2"] += wall
+        report_a2 = row_report(run_a, FEW_RETRIES)
+        a2_rows = {s: stage_rows(run_a, s) for s in LLM_STAGES}
+        entries["B"], walls["B"] = bench.run(["run"], "default", DEFAULT_RETRIES)
+        report_b = row_report(run_b, DEFAULT_RETRIES)
+    retry = retry_report(report_a, report_a2, entries["A"], entries["A2"], a_rows, a2_rows)
+    return {"runs": {"A": report_a, "A2": report_a2, "B": report_b}, "entries": entries, "walls": walls,
+            "retry": retry}
+
+
+def main() -> int:
+    a = parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="mempipe-faults-"))
     try:
-        corpus = write_corpus(workdir / "corpus.jsonl", a.episodes, sessions=a.sessions, turns=a.turns,
-                              questions=a.questions)
-        with FakeServer(latency=a.latency, faults=a.faults, retry_after=a.retry_after,
-                        timeout_sleep=a.timeout_sleep) as srv:
-            bench = Bench(srv, workdir, corpus, a.llm_timeout, a.run_timeout)
-            run_a, run_b = workdir / "artifacts" / "few", workdir / "artifacts" / "default"
-            entries["A"], walls["A"] = bench.run(["run"], "few", FEW_RETRIES)
-            report_a = row_report(run_a, FEW_RETRIES)
-            a_rows = {s: stage_rows(run_a, s) for s in LLM_STAGES}
-            plain = [a for s in LLM_STAGES[1:] for a in ("--force", s)]
-            for args in (["--retry-failed", "segment"], plain):  # together they rebuild every LLM stage
-                got, wall = bench.run(["run", *args], "few", FEW_RETRIES)
-                entries["A2"] += got
-                walls["A2"] += wall
-            report_a2 = row_report(run_a, FEW_RETRIES)
-            a2_rows = {s: stage_rows(run_a, s) for s in LLM_STAGES}
-            entries["B"], walls["B"] = bench.run(["run"], "default", DEFAULT_RETRIES)
-            report_b = row_report(run_b, DEFAULT_RETRIES)
+        r = run_all(a, workdir)
     finally:
         if a.keep:
             print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    retry = retry_report(report_a, report_a2, entries["A"], entries["A2"], a_rows, a2_rows)
-    return finish(a, {"A": report_a, "A2": report_a2, "B": report_b}, entries, retry, walls)
+    checks = targets(r["runs"], r["retry"])
+    missed = any(n for _, n in checks)
+    server = {k: {s: {**v, "keys": len(v["keys"])} for s, v in server_report(e).items()}
+              for k, e in r["entries"].items()}
+    write_results("faults", "Faults: every row answered or failed with a reason; retries re-send only failures",
+                  render(a, r, checks), {"args": vars(a), "runs": r["runs"], "retry": r["retry"], "walls": r["walls"],
+                                         "server": server, "targets": dict(checks), "target_met": not missed})
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

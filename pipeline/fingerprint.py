@@ -6,6 +6,7 @@ fingerprints are inputs, so a change anywhere invalidates exactly the stages dow
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.hashing import canonical_json, sha256
@@ -33,7 +34,20 @@ def fingerprint_inputs(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str
     for key in stage.config_keys:
         value = getattr(cfg, key)
         inputs[f"config.{key}"] = value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-    return inputs
+    return _relative_to_cwd(inputs, str(Path.cwd()))
+
+
+def _relative_to_cwd(value: Any, cwd: str) -> Any:
+    """Paths inside the current directory enter as relative paths: `ray job submit --working-dir .`
+    runs the driver in an uploaded copy of the checkout, and `mempipe status` in the checkout must
+    compute the same fingerprints as that copy did."""
+    if isinstance(value, str) and value.startswith(cwd + "/"):
+        return value[len(cwd) + 1:]
+    if isinstance(value, dict):
+        return {k: _relative_to_cwd(v, cwd) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative_to_cwd(v, cwd) for v in value]
+    return value
 
 
 def compute_fingerprint(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str]) -> str:

@@ -46,6 +46,15 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _answer_hash(body: dict[str, Any]) -> str:
+    """What a chat answer depends on: the messages, model and seed (not the sampling settings)."""
+    return _hash({"messages": body.get("messages", []), "model": body.get("model"), "seed": body.get("seed")})
+
+
+def _answer_id(body: dict[str, Any]) -> str:
+    return _answer_hash(body)[:8]
+
+
 def _words(text: str) -> int:
     return len(text.split())
 
@@ -339,7 +348,9 @@ class FakeOpenAI:
         `structured`, `tokens` (prompt words + max_tokens, what a tpm limiter budgets) and
         `est_tokens` (the client's own estimate, pipeline.llm.ratelimit.estimate_tokens: prompt
         characters // 4 + max_tokens, what its tpm pacing budgeted for the request) and `head`
-        (the first 120 characters of the first message: which prompt, hence which stage, sent it)."""
+        (the first 120 characters of the first message: which prompt, hence which stage, sent it) and
+        `answer` (the id in the reply text, "fake reply <answer>" for a plain call: finds the reply in a
+        call cache)."""
         with self._lock:
             chat = [{"t": r["t"], "done": r["done"], "key": _hash(r["body"])[:16], "outcome": r["outcome"],
                      "structured": bool(r["body"].get("response_format")),
@@ -347,7 +358,8 @@ class FakeOpenAI:
                      + int(r["body"].get("max_tokens") or 0),
                      "est_tokens": sum(len(str(m.get("content") or "")) for m in r["body"].get("messages", [])) // 4
                      + int(r["body"].get("max_tokens") or 0),
-                     "head": str((r["body"].get("messages") or [{}])[0].get("content") or "")[:120]}
+                     "head": str((r["body"].get("messages") or [{}])[0].get("content") or "")[:120],
+                     "answer": _answer_id(r["body"])}
                     for r in self.requests if r["path"] == "/v1/chat/completions"]
             return web.json_response({"total": len(self.requests), "by_path": dict(self.by_path),
                                       "outcomes": dict(self.outcomes), "max_in_flight": self.max_in_flight,
@@ -360,7 +372,7 @@ class FakeOpenAI:
 
     def _chat_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
         messages = body.get("messages", [])
-        h = _hash({"messages": messages, "model": body.get("model"), "seed": body.get("seed")})
+        h = _answer_hash(body)
         rf = body.get("response_format") or {}
         # The schema comes with the response_format (json_schema), or in the prompt (json_object and
         # prompt modes); in prompt mode the JSON comes wrapped in prose, as chat models write it.

@@ -85,6 +85,18 @@ def test_server_report_counts_twins_answered_differently() -> None:
     assert (r["answered_twice"], r["answered_differently"]) == (2, 1)
 
 
+def test_write_lags_pair_answers_with_cache_writes() -> None:
+    entries = [{"answer": "a", "done": 1.0, "outcome": None, "structured": False},
+               {"answer": "b", "done": 2.0, "outcome": None, "structured": False},
+               {"answer": "b", "done": 2.5, "outcome": None, "structured": False},  # its twin
+               {"answer": "c", "done": 3.0, "outcome": None, "structured": False},  # never cached
+               {"answer": "d", "done": 3.0, "outcome": "429", "structured": False},
+               {"answer": "e", "done": 3.0, "outcome": None, "structured": True}]
+    stored = {"a": 1.25, "b": 2.75, "d": 9.0, "e": 9.0}
+    assert crash.write_lags(entries, stored) == [0.25, 0.25]
+    assert crash.percentiles([1.0, 2.0, 3.0, 4.0]) == [2.0, 4.0, 4.0, 4.0]
+
+
 def test_compare_tables_ignores_row_order_and_named_columns() -> None:
     a = pa.table({"id": ["x", "y"], "v": [1, 2], "wall_s": [0.1, 0.2]})
     b = pa.table({"id": ["y", "x"], "v": [2, 1], "wall_s": [0.9, 0.8]})

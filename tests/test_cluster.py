@@ -179,8 +179,6 @@ def test_storage_probe_runs_on_the_given_nodes(runner, tmp_path):
     assert list((tmp_path / "artifacts").iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="needs the pipeline/fingerprint.py change proposed for issue 16 item 4: "
-                   "paths inside the current directory enter fingerprints relative to it")
 def test_checkout_and_its_uploaded_copy_give_the_same_fingerprints(tmp_path, monkeypatch):
     """`ray job submit --working-dir .` runs the driver in a copy of the checkout on the head; relative
     paths (corpus.path: data/sample) resolve inside it. `mempipe status` in the checkout must compute
