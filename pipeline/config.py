@@ -203,7 +203,9 @@ class RayConfig(Section):
     executor: Literal["ray", "inline"] = "ray"  # inline: same process, for debugging
     episodes_per_shard: int = Field(default=4, ge=1)  # unit of resume and of Ray tasks
     task_cpus: float = Field(default=1.0, gt=0)  # CPU-bound stages
-    llm_task_cpus: float = Field(default=0.25, gt=0)  # LLM-bound stages mostly wait on I/O
+    # LLM-bound stages wait on I/O, but their concurrency comes from llm.max_concurrency inside a
+    # worker: more worker processes per core only add start-up and CPU contention (bench/throughput.py).
+    llm_task_cpus: float = Field(default=1.0, gt=0)
     # Reruns of a shard whose worker process or node died (system failures only: an exception the
     # stage raises is never retried). Shards are idempotent and their finished calls are cached.
     max_task_retries: int = Field(default=3, ge=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 import time
@@ -382,6 +383,11 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
         # cluster `ray start` last left running on this machine.
         kwargs["address"] = "local"
         kwargs["num_cpus"] = cfg.ray.num_cpus
+        # Ray keeps idle workers only up to one per CPU and stops the rest after a second; an LLM
+        # stage with fractional-CPU tasks would start them again (imports: seconds each) every time.
+        cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+        kwargs["_system_config"] = {
+            "num_workers_soft_limit": math.ceil(cpus / min(cfg.ray.task_cpus, cfg.ray.llm_task_cpus))}
         # Workers must import this checkout (also when not pip-installed).
         paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
         env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS}
