@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -281,6 +282,8 @@ class Runner:
                 "wall_s": round(time.time() - started, 3),
                 "shard_s": round(sum(m.get("wall_s", 0) for m in markers), 3),
                 "resumed_shards": len(shards) - len(pending),
+                # Ray node id -> shards this invocation ran there (where the work went on a cluster)
+                "shards_per_node": dict(Counter(s["node"] for s in done.values() if s.get("node"))),
             },
         }
         manifest.update(_sum_stats(markers))
@@ -314,7 +317,7 @@ class Runner:
             except Exception as e:  # finish the other shards so a rerun resumes from them
                 failures.append(task_error(e, retries))
                 continue
-            node = stats.pop("node", None)
+            node = stats.get("node")
             if node and node != here:  # written on another node's view of artifacts_dir
                 require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
             yield {**stats, "shard_idx": task.shard_idx}

@@ -1,0 +1,58 @@
+"""Runs the pipeline twice on a two-node Ray cluster on this machine (ray.cluster_utils.Cluster)
+and prints one JSON line: the nodes, where each stage's shards ran, and each run's exit code.
+
+Its own process, because the test session already holds a local Ray.
+
+    python tests/two_node_run.py BASE_URL WORKDIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE = "respond_full_history"
+
+
+def mempipe_run(address: str, base_url: str, workdir: Path, run_name: str) -> int:
+    """`mempipe run` as a driver on the cluster (how `ray job submit` starts it: RAY_ADDRESS set)."""
+    sets = [f"run_name={run_name}", f"artifacts_dir={workdir / 'artifacts'}", f"llm.cache_dir={workdir / 'llm-cache'}",
+            "llm.provider=openai", f"llm.base_url={base_url}", "llm.model=fake-model",
+            "llm.api_key_env=MEMPIPE_TEST_KEY", "llm.rpm=240", "llm.max_concurrency=4", "corpus.limit=null",
+            "methods=[full_history]", f"stages=[ingest,probes,{STAGE}]", "teabag.enabled=false",
+            "ray.episodes_per_shard=1"]
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", "configs/default.yaml"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = {**os.environ, "RAY_ADDRESS": address}
+    return subprocess.run(cmd, cwd=ROOT, env=env, timeout=300).returncode
+
+
+def main() -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    base_url, workdir = sys.argv[1], Path(sys.argv[2])
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        ray.shutdown()
+        first = mempipe_run(cluster.address, base_url, workdir, "first")
+        manifest = json.loads((workdir / "artifacts" / "first" / STAGE / "_manifest.json").read_text())
+        again = mempipe_run(cluster.address, base_url, workdir, "again")  # same cache, new run name
+    finally:
+        cluster.shutdown()
+    print(json.dumps({"nodes": nodes, "first_rc": first, "again_rc": again,
+                      "shards_per_node": manifest["timings"]["shards_per_node"], "shards": manifest["shards"],
+                      "rows": manifest["rows"], "errors": manifest["errors"]}))
+
+
+if __name__ == "__main__":
+    main()
