@@ -270,10 +270,11 @@ RUN_TITLES = {"A": "few retries (llm.max_retries=2, llm.structured_retries=0)",
               "A2": "A's artifacts and cache after `--retry-failed segment` and a forced rerun of the other LLM stages",
               "B": "default retries (llm.max_retries=5, llm.structured_retries=2), fresh artifacts and cache"}
 RETRY_NOTE = ("Rows A2 changed beyond A's failed rows: (1) RSum's memory of the sessions after a retried one is "
-              "built on it, and `respond_rsum` answers from that memory (new requests); (2) twins: two rows with the "
-              "same prompt are sent at once (the client does not share an identical request in flight), and when "
-              "they are answered differently (one a `malformed` text) the cache keeps one answer, which the rerun "
-              "replays for both rows (no request; see \"bodies answered twice / differently\").")
+              "built on it, and `respond_rsum` answers from that memory (new requests); (2) twins: rows with the same "
+              "prompt share one request while it is in flight, but only within a worker's client; identical "
+              "prompts asked at once from two shards are sent twice, and when answered differently (one a "
+              "`malformed` text) the cache keeps one answer, which the rerun replays for both rows (no request; "
+              "see \"bodies answered twice / differently\").")
 
 
 def render(a: argparse.Namespace, r: dict[str, Any], checks: list[tuple[str, int]]) -> str:

@@ -94,6 +94,47 @@ def test_cached_rerun_sends_nothing_and_still_reports_tokens(fake_llm: FakeOpenA
         (cold.usage.prompt_tokens, cold.usage.completion_tokens)
 
 
+def test_identical_requests_in_flight_are_sent_once(fake_llm: FakeOpenAI) -> None:
+    """Two rows with one prompt, asked at once: one request, one answer for both (the twin counts as
+    a cached call); without a cache every call is its own request."""
+    fake_llm.latency_s = 0.2
+
+    async def go(client: LLMClient) -> list[LLMResult]:
+        try:
+            return list(await asyncio.gather(*(client.chat(msgs(p)) for p in ["same", "same", "same", "other"])))
+        finally:
+            await client.aclose()
+
+    client = client_for(fake_llm)
+    results = run(go(client))
+    assert fake_llm.count() == 2
+    assert results[0].text == results[1].text == results[2].text != results[3].text
+    assert sorted(r.cached for r in results[:3]) == [False, True, True] and not results[3].cached
+    assert client.usage.calls == 4 and client.usage.cached_calls == 2
+
+    uncached = client_for(fake_llm, cache=False)
+    run(go(uncached))
+    assert fake_llm.count() == 2 + 4
+
+
+def test_a_twin_of_a_failed_request_is_sent_on_its_own(fake_llm: FakeOpenAI) -> None:
+    fake_llm.latency_s = 0.2
+    fake_llm.force = ["500"]  # the first request fails for good (no retries); its twin then asks itself
+    client = client_for(fake_llm, max_retries=0)
+
+    async def go() -> list[Any]:
+        try:
+            return list(await asyncio.gather(client.chat(msgs("same")), client.chat(msgs("same")),
+                                             return_exceptions=True))
+        finally:
+            await client.aclose()
+
+    outcomes = run(go())
+    assert sorted(type(o).__name__ for o in outcomes) == ["LLMError", "LLMResult"]
+    assert not [o for o in outcomes if isinstance(o, LLMResult)][0].cached
+    assert fake_llm.count() == 2
+
+
 def test_cache_key_covers_what_determines_the_answer() -> None:
     rf = response_format_for(Answer)
     base = dict(endpoint="http://h/v1", model="m", messages=msgs("x"),

@@ -151,6 +151,9 @@ class LLMClient:
         # asyncio.run once per batch, so each loop gets its own.
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = \
             weakref.WeakKeyDictionary()
+        # Cache key -> the reply of that exact request, while it is being sent (per loop).
+        self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future]] = \
+            weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return (f"LLMClient(model={self.cfg.model!r}, endpoint={self.endpoint!r}, "
@@ -370,6 +373,51 @@ class LLMClient:
                                hit.get("model") or model, cached=True)
                 self._add_tokens(model, reply.prompt_tokens, reply.completion_tokens, cached=True)
                 return reply
+            # The same request already on its way (two rows with one prompt): share its answer
+            # rather than pay twice and cache whichever came last.
+            twin = await self._twin(key)
+            if twin is not None:
+                self._add_tokens(model, twin.prompt_tokens, twin.completion_tokens, cached=True)
+                return twin
+        pending = self._claim(key) if self.cache is not None else None
+        try:
+            reply = await self._fetch(model, messages, sampling, response_format, key)
+        except BaseException as e:
+            if pending is not None:
+                pending.cancel() if isinstance(e, asyncio.CancelledError) else pending.set_exception(e)
+            raise
+        finally:
+            if pending is not None:
+                self._in_flight[asyncio.get_running_loop()].pop(key, None)
+        if pending is not None:
+            pending.set_result(reply)
+        return reply
+
+    async def _twin(self, key: str) -> _Reply | None:
+        """The reply of an identical request in flight on this loop, marked as not sent; None when
+        there is none (or it failed: the caller then sends its own)."""
+        pending = self._in_flight.get(asyncio.get_running_loop(), {}).get(key)
+        if pending is None:
+            return None
+        try:
+            reply = await asyncio.shield(pending)
+        except BaseException:
+            if pending.done():  # that request failed or was cancelled: this one is sent on its own
+                return None
+            raise  # this call itself was cancelled
+        return _Reply(reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model, cached=True)
+
+    def _claim(self, key: str) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Future = loop.create_future()
+        # A failure nobody else awaited must not be reported as "exception never retrieved".
+        pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._in_flight.setdefault(loop, {})[key] = pending
+        return pending
+
+    async def _fetch(self, model: str, messages: Messages, sampling: dict[str, Any],
+                     response_format: dict[str, Any] | None, key: str) -> _Reply:
+        """Send the request (with retries) and cache its reply."""
         body: dict[str, Any] = {"model": model, "messages": messages, **sampling}
         if response_format is not None:
             body["response_format"] = response_format
