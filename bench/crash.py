@@ -359,8 +359,8 @@ def render(a: argparse.Namespace, r: dict[str, Any], checks: list[tuple[str, int
             "the cache held was asked again.") if r["calls"]["repeated"] else ""
     return (f"{a.episodes} synthetic episodes x {a.questions} questions; `{KILL_STAGE}` answers every question "
             f"({a.episodes * a.questions} probes in {r['shards']} shards of {a.episodes_per_shard} episodes; "
-            "questions that repeat within an episode make identical requests, so calls = distinct request bodies "
-            f"are fewer); server latency {a.latency:g} s, at most {a.cap} served at once. Killed after "
+            "each question is worded differently, so each probe is one call); "
+            f"server latency {a.latency:g} s, at most {a.cap} served at once. Killed after "
             f"{r['killed_wall']:.0f} s with {r['seen']} shards of `{KILL_STAGE}` finished; the rerun took "
             f"{r['rerun_wall']:.0f} s, the uninterrupted run {r['ref_wall']:.0f} s.\n\n" + calls_table(r) + note
             + "\n\nResumed run against the uninterrupted one (rows sorted, every column"

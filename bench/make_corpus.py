@@ -17,6 +17,10 @@ from pathlib import Path
 
 WORDS = ("marathon trip job garden sister cello house bike paper recipe concert kitchen visa dog exam "
          "move wedding loan novel piano rain office coffee train boat camera beach studio hospital").split()
+ASKS = ("In session {session}, what did {speaker} say about the {topic} (turn {turn})?",
+        "What was {speaker}'s remark on the {topic} in turn {turn} of session {session}?",
+        "Which words did {speaker} use for the {topic} in session {session}, turn {turn}?",
+        "Recall session {session}, turn {turn}: what did {speaker} tell about the {topic}?")
 NAMES = ("Ann Bob Cara Dev Eli Fay Gus Hana Ivo Jun Kai Lea Mo Nia Oto Pia Raj Sol Tao Uma Vic Wen").split()
 
 
@@ -28,13 +32,21 @@ def episode(i: int, sessions: int, turns: int, questions: int, rng: random.Rando
         lines = [{"speaker": (a, b)[t % 2],
                   "text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 16))) + "."} for t in range(turns)]
         out_sessions.append({"time": (start + timedelta(days=14 * s)).isoformat(), "gap": None, "turns": lines})
+    # Every question of an episode is worded differently, so none sends the same request as
+    # another (identical requests are shared, and a benchmark would count fewer calls than rows).
+    turn_ids = [(s, t) for s in range(sessions) for t in range(turns)]
+    if questions > len(turn_ids) * len(ASKS):
+        raise ValueError(f"at most {len(turn_ids) * len(ASKS)} distinct questions for {sessions} sessions "
+                         f"x {turns} turns; asked for {questions}")
+    rng.shuffle(turn_ids)
     qa = []
     for q in range(questions):
-        s, t = rng.randrange(sessions), rng.randrange(turns)
-        topic = out_sessions[s]["turns"][t]["text"].split()[0]
-        qa.append({"qa_id": f"syn-{i:06d}-q{q}", "question": f"What did they say about the {topic}?",
-                   "answer": out_sessions[s]["turns"][t]["text"], "evidence": [f"D{s + 1}:{t + 1}"],
-                   "category": "single-hop"})
+        s, t = turn_ids[q % len(turn_ids)]
+        turn = out_sessions[s]["turns"][t]
+        ask = ASKS[q // len(turn_ids)].format(speaker=turn["speaker"], topic=turn["text"].split()[0],
+                                              session=s + 1, turn=t + 1)
+        qa.append({"qa_id": f"syn-{i:06d}-q{q}", "question": ask, "answer": turn["text"],
+                   "evidence": [f"D{s + 1}:{t + 1}"], "category": "single-hop"})
     return {"episode_id": f"syn-{i:06d}", "speakers": [a, b], "personas": {a: [], b: []},
             "relationship": "friends", "sessions": out_sessions, "qa": qa}
 
