@@ -18,8 +18,11 @@ import argparse
 import asyncio
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from harness import FakeServer, fake_sets, manifest, mempipe, table, write_results
 from make_corpus import write_corpus
@@ -37,6 +40,32 @@ def served_rate(stats: dict, structured: bool = False) -> dict:
     return {"calls": len(chat), "span_s": span, "rate": len(chat) / span}
 
 
+class CpuSampler:
+    """The machine's CPU busy share every 0.25 s, to tell whether a run was bound by the cores."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []  # (time.time() at the end of the interval, busy %)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        psutil.cpu_percent()
+        while not self._stop.wait(0.25):
+            self.samples.append((time.time(), psutil.cpu_percent()))
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy_between(self, start: float, end: float) -> float:
+        inside = [busy for t, busy in self.samples if start + 0.25 <= t <= end]
+        return sum(inside) / len(inside) / 100 if inside else float("nan")
+
+
 def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int, extra: list[str]) -> dict:
     sets = fake_sets(workdir, srv.base_url, corpus, run_name=name) + [
         "methods=[turn]", STAGES, "compress.method=none", "compress.granularities=[turn]",
@@ -45,10 +74,13 @@ def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int,
         # flight: twice the endpoint's cap, so it stays saturated while a shard starts or ends.
         f"llm.max_concurrency={cap}", "ray.episodes_per_shard=4", *extra]
     srv.reset()
-    wall, _ = mempipe(["run"], sets)  # one run as a user starts it; workers are warm by the respond stage
+    with CpuSampler() as cpu:
+        wall, _ = mempipe(["run"], sets)  # one run as a user starts it; workers are warm by the respond stage
     stats = srv.stats()
     m = manifest(workdir / "artifacts" / name, "respond_turn")
-    return {**served_rate(stats), "stage_wall_s": m["timings"]["wall_s"], "command_wall_s": wall,
+    served = [c for c in stats["chat"] if not c["structured"] and c["done"] is not None]
+    busy = cpu.busy_between(min(c["t"] for c in served), max(c["done"] for c in served)) if served else float("nan")
+    return {**served_rate(stats), "cpu_busy": busy, "stage_wall_s": m["timings"]["wall_s"], "command_wall_s": wall,
             "max_in_flight": stats["max_in_flight"], "errors": m["errors"], "rows": m["rows"]}
 
 
@@ -89,10 +121,15 @@ def main() -> int:
         corpus = write_corpus(workdir / "corpus.jsonl", a.episodes, sessions=3, turns=8, questions=a.questions)
         for cap in a.caps:
             with FakeServer(latency=a.latency, max_concurrency=cap) as srv:
-                results[f"bare_{cap}"] = {"rate": bare_client(srv.base_url, a.episodes * a.questions, 2 * cap)}
+                with CpuSampler() as cpu:
+                    started = time.time()
+                    rate = bare_client(srv.base_url, a.episodes * a.questions, 2 * cap)
+                results[f"bare_{cap}"] = {"rate": rate, "cpu_busy": cpu.busy_between(started, time.time())}
                 results[f"cache_{cap}"] = run_stage(srv, workdir, corpus, f"cache{cap}", cap, [])
                 results[f"nocache_{cap}"] = run_stage(srv, workdir, corpus, f"nocache{cap}", cap,
                                                       ["llm.cache_enabled=false"])
+                results[f"half_{cap}"] = run_stage(srv, workdir, corpus, f"half{cap}", cap,
+                                                   ["ray.llm_task_cpus=0.5"])
                 if cap == a.caps[0]:
                     results["sequential"] = run_stage(srv, workdir, corpus, "sequential", cap, [
                         f"corpus.limit={a.sequential_episodes}", "ray.executor=inline", "llm.max_concurrency=1"])
@@ -107,31 +144,39 @@ def main() -> int:
         ideal = cap / a.latency
         bare = results[f"bare_{cap}"]["rate"]
         rows.append([f"bare `openai` client, {2 * cap} in flight (reference)", cap, f"{ideal:.0f}", "-", "-",
-                     f"{bare:.1f}", f"{bare / ideal:.2f}", "1.00", "-", "-", "-"])
-        for key, label in ((f"cache_{cap}", "pipeline, cache on (default)"), (f"nocache_{cap}", "pipeline, cache off")):
+                     f"{bare:.1f}", f"{bare / ideal:.2f}", "1.00", "-", "-", f"{results[f'bare_{cap}']['cpu_busy']:.0%}", "-"])
+        for key, label in ((f"cache_{cap}", "pipeline, cache on (default)"), (f"nocache_{cap}", "pipeline, cache off"),
+                           (f"half_{cap}", "pipeline, cache on, two shard tasks per core (`ray.llm_task_cpus=0.5`)")):
             r = results[key]
             rows.append([label, cap, f"{ideal:.0f}", r["calls"], f"{r['span_s']:.1f}", f"{r['rate']:.1f}",
                          f"{r['rate'] / ideal:.2f}", f"{r['rate'] / bare:.2f}", f"{r['stage_wall_s']:.1f}",
-                         r["max_in_flight"], r["errors"]])
+                         r["max_in_flight"], f"{r['cpu_busy']:.0%}", r["errors"]])
         share = results[f"cache_{cap}"]["rate"] / ideal
         verdicts.append(f"cap {cap}: {share:.0%} of ideal with the cache on, "
                         + ("target met" if share >= 0.9 else f"target MISSED by {0.9 - share:.0%}")
-                        + f" (the bare client on this machine: {bare / ideal:.0%})")
+                        + f" (the bare client on this machine: {bare / ideal:.0%}; two shard tasks per core: "
+                        f"{results[f'half_{cap}']['rate'] / ideal:.0%})")
     rows.append(["one call at a time (inline, concurrency 1)", a.caps[0], f"{a.caps[0] / a.latency:.0f}", seq["calls"],
                  f"{seq['span_s']:.1f}", f"{seq['rate']:.1f}", f"{seq['rate'] * a.latency / a.caps[0]:.2f}",
-                 f"{seq['rate'] / results[f'bare_{a.caps[0]}']['rate']:.2f}", f"{seq['stage_wall_s']:.1f}", seq["max_in_flight"], seq["errors"]])
+                 f"{seq['rate'] / results[f'bare_{a.caps[0]}']['rate']:.2f}", f"{seq['stage_wall_s']:.1f}", seq["max_in_flight"], f"{seq['cpu_busy']:.0%}", seq["errors"]])
     met = all(results[f"cache_{cap}"]["rate"] >= 0.9 * cap / a.latency for cap in a.caps)
     body = (f"Stage `respond_turn` over {a.episodes} synthetic episodes x {a.questions} questions "
             f"({a.episodes * a.questions} calls), cold cache; endpoint latency {a.latency} s and at most `cap` requests "
             "served at once (more wait in its queue): ideal = cap / latency. Rate = responses completed / (last "
-            "completion - first arrival).\n\n"
+            "completion - first arrival). CPU busy: the whole machine's (fake server, driver, Ray and its "
+            "workers), averaged over that span; near 100% the run is bound by the cores, not by the pipeline's "
+            "concurrency.\n\n"
             + "Settings: `llm.max_concurrency` = cap per shard task, `ray.episodes_per_shard=4`, default "
             "`ray.llm_task_cpus` (one task per core).\n\n"
             + table(["run", "cap", "ideal req/s", "chat calls", "span s", "requests/s", "share of ideal",
-                     "share of bare client", "stage wall s", "max in flight", "failed rows"], rows)
+                     "share of bare client", "stage wall s", "max in flight", "CPU busy", "failed rows"], rows)
             + f"\n\nSpeed-up over one call at a time (cap {a.caps[0]}): "
             f"{results[f'cache_{a.caps[0]}']['rate'] / seq['rate']:.1f}x. Target (>= 90% of ideal): "
-            + "; ".join(verdicts) + ".")
+            + "; ".join(verdicts) + ".\n\nTwo shard tasks per core keep more requests in flight across shard "
+            "starts and ends, but start twice the worker processes, and the span above begins once they have "
+            "started: compare the stage wall times. Worth it for long stages against an endpoint that serves many "
+            "requests at once; a cost (worker start-up, seconds on 2 cores) on short or cached stages "
+            "(bench/warm_rerun.py).")
     write_results("throughput", "Throughput against the ideal rate", body,
                   {"results": results, "target_met": met, "args": vars(a)})
     return 0 if met else 1

@@ -22,10 +22,12 @@ keys, cache values, usage, reprs, exception messages or logs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import random
+import ssl
 import weakref
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -131,6 +133,33 @@ async def _close_at_loop_end(client: openai.AsyncOpenAI) -> AsyncGenerator[None,
         await client.close()
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process, made as httpx makes its default (SSL_CERT_FILE / SSL_CERT_DIR
+    honoured): building one loads the CA bundle, tens of ms of CPU, and every event loop's HTTP
+    client would otherwise build its own."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+@functools.cache
+def _platform() -> Any:
+    from openai._base_client import get_platform
+
+    return get_platform()
+
+
+def _preset_platform(client: openai.AsyncOpenAI) -> None:
+    """Give a new SDK client the platform (for its request headers) found once per process.
+
+    Left unset, the first requests of each new client all look it up through worker threads at
+    once, which costs a shard's start more than its requests' own CPU (py-spy, bench/throughput.py).
+    """
+    if getattr(client, "_platform", "absent") is None:
+        client._platform = _platform()
+
+
 class LLMClient:
     """Implements `ChatLLM` over any OpenAI-compatible endpoint."""
 
@@ -170,7 +199,9 @@ class LLMClient:
             import openai  # here: a run answered from the cache never pays for importing the SDK
 
             client = openai.AsyncOpenAI(base_url=self.cfg.base_url or OPENAI_BASE_URL, api_key=self.__key,
-                                        max_retries=0, timeout=self.cfg.timeout_s)
+                                        max_retries=0, timeout=self.cfg.timeout_s,
+                                        http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()))
+            _preset_platform(client)
             closer = _close_at_loop_end(client)
             await closer.__anext__()  # registers it with this loop's async-generator hooks
             st = _LoopState(client, asyncio.Semaphore(self.cfg.max_concurrency), closer)
