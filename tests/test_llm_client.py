@@ -117,6 +117,25 @@ def test_identical_requests_in_flight_are_sent_once(fake_llm: FakeOpenAI) -> Non
     assert fake_llm.count() == 2 + 4
 
 
+def test_each_loop_client_reuses_the_process_tls_context_and_platform(fake_llm: FakeOpenAI) -> None:
+    """Stages run one event loop per shard; each loop's HTTP client reuses the TLS context and the
+    platform headers found once per process instead of rebuilding them (bench/throughput.py)."""
+    client = client_for(fake_llm, cache=False)
+
+    async def ask(text: str) -> tuple[Any, LLMResult]:
+        try:
+            result = await client.chat(msgs(text))
+            return (await client._state()).client, result
+        finally:
+            await client.aclose()
+
+    first, a = run(ask("one"))
+    second, b = run(ask("two"))
+    assert first is not second and a.text != b.text and fake_llm.count() == 2
+    assert first._client._transport._pool._ssl_context is second._client._transport._pool._ssl_context
+    assert first._platform is not None and first._platform is second._platform
+
+
 def test_a_twin_of_a_failed_request_is_sent_on_its_own(fake_llm: FakeOpenAI) -> None:
     fake_llm.latency_s = 0.2
     fake_llm.force = ["500"]  # the first request fails for good (no retries); its twin then asks itself
