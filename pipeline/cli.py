@@ -1,4 +1,8 @@
-"""`mempipe` command line: run, status, report, export, cache."""
+"""`mempipe` command line: run, status, report, export, cache.
+
+The framework's half: it knows no stage. The project's stages arrive as an `App` (what `stages/`
+exports), handed in by the entry point `stages/cli.py`.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +12,40 @@ import logging
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pipeline.config import RunConfig, resolve_paths
 from pipeline.errors import PipelineError
 
+if TYPE_CHECKING:
+    from pipeline.stage import Stage
+
+
+class App(Protocol):
+    """What the command line needs from the project's stages."""
+
+    def load_config(self, path: str | Path | None, overrides: list[str] | None) -> RunConfig: ...
+
+    def registry(self, cfg: RunConfig) -> dict[str, Stage]: ...
+
+    def report_files(self, cfg: RunConfig) -> tuple[Path, Path]: ...
+
+    def exporter(self, name: str) -> Callable[[RunConfig, Path], Path] | None: ...
+
 
 def _config(args: argparse.Namespace) -> RunConfig:
-    import stages
-
-    return resolve_paths(stages.load_config(args.config, args.set))
+    return resolve_paths(args.app.load_config(args.config, args.set))
 
 
-def _runner(cfg: RunConfig) -> Any:
-    import stages
+def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
     from pipeline.runner import Runner
 
-    return Runner(cfg, stages.registry(cfg))
+    return Runner(cfg, args.app.registry(cfg))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    outcome = _runner(cfg).run(only=args.only or None, from_=args.from_stage, force=args.force or None,
+    outcome = _runner(args, cfg).run(only=args.only or None, from_=args.from_stage, force=args.force or None,
                                until=args.until, retry_failed=args.retry_failed)
     width = max([12, *(len(n) for n in outcome)])
     for name, what in outcome.items():
@@ -52,7 +68,7 @@ def _roles_cell(per_role: dict[str, dict[str, Any]] | None) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = _config(args)
     rows = []
-    for st in _runner(cfg).status():
+    for st in _runner(args, cfg).status():
         m = st.manifest or {}
         per_role = m.get("llm_usage") or {}
         tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in per_role.values())
@@ -68,10 +84,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import stages
-
     cfg = _config(args)
-    html, md = stages.report_files(cfg)
+    html, md = args.app.report_files(cfg)
     if not html.exists():
         raise PipelineError(f"no report at {html} yet: run `mempipe run{' -c ' + args.config if args.config else ''}` first")
     print(f"report: {html}\nmarkdown: {md}")
@@ -84,12 +98,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import stages
     from pipeline.artifacts import StageDir
     from pipeline.export import export_stage
 
     cfg = _config(args)
-    dataset = stages.exporter(args.name)  # a stage that ships a dataset (tables + card) exports it so
+    dataset = args.app.exporter(args.name)  # a stage that ships a dataset (tables + card) exports it so
     out = dataset(cfg, Path(args.out)) if dataset else export_stage(StageDir(cfg.run_dir, args.name), Path(args.out))
     print(f"exported {args.name} to {out}")
     return 0
@@ -154,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(app: App, argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.app = app
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.command == "cache" and args.action in ("export", "import") and not args.path:
@@ -171,7 +185,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mempipe: interrupted; finished shards are kept and a rerun resumes", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.cli import main
+from stages.cli import main
 from stages import load_config
 from pipeline.errors import ConfigError
 
@@ -93,7 +93,7 @@ def test_input_error_in_a_ray_task_prints_one_line_naming_file_record_field(tmp_
     args = ["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}", "--set", "corpus.format=locomo",
             "--set", f"corpus.path={bad}", "--set", "ray.num_cpus=1"]
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "stages.cli", *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 1, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -102,7 +102,7 @@ def test_input_error_in_a_ray_task_prints_one_line_naming_file_record_field(tmp_
     assert "Traceback" not in proc.stderr and "Unserializable" not in proc.stderr
     assert not (tmp_path / "a" / "default" / "ingest").exists()
     # --debug shows where it came from.
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--debug"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "stages.cli", *args, "--debug"], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 1 and "Traceback" in proc.stderr
 

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.artifacts import StageDir
-from pipeline.cli import resolve_paths
+from pipeline.config import resolve_paths
 from stages import load_config, registry
 from pipeline.runner import Runner
 

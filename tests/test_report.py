@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from pipeline.artifacts import StageDir
-from pipeline.cli import main
+from stages.cli import main
 from pipeline.runner import Runner
 from stages import registry
 

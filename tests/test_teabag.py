@@ -198,7 +198,7 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
     assert "Counterfactual check (ours, not in the paper): on" in card
     assert f"generator model(s): {cfg.role('teabag').model}" in card and "- seed(s): 0" in card
 
-    from pipeline.cli import main
+    from stages.cli import main
 
     third = tmp_path / "x3"  # the command a user types, with the config of the run
     assert main(["export", "teabag", "--out", str(third), "-c", str(ROOT / "configs" / "default.yaml"),

@@ -230,7 +230,7 @@ def test_k_times_n_or_one_set_per_component_is_a_recorded_choice(per):
 def test_on_the_sample_corpus_every_probe_gets_timelines_refinements_rationale_and_response(run_cfg, fake_llm,
                                                                                              tmp_path):
     from pipeline.artifacts import StageDir
-    from pipeline.cli import main
+    from stages.cli import main
     from pipeline.runner import Runner
     from stages import registry
 

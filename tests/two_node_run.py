@@ -25,7 +25,7 @@ def mempipe_run(address: str, base_url: str, workdir: Path, run_name: str) -> in
             "llm.api_key_env=MEMPIPE_TEST_KEY", "llm.rpm=240", "llm.max_concurrency=4", "corpus.limit=null",
             "methods=[full_history]", f"stages=[ingest,probes,{STAGE}]", "teabag.enabled=false",
             "ray.episodes_per_shard=1"]
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", "configs/default.yaml"]
+    cmd = [sys.executable, "-m", "stages.cli", "run", "-c", "configs/default.yaml"]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "RAY_ADDRESS": address}
