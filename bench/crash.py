@@ -31,7 +31,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ import pyarrow.parquet as pq
 
 from pipeline.llm.cache import cache_stats
 
-from harness import KEY_ENV, ROOT, FakeServer, fake_sets, manifest, mempipe, table, write_results
+from harness import KEY_ENV, ROOT, FakeServer, fake_sets, manifest, mempipe, mempipe_cmd, table, write_results
 from make_corpus import write_corpus
 
 STAGES = "stages=[ingest,guidance,segment,compress,banks,probes,respond_turn]"
@@ -210,12 +209,10 @@ def kill_run(proc: subprocess.Popen, deadline_s: float = 20.0) -> tuple[int, lis
 
 def start_run(sets: list[str], log: Path) -> subprocess.Popen:
     """`mempipe run` as the leader of a new session, which every process it starts (Ray included) joins."""
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", str(ROOT / "configs" / "default.yaml")]
-    for s in sets:
-        cmd += ["--set", s]
     env = {**os.environ, KEY_ENV: "sk-bench-not-a-secret"}
     with log.open("w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(mempipe_cmd(["run"], sets), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def wait_for_shards(proc: subprocess.Popen, shards_dir: Path, want: int, timeout: float) -> int:

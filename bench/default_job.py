@@ -14,24 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from harness import ROOT, table, write_results
+from harness import mempipe, table, write_results
 
 LIMIT_S = 600  # the product's budget for the default job on a 2-core machine
 
 
 def run_job(workdir: Path) -> float:
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", str(ROOT / "configs" / "default.yaml"),
-           "--set", f"artifacts_dir={workdir / 'artifacts'}", "--set", f"llm.cache_dir={workdir / 'llm-cache'}"]
-    started = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    return mempipe(["run"], [f"artifacts_dir={workdir / 'artifacts'}", f"llm.cache_dir={workdir / 'llm-cache'}"])[0]
 
 
 def stage_stats(run_dir: Path) -> list[dict[str, Any]]:

@@ -66,12 +66,18 @@ def fake_sets(workdir: Path, base_url: str, corpus: Path, run_name: str = "bench
             "judge_memory.enabled=false"]
 
 
+def mempipe_cmd(args: list[str], sets: list[str]) -> list[str]:
+    """The command line of `mempipe ARGS -c configs/default.yaml --set ...` in this interpreter."""
+    cmd = [sys.executable, "-m", "stages.cli", *args, "-c", str(ROOT / "configs" / "default.yaml")]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
 def mempipe(args: list[str], sets: list[str], *, check: bool = True, timeout: float | None = None,
             env: dict[str, str] | None = None) -> tuple[float, int]:
     """Run `mempipe ARGS --set ...` (default config) in a subprocess: (wall seconds, exit code)."""
-    cmd = [sys.executable, "-m", "pipeline.cli", *args, "-c", str(ROOT / "configs" / "default.yaml")]
-    for s in sets:
-        cmd += ["--set", s]
+    cmd = mempipe_cmd(args, sets)
     full_env = {**os.environ, KEY_ENV: "sk-bench-not-a-secret", **(env or {})}
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)

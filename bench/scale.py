@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from harness import ROOT, table, write_results
+from harness import ROOT, mempipe_cmd, table, write_results
 from make_corpus import write_corpus
 
 sys.path.insert(0, str(ROOT))
@@ -67,11 +66,9 @@ def tree_memory(proc: psutil.Process) -> tuple[int, int, int]:
 
 
 def run_pipeline(corpus: Path, workdir: Path, episodes_per_shard: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "-c", str(ROOT / "configs" / "default.yaml"),
-           "--set", f"artifacts_dir={workdir / 'artifacts'}", "--set", "run_name=scale",
-           "--set", "corpus.format=sample", "--set", f"corpus.path={corpus}", "--set", "corpus.limit=null",
-           "--set", "methods=[]", "--set", "stages=[ingest,probes]", "--set", "teabag.enabled=false",
-           "--set", f"ray.episodes_per_shard={episodes_per_shard}"]
+    cmd = mempipe_cmd(["run"], [f"artifacts_dir={workdir / 'artifacts'}", "run_name=scale", "corpus.format=sample",
+                                f"corpus.path={corpus}", "corpus.limit=null", "methods=[]", "stages=[ingest,probes]",
+                                "teabag.enabled=false", f"ray.episodes_per_shard={episodes_per_shard}"])
     started = time.perf_counter()
     proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = [0, 0, 0]
