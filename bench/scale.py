@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.artifacts import StageDir  # noqa: E402
 from pipeline.llm.types import LLMResult  # noqa: E402
-from stages.common import sessions_of  # noqa: E402
+from stages.methods.dialogue import sessions_of  # noqa: E402
 from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory  # noqa: E402
 from stages.methods.secom.retrieval import TurnLevel  # noqa: E402
 from stages.methods.theanine import Theanine  # noqa: E402
-from stages.units import build_units  # noqa: E402
+from stages.methods.secom.units import build_units  # noqa: E402
 
 SAMPLE_S = 0.2  # memory sampling period
 

@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from pipeline.manifest import Manifest
+
 MANIFEST = "_manifest.json"
 SHARD_MARKERS = "_shards"
 FINGERPRINT_FILE = "_fingerprint"
@@ -70,13 +72,13 @@ class StageDir:
         self.partial = self.run_dir / f"{stage}.partial"
 
     # --- finished stage -------------------------------------------------------------------
-    def manifest(self) -> dict[str, Any] | None:
+    def manifest(self) -> Manifest | None:
         path = self.final / MANIFEST
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            return Manifest.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
             return None  # unreadable manifest = not finished
 
     def table_dir(self, table: str) -> Path:
@@ -103,11 +105,8 @@ class StageDir:
     def episode_parts(self) -> dict[str, str] | None:
         """Episode id -> the part file holding its rows, from the manifest (None when the stage
         recorded no layout: read every part)."""
-        manifest = self.manifest() or {}
-        layout = manifest.get("parts")
-        if not isinstance(layout, dict):
-            return None
-        return {eid: part for part, eids in layout.items() for eid in eids}
+        manifest = self.manifest()
+        return None if manifest is None else manifest.episode_parts()
 
     # --- in-progress stage ----------------------------------------------------------------
     def open_partial(self, fingerprint: str) -> None:
@@ -135,11 +134,11 @@ class StageDir:
                 out[int(f.stem)] = json.loads(f.read_text())
         return out
 
-    def publish(self, manifest: dict[str, Any]) -> None:
+    def publish(self, manifest: Manifest) -> None:
         """Write the manifest last, then swap the partial folder in place of the old stage."""
         shutil.rmtree(self.partial / SHARD_MARKERS, ignore_errors=True)
         (self.partial / FINGERPRINT_FILE).unlink(missing_ok=True)
-        atomic_write_json(self.partial / MANIFEST, manifest)
+        atomic_write_json(self.partial / MANIFEST, manifest.to_json())
         old = self.run_dir / f"{self.stage}.old"
         if old.exists():
             shutil.rmtree(old)

@@ -18,6 +18,7 @@ from pipeline.config import RunConfig, resolve_paths
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
+    from pipeline.llm.usage import Usage
     from pipeline.stage import Stage
 
 
@@ -54,12 +55,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _usage_cell(u: dict[str, Any]) -> str:
-    fresh = u.get("calls", 0) - u.get("cached_calls", 0)
-    return f"{fresh}/{u.get('cached_calls', 0)}/{u.get('failed_calls', 0)}"
+def _usage_cell(u: Usage) -> str:
+    return f"{u.calls - u.cached_calls}/{u.cached_calls}/{u.failed_calls}"
 
 
-def _roles_cell(per_role: dict[str, dict[str, Any]] | None) -> str:
+def _roles_cell(per_role: dict[str, Usage] | None) -> str:
     if not per_role:
         return "-"
     return ", ".join(f"{role} {_usage_cell(u)}" for role, u in per_role.items())
@@ -69,12 +69,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = _config(args)
     rows = []
     for st in _runner(args, cfg).status():
-        m = st.manifest or {}
-        per_role = m.get("llm_usage") or {}
-        tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in per_role.values())
+        m = st.manifest
         state = st.state + (f" ({st.shards_done} shards)" if st.state == "partial" else "")
-        rows.append([st.name, state, str(m.get("rows", "-")), str(m.get("errors", "-")),
-                     _roles_cell(per_role), str(tokens) if m else "-"])
+        if m is None:
+            rows.append([st.name, state, "-", "-", "-", "-"])
+            continue
+        usage = m.usage_total()
+        rows.append([st.name, state, str(m.rows), str(m.errors), _roles_cell(m.llm_usage),
+                     str(int(usage["prompt_tokens"] + usage["completion_tokens"]))])
     header = ["stage", "state", "rows", "errors", "llm per role: fresh/cached/failed", "tokens"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"run {cfg.run_name} at {cfg.run_dir}")

@@ -15,8 +15,8 @@ def export_stage(sd: StageDir, out: Path) -> Path:
         raise PipelineError(f"stage {sd.stage!r} has no finished artifacts under {sd.run_dir}; run it first")
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# {sd.stage} tables", "", f"Exported from run `{sd.run_dir.name}`, stage fingerprint "
-             f"`{manifest['fingerprint']}` (mempipe {manifest.get('code_version')}).", ""]
-    for table in manifest.get("tables", {}):
+             f"`{manifest.fingerprint}` (mempipe {manifest.code_version}).", ""]
+    for table in manifest.tables:
         data = sd.read_table(table)
         target = out / f"{table}.parquet"
         atomic_write_parquet(target, data)

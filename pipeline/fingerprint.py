@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.code_closure import code_hashes
 from pipeline.hashing import canonical_json, sha256
 from pipeline.llm.identity import answer_identity
 
@@ -22,7 +23,7 @@ def fingerprint_inputs(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str
     inputs: dict[str, Any] = {
         "stage": stage.name,
         "version": stage.version,
-        "code": [sha256(t) for t in stage.source_texts()],
+        "code": code_hashes(*stage.code_roots()),
         "section": settings.model_dump(mode="json") if settings is not None else None,
         "prompts": {k: sha256(v) for k, v in sorted(stage.prompts.items())},
         "upstream": dict(sorted(upstream.items())),

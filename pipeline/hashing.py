@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Mapping
 
 
 def canonical_json(obj: Any) -> str:
@@ -15,3 +15,8 @@ def canonical_json(obj: Any) -> str:
 def sha256(text: str | bytes) -> str:
     data = text.encode() if isinstance(text, str) else text
     return hashlib.sha256(data).hexdigest()
+
+
+def prompt_fingerprint(prompts: Mapping[str, str]) -> str:
+    """A short hash of the prompt texts an LLM-made row was made with (judgments, TeaBag items)."""
+    return sha256(canonical_json(dict(prompts)))[:12]

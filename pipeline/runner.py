@@ -1,12 +1,9 @@
-"""The stage runner: plans, fingerprints, skips, executes shards on Ray, publishes manifests."""
+"""The stage runner: plans, fingerprints, skips, executes shards (pipeline.executors), publishes manifests."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -19,11 +16,13 @@ from tqdm import tqdm
 from pipeline import __version__
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig, local_server_key
-from pipeline.errors import InputError, PipelineError
+from pipeline.errors import PipelineError
+from pipeline.executors import make_executor
 from pipeline.fingerprint import compute_fingerprint
 from pipeline.llm.usage import Usage
+from pipeline.manifest import Manifest, Timings
 from pipeline.schemas import EPISODES
-from pipeline.shard import ShardTask, add_stats, run_shard
+from pipeline.shard import ShardTask, add_stats
 from pipeline.stage import GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
@@ -34,17 +33,17 @@ class StageStatus:
     name: str
     state: str  # done | stale | partial | missing
     fingerprint: str
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     shards_done: int = 0
 
 
-def _sum_usage(items: list[dict[str, dict[str, Any]] | None]) -> dict[str, Any] | None:
+def _sum_usage(items: list[dict[str, dict[str, Any]] | None]) -> dict[str, Usage] | None:
     """Per-role usage summed over shards: {role: usage}."""
     per_role: dict[str, Usage] = {}
     for item in items:
         for role, u in (item or {}).items():
             per_role.setdefault(role, Usage()).merge(Usage.from_dict(u))
-    return {role: u.to_dict() for role, u in sorted(per_role.items())} or None
+    return dict(sorted(per_role.items())) or None
 
 
 def _sum_stats(markers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -62,6 +61,7 @@ class Runner:
         self.cfg = cfg
         self.registry = registry
         self.run_dir = cfg.run_dir
+        self.executor = make_executor(cfg)  # chosen once: inline or Ray
         self.plan = self._plan()
         self._fingerprints: dict[str, str] | None = None
         self._retry_round: dict[str, int] = {}
@@ -111,7 +111,7 @@ class Runner:
             sd = StageDir(self.run_dir, stage.name)
             manifest = sd.manifest()
             fp = fps[stage.name]
-            if manifest is not None and manifest.get("fingerprint") == fp:
+            if manifest is not None and manifest.fingerprint == fp:
                 state = "done"
             elif sd.partial_fingerprint() == fp:
                 state = "partial"
@@ -158,13 +158,13 @@ class Runner:
             manifest = sd.manifest()
             # A forced rerun of the same config keeps the retry rounds it had (so it replays the
             # same answers from the cache); --retry-failed adds one.
-            same = manifest is not None and manifest.get("fingerprint") == fps[stage.name]
-            rounds = int(manifest.get("retry_round", 0)) if same else 0  # type: ignore[union-attr]
+            same = manifest is not None and manifest.fingerprint == fps[stage.name]
+            rounds = manifest.retry_round if manifest is not None and same else 0
             self._retry_round[stage.name] = rounds + (stage.name == retry_failed)
             if stage.name in forced:
                 sd.invalidate()
                 manifest = None
-            if manifest is not None and manifest.get("fingerprint") == fps[stage.name]:
+            if manifest is not None and manifest.fingerprint == fps[stage.name]:
                 outcome[stage.name] = "skipped"
                 continue
             todo.append(stage)
@@ -172,7 +172,7 @@ class Runner:
         for stage in todo:
             for up in stage.inputs:
                 up_manifest = StageDir(self.run_dir, up).manifest()
-                if up not in todo_names and (up_manifest is None or up_manifest.get("fingerprint") != fps[up]):
+                if up not in todo_names and (up_manifest is None or up_manifest.fingerprint != fps[up]):
                     raise PipelineError(
                         f"stage {stage.name!r} needs {up!r}, which is not done for this config; "
                         f"run it first (--until {stage.name} runs both)"
@@ -187,13 +187,11 @@ class Runner:
 
     @contextlib.contextmanager
     def _services(self, todo: list[Stage]) -> Iterator[dict[str, Any]]:
-        """Ray, one embedded model server per distinct local model, and per LLM role the shared
-        cache / rate-limiter actors, for this run."""
+        """The executor's backend (Ray), one embedded model server per distinct local model, and
+        per LLM role what the shards' clients share, for this run; yields those role handles."""
         roles = sorted({r for s in todo for r in s.roles})
         with contextlib.ExitStack() as stack:
-            if self.cfg.ray.executor == "ray":
-                stack.enter_context(ray_session(self.cfg))
-            handles: dict[str, Any] = {}
+            stack.enter_context(self.executor.session())
             started: set[str] = set()
             for role in roles:
                 role_cfg = self.cfg.role(role)
@@ -205,18 +203,8 @@ class Runner:
                     # Runtime-only address; fingerprints and cache keys use the model file instead.
                     self.cfg.set_local_url(role_cfg, url)
                     stack.callback(self.cfg.set_local_url, role_cfg, None)
-            if roles and self.cfg.ray.executor == "ray":
-                from pipeline.llm.shared import SharedLLMHandles
-
-                import ray
-
-                job = ray.get_runtime_context().get_job_id()
-                for role in roles:
-                    handles[role] = SharedLLMHandles.get_or_create(self.cfg.role(role), job)
-                # The actors hold the cache file open; release them when the run ends.
-                for h in handles.values():  # two roles may share actors; close is idempotent
-                    stack.callback(h.close)
-            yield handles
+            # After the servers: a role's shared handles are made from its config with the URL set.
+            yield stack.enter_context(self.executor.llm_handles(roles))
 
     def _shards(self, stage: Stage) -> list[ShardTask]:
         upstream = {name: dict(self.registry[name].outputs) for name in stage.inputs}
@@ -247,7 +235,7 @@ class Runner:
         with tqdm(total=len(shards), initial=len(shards) - len(pending), desc=desc, unit="shard",
                   disable=None) as bar:
             try:
-                for stats in self._dispatch(stage, pending, handles):
+                for stats in self.executor.run_shards(stage, pending, handles):
                     done[stats["shard_idx"]] = stats
                     bar.update(1)
             except BaseException:
@@ -263,144 +251,31 @@ class Runner:
         if any("parts" not in m for m in markers):
             parts = None  # shards resumed from an older run did not say: readers take every part
         fps = self.fingerprints()
-        manifest = {
-            "stage": stage.name,
-            "fingerprint": fingerprint,
-            "upstream": {i: fps[i] for i in stage.inputs},
-            "code_version": __version__,
-            "config_section": stage.section,
-            "tables": rows,
-            "rows": sum(rows.values()),
-            "errors": sum(m["errors"] for m in markers),
-            "shards": len(markers),
-            "parts": parts,  # part file -> its episodes: a later shard reads only the parts it needs
-            "llm_usage": _sum_usage([m.get("llm_usage") for m in markers]),  # per role
-            "roles": {r: self.cfg.role(r).model for r in stage.roles},
-            "retry_round": self._retry_round.get(stage.name, 0),
-            "timings": {
-                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "wall_s": round(time.time() - started, 3),
-                "shard_s": round(sum(m.get("wall_s", 0) for m in markers), 3),
-                "resumed_shards": len(shards) - len(pending),
-                # Ray node id -> shards this invocation ran there (where the work went on a cluster)
-                "shards_per_node": dict(Counter(s["node"] for s in done.values() if s.get("node"))),
-            },
-        }
-        manifest.update(_sum_stats(markers))
+        manifest = Manifest(
+            stage=stage.name,
+            fingerprint=fingerprint,
+            upstream={i: fps[i] for i in stage.inputs},
+            code_version=__version__,
+            config_section=stage.section,
+            tables=rows,
+            rows=sum(rows.values()),
+            errors=sum(m["errors"] for m in markers),
+            shards=len(markers),
+            parts=parts,
+            llm_usage=_sum_usage([m.get("llm_usage") for m in markers]),
+            roles={r: self.cfg.role(r).model for r in stage.roles},
+            retry_round=self._retry_round.get(stage.name, 0),
+            timings=Timings(
+                finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                wall_s=round(time.time() - started, 3),
+                shard_s=round(sum(m.get("wall_s", 0) for m in markers), 3),
+                resumed_shards=len(shards) - len(pending),
+                # where the work went on a cluster: counts this invocation's shards only
+                shards_per_node=dict(Counter(s["node"] for s in done.values() if s.get("node"))),
+            ),
+            stats=_sum_stats(markers),
+        )
         sd.publish(manifest)
-
-    def _dispatch(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        if not tasks:
-            return
-        if self.cfg.ray.executor == "inline":
-            for t in tasks:
-                yield {**_run_or_explain(t, self.cfg, handles), "shard_idx": t.shard_idx}
-            return
-        import ray
-
-        from pipeline.cluster import require_visible
-
-        cpus = self.cfg.ray.llm_task_cpus if stage.roles else self.cfg.ray.task_cpus
-        retries = self.cfg.ray.max_task_retries
-        # A shard whose worker or node dies is run again elsewhere: parts and markers are written
-        # atomically and finished LLM calls come from the cache. Exceptions are never retried.
-        remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=retries, retry_exceptions=False)
-        refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
-        here = ray.get_runtime_context().get_node_id()
-        sd = StageDir(self.run_dir, stage.name)
-        failures: list[BaseException] = []
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            task = refs.pop(ready[0])
-            try:
-                stats = ray.get(ready[0])
-            except Exception as e:  # finish the other shards so a rerun resumes from them
-                failures.append(task_error(e, retries))
-                continue
-            node = stats.get("node")
-            if node and node != here:  # written on another node's view of artifacts_dir
-                require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
-            yield {**stats, "shard_idx": task.shard_idx}
-        if failures:
-            first = failures[0]
-            if isinstance(first, InputError):
-                raise first  # already names file, record and field: the whole story for the user
-            raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {_explain(first)}")
-
-
-def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
-    """Run one shard (in a Ray task or inline); under Ray the stats also name the node it ran on."""
-    stats = run_shard(task, cfg, handles)
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized() and cfg.ray.executor == "ray":
-        stats["node"] = ray.get_runtime_context().get_node_id()
-    return stats
-
-
-def task_error(e: BaseException, retries: int = 0) -> BaseException:
-    """The exception the task raised, unwrapped from Ray's RayTaskError; a lost worker or node (after
-    `retries` reruns) becomes a PipelineError saying so."""
-    cause = getattr(e, "cause", None)
-    if isinstance(cause, BaseException):
-        return cause
-    ray = sys.modules.get("ray")
-    if ray is not None and isinstance(e, ray.exceptions.RayError) and not isinstance(e, ray.exceptions.RayTaskError):
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        return PipelineError(f"a shard's worker process or node was lost {retries + 1} time(s) "
-                             f"(ray.max_task_retries={retries}): {type(e).__name__}: {first_line}; finished "
-                             "shards are kept and a rerun resumes")
-    return e
-
-
-def _explain(e: BaseException) -> str:
-    return str(e) if isinstance(e, PipelineError) else f"{type(e).__name__}: {e}"
-
-
-# Model-loading progress bars from every worker drown the stage progress bars.
-QUIET_WORKERS = {
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-
-
-@contextlib.contextmanager
-def ray_session(cfg: RunConfig) -> Iterator[None]:
-    """Ray for one run: the cluster at ray.address / $RAY_ADDRESS (what `ray job submit` sets for
-    its driver), else a new local instance; then the cluster path checks (pipeline.cluster)."""
-    import ray
-
-    from pipeline.cluster import check_cluster_paths
-
-    if ray.is_initialized():
-        check_cluster_paths(cfg)
-        yield
-        return
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
-    if address:
-        kwargs["address"] = address
-    else:
-        # "local" always starts a new instance: without it ray.init() would attach to whatever
-        # cluster `ray start` last left running on this machine.
-        kwargs["address"] = "local"
-        kwargs["num_cpus"] = cfg.ray.num_cpus
-        # Ray keeps idle workers only up to one per CPU and stops the rest after a second; an LLM
-        # stage with fractional-CPU tasks would start them again (imports: seconds each) every time.
-        cpus = cfg.ray.num_cpus or os.cpu_count() or 1
-        kwargs["_system_config"] = {
-            "num_workers_soft_limit": math.ceil(cpus / min(cfg.ray.task_cpus, cfg.ray.llm_task_cpus))}
-        # Workers must import this checkout (also when not pip-installed).
-        paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
-        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS}
-        kwargs["runtime_env"] = {"env_vars": env}
-    ray.init(**kwargs)
-    try:
-        check_cluster_paths(cfg)
-        yield
-    finally:
-        ray.shutdown()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, part_name
 from pipeline.config import RunConfig
+from pipeline.errors import PipelineError
+from pipeline.manifest import Manifest
 from pipeline.stage import EpisodeStage, GlobalStage, Rows, Stage, StageContext
 
 
@@ -109,14 +111,29 @@ class EpisodeUsage:
         return out
 
 
+def upstream_manifests(run_dir: Path, task: ShardTask) -> dict[str, Manifest]:
+    """The manifests of the shard's finished input stages (the runner checked they are done).
+    Read here, beside the upstream tables, rather than shipped in the task: a manifest grows with
+    the episodes (parts, per-episode stats) and every task's arguments are pickled."""
+    out: dict[str, Manifest] = {}
+    for name in task.upstream:
+        manifest = StageDir(run_dir, name).manifest()
+        if manifest is None:
+            raise PipelineError(f"stage {task.stage.name}: input stage {name!r} has no manifest under {run_dir}")
+        out[name] = manifest
+    return out
+
+
 def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     stage = task.stage
     run_dir = Path(task.run_dir)
     sd = StageDir(run_dir, stage.name)
     upstream_dirs = {name: run_dir / name for name in task.upstream}
+    manifests = upstream_manifests(run_dir, task)  # before the clients, which `work` closes
     clients = _make_clients(cfg, task, handles)
-    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs, clients=clients)
+    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs,
+                       upstream_manifests=manifests, clients=clients)
 
     inputs: dict[str, pa.Table] = {}  # "<stage>.<table>" -> this shard's rows
     for name, tables in task.upstream.items():

@@ -13,8 +13,6 @@ or the LLM cache directly; they get a `StageContext` that hands out the injected
 
 from __future__ import annotations
 
-import inspect
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -23,6 +21,7 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from pipeline.config import RunConfig, Section
+    from pipeline.manifest import Manifest
 
 Rows = list[dict[str, Any]]
 
@@ -33,6 +32,8 @@ class StageContext:
     stage: "Stage"
     out_dir: Path  # where side artifacts (Lance banks, JSON) of this stage go; renamed atomically
     upstream_dirs: dict[str, Path] = field(default_factory=dict)
+    # Finished input stage -> its manifest (counts, LLM usage), so a stage never reads another's files.
+    upstream_manifests: dict[str, "Manifest"] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)  # role -> ChatLLM, one per stage.roles
     # Loaded models; the per-episode copies of a shard's context share this dict, so one load serves all.
     _models: dict[str, Any] = field(default_factory=dict)
@@ -80,7 +81,6 @@ class Stage:
     config_keys: ClassVar[tuple[str, ...]] = ()  # other top-level config keys it depends on
     version: ClassVar[str] = "1"  # bump when behaviour changes in a way the source hash misses
     prompts: dict[str, str] = {}  # prompt texts; a change re-runs the stage
-    code: tuple[Any, ...] = ()  # extra modules whose source enters the fingerprint
     uses_embedder: bool = False
 
     def settings_of(self, cfg: "RunConfig") -> Any:
@@ -90,9 +90,10 @@ class Stage:
         """Anything else the output depends on (e.g. input file hashes for ingest)."""
         return {}
 
-    def source_texts(self) -> list[str]:
-        modules = [sys.modules[type(self).__module__], *self.code]
-        return [inspect.getsource(m) for m in modules]
+    def code_roots(self) -> tuple[str, ...]:
+        """Modules whose source, with every project module they import, enters the fingerprint
+        (`pipeline.code_closure`): the stage's own module; a stage made per method adds the method's."""
+        return (type(self).__module__,)
 
 
 class GlobalStage(Stage):

@@ -15,22 +15,22 @@ from typing import Callable, Mapping
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.config import load_config as _load_config
 from pipeline.stage import Stage
-from stages.banks import BanksStage
-from stages.compress import CompressStage
-from stages.guidance import GuidanceStage
+from stages.memory_units.banks import BanksStage
+from stages.memory_units.compress import CompressStage
+from stages.memory_units.guidance import GuidanceStage
 from stages.ingest import IngestStage
-from stages.judge_answers import JudgeAnswersStage
-from stages.judge_memory import JudgeMemoryStage
-from stages.judge_pairwise import JudgePairwiseStage
-from stages.memory import MemoryStage
+from stages.judging.judge_answers import JudgeAnswersStage
+from stages.judging.judge_memory import JudgeMemoryStage
+from stages.judging.judge_pairwise import JudgePairwiseStage
+from stages.method_stages.memory import MemoryStage
 from stages.methods import METHODS
 from stages.methods.base import Method
 from stages.probes import ProbesStage
 from stages.report import REPORT_HTML, REPORT_MD, ReportStage
-from stages.respond import RespondStage
+from stages.method_stages.respond import RespondStage
 from stages.response_metrics import ResponseMetricsStage
 from stages.score import ScoreStage
-from stages.segment import SegmentStage
+from stages.memory_units.segment import SegmentStage
 from stages.teabag import TeabagStage
 from stages.teabag.export import export_teabag
 
@@ -43,7 +43,7 @@ AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, Judg
 
 def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[str, Stage]:
     chosen = [methods[name] for name in cfg.methods]
-    memory = [MemoryStage(m) for m in chosen if m.memory]
+    memory = [MemoryStage(m) for m in chosen if m.has_memory_stage]
     respond = [RespondStage(m) for m in chosen]
     teafarm = cfg.teabag.enabled
     fixed = [ProbesStage(teafarm) if cls is ProbesStage else cls() for cls in BEFORE_METHODS
@@ -51,11 +51,12 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     stages: list[Stage] = fixed + memory + respond
     names = tuple(cfg.methods)
     scoring: list[Stage] = [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names),
-                            JudgeAnswersStage(names), JudgeMemoryStage(names)]
+                            JudgeAnswersStage(names),
+                            JudgeMemoryStage(tuple(m.name for m in chosen if m.has_memory_stage))]
     # The report reads the scoring stages the run includes (a Theanine run needs no SeCom scores).
     read = ("probes", *(["teabag"] if teafarm else []), *(s.name for s in scoring))
     in_run = tuple(n for n in read if not cfg.stages or n in cfg.stages)
-    stages += [*scoring, ReportStage(names, tuple(m.name for m in chosen if m.memory), in_run)]
+    stages += [*scoring, ReportStage(chosen, in_run)]
     return {s.name: s for s in stages}
 
 

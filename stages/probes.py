@@ -19,7 +19,17 @@ from pydantic import Field
 
 from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.common import sessions_of
+from stages.methods.dialogue import sessions_of
+
+# The keys every per-(probe, method) score row opens with (judged answers, reference metrics).
+PROBE_KEY_FIELDS = [
+    pa.field("episode_id", pa.string(), nullable=False),
+    pa.field("dataset", pa.string(), nullable=False),
+    pa.field("probe_id", pa.string(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("category", pa.string()),
+    pa.field("method", pa.string(), nullable=False),
+]
 
 PROBES = pa.schema(
     [

@@ -13,19 +13,15 @@ from pipeline.config import Section
 from pipeline.errors import ConfigError
 from pipeline.stage import GlobalStage, StageContext
 from stages.metrics import locomo_qa, text
-from stages.method_stage import respond_stage_name
+from stages.method_stages import respond_stage_name
+from stages.probes import PROBE_KEY_FIELDS
 
 _SCORES = ["bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL", "token_f1",
            "distinct1", "distinct2", "distinct3", "locomo_f1", "bertscore"]
 
 RESPONSE_METRICS = pa.schema(
     [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("probe_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("category", pa.string()),
-        pa.field("method", pa.string(), nullable=False),
+        *PROBE_KEY_FIELDS,
         pa.field("words", pa.int32(), nullable=False),  # length of the response
         *[pa.field(name, pa.float64()) for name in _SCORES],  # locomo_f1 only on LoCoMo questions
     ]
@@ -61,7 +57,6 @@ class ResponseMetricsStage(GlobalStage):
     name = section = "response_metrics"
     settings = ResponseMetricsSettings
     outputs = {"response_metrics": RESPONSE_METRICS, "metric_implementations": METRIC_IMPLEMENTATIONS}
-    code = (text, locomo_qa)
 
     def __init__(self, methods: tuple[str, ...] = ()) -> None:
         self.methods = methods

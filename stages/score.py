@@ -12,11 +12,10 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.retrieval import top_k
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages import units
-from stages.common import sessions_of
+from stages.methods.dialogue import sessions_of
 from stages.metrics import retrieval as rmetrics
 from stages.metrics import segmentation as smetrics
-from stages.units import unit_retriever
+from stages.methods.secom.units import unit_retriever
 
 SEGMENTATION_SCORES = pa.schema(
     [
@@ -118,7 +117,6 @@ class ScoreStage(EpisodeStage):
     section = "score"
     settings = ScoreConfig
     uses_embedder = True
-    code = (units, rmetrics, smetrics)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         dataset = inputs["ingest.episodes"][0]["dataset"]

@@ -18,7 +18,8 @@ from pipeline.artifacts import StageDir, atomic_write_parquet, part_name
 from pipeline.cluster import not_shared_message, require_visible, working_dir_warnings
 from pipeline.config import load_config
 from pipeline.errors import InputError, PipelineError
-from pipeline.runner import Runner, task_error
+from pipeline.executors import task_error
+from pipeline.runner import Runner
 from pipeline.stage import EpisodeStage, StageContext
 from toy_stages import COUNTS, ToyIngest, log_work, read_work_log
 
@@ -92,7 +93,7 @@ def test_shard_whose_worker_dies_is_rerun_over_a_stale_part(runner, tmp_path):
     assert [attempts("die_once", f"ep{i:02d}") for i in (2, 3, 4)] == [1, 1, 1]
     counts = sd.read_table("counts").sort_by("episode_id").to_pylist()
     assert counts == [{"episode_id": f"ep{i:02d}", "n_turns": 3, "error": None} for i in range(5)]
-    assert sd.manifest()["rows"] == 5
+    assert sd.manifest().rows == 5
 
 
 def test_no_retries_configured_fails_the_stage_and_says_why(runner):

@@ -120,7 +120,7 @@ def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(r
                   "method.creem_no_refine.update_every=4", "method.creem_no_preblend.update_every=4",
                   "judge_memory.enabled=false", "judge_pairwise.enabled=false", "judge_answers.enabled=false")
     Runner(cfg, registry(cfg)).run()
-    n_probes = StageDir(cfg.run_dir, "probes").manifest()["rows"]
+    n_probes = StageDir(cfg.run_dir, "probes").manifest().rows
     for m in methods:
         rows = StageDir(cfg.run_dir, f"respond_{m}").read_table("responses").to_pylist()
         assert len(rows) == n_probes and all(r["error"] is None for r in rows), m
@@ -128,7 +128,7 @@ def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(r
         assert sd.read_table("memories").num_rows > 0 and sd.read_table("evolution").num_rows > 0
     manifest = StageDir(cfg.run_dir, "memory_creem").manifest()
     logged = StageDir(cfg.run_dir, "memory_creem").read_table("evolution").to_pylist()
-    assert manifest["insights"] == dict(Counter(r["label"] for r in logged if r["label"])) != {}
+    assert manifest.stats["insights"] == dict(Counter(r["label"] for r in logged if r["label"])) != {}
     evolution = StageDir(cfg.run_dir, "report").read_table("evolution_summary").to_pylist()
     assert {r["method"] for r in evolution} == set(methods)
     for m in methods:

@@ -31,14 +31,14 @@ def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeyp
     assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}
     sd = StageDir(cfg.run_dir, "segment")
     m = sd.manifest()
-    usage = m["llm_usage"]["segmenter"]  # usage is reported per LLM role
+    usage = m.llm_usage["segmenter"]  # usage is reported per LLM role
     # One segmentation call per session reached the embedded server (answered or recorded as fallback).
-    assert usage["calls"] + usage["failed_calls"] == 3 and usage["prompt_tokens"] > 0
+    assert usage.calls + usage.failed_calls == 3 and usage.prompt_tokens > 0
     rows = sd.read_table("segments").to_pylist()
     for s in (1, 2, 3):
         spans = sorted((r["turn_start"], r["turn_end"]) for r in rows if r["session_idx"] == s)
         assert spans[0][0] == 0 and spans[-1][1] == 3  # every turn of the session is covered
         assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
-    assert m["fallback_sessions"] == sum(1 for s in (1, 2, 3) if any(r["fallback"] for r in rows if r["session_idx"] == s))
+    assert m.stats["fallback_sessions"] == sum(1 for s in (1, 2, 3) if any(r["fallback"] for r in rows if r["session_idx"] == s))
     assert (cfg.run_dir / "_logs" / "llm-server.log").exists()
     assert _servers() == before  # the embedded server was stopped

@@ -149,5 +149,5 @@ def test_on_the_sample_corpus_ld_agent_answers_every_probe(run_cfg, fake_llm):
     assert len(events) == sessions and all(e["nouns"] for e in events)  # dated sessions days apart: one each
     assert memory.read_table("personas").num_rows == StageDir(cfg.run_dir, "ingest").read_table("turns").num_rows
     responses = StageDir(cfg.run_dir, "respond_ld_agent").read_table("responses").to_pylist()
-    assert len(responses) == StageDir(cfg.run_dir, "probes").manifest()["rows"]
+    assert len(responses) == StageDir(cfg.run_dir, "probes").manifest().rows
     assert all(r["error"] is None and r["response"] is not None for r in responses)

@@ -153,7 +153,7 @@ def test_on_the_sample_corpus_every_baseline_answers_every_probe(run_cfg, fake_l
     cfg = run_cfg("corpus.limit=1", "compress.method=none", f"methods=[{','.join(BASELINES)}]",
                   "judge_memory.enabled=false", "judge_pairwise.enabled=false", "judge_answers.enabled=false")
     assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}
-    n_probes = StageDir(cfg.run_dir, "probes").manifest()["rows"]
+    n_probes = StageDir(cfg.run_dir, "probes").manifest().rows
     for m in BASELINES:
         rows = StageDir(cfg.run_dir, f"respond_{m}").read_table("responses").to_pylist()
         assert len(rows) == n_probes and all(r["error"] is None and r["response"] is not None for r in rows), m
@@ -163,7 +163,7 @@ def test_on_the_sample_corpus_every_baseline_answers_every_probe(run_cfg, fake_l
         sd = StageDir(cfg.run_dir, f"memory_{m}")
         assert all(sd.read_table(t).num_rows > 0 for t in tables), m
     sessions = StageDir(cfg.run_dir, "ingest").read_table("episodes").to_pylist()[0]["n_sessions"]
-    assert StageDir(cfg.run_dir, "memory_rsum").manifest()["memory_calls_per_episode"] == {"sample-01": sessions}
+    assert StageDir(cfg.run_dir, "memory_rsum").manifest().stats["memory_calls_per_episode"] == {"sample-01": sessions}
 
 
 def test_manifests_report_llm_calls_and_tokens_per_episode(run_cfg, fake_llm):
@@ -175,11 +175,11 @@ def test_manifests_report_llm_calls_and_tokens_per_episode(run_cfg, fake_llm):
     Runner(cfg, registry(cfg)).run()
     for stage in ("memory_rsum", "respond_rsum"):
         m = StageDir(cfg.run_dir, stage).manifest()
-        per_episode = m["llm_per_episode"]
+        per_episode = m.stats["llm_per_episode"]
         assert set(per_episode) == {"sample-01", "sample-02"}
-        usage = next(iter(m["llm_usage"].values()))
-        assert sum(e["calls"] for e in per_episode.values()) == usage["calls"]
-        assert sum(e["prompt_tokens"] for e in per_episode.values()) == usage["prompt_tokens"] > 0
+        usage = next(iter(m.llm_usage.values()))
+        assert sum(e["calls"] for e in per_episode.values()) == usage.calls
+        assert sum(e["prompt_tokens"] for e in per_episode.values()) == usage.prompt_tokens > 0
 
 
 def test_every_response_records_after_which_session_its_memory_was_built(run_cfg, fake_llm):

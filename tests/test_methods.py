@@ -31,13 +31,15 @@ def responses(cfg, method: str) -> list[dict]:
 def test_each_method_gets_its_own_memory_and_respond_stages(run_cfg):
     cfg = run_cfg("methods=[secom,turn_log,full_history]", methods=ALL_METHODS)
     names = list(registry(cfg, ALL_METHODS))
-    assert names == ["ingest", "guidance", "segment", "compress", "banks", "probes", "memory_turn_log",
-                     "respond_secom", "respond_turn_log", "respond_full_history", "score", "response_metrics",
-                     "judge_pairwise", "judge_answers", "judge_memory", "report"]
+    # secom shows its bank units as its memory (a memory stage without tables); full history keeps none.
+    assert names == ["ingest", "guidance", "segment", "compress", "banks", "probes", "memory_secom",
+                     "memory_turn_log", "respond_secom", "respond_turn_log", "respond_full_history", "score",
+                     "response_metrics", "judge_pairwise", "judge_answers", "judge_memory", "report"]
     responded = ("respond_secom", "respond_turn_log", "respond_full_history")
     assert registry(cfg, ALL_METHODS)["report"].inputs == (
         "probes", "score", "response_metrics", "judge_pairwise", "judge_answers", "judge_memory", *responded,
-        "memory_turn_log")
+        "memory_secom", "memory_turn_log")
+    assert registry(cfg, ALL_METHODS)["judge_memory"].inputs == ("ingest", "memory_secom", "memory_turn_log")
     assert registry(cfg, ALL_METHODS)["judge_pairwise"].inputs == ("ingest", "probes", *responded)
 
 
@@ -59,8 +61,8 @@ def test_a_probe_sees_exactly_the_memory_built_before_its_turn(run_cfg, fake_llm
         last = min(p["session_idx"] - 1, n_sessions)  # its own session's note is built from its end
         assert r["memory_ids"] == [f"session {s}" for s in range(1, last + 1)], p["probe_id"]
     # The memory build used its own role; usage is reported per role.
-    assert set(StageDir(cfg.run_dir, "memory_session_notes").manifest()["llm_usage"]) == {"memory"}
-    assert set(StageDir(cfg.run_dir, "respond_turn_log").manifest()["llm_usage"]) == {"generator"}
+    assert set(StageDir(cfg.run_dir, "memory_session_notes").manifest().llm_usage) == {"memory"}
+    assert set(StageDir(cfg.run_dir, "respond_turn_log").manifest().llm_usage) == {"generator"}
 
 
 def test_visible_memory_keys():
@@ -83,22 +85,25 @@ def generated(fake_llm) -> list:
     return [r for r in fake_llm.requests if "response_format" not in r["body"]]
 
 
-def test_one_methods_setting_reruns_only_its_respond_stage_and_the_report(run_cfg, fake_llm):
+def test_one_methods_setting_reruns_only_its_own_stages_and_the_report(run_cfg, fake_llm):
     first = run_cfg("corpus.limit=1", "compress.method=none", "methods=[secom,turn]")
     run(first)
     fake_llm.reset()
     changed = run_cfg("corpus.limit=1", "compress.method=none", "methods=[secom,turn]", "method.turn.top_k=5")
     out = run(changed)
-    assert {k for k, v in out.items() if v == "ran"} == {"respond_turn", *SCORED_FROM_RESPONSES}
+    # memory_turn (its bank units as text, no LLM call) carries the method's settings too.
+    assert {k for k, v in out.items() if v == "ran"} == {"memory_turn", "respond_turn", *SCORED_FROM_RESPONSES}
     assert out["respond_secom"] == "skipped" and out["segment"] == "skipped"
-    n_probes = StageDir(changed.run_dir, "probes").manifest()["rows"]
+    n_probes = StageDir(changed.run_dir, "probes").manifest().rows
     # respond_turn's calls, none from respond_secom; the judges' calls are structured
     assert 0 < len(generated(fake_llm)) <= n_probes
     # Adding a method runs only its stage (and what scores and reports the responses).
     fake_llm.reset()
     added = run_cfg("corpus.limit=1", "compress.method=none", "methods=[secom,turn,zero_history]", "method.turn.top_k=5")
     out = run(added)
-    assert {k for k, v in out.items() if v == "ran"} == {"respond_zero_history", *SCORED_FROM_RESPONSES}
+    # zero_history keeps no memory, so the memory judge (which reads memory stages) has nothing new.
+    assert {k for k, v in out.items() if v == "ran"} == {"respond_zero_history", *SCORED_FROM_RESPONSES} - {
+        "judge_memory"}
     assert len(generated(fake_llm)) <= n_probes
 
 
@@ -131,8 +136,8 @@ def test_json_schema_rejected_falls_back_to_json_object_and_records_the_mode(run
     rows = sd.read_table("segments").to_pylist()
     assert rows and not any(r["fallback"] for r in rows)
     m = sd.manifest()
-    assert m["fallback_sessions"] == 0
-    assert m["llm_usage"]["segmenter"]["structured_modes"] == {"json_object": m["sessions"]}
+    assert m.stats["fallback_sessions"] == 0
+    assert m.llm_usage["segmenter"].structured_modes == {"json_object": m.stats["sessions"]}
     assert {(r["body"].get("response_format") or {}).get("type") for r in fake_llm.requests} == {
         "json_schema", "json_object"}
 
@@ -148,7 +153,7 @@ def test_two_roles_on_two_endpoints_are_called_and_cached_separately(run_cfg, fa
                                           for r in other.requests)
         n_answers = other.count()
         m = StageDir(cfg.run_dir, "respond_secom").manifest()
-        assert m["roles"] == {"generator": "answerer"} and set(m["llm_usage"]) == {"generator"}
+        assert m.roles == {"generator": "answerer"} and set(m.llm_usage) == {"generator"}
         # The generator's answers are cached under its endpoint: pointed at the first server with the
         # same model, nothing is replayed from the other one.
         fake_llm.reset()
@@ -166,7 +171,7 @@ def test_a_forced_rerun_of_all_invalid_rows_sends_nothing_and_retry_failed_asks_
     first = sd.read_table("segments")
     assert all(first.column("fallback").to_pylist())
     sent = fake_llm.count()
-    assert sent == 2 * sd.manifest()["sessions"]  # each session: an answer and one re-ask
+    assert sent == 2 * sd.manifest().stats["sessions"]  # each session: an answer and one re-ask
     assert run(cfg, force=["segment"])["segment"] == "ran"
     assert fake_llm.count() == sent and sd.read_table("segments").equals(first)
     # --retry-failed: only the failed requests are asked again, with the next sample's seed.
@@ -174,14 +179,14 @@ def test_a_forced_rerun_of_all_invalid_rows_sends_nothing_and_retry_failed_asks_
     out = run(cfg, retry_failed="segment")
     assert out == {"segment": "ran"}
     new = fake_llm.requests[sent:]
-    assert len(new) >= sd.manifest()["sessions"] and {r["body"]["seed"] for r in new} == {cfg.segment.seed + 1}
-    assert sd.manifest()["retry_round"] == 1
+    assert len(new) >= sd.manifest().stats["sessions"] and {r["body"]["seed"] for r in new} == {cfg.segment.seed + 1}
+    assert sd.manifest().retry_round == 1
     retried = sd.read_table("segments")
     # A later forced rerun keeps the retry round, so it replays the same answers for free.
     sent = fake_llm.count()
     run(cfg, force=["segment"])
     assert fake_llm.count() == sent and sd.read_table("segments").equals(retried)
-    assert sd.manifest()["retry_round"] == 1
+    assert sd.manifest().retry_round == 1
 
 
 def test_until_runs_a_stage_and_what_it_needs(run_cfg, fake_llm):

@@ -17,6 +17,7 @@ import toy_stages
 from pipeline.artifacts import StageDir
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
+from pipeline.manifest import Manifest
 from pipeline.runner import Runner
 
 TESTS = Path(__file__).resolve().parent
@@ -27,6 +28,7 @@ ROOT = TESTS.parent
 def toy(tmp_path: Path, ray_local, toy_dir: Path):
     (toy_dir / "work.log").unlink(missing_ok=True)
     (toy_dir / "control.json").unlink(missing_ok=True)
+    (toy_dir / "upstream.log").unlink(missing_ok=True)
     corpus = tmp_path / "n.txt"
     corpus.write_text("5")
 
@@ -83,14 +85,14 @@ def test_upstream_change_reruns_downstream_only(toy):
     toy.corpus.write_text("6")
     out = toy("count.seed=7", "other.size=[2]").run()
     assert set(out.values()) == {"ran"}
-    assert StageDir(toy.run_dir, "double").manifest()["rows"] == 6
+    assert StageDir(toy.run_dir, "double").manifest().rows == 6
 
 
 def test_row_failure_is_recorded_not_fatal(toy, toy_dir):
     (toy_dir / "control.json").write_text(json.dumps({"fail_row": "ep03"}))
     toy().run()
     m = StageDir(toy.run_dir, "count").manifest()
-    assert m["rows"] == 5 and m["errors"] == 1
+    assert m.rows == 5 and m.errors == 1
     rows = {r["episode_id"]: r for r in StageDir(toy.run_dir, "count").read_table("counts").to_pylist()}
     assert rows["ep03"]["error"] == "toy failure" and rows["ep01"]["error"] is None
 
@@ -113,10 +115,46 @@ def test_only_force_from_and_status(toy):
     assert states == {"ingest": "done", "count": "stale", "double": "stale", "other": "done"}
 
 
-def test_inline_executor_gives_same_tables(toy):
-    toy(executor="inline").run()
-    counts = StageDir(toy.run_dir, "count").read_table("counts").to_pylist()
-    assert len(counts) == 5
+def test_inline_and_ray_executors_write_the_same_tables_and_manifests(toy):
+    toy("run_name=inline", executor="inline").run()
+    toy("run_name=ray", executor="ray").run()
+    inline, on_ray = toy.run_dir.parent / "inline", toy.run_dir.parent / "ray"
+    for stage, tables in {s.name: s.outputs for s in toy_stages.registry().values()}.items():
+        for table in tables:
+            a = StageDir(inline, stage).read_table(table).sort_by("episode_id")
+            assert a.num_rows > 0 and a.equals(StageDir(on_ray, stage).read_table(table).sort_by("episode_id"))
+        ma, mb = StageDir(inline, stage).manifest(), StageDir(on_ray, stage).manifest()
+        assert ma is not None and mb is not None
+        # Only Ray says which node ran a shard; timings differ run to run.
+        assert not ma.timings.shards_per_node and sum(mb.timings.shards_per_node.values()) == mb.shards
+        assert {**ma.to_json(), "timings": None} == {**mb.to_json(), "timings": None}
+
+
+# The layout of _manifest.json that artifacts on disk and bench/ read as plain JSON.
+MANIFEST_KEYS = {"stage", "fingerprint", "upstream", "code_version", "config_section", "tables", "rows", "errors",
+                 "shards", "parts", "llm_usage", "roles", "retry_round", "timings"}
+TIMINGS_KEYS = {"finished_at", "wall_s", "shard_s", "resumed_shards", "shards_per_node"}
+
+
+def test_manifest_json_keeps_its_layout_and_round_trips_unchanged(toy):
+    toy().run()
+    for stage in toy_stages.registry():
+        raw = json.loads((toy.run_dir / stage / "_manifest.json").read_text())
+        stats = {"counted"} if stage == "count" else set()  # CountTurns.shard_stats, flat beside the fields
+        assert set(raw) == MANIFEST_KEYS | stats and set(raw["timings"]) == TIMINGS_KEYS
+        manifest = StageDir(toy.run_dir, stage).manifest()
+        assert manifest is not None and manifest.to_json() == raw == Manifest.from_json(raw).to_json()
+    count = StageDir(toy.run_dir, "count").manifest()
+    assert count.stats == {"counted": 5} and count.tables == {"counts": 5} and count.upstream == {
+        "ingest": toy().fingerprints()["ingest"]}
+
+
+def test_a_stage_context_carries_its_finished_upstream_manifests(toy):
+    toy().run()
+    seen = toy_stages.read_upstream_log()
+    assert len(seen) == 5 and {s["stage"] for s in seen} == {"double"}  # one record per episode
+    count = StageDir(toy.run_dir, "count").manifest()
+    assert all(s["upstream"] == {"count": count.to_json()} for s in seen)  # its inputs only, as published
 
 
 def test_resume_after_killed_run(toy, toy_dir, tmp_path):
@@ -154,7 +192,7 @@ def test_resume_after_killed_run(toy, toy_dir, tmp_path):
     redone = [line.split()[1] for line in work()[n:]]
     assert redone == ["ep04"]  # only the unfinished shard
     m = sd.manifest()
-    assert m["rows"] == 5 and m["timings"]["resumed_shards"] == 2
+    assert m.rows == 5 and m.timings.resumed_shards == 2
     uninterrupted = toy("run_name=fresh")
     uninterrupted.run()
     a = sd.read_table("counts").sort_by("episode_id")

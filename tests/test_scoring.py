@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import sacrebleu
 
-from stages.judges import answers, memory_quality, pairwise
+from stages.judging import answers, memory_quality, pairwise
 from stages.metrics import locomo_qa, significance, text
 from fake_chat import FakeChat
 

@@ -25,7 +25,7 @@ from stages.methods.secom.segmentation import (
     starts_answer_model,
     window_bounds,
 )
-from stages.units import format_unit, make_units
+from stages.methods.secom.units import format_unit, make_units
 from stages.metrics.segmentation import lengths_to_boundaries, spans_to_boundaries, window_diff
 
 

@@ -28,7 +28,7 @@ def test_sample_corpus_end_to_end(run_cfg, fake_llm, tmp_path):
     covered = sum(r["turn_end"] - r["turn_start"] + 1 for r in segments.to_pylist())
     assert covered == turns.num_rows
     assert not any(segments.column("fallback").to_pylist())
-    assert StageDir(run, "segment").manifest()["fallback_sessions"] == 0
+    assert StageDir(run, "segment").manifest().stats["fallback_sessions"] == 0
 
     units = StageDir(run, "banks").read_table("memory_units")
     for gran in ("turn", "session", "segment"):
@@ -83,7 +83,7 @@ def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
     assert rows and all(r["fallback"] for r in rows)
     assert all("out of range" in r["fallback_reason"] for r in rows)  # spans are 1-based
     assert all(r["turn_end"] - r["turn_start"] + 1 <= 6 for r in rows)  # chunks of 3 exchanges
-    assert sd.manifest()["fallback_sessions"] == 6
+    assert sd.manifest().stats["fallback_sessions"] == 6
 
 
 def test_locomo_banks_and_retrieval_scores(run_cfg):
@@ -112,7 +112,7 @@ def test_locomo_banks_and_retrieval_scores(run_cfg):
         if k == 5 and recall == recall:
             assert recall >= by_key[(qa, g, c, ret, 1)]
     summary = StageDir(run, "score").manifest()
-    assert summary["tables"]["retrieval_scores"] == len(scores)
+    assert summary.tables["retrieval_scores"] == len(scores)
 
 
 def test_dialseg_segmentation_scores(run_cfg):
@@ -182,7 +182,7 @@ def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm
     for r in responses:
         assert (r["response"] is None) != (r["error"] is None)
     failed = [r for r in responses if r["error"]]
-    assert sum(sd.manifest()["errors"] for sd in respond) == len(failed)
+    assert sum(sd.manifest().errors for sd in respond) == len(failed)
     assert all(len(r["error"]) > 5 for r in failed)
 
 
@@ -191,7 +191,8 @@ def test_segment_manifest_counts_model_normalised_and_fallback_sessions(run_cfg,
     Runner(cfg, registry(cfg)).run()
     sd = StageDir(cfg.run_dir, "segment")
     m = sd.manifest()
-    assert m["sessions"] == m["model_sessions"] > 0 and m["fallback_sessions"] == m["normalised_sessions"] == 0
+    assert m.stats["sessions"] == m.stats["model_sessions"] > 0
+    assert m.stats["fallback_sessions"] == m.stats["normalised_sessions"] == 0
     rows = sd.read_table("segments").to_pylist()
     assert all(r["summary"].startswith("topic ") for r in rows)  # spans answers keep their summaries
     # A starts answer that must be cleaned up is counted as normalised, never as a fallback.
@@ -200,7 +201,7 @@ def test_segment_manifest_counts_model_normalised_and_fallback_sessions(run_cfg,
                      "run_name=starts")
     Runner(starts, registry(starts)).run()
     m = StageDir(starts.run_dir, "segment").manifest()
-    assert m["normalised_sessions"] == m["sessions"] and m["fallback_sessions"] == 0
+    assert m.stats["normalised_sessions"] == m.stats["sessions"] and m.stats["fallback_sessions"] == 0
     seg = StageDir(starts.run_dir, "segment").read_table("segments").to_pylist()
     turns = StageDir(starts.run_dir, "ingest").read_table("turns").num_rows
     assert sum(r["turn_end"] - r["turn_start"] + 1 for r in seg) == turns

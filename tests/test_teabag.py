@@ -126,7 +126,7 @@ def test_episodes_too_short_or_with_one_speaker_get_no_questions():
 
 
 def test_teafarm_correctness_is_correct_over_total_per_method_and_dataset():
-    from stages.summaries import teafarm_summary
+    from stages.report.tables import teafarm_summary
 
     rows = [("msc", "theanine", 1.0), ("msc", "theanine", 0.0), ("msc", "theanine", 1.0), ("cc", "theanine", 0.0),
             ("msc", "rsum", 0.0), ("msc", "rsum", None), ("cc", "rsum", 1.0), ("msc", "theanine", None)]

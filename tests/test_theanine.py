@@ -246,9 +246,9 @@ def test_on_the_sample_corpus_every_probe_gets_timelines_refinements_rationale_a
         per_new[row["new_id"]] = per_new.get(row["new_id"], 0) + 1
     assert memories and max(per_new.values()) <= 2
     manifest = memory.manifest()
-    assert manifest["link_calls_per_episode"] == {"sample-01": len(labels)} == {"sample-01": manifest["link_calls"]}
+    assert manifest.stats["link_calls_per_episode"] == {"sample-01": len(labels)} == {"sample-01": manifest.stats["link_calls"]}
     responses = StageDir(cfg.run_dir, "respond_theanine").read_table("responses").to_pylist()
-    assert len(responses) == StageDir(cfg.run_dir, "probes").manifest()["rows"]
+    assert len(responses) == StageDir(cfg.run_dir, "probes").manifest().rows
     for r in responses:
         assert r["error"] is None and r["response"] is not None and r["rationale"] is not None
         details = json.loads(r["details_json"])
@@ -257,5 +257,5 @@ def test_on_the_sample_corpus_every_probe_gets_timelines_refinements_rationale_a
     out = tmp_path / "graph"
     assert main(["export", "memory_theanine", "--out", str(out), "--set", f"artifacts_dir={cfg.artifacts_dir}"]) == 0
     assert (out / "memories.parquet").is_file() and (out / "edges.parquet").is_file()
-    assert (cfg.run_dir / "report" / "memory_graph_theanine.png").is_file()
-    assert "memory_graph_theanine.png" in (cfg.run_dir / "report" / "report.html").read_text()
+    assert (cfg.run_dir / "report" / "panel_theanine.png").is_file()
+    assert "panel_theanine.png" in (cfg.run_dir / "report" / "report.html").read_text()

@@ -41,6 +41,19 @@ def read_work_log() -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
+def log_upstream(ctx: StageContext) -> None:
+    """Record the upstream manifests the stage's context carried (one JSON line per episode)."""
+    seen = {name: m.to_json() for name, m in ctx.upstream_manifests.items()}
+    with (toy_dir() / "upstream.log").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps({"stage": ctx.stage.name, "upstream": seen}) + "\n")
+
+
+def read_upstream_log() -> list[dict[str, Any]]:
+    path = toy_dir() / "upstream.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 class ToyIngest(GlobalStage):
     """corpus.path holds the number of episodes; each gets three turns."""
 
@@ -90,6 +103,9 @@ class CountTurns(EpisodeStage):
             return {"counts": [{"episode_id": episode_id, "n_turns": None, "error": "toy failure"}]}
         return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["ingest.turns"]), "error": None}]}
 
+    def shard_stats(self, produced: dict) -> dict[str, Any]:
+        return {"counted": len(produced["counts"])}  # a stage's own count, summed into its manifest
+
 
 class Double(EpisodeStage):
     name = "double"
@@ -98,6 +114,7 @@ class Double(EpisodeStage):
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
         log_work(self.name, episode_id)
+        log_upstream(ctx)
         return {"doubled": [{"episode_id": episode_id, "value": 2 * (r["n_turns"] or 0)} for r in inputs["count.counts"]]}
 
 

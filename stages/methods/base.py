@@ -8,10 +8,14 @@ A method is one module (or small package) under `stages/methods/` with:
 - `build(ctx, episode)`: walks the episode session by session (turn by turn where memory evolves
   inside a session) and returns memory rows keyed by the point they were built up to;
 - `answer(llm, probe, memory, settings)`: the response plus what it used;
-- `memory_view(episode, memory)`: its memory of the whole episode as text, which the memory-quality
-  judge rates (None for methods that keep none).
+- `memory_view(episode, memory, settings)`: its memory of the whole episode as text, which the
+  memory-quality judge rates (None for methods that keep none); `shows_memory` gives a method
+  without memory tables a memory stage that writes only this view (SeCom's bank units);
+- `report_panel(memory, responses)`: its own part of the run report (Theanine's memory graph,
+  CREEM's label shares), with `report_table` naming and typing the table it adds to the report.
 
-The framework turns each selected method into the stages `memory_<name>` (when it has memory) and
+The framework turns each selected method into the stages `memory_<name>` (when it has memory or
+`shows_memory`) and
 `respond_<name>`, each with its own fingerprint, and shows every probe exactly the memory built
 from what came before it (`visible_memory`). Methods are pure: no Ray, no I/O, the LLM injected.
 """
@@ -19,6 +23,7 @@ from what came before it (`visible_memory`). Methods are pure: no Ray, no I/O, t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 import numpy as np
@@ -91,6 +96,17 @@ class Answer:
     model: str = ""
 
 
+@dataclass
+class ReportPanel:
+    """A method's own section of the run report, from its memory tables and responses."""
+
+    title: str
+    text: str
+    rows: Rows = field(default_factory=list)  # rows of the method's `report_table`, shown and written
+    figure: Callable[[Path], bool] | None = None  # draws the panel's PNG at a path; False: nothing to draw
+    caption: str = ""  # the figure's caption (alt text)
+
+
 class Method:
     name: ClassVar[str]
     Settings: ClassVar[type[MethodSettings]] = MethodSettings
@@ -101,7 +117,8 @@ class Method:
     build_role: ClassVar[str] = "memory"
     answer_role: ClassVar[str] = "generator"
     uses_embedder: ClassVar[bool] = False
-    code: ClassVar[tuple[Any, ...]] = ()  # modules besides its own whose source shapes its output
+    shows_memory: ClassVar[bool] = False  # a memory stage without memory tables, for `memory_view`
+    report_table: ClassVar[tuple[str, pa.Schema] | None] = None  # (name, schema) of its panel's rows
     prompts: ClassVar[dict[str, str]] = {}
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, Rows]:
@@ -115,9 +132,18 @@ class Method:
         episodes; nested dicts, e.g. per episode, merge)."""
         return {}
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows]) -> str | None:
+    @property
+    def has_memory_stage(self) -> bool:
+        return bool(self.memory) or self.shows_memory
+
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows], settings: Any) -> str | None:
         """The method's memory of the whole episode as text (for the memory-quality judge), given its
         memory rows visible after the last session; None for a method that keeps no memory."""
+        return None
+
+    def report_panel(self, memory: dict[str, Rows], responses: Rows) -> ReportPanel | None:
+        """Its section of the report from the memory tables of every episode and its responses;
+        None: the report has nothing of this method's own."""
         return None
 
 

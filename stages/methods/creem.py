@@ -14,6 +14,16 @@ A probe sees the memory after the session before its own. Before responding, CRE
 retrieved memory with the current dialogue once more (the pre-response blend) and answers from
 those insights and the dialogue. Ablations: `creem_no_refine`, `creem_no_preblend`.
 Every insight is logged with its label, what it removed, and where it was made.
+
+Where each phase lives (all in this module unless named):
+- Algorithm 1 step 1, the query: `question_messages`, in `Creem.step`;
+- step 2, retrieval over past memories and the session: `Creem.retrieve`;
+- step 3, blend and refine: `blend_messages`, `blend_refine_schema`, `check_refined` (first session:
+  `first_session_messages`), applied in `Creem.step`, walked by `Creem.build`;
+- the response (pre-response blend, then reply): `reply_messages`, in `Creem.answer`;
+- Table 5, the label shares: `label_shares`, via `Creem.report_panel` (`evolution_summary`);
+- App. B.1 head-to-head judge: the `creem` protocol of `stages/judging/judge_pairwise.py`;
+- App. B.2 memory-quality judge: `stages/judging/memory_quality.py`, run by `judge_memory`.
 """
 
 from __future__ import annotations
@@ -26,13 +36,13 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, Field, create_model
 
-from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.common import failure_reason
+from pipeline.failures import FAILURE_FIELDS, attempt
 from stages.methods import response
 from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput)
-from stages.units import format_unit
+                                 MethodSettings, ProbeInput, ReportPanel)
+from stages.methods.dialogue import format_unit
 
 MEMORIES = pa.schema([
     *SNAPSHOT_FIELDS,  # the memory of both speakers after session snapshot_session
@@ -55,7 +65,17 @@ EVOLUTION = pa.schema([
     pa.field("label", pa.string()),
     pa.field("removed_ids", pa.list_(pa.string())),
     pa.field("removed_texts", pa.list_(pa.string())),
-    pa.field("error", pa.string()),
+    *FAILURE_FIELDS,
+])
+
+# How the memory evolved (CREEM Table 5): the share of each insight label, per dataset; the report's
+# `evolution_summary` table, with one row block per CREEM variant of the run.
+EVOLUTION_SUMMARY = pa.schema([
+    pa.field("dataset", pa.string()),
+    pa.field("method", pa.string()),
+    pa.field("label", pa.string()),
+    pa.field("insights", pa.int64()),
+    pa.field("share", pa.float64()),
 ])
 
 Label = Literal["New", "Redundant", "Updated"]
@@ -159,7 +179,7 @@ class Creem(Method):
     memory = {"memories": MEMORIES, "evolution": EVOLUTION}
     memory_kind = "snapshots"
     uses_embedder = True
-    code = (response,)
+    report_table = ("evolution_summary", EVOLUTION_SUMMARY)
 
     def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int
                  ) -> tuple[list[dict], list[dict]]:
@@ -183,29 +203,31 @@ class Creem(Method):
         t = turns[-1]["turn_idx"]
         params = {"max_tokens": settings.max_tokens} if settings.max_tokens else {}
         base = {"speaker": speaker, "session_idx": session, "turn_idx": t}
-        try:
+
+        async def insights() -> tuple[str | None, list[tuple[str, str, list[dict]]]]:
+            """The step's question (none in the first session) and its insights: text, label, removed."""
             if first:
-                question = None
                 res = await llm.chat(first_session_messages(speaker, dialogue, settings.first_session_insights),
                                      schema=Blended, **params)
-                made = [(i.text, "Blended", []) for i in res.parsed.insights]
-            else:
-                question = (await llm.chat(question_messages(speaker, dialogue), schema=Question)).parsed.question
-                mems, utts = self.retrieve(embed, f"{question}\n{dialogue}", memory.get(speaker, []), turns[:-1],
-                                           settings.k)
-                if settings.refine:
-                    res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, True),
-                                         schema=blend_refine_schema(len(mems)), **params,
-                                         validate=lambda out, n=len(mems): check_refined(out, settings.insights, n))
-                    made = [(i.text, i.label, [mems[r - 1] for r in i.removes] if i.label != "New" else [])
-                            for i in res.parsed.insights]
-                else:
-                    res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, False),
-                                         schema=Blended, **params)
-                    made = [(i.text, "New", []) for i in res.parsed.insights]
-        except LLMError as e:  # the memory stays as it was; the failure is logged
+                return None, [(i.text, "Blended", []) for i in res.parsed.insights]
+            question = (await llm.chat(question_messages(speaker, dialogue), schema=Question)).parsed.question
+            mems, utts = self.retrieve(embed, f"{question}\n{dialogue}", memory.get(speaker, []), turns[:-1],
+                                       settings.k)
+            if settings.refine:
+                res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, True),
+                                     schema=blend_refine_schema(len(mems)), **params,
+                                     validate=lambda out, n=len(mems): check_refined(out, settings.insights, n))
+                return question, [(i.text, i.label, [mems[r - 1] for r in i.removes] if i.label != "New" else [])
+                                  for i in res.parsed.insights]
+            res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, False),
+                                 schema=Blended, **params)
+            return question, [(i.text, "New", []) for i in res.parsed.insights]
+
+        step, failed = await attempt(insights())
+        if step is None:  # the memory stays as it was; the failure is logged
             return [{**base, "question": None, "memory_id": None, "text": None, "label": None, "removed_ids": [],
-                     "removed_texts": [], "error": failure_reason(e)}]
+                     "removed_texts": [], **failed}]
+        question, made = step
         rows = []
         for text, label, removed in made:
             gone = {m["memory_id"] for m in removed}
@@ -216,7 +238,7 @@ class Creem(Method):
             memory[speaker].append(new)
             rows.append({**base, "question": question, "memory_id": new["memory_id"], "text": new["text"],
                          "label": label, "removed_ids": sorted(gone), "removed_texts": [m["text"] for m in removed],
-                         "error": None})
+                         **failed})
         return rows
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
@@ -261,13 +283,30 @@ class Creem(Method):
                       context_tokens=count_tokens("\n".join(lines)) if lines else 0, model=result.model,
                       details=details)
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         return "\n".join(f"[{m['speaker']}] {m['text']}" for m in memory.get("memories", [])) or None
+
+    def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:
+        rows = label_shares(self.name, memory.get("evolution", []))
+        if not rows:
+            return None
+        return ReportPanel("Memory evolution", "Share of each insight label of the self-refining memory (CREEM "
+                           "Table 5: New, Redundant, Updated; first-session insights are Blended).", rows)
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         labels = Counter(r["label"] for r in produced.get("evolution", []) if r["label"])
         return {"insights": dict(labels), "failed_steps": sum(r["error"] is not None
                                                                for r in produced.get("evolution", []))}
+
+
+def label_shares(method: str, evolution: list[dict]) -> list[dict]:
+    """Insights per label and their share per dataset, from the evolution log of every episode."""
+    counts = Counter((r["dataset"], r["label"]) for r in evolution if r["label"])
+    totals = Counter[str]()
+    for (dataset, _), n in counts.items():
+        totals[dataset] += n
+    return [{"dataset": d, "method": method, "label": label, "insights": n, "share": n / totals[d]}
+            for (d, label), n in sorted(counts.items())]
 
 
 class CreemNoRefineSettings(CreemSettings):

@@ -43,12 +43,12 @@ def gold_memory(episode: dict[str, Any], before_session: int, kinds: list[str]) 
 class GoldMemory(Method):
     name = "gold_memory"
     Settings = GoldMemorySettings
-    code = (memory_response,)
+    shows_memory = True  # the gold summaries, rated like a built memory
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         text, ids, sources = gold_memory(probe.episode, probe.probe["session_idx"], settings.kinds)
         return await memory_response.answer_from_memory(llm, probe, text, ids, details={"gold_sources": sources})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: Any) -> str | None:
         return gold_memory(episode.episode, max(episode.sessions, default=0) + 1,
-                           GoldMemorySettings().kinds)[0] or None
+                           settings.kinds)[0] or None

@@ -9,11 +9,9 @@ from pydantic import Field
 
 from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import within_tokens
-from stages import units as unit_module
-from stages.methods import response
 from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
-from stages.methods.secom.retrieval import generate
-from stages.units import format_unit, unit_id
+from stages.methods.dialogue import format_unit, unit_id
+from stages.methods.response import generate
 
 
 class FullHistorySettings(MethodSettings):
@@ -30,7 +28,6 @@ def recent_within(units: list[dict], budget: int | None) -> list[dict]:
 class FullHistory(Method):
     name = "full_history"
     Settings = FullHistorySettings
-    code = (response, unit_module)
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         units = [{"session_idx": s, "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
@@ -42,7 +39,6 @@ class FullHistory(Method):
 
 class ZeroHistory(Method):
     name = "zero_history"
-    code = (response, unit_module)
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         return await generate(llm, probe, [])

@@ -30,13 +30,13 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.errors import ConfigError
-from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens, dense_scores
-from stages.common import failure_reason
+from pipeline.failures import FAILURE_FIELDS, attempt, row_or_failure
 from stages.methods import response
 from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
                                  MethodSettings, ProbeInput)
-from stages.units import format_unit
+from stages.methods.dialogue import format_unit
 
 NO_TRAIT = "NO_TRAIT"
 
@@ -57,7 +57,7 @@ PERSONAS = pa.schema([
     pa.field("session_idx", pa.int32(), nullable=False),
     pa.field("turn_idx", pa.int32(), nullable=False),
     pa.field("trait", pa.string()),  # null for NO_TRAIT or a failed call
-    pa.field("error", pa.string()),
+    *FAILURE_FIELDS,
 ])
 
 
@@ -204,7 +204,6 @@ class LDAgent(Method):
     memory = {"events": EVENTS, "personas": PERSONAS}
     memory_kind = "log"
     uses_embedder = True
-    code = (response,)
     nouns: Callable[[str], list[str]] = staticmethod(spacy_nouns)
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
@@ -217,10 +216,8 @@ class LDAgent(Method):
         async def flush() -> None:
             turns = [t for _, t in cache]
             session = turns[-1]["session_idx"]
-            try:
-                summary = (await ctx.llm.chat(summary_messages(turns, settings.summary_words))).text.strip()
-            except LLMError:
-                summary = ""
+            result, _ = await attempt(ctx.llm.chat(summary_messages(turns, settings.summary_words)))
+            summary = result.text.strip() if result else ""  # a failed summary adds no event
             if summary:
                 vector = ctx.embed([summary])[0] if ctx.embed else []
                 out["events"].append({**after_session(eid, session), "event_id": f"e{len(out['events'])}",
@@ -245,12 +242,13 @@ class LDAgent(Method):
 
     async def trait(self, llm: ChatLLM, eid: str, s: int, turn: dict, settings: LDAgentSettings) -> dict[str, Any]:
         row = {**after_session(eid, s), "speaker": turn["speaker"], "session_idx": s, "turn_idx": turn["turn_idx"],
-               "trait": None, "error": None}
-        try:
+               "trait": None}
+
+        async def extracted() -> dict[str, Any]:
             text = (await llm.chat(persona_messages(turn["text"], turn["speaker"], settings.persona_words))).text.strip()
-        except LLMError as e:
-            return {**row, "error": failure_reason(e)}
-        return {**row, "trait": None if not text or NO_TRAIT in text.upper().replace(" ", "_") else text}
+            return {"trait": None if not text or NO_TRAIT in text.upper().replace(" ", "_") else text}
+
+        return await row_or_failure(row, extracted())
 
     def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str,
                  settings: LDAgentSettings) -> list[tuple[dict, float]]:
@@ -292,7 +290,7 @@ class LDAgent(Method):
                                              for e, sc in hits], "no_relevant_memory": not hits,
                                "agent_traits": len(agent_traits), "user_traits": len(user_traits)})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         events = [f"[session {e['session_idx']}] {e['summary']}" for e in memory.get("events", [])]
         traits = [f"{p['speaker']}: {p['trait']}" for p in memory.get("personas", []) if p["trait"]]
         return "\n".join(events + traits) or None

@@ -17,14 +17,14 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import dense_scores, top_k
-from stages.common import failure_reason
-from stages.methods import memory_response, session_memories
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
+from stages.methods import memory_response
 from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
                                  MethodSettings, ProbeInput)
 from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
-from stages.units import format_unit
+from stages.methods.dialogue import format_unit
 
 MEMORIES = pa.schema(MEMORY_FIELDS)
 POOL = pa.schema(MEMORY_FIELDS)  # the whole pool after each session (a `snapshots` memory)
@@ -34,7 +34,7 @@ OPERATIONS = pa.schema([
     pa.field("op", pa.string(), nullable=False),  # keep | replace | append | delete
     pa.field("target_id", pa.string()),  # the pool memory replaced or deleted
     pa.field("target_event", pa.string()),
-    pa.field("error", pa.string()),  # the update call failed: every new memory appended
+    *FAILURE_FIELDS,  # the update call failed: every new memory appended
 ])
 
 
@@ -95,18 +95,15 @@ class SessionMemoryMethod(Method):
     memory = {"memories": MEMORIES}
     memory_kind = "log"
     uses_embedder = True
-    code = (memory_response, session_memories)
     table = "memories"
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         out: dict[str, list[dict]] = {"memories": []}
         for s, turns in episode.sessions.items():
-            try:
-                events = await summarize_session(ctx.llm, turns, s, ctx.settings.max_memories)
-            except LLMError:
-                continue  # no memories from this session; the failure is in the manifest's usage
-            out["memories"] += memory_rows(eid, s, turns, events)
+            # A failed summary adds no memories from this session; the failure is in the manifest's usage.
+            events, _ = await attempt(summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
+            out["memories"] += memory_rows(eid, s, turns, events or [])
         return out
 
     def select(self, probe: ProbeInput, memories: list[dict], k: int | None) -> list[dict]:
@@ -125,7 +122,7 @@ class SessionMemoryMethod(Method):
             llm, probe, memory_lines(chosen), [m["memory_id"] for m in chosen], len(turns),
             details={"memory_after_session": snapshot})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         return memory_lines(memory.get(self.table, [])) or None
 
 
@@ -151,29 +148,28 @@ class UpdatedMemoryMethod(SessionMemoryMethod):
         pool: list[dict] = []
         for s, turns in episode.sessions.items():
             key = after_session(eid, s)
-            try:
-                new = memory_rows(eid, s, turns, await summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
-            except LLMError:
-                new = []
-            ops, error = await self.operations(ctx.llm, pool, new)
+            events, _ = await attempt(summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
+            new = memory_rows(eid, s, turns, events or [])
+            ops, failed = await self.operations(ctx.llm, pool, new)
             out["operations"] += [{**key, "new_id": new[o.new - 1]["memory_id"], "op": o.op,
                                    "target_id": pool[o.target - 1]["memory_id"] if o.target else None,
                                    "target_event": pool[o.target - 1]["event"] if o.target else None,
-                                   "error": error} for o in ops]
+                                   **failed} for o in ops]
             pool = apply_operations(pool, new, ops)
             out["pool"] += [{**m, **key} for m in pool]
         return out
 
-    async def operations(self, llm: ChatLLM, pool: list[dict], new: list[dict]) -> tuple[list[Operation], str | None]:
+    async def operations(self, llm: ChatLLM, pool: list[dict], new: list[dict]
+                         ) -> tuple[list[Operation], dict[str, Any]]:
+        """The update operations and the failure columns of their rows."""
         appended = [Operation(new=i + 1, op="append") for i in range(len(new))]
         if not pool or not new:
-            return appended, None
-        try:
-            result = await llm.chat(update_messages(pool, new), schema=Operations,
-                                    validate=lambda out: check_operations(out, len(new), len(pool)))
-        except LLMError as e:  # the pool still grows: every new memory appended, the failure recorded
-            return appended, failure_reason(e)
-        return sorted(result.parsed.operations, key=lambda o: o.new), None
+            return appended, dict(NO_FAILURE)
+        result, failed = await attempt(llm.chat(update_messages(pool, new), schema=Operations,
+                                                validate=lambda out: check_operations(out, len(new), len(pool))))
+        if result is None:  # the pool still grows: every new memory appended, the failure recorded
+            return appended, failed
+        return sorted(result.parsed.operations, key=lambda o: o.new), failed
 
 
 class AllMemoriesUpdate(UpdatedMemoryMethod):

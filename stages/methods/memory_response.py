@@ -10,7 +10,7 @@ from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods import response
 from stages.methods.base import Answer, ProbeInput
-from stages.units import format_unit
+from stages.methods.dialogue import format_unit
 
 
 def memory_messages(memory: str, current: list[dict], request: str, respondent: str, question: bool) -> Messages:

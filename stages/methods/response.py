@@ -1,5 +1,6 @@
 """The response frame shared by the retrieval and history methods (SeCom Sec. 2.1 and its
-baselines): memory units placed in time order, then the current session, then the request.
+baselines, Theanine Sec. 3.2's full / zero history): memory units placed in time order, then the
+current session, then the request; `generate` runs it for a probe.
 
 Its own module so that editing these prompts re-runs only the respond stages of the methods
 that use them, never segmentation, compression or banks.
@@ -12,7 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.llm.types import ChatLLM, LLMResult, Messages
-from stages.units import format_unit, in_time_order
+from pipeline.retrieval import count_tokens
+from stages.methods.base import Answer, ProbeInput
+from stages.methods.dialogue import format_unit, in_time_order
 
 def format_memory(units: Sequence[dict]) -> str:
     """Retrieved units in time order, each under a header naming its session (and date if known)."""
@@ -105,3 +108,33 @@ def one_turn(text: str, speakers: Sequence[str]) -> str:
         out = stripped
     cut = re.search(rf"\n\s*{tag}", out)
     return (out[: cut.start()] if cut else out).strip()
+
+
+def context_tokens(units: list[dict]) -> int:
+    """Tokens (cl100k) of the memory that entered the context: the paper's "# Tokens"."""
+    return sum(count_tokens(u["text"]) for u in units)
+
+
+def context_turns(units: list[dict]) -> int:
+    """Dataset turns of the memory that entered the context: the paper's "# Turns" (distinct source
+    turn ids where units carry them, else utterances)."""
+    ids = {t for u in units for t in (u.get("source_turn_ids") or [])}
+    return len(ids) if ids else sum(int(u["turn_end"]) - int(u["turn_start"]) + 1 for u in units)
+
+
+# Datasets whose questions are user requests with full reference answers, not short-fact QA.
+CHAT_QA_DATASETS = frozenset({"longmtbench"})
+
+
+async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict]) -> Answer:
+    """The shared response frame over memory units in time order (QA or next response), cut to
+    one turn; records the turns and tokens of memory that entered the context."""
+    ordered = in_time_order(units)
+    if probe.probe["kind"] == "qa":
+        chat = probe.episode.get("dataset") in CHAT_QA_DATASETS
+        result = await answer_question(llm, ordered, probe.request, chat=chat)
+    else:
+        result = await respond(llm, ordered, probe.current, probe.request, probe.probe["respondent"])
+    return Answer(text=one_turn(result.text, probe.episode.get("speakers") or []),
+                  used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
+                  context_turns=context_turns(ordered), model=result.model)

@@ -11,20 +11,20 @@ from typing import Any
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens
-from stages.common import failure_reason
+from pipeline.failures import FAILURE_FIELDS, attempt
 from stages.methods import memory_response
 from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
                                  MethodSettings, ProbeInput)
 from stages.methods.session_memories import session_time, when
-from stages.units import format_unit
+from stages.methods.dialogue import format_unit
 
 SUMMARY = pa.schema([
     *SNAPSHOT_FIELDS,  # the memory after session snapshot_session
     pa.field("memory", pa.string()),  # null when this session's update failed (the previous one is kept)
     pa.field("tokens", pa.int32()),
-    pa.field("error", pa.string()),
+    *FAILURE_FIELDS,
 ])
 
 # A made-up worked example for the one-shot switch (the paper's one-shot uses a labelled MSC dialogue).
@@ -65,7 +65,6 @@ class RSum(Method):
     Settings = RSumSettings
     memory = {"summary": SUMMARY}
     memory_kind = "snapshots"
-    code = (memory_response,)
 
     def params(self, settings: RSumSettings) -> dict[str, Any]:
         return {} if settings.temperature is None else {"temperature": settings.temperature}
@@ -75,13 +74,14 @@ class RSum(Method):
         rows, memory = [], ""
         for s, turns in episode.sessions.items():
             key = after_session(eid, s)
-            try:  # each memory is built from the previous memory and this session only
-                result = await ctx.llm.chat(update_messages(memory, turns, s, ctx.settings), **self.params(ctx.settings))
-            except LLMError as e:  # the previous memory stays in force
-                rows.append({**key, "memory": None, "tokens": None, "error": failure_reason(e)})
+            # Each memory is built from the previous memory and this session only.
+            result, failed = await attempt(ctx.llm.chat(update_messages(memory, turns, s, ctx.settings),
+                                                        **self.params(ctx.settings)))
+            if result is None:  # the previous memory stays in force
+                rows.append({**key, "memory": None, "tokens": None, **failed})
                 continue
             memory = result.text.strip()
-            rows.append({**key, "memory": memory, "tokens": count_tokens(memory), "error": None})
+            rows.append({**key, "memory": memory, "tokens": count_tokens(memory), **failed})
         return {"summary": rows}
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
@@ -97,7 +97,7 @@ class RSum(Method):
         return await memory_response.answer_from_memory(llm, probe, text, used, details=details,
                                                         **self.params(settings))
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         visible = [r for r in memory.get("summary", []) if r["memory"] is not None]
         return max(visible, key=lambda r: r["snapshot_session"])["memory"] if visible else None
 

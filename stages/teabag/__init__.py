@@ -21,11 +21,10 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.llm.types import LLMError
+from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.common import failure_reason, sessions_of
-from stages.judges import prompt_fingerprint
-from stages.methods import session_memories
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
+from stages.methods.dialogue import sessions_of
 from stages.methods.session_memories import SUMMARY_SYSTEM, session_time, summarize_session
 from stages.teabag import generate
 from stages.teabag.generate import Summary
@@ -46,7 +45,7 @@ SUMMARIES = pa.schema(
         pa.field("session_time", pa.string()),
         pa.field("memories", pa.list_(pa.string())),
         *STAMP,
-        pa.field("error", pa.string()),
+        *FAILURE_FIELDS,
     ]
 )
 
@@ -67,7 +66,7 @@ QUESTIONS = pa.schema(
         pa.field("checked", pa.bool_()),  # passed the counterfactual check; null: check off
         pa.field("check_reason", pa.string()),
         *STAMP,
-        pa.field("error", pa.string()),  # set: no usable question or session N+1 (the reason)
+        *FAILURE_FIELDS,  # error set: no usable question or session N+1 (the reason)
     ]
 )
 
@@ -126,7 +125,6 @@ class TeabagStage(EpisodeStage):
     outputs = {"summaries": SUMMARIES, "questions": QUESTIONS, "rejects": REJECTS, "sessions": SESSIONS}
     roles = (GENERATOR_ROLE, SUMMARY_ROLE)
     prompts = dict(generate.PROMPTS)
-    code = (generate, session_memories)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg: TeabagConfig = ctx.section
@@ -147,11 +145,10 @@ class TeabagStage(EpisodeStage):
             return {"model": llm.cfg.model, "prompt_fingerprint": fp, "seed": None if seed is None else seed + sample}
 
         async def summarize(s: int, turns: Rows) -> dict[str, Any]:
-            row = {"episode_id": episode_id, "session_idx": s, "session_time": session_time(turns), **stamp(summ)}
-            try:
-                return {**row, "memories": await summarize_session(summ, turns, s, cfg.max_memories), "error": None}
-            except LLMError as e:
-                return {**row, "memories": None, "error": failure_reason(e)}
+            row = {"episode_id": episode_id, "session_idx": s, "session_time": session_time(turns), **stamp(summ),
+                   "memories": None}
+            memories, failed = await attempt(summarize_session(summ, turns, s, cfg.max_memories))
+            return {**row, "memories": memories, **failed}
 
         summary_rows = list(await asyncio.gather(*(summarize(s, t) for s, t in past.items())))
         failed = [r for r in summary_rows if r["error"]]
@@ -164,16 +161,15 @@ class TeabagStage(EpisodeStage):
             qid = f"{episode_id}:tb{k}"
             row: dict[str, Any] = {"episode_id": episode_id, "dataset": episode["dataset"], "question_id": qid,
                                    "question_idx": k, "asker": asker, "answerer": answerer, "memory_sessions": n,
-                                   **stamp(gen), "error": None}
+                                   **stamp(gen), **NO_FAILURE}
             if failed:
                 out["questions"].append({**row, "error": f"session {failed[0]['session_idx']} summary: {failed[0]['error']}"})
                 return
-            try:
-                made = await generate.generate_question(gen, summaries, speakers, asker, answerer, avoid=avoid,
-                                                        check=cfg.counterfactual_check, max_attempts=cfg.max_attempts,
-                                                        params=params)
-            except LLMError as e:
-                out["questions"].append({**row, "error": failure_reason(e)})
+            made, failed_call = await attempt(generate.generate_question(
+                gen, summaries, speakers, asker, answerer, avoid=avoid, check=cfg.counterfactual_check,
+                max_attempts=cfg.max_attempts, params=params))
+            if made is None:
+                out["questions"].append({**row, **failed_call})
                 return
             out["rejects"] += [{"episode_id": episode_id, "question_id": qid, "attempt": r.attempt, "asker": asker,
                                 "question": r.question, "false_premise": r.false_premise, "answer": r.answer,
@@ -188,12 +184,11 @@ class TeabagStage(EpisodeStage):
             row.update(question=a.question, false_premise=a.false_premise, answer=a.answer,
                        evidence_sessions=a.evidence_sessions, attempts=a.attempt + 1, checked=a.accepted,
                        check_reason=a.reason, **stamp(gen, a.attempt))
-            try:
-                turns = await generate.synthesize_session(gen, summaries, speakers, asker, a.question, past[n],
-                                                          turns=cfg.session_turns, style_turns=cfg.style_turns,
-                                                          params=params)
-            except LLMError as e:
-                out["questions"].append({**row, "error": f"session {n + 1}: {failure_reason(e)}"})
+            turns, failed_call = await attempt(generate.synthesize_session(
+                gen, summaries, speakers, asker, a.question, past[n], turns=cfg.session_turns,
+                style_turns=cfg.style_turns, params=params))
+            if turns is None:
+                out["questions"].append({**row, **failed_call, "error": f"session {n + 1}: {failed_call['error']}"})
                 return
             out["questions"].append(row)
             out["sessions"] += [{"episode_id": episode_id, "question_id": qid, "session_idx": n + 1, "turn_idx": i,

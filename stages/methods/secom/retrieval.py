@@ -14,11 +14,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.llm.types import ChatLLM
-from pipeline.retrieval import count_tokens
-from stages import units as unit_module
 from stages.methods import response
 from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
-from stages.units import in_time_order, unit_retriever
+from stages.methods.response import generate
+from stages.methods.secom.units import unit_retriever
 
 BANK = "banks.memory_units"
 _INDEXES_KEPT = 256  # (episode bank, session) retrievers kept per method instance
@@ -44,43 +43,13 @@ class TurnSettings(RetrievalSettings):
     top_k: int | None = Field(default=3, ge=1)
 
 
-def context_tokens(units: list[dict]) -> int:
-    """Tokens (cl100k) of the memory that entered the context: the paper's "# Tokens"."""
-    return sum(count_tokens(u["text"]) for u in units)
-
-
-def context_turns(units: list[dict]) -> int:
-    """Dataset turns of the memory that entered the context: the paper's "# Turns" (distinct source
-    turn ids where units carry them, else utterances)."""
-    ids = {t for u in units for t in (u.get("source_turn_ids") or [])}
-    return len(ids) if ids else sum(int(u["turn_end"]) - int(u["turn_start"]) + 1 for u in units)
-
-
-# Datasets whose questions are user requests with full reference answers, not short-fact QA.
-CHAT_QA_DATASETS = frozenset({"longmtbench"})
-
-
-async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict]) -> Answer:
-    """The shared response frame over memory units in time order (QA or next response), cut to
-    one turn; records the turns and tokens of memory that entered the context."""
-    ordered = in_time_order(units)
-    if probe.probe["kind"] == "qa":
-        chat = probe.episode.get("dataset") in CHAT_QA_DATASETS
-        result = await response.answer_question(llm, ordered, probe.request, chat=chat)
-    else:
-        result = await response.respond(llm, ordered, probe.current, probe.request, probe.probe["respondent"])
-    return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []),
-                  used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
-                  context_turns=context_turns(ordered), model=result.model)
-
-
 class RetrievalMethod(Method):
     """Retrieve the top-k units of one granularity with the request, answer from them."""
 
     Settings = RetrievalSettings
     needs = ("banks",)
     uses_embedder = True
-    code = (response, unit_module)
+    shows_memory = True  # its bank units, rated like a built memory
     granularity: ClassVar[str]
 
     def rank(self, probe: ProbeInput, settings: RetrievalSettings) -> list[dict]:
@@ -115,7 +84,7 @@ class RetrievalMethod(Method):
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
         return await generate(llm, probe, self.rank(probe, settings))
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: Any) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]
         return response.format_memory(units) or None
 

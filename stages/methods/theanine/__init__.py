@@ -6,28 +6,44 @@ Variants (Section 4's ablations and Section 6), each a method with its own setti
 `theanine`, `theanine_all` (link every labelled candidate, or every candidate),
 `theanine_no_relation` (no LLM labelling: edges by similarity and chronology), `theanine_no_refine`
 (raw timelines go to the response).
+
+Where each phase lives:
+- Phase I memories m = (event, time) per session: `session_memories.summarize_session` (shared with
+  the memory baselines and TeaBag), called by `Theanine.build`;
+- Phase I relation-aware linking (Algorithm 1): the labelling prompt `prompts.relation_messages`,
+  candidates `graph.top_similar`, links `graph.links_for`, run by `Theanine.build` / `Theanine.link`;
+- Phase II-1 timeline retrieval (Algorithm 2): `graph.timelines_through`, `graph.sample_timelines`,
+  `graph.group_by_component`, run by `Theanine.timelines`;
+- Phase II-2 timeline refinement: `prompts.timeline_text`, `prompts.refine_messages`, in `Theanine.answer`;
+- Phase III chain-of-thought response: `prompts.response_messages`, in `Theanine.answer`;
+- the report's memory graph: `figure.memory_graph`, via `Theanine.report_panel`;
+- TeaBag / TeaFarm (Section 5): `stages/teabag/`; Theanine's judges (App. D):
+  `stages/judging/pairwise.py` and `stages/judging/answers.py` (TeaFarm correctness).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from collections import Counter
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.llm.types import ChatLLM, LLMError
+from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, within_tokens
-from stages.common import failure_reason
-from stages.methods import response, session_memories
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
+from stages.methods import response
 from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput)
+                                 MethodSettings, ProbeInput, ReportPanel)
 from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
+from stages.methods.theanine import figure
 from stages.methods.theanine import graph as g
 from stages.methods.theanine import prompts
-from stages.units import format_unit
+from stages.methods.dialogue import format_unit
 
 MEMORIES = pa.schema([*MEMORY_FIELDS, pa.field("vector", pa.list_(pa.float32()))])
 EDGES = pa.schema([
@@ -43,13 +59,13 @@ LINK_LABELS = pa.schema([
     pa.field("rank", pa.int32(), nullable=False),  # similarity rank among the top-j candidates
     pa.field("relation", pa.string()),  # the LLM's label; "None" = no relation; null when the call failed
     pa.field("linked", pa.bool_(), nullable=False),
-    pa.field("error", pa.string()),
+    *FAILURE_FIELDS,
 ])
 BUILD_LOG = pa.schema([
     *SNAPSHOT_FIELDS,
     pa.field("memories", pa.int32(), nullable=False),
     pa.field("link_calls", pa.int32(), nullable=False),  # at most j per new memory
-    pa.field("error", pa.string()),  # the session's summary failed: no memories from it
+    *FAILURE_FIELDS,  # the session's summary failed: no memories from it
 ])
 
 
@@ -103,7 +119,6 @@ class Theanine(Method):
     memory = {"memories": MEMORIES, "edges": EDGES, "link_labels": LINK_LABELS, "build_log": BUILD_LOG}
     memory_kind = "log"
     uses_embedder = True
-    code = (g, prompts, response, session_memories)
     prompts = {"relations": str(prompts.RELATION_DEFINITIONS)}
 
     # ---------------------------------------------------------------- Phase I
@@ -128,11 +143,9 @@ class Theanine(Method):
         vectors: dict[str, np.ndarray] = {}
         out: dict[str, list[dict]] = {t: [] for t in self.memory}
         for s, turns in episode.sessions.items():
-            try:
-                events = await summarize_session(ctx.llm, turns, s, settings.max_memories)
-            except LLMError as e:  # no memories from this session; the build goes on
-                out["build_log"].append({**after_session(eid, s), "memories": 0, "link_calls": 0,
-                                         "error": failure_reason(e)})
+            events, failed = await attempt(summarize_session(ctx.llm, turns, s, settings.max_memories))
+            if events is None:  # no memories from this session; the build goes on
+                out["build_log"].append({**after_session(eid, s), "memories": 0, "link_calls": 0, **failed})
                 continue
             new = memory_rows(eid, s, turns, events)
             new_vectors = np.asarray(ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
@@ -148,7 +161,7 @@ class Theanine(Method):
                              for e in edges]
             out["link_labels"] += labels
             calls = len(labels) if settings.relation_aware else 0
-            out["build_log"].append({**after_session(eid, s), "memories": len(new), "link_calls": calls, "error": None})
+            out["build_log"].append({**after_session(eid, s), "memories": len(new), "link_calls": calls, **failed})
         return out
 
     async def link(self, llm: ChatLLM, graph: g.Graph, by_id: dict[str, dict], vectors: dict[str, np.ndarray],
@@ -164,14 +177,14 @@ class Theanine(Method):
 
         async def one(m: dict, vec: np.ndarray) -> tuple[list[g.Edge], list[dict]]:
             candidates = g.top_similar(vec, pool, pool_vectors, settings.j)
-            errors: dict[str, str] = {}
+            errors: dict[str, dict[str, Any]] = {}
             if settings.relation_aware:
                 async def ask(c: str) -> str:
-                    try:
-                        return await self.label(llm, by_id[c], m, sessions, settings)
-                    except LLMError as e:  # a failed label is no relation, and recorded
-                        errors[c] = failure_reason(e)
+                    label, failed = await attempt(self.label(llm, by_id[c], m, sessions, settings))
+                    if label is None:  # a failed label is no relation, and recorded
+                        errors[c] = failed
                         return g.NO_RELATION
+                    return label
                 labels = dict(zip(candidates, await asyncio.gather(*(ask(c) for c in candidates))))
             else:
                 labels = {c: "SameTopic" for c in candidates}
@@ -179,7 +192,7 @@ class Theanine(Method):
             linked = {e.source for e in edges}
             rows = [{**after_session(m["episode_id"], m["session_idx"]), "new_id": m["memory_id"], "candidate_id": c,
                      "rank": r, "relation": None if c in errors else labels[c], "linked": c in linked,
-                     "error": errors.get(c)} for r, c in enumerate(candidates)]
+                     **errors.get(c, NO_FAILURE)} for r, c in enumerate(candidates)]
             return edges, rows
 
         results = await asyncio.gather(*(one(m, v) for m, v in zip(new, new_vectors)))
@@ -231,8 +244,27 @@ class Theanine(Method):
             details={"retrieved": retrieved, "timelines": paths, "raw_timelines": raw, "refined_timelines": refined,
                      "timelines_per": settings.timelines_per, "bound_hit": bound_hit})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]]) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         return memory_lines(memory.get("memories", [])) or None
+
+    def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:
+        """The memory graph of the episode with the most edges, with the longest timeline one of its
+        responses retrieved highlighted."""
+        edges = memory.get("edges", [])
+        if not edges:
+            return None
+        episode = Counter(e["episode_id"] for e in edges).most_common(1)[0][0]
+        nodes = [n for n in memory.get("memories", []) if n["episode_id"] == episode]
+        shown = [e for e in edges if e["episode_id"] == episode]
+        highlight: list[str] = []
+        for r in responses:
+            if r["episode_id"] == episode and r["details_json"]:
+                for timeline in json.loads(r["details_json"]).get("timelines") or []:
+                    highlight = timeline if len(timeline) > len(highlight) else highlight
+        title = f"{self.name}: memory graph of episode {episode} (red: a timeline a response retrieved)"
+        return ReportPanel("Memory graph", "Memories as nodes by session; edges point from the older memory to the "
+                           "newer and carry their relation.", caption=title,
+                           figure=lambda path: figure.memory_graph(nodes, shown, highlight, path, title))
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         log = produced.get("build_log", [])

@@ -16,10 +16,11 @@ from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
 from pipeline.errors import PipelineError
 from pipeline.stage import GlobalStage, StageContext
-from stages import units
-from stages.common import sessions_of
-from stages.methods.secom import reflection, segmentation
-from stages.segment import GUIDANCE_FILE, SegmentConfig
+from stages.methods.dialogue import sessions_of
+from stages.methods.secom import reflection
+from stages.memory_units.segment_settings import SegmentConfig
+
+GUIDANCE_FILE = "guidance.json"  # the learned guidance, read by `segment`
 
 GUIDANCE = pa.schema(
     [
@@ -50,7 +51,6 @@ class GuidanceStage(GlobalStage):
     section = "segment"
     settings = SegmentConfig
     roles = ("segmenter",)
-    code = (reflection, segmentation, units)
 
     def active(self, cfg: RunConfig) -> bool:
         return cfg.segment.mode == "reflection" and not cfg.segment.guidance_path

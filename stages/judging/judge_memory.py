@@ -10,13 +10,12 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.llm.types import LLMError
 from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
-from stages.common import failure_reason
-from stages.judges import memory_quality
-from stages.judging import JudgeSettings, JudgeStage
-from stages.method_stage import respond_stage_name
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
+from stages.judging import memory_quality
+from stages.judging.base import JudgeSettings, JudgeStage, judged_row
+from stages.method_stages import memory_stage_name
 
 MemoryCriterion = Literal["integration", "consistency", "sophistication", "conciseness", "relevance",
                           "concreteness", "diversity"]
@@ -33,7 +32,7 @@ MEMORY_JUDGMENTS = pa.schema(
         pa.field("score", pa.int32()),  # 1-5; null when the rating failed
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
-        pa.field("error", pa.string()),
+        *FAILURE_FIELDS,
     ]
 )
 
@@ -52,30 +51,25 @@ class JudgeMemoryStage(JudgeStage):
     settings = JudgeMemorySettings
     outputs = {"memory_judgments": MEMORY_JUDGMENTS}
     module_prompts = memory_quality.PROMPTS
-    code = (memory_quality,)
 
     def __init__(self, methods: tuple[str, ...] = ()) -> None:
-        super().__init__(methods, extra_inputs=())
+        super().__init__(methods, extra_inputs=(), reads=memory_stage_name)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         settings: JudgeMemorySettings = ctx.section
         episode = inputs["ingest.episodes"][0]
         if not settings.enabled or (settings.episodes is not None and episode_id not in settings.episodes):
             return {"memory_judgments": []}
-        views = {m: r["memory"] for m in self.methods for r in inputs[f"{respond_stage_name(m)}.memory_view"]}
+        views = {m: r["memory"] for m in self.methods for r in inputs[f"{memory_stage_name(m)}.memory_view"]}
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
 
         async def one(method: str, speaker: str, criterion: str, s: int) -> dict[str, Any]:
             row = {**stamp, "method": method, "speaker": speaker, "criterion": criterion,
-                   "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, "error": None}
-            try:
-                score, model = await memory_quality.rate_memory(
-                    ctx.llm, criterion, speaker, "\n".join(within_tokens(views[method].splitlines(), settings.max_memory_tokens)),
-                    sample=s, **params)
-            except LLMError as e:
-                return {**row, "error": failure_reason(e)}
-            return {**row, "score": score, "judge_model": model or row["judge_model"]}
+                   "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, **NO_FAILURE}
+            shown = "\n".join(within_tokens(views[method].splitlines(), settings.max_memory_tokens))
+            return await judged_row(row, ("score",), memory_quality.rate_memory(
+                ctx.llm, criterion, speaker, shown, sample=s, **params))
 
         jobs = [one(m, sp, c, s) for m in views for sp in episode["speakers"] for c in settings.criteria
                 for s in range(settings.samples)]

@@ -18,12 +18,12 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.errors import ConfigError
-from pipeline.llm.types import LLMError
 from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
-from stages.common import failure_reason, sessions_of
-from stages.judges import pairwise, transcript
-from stages.judging import JudgeSettings, JudgeStage
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
+from stages.methods.dialogue import format_unit, last_turns, sessions_of
+from stages.judging import pairwise
+from stages.judging.base import JudgeSettings, JudgeStage, judged_row
 from stages.probes import sample
 
 Criterion = Literal["specificity", "memorability", "consistency"]
@@ -49,7 +49,7 @@ PAIRWISE_JUDGMENTS = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
-        pa.field("error", pa.string()),
+        *FAILURE_FIELDS,
     ]
 )
 
@@ -65,6 +65,10 @@ class JudgePairwiseSettings(JudgeSettings):
     past_session_tokens: int | None = Field(default=None, ge=1)  # creem: raw past sessions, cut to the most recent
 
 
+def transcript(turns: list[dict]) -> str:
+    return format_unit(turns) or "(nothing yet)"
+
+
 def past_sessions_text(sessions: dict[int, Rows], before: int, budget: int | None) -> str:
     """Raw past sessions in order; with a budget, the most recent whole sessions within it (cl100k)."""
     blocks = [f"[Session {s}]\n{transcript(turns)}" for s, turns in sessions.items() if s < before]
@@ -76,7 +80,6 @@ class JudgePairwiseStage(JudgeStage):
     settings = JudgePairwiseSettings
     outputs = {"pairwise_judgments": PAIRWISE_JUDGMENTS}
     module_prompts = pairwise.PROMPTS
-    code = (pairwise,)
 
     def pairing(self, settings: JudgePairwiseSettings) -> tuple[str, list[str]]:
         reference = settings.reference or (self.methods[0] if self.methods else "")
@@ -103,23 +106,19 @@ class JudgePairwiseStage(JudgeStage):
         async def one(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
             row = {**stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
                    "criterion": criterion, "reference": reference, "other": other, "protocol": settings.protocol,
-                   "reference_first": reference_first, "sample": s, "preferred": None, "reason": None, "error": None}
+                   "reference_first": reference_first, "sample": s, "preferred": None, "reason": None, **NO_FAILURE}
             ref, oth = responses[reference].get(probe["probe_id"]), responses[other].get(probe["probe_id"])
             missing = [m for m, r in ((reference, ref), (other, oth)) if r is None or r["error"] is not None]
             if missing:
                 return {**row, "error": f"no response from {', '.join(missing)}"}
             turns = sessions.get(probe["session_idx"], [])
             current = turns if probe["turn_idx"] is None else [t for t in turns if t["turn_idx"] < probe["turn_idx"]]
-            dialogue = transcript(current, settings.context_turns) if current else f"(question) {probe['request']}"
+            dialogue = transcript(last_turns(current, settings.context_turns)) if current else f"(question) {probe['request']}"
             past = (past_sessions_text(sessions, probe["session_idx"], settings.past_session_tokens)
                     if settings.protocol == "creem" else None)
-            try:
-                preferred, reason, model = await pairwise.judge_pair(
-                    ctx.llm, criterion, dialogue, probe["respondent"], ref["response"], oth["response"],
-                    reference_first=reference_first, past_sessions=past, explain=settings.explain, sample=s, **params)
-            except LLMError as e:
-                return {**row, "error": failure_reason(e)}
-            return {**row, "preferred": preferred, "reason": reason, "judge_model": model or row["judge_model"]}
+            return await judged_row(row, ("preferred", "reason"), pairwise.judge_pair(
+                ctx.llm, criterion, dialogue, probe["respondent"], ref["response"], oth["response"],
+                reference_first=reference_first, past_sessions=past, explain=settings.explain, sample=s, **params))
 
         jobs = [one(p, o, c, first, s) for p in probes for o in others for c in criteria
                 for first in orders for s in range(samples)]

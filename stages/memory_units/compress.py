@@ -10,13 +10,12 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline import compression
 from pipeline.compression import CompressMethod, Compressor
 from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages import units
-from stages.common import failure_reason, sessions_of
-from stages.units import UNIT_FIELDS, build_units
+from pipeline.failures import failure_reason
+from stages.methods.dialogue import sessions_of
+from stages.methods.secom.units import UNIT_FIELDS, build_units
 
 Granularity = Literal["turn", "session", "segment"]
 UNITS = pa.schema([*UNIT_FIELDS, pa.field("error", pa.string())])
@@ -47,7 +46,6 @@ class CompressStage(EpisodeStage):
     outputs = {"units": UNITS}
     section = "compress"
     settings = CompressConfig
-    code = (units, compression)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section

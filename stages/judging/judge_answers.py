@@ -9,27 +9,21 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from pipeline.llm.types import LLMError
 from pipeline.stage import Rows, StageContext
-from stages.common import failure_reason
-from stages.judges import answers
-from stages.judging import JudgeSettings, JudgeStage
-from stages.probes import sample
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
+from stages.judging import answers
+from stages.judging.base import JudgeSettings, JudgeStage, judged_row
+from stages.probes import PROBE_KEY_FIELDS, sample
 
 ANSWER_JUDGMENTS = pa.schema(
     [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("probe_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("category", pa.string()),
-        pa.field("method", pa.string(), nullable=False),
+        *PROBE_KEY_FIELDS,
         pa.field("judge", pa.string(), nullable=False),  # gpt4score | strict | lenient | teafarm
         pa.field("score", pa.float64()),  # 0-100 for gpt4score; 1 correct / 0 incorrect otherwise
         pa.field("reason", pa.string()),
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
-        pa.field("error", pa.string()),
+        *FAILURE_FIELDS,
     ]
 )
 
@@ -46,7 +40,6 @@ class JudgeAnswersStage(JudgeStage):
     settings = JudgeAnswersSettings
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
     module_prompts = answers.PROMPTS
-    code = (answers,)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         settings: JudgeAnswersSettings = ctx.section
@@ -61,16 +54,12 @@ class JudgeAnswersStage(JudgeStage):
 
         async def one(probe: dict[str, Any], method: str, judge: str) -> dict[str, Any]:
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
-                   "method": method, "judge": judge, "score": None, "reason": None, "error": None}
+                   "method": method, "judge": judge, "score": None, "reason": None, **NO_FAILURE}
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
                 return {**row, "error": f"no response from {method}"}
-            try:
-                score, reason, model = await answers.judge_answer(ctx.llm, judge, probe["request"], probe["gold"],
-                                                                  resp["response"], explain=settings.explain, **params)
-            except LLMError as e:
-                return {**row, "error": failure_reason(e)}
-            return {**row, "score": score, "reason": reason, "judge_model": model or row["judge_model"]}
+            return await judged_row(row, ("score", "reason"), answers.judge_answer(
+                ctx.llm, judge, probe["request"], probe["gold"], resp["response"], explain=settings.explain, **params))
 
         jobs = [one(p, m, j) for p in probes for m in self.methods
                 for j in answers.judges_for(p["kind"], settings.correctness, settings.score_0_100)]

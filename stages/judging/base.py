@@ -4,15 +4,15 @@ judge re-runs only judging and the report."""
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from pydantic import Field
 
 from pipeline.config import Section
+from pipeline.failures import row_or_failure
+from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages import judges
-from stages.method_stage import respond_stage_name
+from stages.method_stages import respond_stage_name
 
 JUDGE_ROLE = "judge"
 
@@ -32,11 +32,11 @@ class JudgeStage(EpisodeStage):
     roles = (JUDGE_ROLE,)
     module_prompts: dict[str, str] = {}
 
-    def __init__(self, methods: tuple[str, ...] = (), extra_inputs: tuple[str, ...] = ("probes",)) -> None:
+    def __init__(self, methods: tuple[str, ...] = (), extra_inputs: tuple[str, ...] = ("probes",),
+                 reads: Callable[[str], str] = respond_stage_name) -> None:
         self.methods = methods
-        self.inputs = ("ingest", *extra_inputs, *(respond_stage_name(m) for m in methods))
+        self.inputs = ("ingest", *extra_inputs, *(reads(m) for m in methods))
         self.prompts = dict(self.module_prompts)
-        self.code = (judges, sys.modules[type(self).__module__], *self.code)
 
     def responses(self, inputs: dict[str, Rows]) -> dict[str, dict[str, dict[str, Any]]]:
         """method -> probe_id -> response row."""
@@ -51,4 +51,14 @@ class JudgeStage(EpisodeStage):
     def stamp(self, ctx: StageContext, episode: dict[str, Any]) -> dict[str, Any]:
         """Fields every judgment row carries."""
         return {"episode_id": episode["episode_id"], "dataset": episode["dataset"],
-                "prompt_fingerprint": judges.prompt_fingerprint(self.prompts), "judge_model": ctx.llm.cfg.model}
+                "prompt_fingerprint": prompt_fingerprint(self.prompts), "judge_model": ctx.llm.cfg.model}
+
+
+async def judged_row(row: dict[str, Any], fields: tuple[str, ...], judgment: Awaitable[tuple]) -> dict[str, Any]:
+    """`row` with a judgment's values under `fields` (its last value is the model that answered), or
+    with the failure columns when the judge could not answer."""
+    async def filled() -> dict[str, Any]:
+        *values, model = await judgment
+        return {**dict(zip(fields, values)), "judge_model": model or row["judge_model"]}
+
+    return await row_or_failure(row, filled())

@@ -14,8 +14,8 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.lance_store import write_bank
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.compress import Granularity
-from stages.units import UNIT_FIELDS
+from stages.memory_units.compress import Granularity
+from stages.methods.secom.units import UNIT_FIELDS
 
 LANCE_DIR = "lance"
 

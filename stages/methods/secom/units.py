@@ -3,8 +3,8 @@
 A turn-level unit is one exchange (a turn of the session's first speaker and the replies to it,
 `build_exchanges`), SeCom's "user-agent interaction"; a session-level unit is a whole session; a
 segment-level unit is a topical segment from the `segment` stage. Every utterance lands in exactly one unit of each
-granularity. Units are built here, compressed by `compress`, embedded by `banks` and searched
-with `unit_retriever`.
+granularity. Units are built here, compressed by the `compress` stage, embedded by `banks` and
+searched with `unit_retriever`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from pipeline.retrieval import Retriever, count_tokens
 from pipeline.stage import Rows
+from stages.methods.dialogue import format_unit, unit_id
 
 Span = tuple[int, int]  # inclusive positions in a session's list of turns
 
@@ -42,15 +43,6 @@ def build_exchanges(turns: Sequence[dict]) -> list[Span]:
     first = turns[0]["speaker"]
     starts = [i for i, t in enumerate(turns) if i == 0 or t["speaker"] == first]
     return [(s, e - 1) for s, e in zip(starts, [*starts[1:], len(turns)])]
-
-
-def format_unit(turns: Sequence[dict]) -> str:
-    """The text of a memory unit (a turn, a segment or a session): "Speaker: text" lines."""
-    return "\n".join(f"{t['speaker']}: {t['text']}" for t in turns)
-
-
-def unit_id(granularity: str, session_idx: int, turn_start: int) -> str:
-    return f"{granularity}:{session_idx}:{turn_start}"
 
 
 def make_units(turns: Sequence[dict], spans: Sequence[Span], granularity: str) -> Rows:
@@ -101,11 +93,6 @@ def build_units(sessions: dict[int, Rows], segments: Rows, granularity: str) -> 
             own = [s for s in segments if s["session_idx"] == session_idx]
             units += make_units(turns, spans_for(granularity, turns, own), granularity)
     return units
-
-
-def in_time_order(units: Sequence[dict]) -> list[dict]:
-    """Units by session, then first turn: the order they enter a context (SeCom Sec. 2.1)."""
-    return sorted(units, key=lambda u: (int(u["session_idx"]), int(u.get("turn_start") or 0)))
 
 
 def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosine") -> Retriever:

@@ -5,24 +5,21 @@ Every judged number carries its judge model and prompt fingerprint."""
 
 from __future__ import annotations
 
-import json
-from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.artifacts import StageDir
 from pipeline.config import Section
+from pipeline.manifest import Manifest
 from pipeline.stage import GlobalStage, StageContext
-from stages import plots, report_render, summaries
-from stages.judging import JUDGE_ROLE
-from stages.metrics import segmentation as smetrics
-from stages.metrics import significance
-from stages.method_stage import memory_stage_name, respond_stage_name
-from stages.report_render import Section as ReportSection
-from stages.respond import RESPONSES
+from stages.report import plots, render, tables
+from stages.judging.base import JUDGE_ROLE
+from stages.method_stages import memory_stage_name, respond_stage_name
+from stages.method_stages.respond import RESPONSES
+from stages.methods.base import Method, ReportPanel
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -38,15 +35,10 @@ def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
     return pl.from_arrow(inputs[key]) if key in inputs else pl.DataFrame()  # type: ignore[return-value]
 
 
-def stage_usage(run_dir: Path, stages: list[str]) -> dict[str, float]:
+def stage_usage(manifests: dict[str, Manifest], stages: list[str]) -> dict[str, float]:
     """LLM usage summed over the roles of the given stages' manifests."""
-    total: dict[str, float] = {k: 0 for k in _USAGE_KEYS}
-    for s in stages:
-        manifest = StageDir(run_dir, s).manifest() or {}
-        for usage in (manifest.get("llm_usage") or {}).values():
-            for k in _USAGE_KEYS:
-                total[k] += usage.get(k, 0) or 0
-    return total
+    totals = [manifests[s].usage_total() for s in stages if s in manifests]
+    return {k: sum(t.get(k, 0) or 0 for t in totals) for k in _USAGE_KEYS}
 
 
 def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame, metrics: pl.DataFrame,
@@ -95,31 +87,25 @@ class ReportStage(GlobalStage):
     name = section = "report"
     settings = ReportSettings
     roles = ()
-    code = (smetrics, summaries, plots, report_render, significance)
-    outputs = {
-        "segmentation_summary": summaries.SEGMENTATION_SUMMARY,
-        "retrieval_summary": summaries.RETRIEVAL_SUMMARY,
-        "method_summary": summaries.METHOD_SUMMARY,
-        "pairwise_summary": summaries.PAIRWISE_SUMMARY,
-        "answer_summary": summaries.ANSWER_SUMMARY,
-        "memory_summary": summaries.MEMORY_SUMMARY,
-        "metric_summary": summaries.METRIC_SUMMARY,
-        "evolution_summary": summaries.EVOLUTION_SUMMARY,
-        "teafarm_summary": summaries.TEAFARM_SUMMARY,
-    }
 
-    def __init__(self, methods: tuple[str, ...] = (), memory_methods: tuple[str, ...] = (),
+    def __init__(self, methods: Sequence[Method] = (),
                  scoring: tuple[str, ...] = ("probes", "score", "response_metrics", "judge_pairwise",
                                              "judge_answers", "judge_memory")) -> None:
-        self.methods = methods
-        self.memory_methods = memory_methods
-        self.inputs = (*scoring, *(respond_stage_name(m) for m in methods),
-                       *(memory_stage_name(m) for m in memory_methods))
+        self.method_objects = tuple(methods)
+        self.methods = tuple(m.name for m in methods)
+        self.memory_methods = tuple(m.name for m in methods if m.has_memory_stage)
+        self.inputs = (*scoring, *(respond_stage_name(m) for m in self.methods),
+                       *(memory_stage_name(m) for m in self.memory_methods))
+        # The report's own tables, then the tables of the methods' panels (CREEM's label shares).
+        self.outputs = {**tables.SUMMARY_TABLES, **dict(m.report_table for m in methods if m.report_table)}
+
+    def code_roots(self) -> tuple[str, ...]:
+        """The report's modules and the methods' (whose `report_panel` draws part of it)."""
+        return (type(self).__module__, *sorted({type(m).__module__ for m in self.method_objects}))
 
     def usage(self, ctx: StageContext) -> dict[str, dict[str, float]]:
-        run_dir = next(iter(ctx.upstream_dirs.values())).parent
-        return {m: stage_usage(run_dir, [respond_stage_name(m)] + ([memory_stage_name(m)] if m in self.memory_methods
-                                                                   else [])) for m in self.methods}
+        return {m: stage_usage(ctx.upstream_manifests, [respond_stage_name(m), memory_stage_name(m)])
+                for m in self.methods}
 
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         settings: ReportSettings = ctx.section
@@ -128,51 +114,42 @@ class ReportStage(GlobalStage):
         answers_raw = _frame(inputs, "judge_answers.answer_judgments")
         metrics_raw = _frame(inputs, "response_metrics.response_metrics")
         memory_raw = _frame(inputs, "judge_memory.memory_judgments")
-        tables = {
-            "segmentation_summary": summaries.segmentation_summary(_frame(inputs, "score.segmentation_scores")),
-            "retrieval_summary": summaries.retrieval_summary(_frame(inputs, "score.retrieval_scores")),
-            "pairwise_summary": summaries.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
-            "answer_summary": summaries.answer_summary(answers_raw),
-            "teafarm_summary": summaries.teafarm_summary(answers_raw),
-            "memory_summary": summaries.memory_summary(memory_raw),
-            "metric_summary": summaries.metric_summary(metrics_raw),
-            "evolution_summary": summaries.evolution_summary(
-                {m: _frame(inputs, f"{memory_stage_name(m)}.evolution") for m in self.memory_methods}),
-            "method_summary": summaries.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
+        summaries = {
+            "segmentation_summary": tables.segmentation_summary(_frame(inputs, "score.segmentation_scores")),
+            "retrieval_summary": tables.retrieval_summary(_frame(inputs, "score.retrieval_scores")),
+            "pairwise_summary": tables.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
+            "answer_summary": tables.answer_summary(answers_raw),
+            "teafarm_summary": tables.teafarm_summary(answers_raw),
+            "memory_summary": tables.memory_summary(memory_raw),
+            "metric_summary": tables.metric_summary(metrics_raw),
+            "method_summary": tables.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
                                                        memory_raw),
         }
-        graph = self.memory_graph(inputs, ctx.out_dir)
-        self.write_report(ctx, settings, tables, graph, probe_rows(
+        panels = self.method_panels(inputs, responses)
+        for name, schema in self.outputs.items():
+            if name not in summaries:  # a panel's table: the rows of every method that shows one
+                summaries[name] = pl.from_arrow(pa.Table.from_pylist(
+                    [r for m, p in panels if m.report_table and m.report_table[0] == name for r in p.rows], schema))
+        self.write_report(ctx, settings, summaries, panels, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
             settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
             teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars))
-        return {name: summaries.to_arrow(df, self.outputs[name]) for name, df in tables.items()}
+        return {name: tables.to_arrow(df, self.outputs[name]) for name, df in summaries.items()}
 
-    def memory_graph(self, inputs: dict[str, pa.Table], out: Path) -> tuple[str, str] | None:
-        """Draw one episode's memory graph of the first method whose memory is a graph (tables
-        `memories` and `edges`, as Theanine's), with the longest timeline one of its responses used."""
-        for m in self.memory_methods:
-            nodes_key, edges_key = f"{memory_stage_name(m)}.memories", f"{memory_stage_name(m)}.edges"
-            if nodes_key not in inputs or edges_key not in inputs or not inputs[edges_key].num_rows:
-                continue
-            edges = inputs[edges_key].to_pylist()
-            episode = Counter(e["episode_id"] for e in edges).most_common(1)[0][0]
-            nodes = [n for n in inputs[nodes_key].select(["episode_id", "memory_id", "session_idx", "memory_idx",
-                                                          "event"]).to_pylist() if n["episode_id"] == episode]
-            highlight: list[str] = []
-            for r in inputs[f"{respond_stage_name(m)}.responses"].to_pylist():
-                if r["episode_id"] == episode and r["details_json"]:
-                    for timeline in json.loads(r["details_json"]).get("timelines") or []:
-                        highlight = timeline if len(timeline) > len(highlight) else highlight
-            name = f"memory_graph_{m}.png"
-            out.mkdir(parents=True, exist_ok=True)
-            title = f"{m}: memory graph of episode {episode} (red: a timeline a response retrieved)"
-            if plots.memory_graph(nodes, [e for e in edges if e["episode_id"] == episode], highlight, out / name, title):
-                return name, title
-        return None
+    def method_panels(self, inputs: dict[str, pa.Table], responses: pl.DataFrame
+                      ) -> list[tuple[Method, ReportPanel]]:
+        """Each method's own report section, from its memory tables and responses (`Method.report_panel`)."""
+        panels = []
+        for m in self.method_objects:
+            memory = {t: inputs[f"{memory_stage_name(m.name)}.{t}"].to_pylist() for t in m.memory
+                      if f"{memory_stage_name(m.name)}.{t}" in inputs}
+            panel = m.report_panel(memory, responses.filter(pl.col("method") == m.name).to_dicts())
+            if panel is not None:
+                panels.append((m, panel))
+        return panels
 
     def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
-                     graph: tuple[str, str] | None, probes: pl.DataFrame, implementations: pl.DataFrame,
+                     panels: list[tuple[Method, ReportPanel]], probes: pl.DataFrame, implementations: pl.DataFrame,
                      teabag: pl.DataFrame) -> None:
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
@@ -197,32 +174,28 @@ class ReportStage(GlobalStage):
             return [(name, alt)] if figures[name] else []
 
         sections = [
-            ReportSection("Methods: cost beside quality",
+            render.Section("Methods: cost beside quality",
                           "LLM calls and tokens of each method's memory and respond stages (cached calls "
                           "included), memory tokens in the context, response length, and its scores.",
                           [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
-            ReportSection("Head-to-head (G-Eval)", _pairwise_intro(t["pairwise_summary"]),
+            render.Section("Head-to-head (G-Eval)", _pairwise_intro(t["pairwise_summary"]),
                           [("", t["pairwise_summary"])], fig("win_rates.png", "win rates")),
-            ReportSection("Answers judged against the reference",
+            render.Section("Answers judged against the reference",
                           "gpt4score: 0-100; strict / lenient: share judged correct; teafarm: TeaFarm "
                           "correctness. " + judges_differ, [("", answers)]),
-            *([ReportSection("TeaFarm (counterfactual questions)",
+            *([render.Section("TeaFarm (counterfactual questions)",
                              "Each question treats an outdated or false thing as true; a method is correct when its "
                              "answer does not go along with it (Theanine Table 3: correct / total). `all` pools "
                              "every dataset.", [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
                              fig("teafarm.png", "TeaFarm correct / total"))]
               if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),
-            ReportSection("Reference metrics", "Means per dataset, probe kind and category (empty = all).",
+            render.Section("Reference metrics", "Means per dataset, probe kind and category (empty = all).",
                           [("", t["metric_summary"]), ("Implementations", implementations)]),
-            ReportSection("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
+            render.Section("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
                           fig("memory_quality.png", "memory quality")),
-            *([ReportSection("Memory graph", "Memories as nodes by session; edges point from the older memory "
-                             "to the newer and carry their relation.", [], [graph])] if graph else []),
-            *([ReportSection("Memory evolution", "Share of each insight label of a self-refining memory "
-                             "(CREEM: New, Redundant, Updated; first-session insights are Blended).",
-                             [("", t["evolution_summary"])])] if not t["evolution_summary"].is_empty() else []),
-            ReportSection("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
-            ReportSection("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],
+            *(self.panel_section(m, p, out) for m, p in panels),
+            render.Section("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
+            render.Section("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],
                           fig("retrieval_recall.png", "evidence recall by k")),
         ]
         roles = {r: cfg.role(r).model for r in sorted(set(cfg.roles) | {JUDGE_ROLE, "generator"})}
@@ -230,8 +203,17 @@ class ReportStage(GlobalStage):
         header = [f"Methods: {', '.join(self.methods)}; corpus {corpora}.",
                   "Models by role: " + ", ".join(f"{r} = {m}" for r, m in roles.items()) + "."]
         title = f"Run {cfg.run_name}"
-        (out / REPORT_MD).write_text(report_render.render_markdown(title, header, sections, probes))
-        (out / REPORT_HTML).write_text(report_render.render_html(title, header, sections, probes))
+        (out / REPORT_MD).write_text(render.render_markdown(title, header, sections, probes))
+        (out / REPORT_HTML).write_text(render.render_html(title, header, sections, probes))
+
+    @staticmethod
+    def panel_section(method: Method, panel: ReportPanel, out: Path) -> render.Section:
+        """A method's panel as a report section: its rows as a table, its figure drawn beside."""
+        figure = f"panel_{method.name}.png"
+        drawn = panel.figure is not None and panel.figure(out / figure)
+        rows = [("", pl.DataFrame(panel.rows))] if panel.rows else []
+        return render.Section(f"{panel.title} ({method.name})", panel.text, rows,
+                              [(figure, panel.caption or panel.title)] if drawn else [])
 
     @staticmethod
     def strict_vs_lenient(answers: pl.DataFrame) -> str:

@@ -1,13 +1,13 @@
-"""What the per-method stages (`memory_<method>`, `respond_<method>`) share: one method, its
-settings under `method.<name>`, its LLM role, and its module's source in the fingerprint."""
+"""The per-method stages: `memory_<method>` (`memory.py`) builds a method's memory session by
+session, `respond_<method>` (`respond.py`) answers every probe from it. What they share: one
+method, its settings under `method.<name>`, its LLM role, and its module (with everything that
+module imports) in the fingerprint."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from pipeline.stage import EpisodeStage
-from stages.methods import base
 from stages.methods.base import Method
 
 
@@ -26,8 +26,10 @@ class MethodStage(EpisodeStage):
         self.inputs = inputs
         self.roles = (role,)
         self.uses_embedder = method.uses_embedder
-        self.code = (base, sys.modules[type(method).__module__], *method.code)
         self.prompts = dict(method.prompts)
+
+    def code_roots(self) -> tuple[str, ...]:
+        return (type(self).__module__, type(self.method).__module__)
 
     def settings_of(self, cfg: Any) -> Any:
         return getattr(cfg.method, self.method.name)

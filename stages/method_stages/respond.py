@@ -8,12 +8,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.llm.types import LLMError
-from pipeline.retrieval import count_tokens
+from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.stage import Rows, StageContext
-from stages.common import failure_reason, sessions_of
-from stages.method_stage import MethodStage, memory_stage_name, respond_stage_name
-from stages.methods.base import EpisodeInput, Method, ProbeInput, visible_memory
+from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
+from stages.methods.base import Method, ProbeInput, visible_memory
+from stages.methods.dialogue import sessions_of
 
 RESPONSES = pa.schema(
     [
@@ -28,20 +27,9 @@ RESPONSES = pa.schema(
         pa.field("memory_after_session", pa.int32()),  # the memory seen was built up to this session; null: none
         pa.field("details_json", pa.string()),  # method-specific record, e.g. timelines
         pa.field("model", pa.string()),
-        pa.field("error", pa.string()),
+        *FAILURE_FIELDS,
     ]
 )
-
-# The method's memory of the whole episode as text: what the memory-quality judge rates.
-MEMORY_VIEW = pa.schema(
-    [
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("method", pa.string(), nullable=False),
-        pa.field("memory", pa.string(), nullable=False),
-        pa.field("memory_tokens", pa.int32()),
-    ]
-)
-
 
 def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[int, Rows],
                 upstream: dict[str, Rows], embed: Any) -> ProbeInput:
@@ -68,10 +56,10 @@ def memory_point(probe: dict[str, Any]) -> tuple[int, int | None]:
 
 
 class RespondStage(MethodStage):
-    outputs = {"responses": RESPONSES, "memory_view": MEMORY_VIEW}
+    outputs = {"responses": RESPONSES}
 
     def __init__(self, method: Method) -> None:
-        self.memory_stage = memory_stage_name(method.name) if method.memory else None
+        self.memory_stage = memory_stage_name(method.name) if method.memory else None  # its tables, if any
         inputs = ("ingest", "probes", *method.needs, *([self.memory_stage] if self.memory_stage else []))
         super().__init__(method, respond_stage_name(method.name), inputs, method.answer_role)
 
@@ -87,26 +75,15 @@ class RespondStage(MethodStage):
             seen = {t: visible_memory(rows, *memory_point(probe), self.method.memory_kind) for t, rows in memory.items()}
             built = [r["snapshot_session"] for rows in seen.values() for r in rows]
             row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": self.method.name,
-                   "memory_after_session": max(built, default=None)}
-            try:
-                ans = await self.method.answer(ctx.llm, probe_input(probe, episode, sessions, upstream, embed),
-                                               seen, settings)
-            except LLMError as e:  # one failed probe is a row with a reason, never a dead stage
-                return {**row, "model": ctx.llm.cfg.model, "error": failure_reason(e)}
-            return {**row, "response": ans.text, "rationale": ans.rationale, "memory_ids": ans.used_ids,
+                   "memory_after_session": max(built, default=None), "model": ctx.llm.cfg.model}
+            return await row_or_failure(row, answered(probe, seen))
+
+        async def answered(probe: dict[str, Any], seen: dict[str, Rows]) -> dict[str, Any]:
+            ans = await self.method.answer(ctx.llm, probe_input(probe, episode, sessions, upstream, embed), seen,
+                                           settings)
+            return {"response": ans.text, "rationale": ans.rationale, "memory_ids": ans.used_ids,
                     "context_tokens": ans.context_tokens, "context_turns": ans.context_turns,
                     "details_json": json.dumps(ans.details) if ans.details is not None else None,
-                    "model": ans.model or ctx.llm.cfg.model, "error": None}
+                    "model": ans.model or ctx.llm.cfg.model}
 
-        responses = list(await asyncio.gather(*(one(p) for p in inputs["probes.probes"])))
-        return {"responses": responses, "memory_view": self.memory_view(episode, sessions, upstream, memory)}
-
-    def memory_view(self, episode: dict[str, Any], sessions: dict[int, Rows], upstream: dict[str, Rows],
-                    memory: dict[str, Rows]) -> Rows:
-        after_last = max(sessions, default=0) + 1
-        final = {t: visible_memory(rows, after_last, None, self.method.memory_kind) for t, rows in memory.items()}
-        text = self.method.memory_view(EpisodeInput(episode=episode, sessions=sessions, upstream=upstream), final)
-        if not text:
-            return []
-        return [{"episode_id": episode["episode_id"], "method": self.method.name, "memory": text,
-                 "memory_tokens": count_tokens(text)}]
+        return {"responses": list(await asyncio.gather(*(one(p) for p in inputs["probes.probes"])))}

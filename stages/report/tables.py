@@ -137,16 +137,17 @@ METRIC_SUMMARY = pa.schema(
 )
 
 
-# How a self-refining memory evolved (CREEM's Table 5): the share of each insight label.
-EVOLUTION_SUMMARY = pa.schema(
-    [
-        pa.field("dataset", pa.string()),
-        pa.field("method", pa.string()),
-        pa.field("label", pa.string()),
-        pa.field("insights", pa.int64()),
-        pa.field("share", pa.float64()),
-    ]
-)
+# Every table the report writes, whatever the run's methods (methods' panels add their own).
+SUMMARY_TABLES = {
+    "segmentation_summary": SEGMENTATION_SUMMARY,
+    "retrieval_summary": RETRIEVAL_SUMMARY,
+    "method_summary": METHOD_SUMMARY,
+    "pairwise_summary": PAIRWISE_SUMMARY,
+    "answer_summary": ANSWER_SUMMARY,
+    "memory_summary": MEMORY_SUMMARY,
+    "metric_summary": METRIC_SUMMARY,
+    "teafarm_summary": TEAFARM_SUMMARY,
+}
 
 
 def empty(schema: pa.Schema) -> pl.DataFrame:
@@ -304,14 +305,3 @@ def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], 
         if f.name not in out.columns:
             out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(f.name))
     return out.sort("method")
-
-
-def evolution_summary(logs: dict[str, pl.DataFrame]) -> pl.DataFrame:
-    """Share of each insight label per method and dataset, from `evolution` logs (method -> log)."""
-    parts = [log.filter(pl.col("label").is_not_null()).select("dataset", "label").with_columns(
-        pl.lit(m).alias("method")) for m, log in logs.items() if not log.is_empty()]
-    if not parts:
-        return empty(EVOLUTION_SUMMARY)
-    counts = pl.concat(parts).group_by(["dataset", "method", "label"]).agg(pl.len().alias("insights"))
-    return counts.with_columns((pl.col("insights") / pl.col("insights").sum().over(["dataset", "method"]))
-                               .alias("share")).sort(["dataset", "method", "label"])

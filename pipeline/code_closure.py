@@ -1,0 +1,133 @@
+"""The project code a stage runs, found from its imports: what enters its fingerprint as source.
+
+A stage's fingerprint must change when any code that shapes its rows changes, including helpers
+several modules deep. A list written by hand goes stale and then hides an edit, so the modules are
+read off the code: the stage's module (and its method's), then every project module they import,
+transitively, walking each module's AST. Project modules are those of the root's own top-level
+package (`stages`, or `tests` for the test suite's toy stages) and of `pipeline`.
+
+Framework modules of `pipeline` that run a stage without deciding its rows (the runner, artifacts,
+config, the LLM transport and cache) are left out and not walked: editing the retry loop must not
+invalidate every stage. A new `pipeline` module enters by default, the safe side.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from functools import lru_cache
+
+from pipeline.hashing import sha256
+
+FRAMEWORK = "pipeline"
+# Modules that run stages but do not shape what they write (their effects enter elsewhere: the
+# LLM's identity through the role's answer identity, settings through the config section).
+RUNS_NOT_SHAPES = frozenset({
+    "pipeline", "pipeline.artifacts", "pipeline.cli", "pipeline.cluster", "pipeline.code_closure",
+    "pipeline.config", "pipeline.errors", "pipeline.executors", "pipeline.export", "pipeline.fingerprint",
+    "pipeline.hashing", "pipeline.manifest", "pipeline.runner", "pipeline.shard", "pipeline.stage",
+    "pipeline.llm", "pipeline.llm.cache", "pipeline.llm.client", "pipeline.llm.identity",
+    "pipeline.llm.local_server", "pipeline.llm.ratelimit", "pipeline.llm.shared", "pipeline.llm.types",
+    "pipeline.llm.usage",
+})
+
+
+def read_source(module: str) -> str:
+    """The source text of a module (a package's `__init__.py`)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise ImportError(f"no Python source for module {module!r}")
+    with open(spec.origin, encoding="utf-8") as f:
+        return f.read()
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent that is not a package, e.g. `pkg.module.attr`
+        return False
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Modules a module imports at run time (at top level or inside functions; not the imports
+    under `if TYPE_CHECKING:`, which never run). `from pkg import name` names the submodule
+    `pkg.name` when there is one, else `pkg` itself (parent packages are not counted: importing
+    `stages.methods.creem` runs `stages/__init__.py`, whose code does not shape CREEM's rows)."""
+    found: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    projects = {module.partition(".")[0], FRAMEWORK}
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            if base.partition(".")[0] not in projects:  # a library: only its name matters here
+                found.add(base)
+                return
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if alias.name != "*" and _is_module(sub) else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+@lru_cache(maxsize=None)
+def imports_of(module: str) -> frozenset[str]:
+    spec = importlib.util.find_spec(module)
+    is_package = bool(spec and spec.submodule_search_locations)
+    return frozenset(_imported(ast.parse(read_source(module)), module, is_package))
+
+
+def in_scope(module: str, project: str) -> bool:
+    top = module.partition(".")[0]
+    if top == FRAMEWORK:
+        return module not in RUNS_NOT_SHAPES
+    return top == project
+
+
+def code_closure(*roots: str) -> list[str]:
+    """The roots and every project module they import, transitively, sorted by name."""
+    seen: set[str] = set()
+    for root in roots:
+        project = root.partition(".")[0]
+        todo = [root]
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            todo += [m for m in imports_of(module) if m not in seen and in_scope(m, project)]
+    return sorted(seen)
+
+
+@lru_cache(maxsize=None)
+def source_hash(module: str) -> str:
+    return sha256(read_source(module))
+
+
+def code_hashes(*roots: str) -> dict[str, str]:
+    """Module name -> hash of its source, over `code_closure(*roots)`: a stage's "code"."""
+    return {m: source_hash(m) for m in code_closure(*roots)}
+
+
+def forget() -> None:
+    """Drop parsed imports and source hashes (after source files changed within one process)."""
+    imports_of.cache_clear()
+    source_hash.cache_clear()

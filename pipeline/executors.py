@@ -1,0 +1,199 @@
+"""Where a stage's shards run: in this process, or as Ray tasks on a local Ray or a cluster.
+
+The runner picks one executor from `ray.executor` when it starts (`make_executor`) and never tests
+the string again, as datatrove splits LocalPipelineExecutor from RayPipelineExecutor. Both have one
+shape: `session()` holds the backend for the run, `llm_handles(roles)` what the shards' LLM
+clients share per role, and `run_shards(...)` runs a stage's pending shards and yields each one's
+marker stats (with `shard_idx`) as it finishes; shards that fail do so after the others finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import sys
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline.artifacts import StageDir
+from pipeline.config import RunConfig
+from pipeline.errors import InputError, PipelineError
+from pipeline.shard import ShardTask, run_shard
+from pipeline.stage import Stage
+
+
+class Executor(ABC):
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def session(self) -> AbstractContextManager[None]:
+        """The backend, started for one run and stopped after it."""
+
+    @abstractmethod
+    def llm_handles(self, roles: list[str]) -> AbstractContextManager[dict[str, Any]]:
+        """Per LLM role, the cache and rate limiter every shard's client shares ({}: each client
+        keeps its own); released when the run ends."""
+
+    @abstractmethod
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Run `tasks` and yield each one's stats with its `shard_idx`, in the order they finish."""
+
+
+class InlineExecutor(Executor):
+    """`ray.executor: inline`: shards one after another in this process, without Ray (debugging,
+    profiling, a single sequential worker)."""
+
+    def session(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def llm_handles(self, roles: list[str]) -> AbstractContextManager[dict[str, Any]]:
+        return contextlib.nullcontext({})  # one process: the clients' own cache and limiter
+
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        for t in tasks:
+            yield {**run_shard(t, self.cfg, handles), "shard_idx": t.shard_idx}
+
+
+class RayExecutor(Executor):
+    """`ray.executor: ray`: one Ray task per shard; a shard whose worker or node is lost runs again."""
+
+    def session(self) -> AbstractContextManager[None]:
+        return ray_session(self.cfg)
+
+    @contextlib.contextmanager
+    def llm_handles(self, roles: list[str]) -> Iterator[dict[str, Any]]:
+        if not roles:
+            yield {}
+            return
+        import ray
+
+        from pipeline.llm.shared import SharedLLMHandles
+
+        job = ray.get_runtime_context().get_job_id()
+        with contextlib.ExitStack() as stack:
+            handles: dict[str, Any] = {}
+            for role in roles:
+                handles[role] = SharedLLMHandles.get_or_create(self.cfg.role(role), job)
+                # The actors hold the cache file open; two roles may share them (close is idempotent).
+                stack.callback(handles[role].close)
+            yield handles
+
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        if not tasks:
+            return
+        import ray
+
+        from pipeline.cluster import require_visible
+
+        cpus = self.cfg.ray.llm_task_cpus if stage.roles else self.cfg.ray.task_cpus
+        retries = self.cfg.ray.max_task_retries
+        # A shard whose worker or node dies is run again elsewhere: parts and markers are written
+        # atomically and finished LLM calls come from the cache. Exceptions are never retried.
+        remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=retries, retry_exceptions=False)
+        refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
+        here = ray.get_runtime_context().get_node_id()
+        sd = StageDir(self.cfg.run_dir, stage.name)
+        failures: list[BaseException] = []
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            task = refs.pop(ready[0])
+            try:
+                stats = ray.get(ready[0])
+            except Exception as e:  # finish the other shards so a rerun resumes from them
+                failures.append(task_error(e, retries))
+                continue
+            node = stats.get("node")
+            if node and node != here:  # written on another node's view of artifacts_dir
+                require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
+            yield {**stats, "shard_idx": task.shard_idx}
+        if failures:
+            first = failures[0]
+            if isinstance(first, InputError):
+                raise first  # already names file, record and field: the whole story for the user
+            raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {_explain(first)}")
+
+
+def make_executor(cfg: RunConfig) -> Executor:
+    """The executor `ray.executor` names."""
+    return {"inline": InlineExecutor, "ray": RayExecutor}[cfg.ray.executor](cfg)
+
+
+def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
+    """One shard in a Ray task; its stats also name the node it ran on. (Ray lists the task under
+    this function's name; bench/cluster.py looks for it.)"""
+    import ray
+
+    stats = run_shard(task, cfg, handles)
+    stats["node"] = ray.get_runtime_context().get_node_id()
+    return stats
+
+
+def task_error(e: BaseException, retries: int = 0) -> BaseException:
+    """The exception the task raised, unwrapped from Ray's RayTaskError; a lost worker or node (after
+    `retries` reruns) becomes a PipelineError saying so."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException):
+        return cause
+    ray = sys.modules.get("ray")
+    if ray is not None and isinstance(e, ray.exceptions.RayError) and not isinstance(e, ray.exceptions.RayTaskError):
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        return PipelineError(f"a shard's worker process or node was lost {retries + 1} time(s) "
+                             f"(ray.max_task_retries={retries}): {type(e).__name__}: {first_line}; finished "
+                             "shards are kept and a rerun resumes")
+    return e
+
+
+def _explain(e: BaseException) -> str:
+    return str(e) if isinstance(e, PipelineError) else f"{type(e).__name__}: {e}"
+
+
+# Model-loading progress bars from every worker drown the stage progress bars.
+QUIET_WORKERS = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@contextlib.contextmanager
+def ray_session(cfg: RunConfig) -> Iterator[None]:
+    """Ray for one run: the cluster at ray.address / $RAY_ADDRESS (what `ray job submit` sets for
+    its driver), else a new local instance; then the cluster path checks (pipeline.cluster)."""
+    import ray
+
+    from pipeline.cluster import check_cluster_paths
+
+    if ray.is_initialized():
+        check_cluster_paths(cfg)
+        yield
+        return
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
+    if address:
+        kwargs["address"] = address
+    else:
+        # "local" always starts a new instance: without it ray.init() would attach to whatever
+        # cluster `ray start` last left running on this machine.
+        kwargs["address"] = "local"
+        kwargs["num_cpus"] = cfg.ray.num_cpus
+        # Ray keeps idle workers only up to one per CPU and stops the rest after a second; an LLM
+        # stage with fractional-CPU tasks would start them again (imports: seconds each) every time.
+        cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+        kwargs["_system_config"] = {
+            "num_workers_soft_limit": math.ceil(cpus / min(cfg.ray.task_cpus, cfg.ray.llm_task_cpus))}
+        # Workers must import this checkout (also when not pip-installed).
+        paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS}
+        kwargs["runtime_env"] = {"env_vars": env}
+    ray.init(**kwargs)
+    try:
+        check_cluster_paths(cfg)
+        yield
+    finally:
+        ray.shutdown()

@@ -1,0 +1,38 @@
+"""How every method (and every judge) sees a conversation: turns grouped by session, "Speaker:
+text" lines, memory units in time order. One definition, so an edit here re-fingerprints every
+method whose prompts show dialogue."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from pipeline.stage import Rows
+
+
+def sessions_of(turns: Rows) -> dict[int, Rows]:
+    """Turns grouped by session, each session in turn order, sessions in order."""
+    by_session: dict[int, Rows] = defaultdict(list)
+    for t in turns:
+        by_session[t["session_idx"]].append(t)
+    return {s: sorted(ts, key=lambda t: t["turn_idx"]) for s, ts in sorted(by_session.items())}
+
+
+def format_unit(turns: Sequence[dict]) -> str:
+    """Turns as "Speaker: text" lines: the text of a memory unit (a turn, a segment or a session),
+    of a dialogue shown in a prompt, of a transcript shown to a judge."""
+    return "\n".join(f"{t['speaker']}: {t['text']}" for t in turns)
+
+
+def last_turns(turns: Sequence[dict], limit: int | None) -> list[dict]:
+    """The last `limit` turns (all when None, none when 0)."""
+    return list(turns) if limit is None else list(turns[-limit:]) if limit else []
+
+
+def unit_id(granularity: str, session_idx: int, turn_start: int) -> str:
+    return f"{granularity}:{session_idx}:{turn_start}"
+
+
+def in_time_order(units: Sequence[dict]) -> list[dict]:
+    """Units by session, then first turn: the order they enter a context (SeCom Sec. 2.1)."""
+    return sorted(units, key=lambda u: (int(u["session_idx"]), int(u.get("turn_start") or 0)))
