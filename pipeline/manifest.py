@@ -102,13 +102,5 @@ class Manifest:
             return None
         return {eid: part for part, eids in self.parts.items() for eid in eids}
 
-    # Transitional, for stage code not yet moved to attributes: key access reads the JSON form.
-    # pipeline/ reads attributes only.
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_json().get(key, default)
-
 
 _JSON_FIELDS = frozenset(f.name for f in fields(Manifest)) - {"stats"}

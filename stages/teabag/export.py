@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from pipeline.artifacts import StageDir, atomic_write_bytes, atomic_write_parquet
 from pipeline.errors import PipelineError
+from pipeline.manifest import Manifest
 
 FIELDS = {
     "episodes": "the source episodes, cut to their past sessions (`n_sessions` = N)",
@@ -56,7 +57,7 @@ def teabag_tables(ingest: StageDir, teabag: StageDir) -> dict[str, pa.Table]:
     }
 
 
-def dataset_card(tables: dict[str, pa.Table], manifest: dict[str, Any], settings: Any) -> str:
+def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, settings: Any) -> str:
     q = tables["questions"]
     models = sorted({m for m in q["model"].to_pylist() if m})
     fingerprints = sorted(set(q["prompt_fingerprint"].to_pylist()))
@@ -87,7 +88,7 @@ def dataset_card(tables: dict[str, pa.Table], manifest: dict[str, Any], settings
         f"- generator model(s): {', '.join(models) or 'none'}",
         f"- prompt fingerprint(s): {', '.join(fingerprints) or 'none'}",
         f"- seed(s): {', '.join(map(str, seeds)) or 'none'}",
-        f"- stage fingerprint: `{manifest['fingerprint']}` (mempipe {manifest.get('code_version')})", "",
+        f"- stage fingerprint: `{manifest.fingerprint}` (mempipe {manifest.code_version})", "",
         "## Tables", "",
     ]
     for name, table in tables.items():
