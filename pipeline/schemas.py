@@ -46,6 +46,7 @@ QA = pa.schema(
         pa.field("answer", pa.string()),
         pa.field("evidence", pa.list_(pa.string())),  # source_turn_ids
         pa.field("category", pa.string()),
+        pa.field("adversarial_answer", pa.string()),  # LoCoMo category 5's tempting wrong answer
         pa.field("source", pa.string(), nullable=False),  # "dataset" | "teabag"
     ]
 )

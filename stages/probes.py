@@ -5,7 +5,8 @@
 - qa: each dataset question, asked after the full history (LoCoMo, Long-MT-Bench+);
 - teafarm: each TeaBag question (with `teabag.enabled`), asked at the end of its generated session
   N+1, which the probe carries as `context` since the corpus does not hold it; the speaker who did
-  not ask answers, from the memory of sessions 1..N.
+  not ask answers, from the memory of sessions 1..N. Its `false_premise` (what the question wrongly
+  takes for granted) goes to the judge, so "does not go along with it" can be decided.
 Sampling is seeded per episode, so the same config always yields the same probes.
 """
 
@@ -46,6 +47,7 @@ PROBES = pa.schema(
         pa.field("category", pa.string()),
         # the probe's session up to the turn to produce, when the corpus does not hold it (TeaFarm)
         pa.field("context", pa.list_(pa.struct([pa.field("speaker", pa.string()), pa.field("text", pa.string())]))),
+        pa.field("false_premise", pa.string()),  # TeaFarm: what the question wrongly assumes; null otherwise
     ]
 )
 
@@ -92,7 +94,8 @@ def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
 
 
 def teafarm_probes(questions: Rows, sessions: Rows) -> Rows:
-    """One probe per usable TeaBag question: its session N+1 (ending with the question) as context."""
+    """One probe per usable TeaBag question: its session N+1 (ending with the question) as context and
+    the question's false premise for the judge."""
     probes = []
     for q in questions:
         if q["error"] is not None:
@@ -104,6 +107,7 @@ def teafarm_probes(questions: Rows, sessions: Rows) -> Rows:
             "request": q["question"], "gold": q["answer"], "qa_id": q["question_id"],
             "evidence": [f"session {s}" for s in q["evidence_sessions"] or []],
             "context": [{"speaker": t["speaker"], "text": t["text"]} for t in turns],
+            "false_premise": q["false_premise"],
         })
     return probes
 

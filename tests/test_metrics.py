@@ -100,8 +100,8 @@ def test_precision_recall_f1_exact_match() -> None:
     # Nothing to find and nothing found: 0, as scikit-learn's f1_score (zero_division=0) gives.
     assert precision_recall_f1([True, False], [True, False]) == (0.0, 0.0, 0.0)
     assert precision_recall_f1([True, True], [True, False]) == (0.0, 0.0, 0.0)
-    # In SuperDialseg's labels the last utterance always ends a segment.
-    assert precision_recall_f1([True, False], [True, False], "superdialseg") == (1.0, 1.0, 1.0)
+    # SuperDialseg zeroes the final label on both sides: one segment on each side finds nothing, 0.0.
+    assert precision_recall_f1([True, False], [True, False], "superdialseg") == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("convention", ["slots", "superdialseg"])
@@ -121,25 +121,108 @@ def test_f1_agrees_with_scikit_learn_in_both_conventions(convention: str) -> Non
         assert f1 == pytest.approx(f1_score(r, h, zero_division=0))
 
 
-def test_superdialseg_convention_agrees_with_nltk_on_labels_and_its_window() -> None:
+def test_superdialseg_labels_end_segments_and_the_final_label_is_always_zero() -> None:
     from stages.metrics.segmentation import superdialseg_k, superdialseg_labels
 
-    assert superdialseg_labels([True, False, True, False, False]) == [0, 1, 0, 0, 1]
-    # n = 10 labels, 2 segments: round(10 / 2 / 2) = round(2.5) = 2 (Python rounds half to even)
+    assert superdialseg_labels([True, False, True, False, False]) == [0, 1, 0, 0, 0]
+    assert superdialseg_labels([True, False, False, True]) == [0, 0, 1, 0]
+    assert superdialseg_labels([True, True, True]) == [1, 1, 0]  # three one-turn segments
+    assert to_nltk([True, False, True, False], "superdialseg") == "0100"
+    # k = max(2, round(n / (boundaries + 1) / 2)); Python's round: 10 / 2 / 2 = 2.5 -> 2
     assert superdialseg_k(lengths_to_boundaries([5, 5])) == 2
-    assert superdialseg_k(lengths_to_boundaries([14])) == 7 and superdialseg_k(lengths_to_boundaries([1, 1])) == 2
-    rng = random.Random(99)
-    checked = 0
-    for _ in range(600):
-        n = rng.randint(2, 90)
-        ref, hyp = _random_boundaries(rng, n), _random_boundaries(rng, n)
-        k = min(superdialseg_k(ref), n)
-        r_s, h_s = to_nltk(ref, "superdialseg"), to_nltk(hyp, "superdialseg")
-        assert len(r_s) == n
-        assert pk(ref, hyp, convention="superdialseg") == pytest.approx(nltk_pk(r_s, h_s, k))
-        assert window_diff(ref, hyp, convention="superdialseg") == pytest.approx(nltk_windowdiff(r_s, h_s, k))
-        checked += 1
-    assert checked == 600
+    assert superdialseg_k(lengths_to_boundaries([14])) == 7  # 14 / 1 / 2
+    assert superdialseg_k(lengths_to_boundaries([6, 6, 6])) == 3  # 18 / 3 / 2
+    assert superdialseg_k(lengths_to_boundaries([1, 1])) == 2  # never below 2
+
+
+def test_superdialseg_worked_cases_from_the_audit() -> None:
+    # gold segments [0,1] [2,3], prediction one segment: labels 0100 vs 0000, k = max(2, round(4/2/2)) = 2.
+    m = evaluate([True, False, True, False], [True, False, False, False])
+    assert m["f1"] == 0.0 and m["precision"] == 0.0 and m["recall"] == 0.0 and m["k"] == 2.0
+    # windows of 2 over 0100: (01) (10) (00) hold a boundary, yes yes no; over 0000 never -> 2 of 3 differ
+    assert m["pk"] == pytest.approx(2 / 3) and m["wd"] == pytest.approx(2 / 3)
+    # gold segments [0,2] [3], prediction one segment: labels 0010 vs 0000 -> windows (00) (01) (10)
+    m = evaluate([True, False, False, True], [True, False, False, False])
+    assert m["pk"] == pytest.approx(2 / 3) and m["wd"] == pytest.approx(2 / 3) and m["f1"] == 0.0
+    # a correct one-segment prediction: Pk and WD 0, F1 0.0 (nothing to find), score (0 + 2) / 4
+    m = evaluate([True, False, False], [True, False, False])
+    assert (m["pk"], m["wd"], m["f1"], m["score"]) == (0.0, 0.0, 0.0, 0.5)
+    # an exact prediction with a boundary: F1 1, and the final label (0 on both sides) never counts
+    m = evaluate([True, False, True, False], [True, False, True, False])
+    assert (m["pk"], m["wd"], m["precision"], m["recall"], m["f1"], m["score"]) == (0.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+
+
+def _superdialseg_reference(dialogues: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    """A faithful transcription of SuperDialseg's own evaluation, to compare against (Coldog2333/
+    SuperDialseg: examples/reproduce/main.py `easy_evaluate` zeroes the last label and prediction;
+    src/super_dialseg/metrics/segmentation.py `Pk` / `Windowdiff` with window_size 'auto' call nltk;
+    metrics/classification.py `F1Score` is sklearn's binary f1 with zero_division=0; metrics/basic.py
+    `EvaluationBase._compute` averages per dialogue; `SegmentationEvaluation.compute_total_score`).
+    Input: (gold, predicted) labels per dialogue in SuperDialseg's format, 1 = end of a topic."""
+    from sklearn.metrics import f1_score
+
+    result = {"pk": 0.0, "windowdiff": 0.0, "f1(binary)": 0.0}
+    for labels, predictions in dialogues:
+        segmentation_labels, segmentation_predictions = list(labels), list(predictions)
+        segmentation_labels[-1] = 0
+        segmentation_predictions[-1] = 0
+        y_true, y_pred = segmentation_labels, segmentation_predictions
+        n_segment = sum(y_true) + 1
+        aver_length_of_segment = len(y_true) / n_segment / 2
+        window_size = max(2, int(round(aver_length_of_segment)))
+        t, p = "".join([str(v) for v in y_true]), "".join([str(v) for v in y_pred])
+        result["pk"] += nltk_pk(ref=t, hyp=p, k=window_size)
+        result["windowdiff"] += nltk_windowdiff(seg1=t, seg2=p, k=window_size)
+        result["f1(binary)"] += f1_score(y_true=y_true, y_pred=y_pred, labels=None, average="binary", zero_division=0)
+    result = {k: v / len(dialogues) for k, v in result.items()}
+    result["total_score"] = 0.5 * result["f1(binary)"] + 0.25 * (1 - result["pk"]) + 0.25 * (1 - result["windowdiff"])
+    return result
+
+
+def _random_topic_end_labels(rng: random.Random, n: int) -> list[int]:
+    # SuperDialseg's data format; the final label is either value (the evaluation zeroes it).
+    density = rng.choice([0.0, 0.05, 0.15, 0.3, 0.6, 1.0])
+    return [int(rng.random() < density) for _ in range(n - 1)] + [rng.randint(0, 1)]
+
+
+def _starts_from_topic_ends(labels: list[int]) -> list[bool]:
+    return [i == 0 or labels[i - 1] == 1 for i in range(len(labels))]
+
+
+def test_superdialseg_convention_agrees_with_superdialsegs_own_evaluation_on_random_cases() -> None:
+    rng = random.Random(2023)
+    dialogues = []
+    for _ in range(400):
+        n = rng.randint(2, 60)
+        dialogues.append((_random_topic_end_labels(rng, n), _random_topic_end_labels(rng, n)))
+    ours = []
+    for gold, pred in dialogues:
+        m = evaluate(_starts_from_topic_ends(gold), _starts_from_topic_ends(pred), convention="superdialseg")
+        theirs = _superdialseg_reference([(gold, pred)])
+        assert m["pk"] == pytest.approx(theirs["pk"], abs=1e-12)
+        assert m["wd"] == pytest.approx(theirs["windowdiff"], abs=1e-12)
+        assert m["f1"] == pytest.approx(theirs["f1(binary)"], abs=1e-12)
+        ours.append(m)
+    # The dataset figures: means per dialogue, and the score on the means (SeCom Eq. 3).
+    theirs = _superdialseg_reference(dialogues)
+    mean = {k: sum(m[k] for m in ours) / len(ours) for k in ("pk", "wd", "f1")}
+    assert mean["pk"] == pytest.approx(theirs["pk"]) and mean["wd"] == pytest.approx(theirs["windowdiff"])
+    assert mean["f1"] == pytest.approx(theirs["f1(binary)"])
+    assert segment_score(mean["pk"], mean["wd"], mean["f1"]) == pytest.approx(theirs["total_score"])
+    # the cases exercised every branch: no gold boundary, a perfect match, F1 strictly between 0 and 1
+    assert any(sum(g[:-1]) == 0 for g, _ in dialogues) and any(m["f1"] == 1.0 for m in ours)
+    assert any(0 < m["f1"] < 1 for m in ours)
+
+
+def test_superdialseg_and_slots_conventions_differ_in_the_trailing_label_and_k_but_not_f1() -> None:
+    ref, hyp = [True, False, False, True], [True, False, False, False]
+    assert precision_recall_f1(ref, hyp, "slots") == precision_recall_f1(ref, hyp, "superdialseg") == (0, 0, 0)
+    # slots 001 vs 000, k = floor(4 / 2 / 2 + 0.5) = 1: windows (0) (0) (1) -> 1 of 3 differ
+    assert pk(ref, hyp, convention="slots") == pytest.approx(1 / 3)
+    # labels 0010 vs 0000, k = max(2, round(1.0)) = 2: windows (00) (01) (10) -> 2 of 3 differ
+    assert pk(ref, hyp, convention="superdialseg") == pytest.approx(2 / 3)
+    # with the same k the trailing 0 adds one window that always agrees: 1 of 4
+    assert pk(ref, hyp, 1, convention="superdialseg") == pytest.approx(1 / 4)
 
 
 def test_segment_score_matches_paper_table() -> None:

@@ -11,6 +11,7 @@ from pipeline.artifacts import StageDir
 from stages.cli import main
 from pipeline.runner import Runner
 from stages import registry
+from stages.judging.judge_pairwise import reference_shown_first
 
 METHODS = ["secom", "turn", "full_history"]
 SETS = ("corpus.limit=2", "compress.method=none", f"methods=[{','.join(METHODS)}]", "judge_memory.samples=2",
@@ -123,13 +124,15 @@ def test_changing_only_the_judge_reruns_only_the_judges_and_the_report(run_cfg, 
     assert {r["judge_model"] for r in pairs} == {"another-judge"}
 
 
-def test_creem_protocol_takes_a_majority_of_n_samples_in_one_order(run_cfg, fake_llm):
+def test_creem_protocol_takes_a_majority_of_n_samples_with_seeded_positions(run_cfg, fake_llm):
     cfg = run_cfg(*SETS, "judge_pairwise.protocol=creem", "judge_pairwise.samples=3", "judge_memory.enabled=false",
                   "judge_pairwise.temperature=1.0")
     Runner(cfg, registry(cfg)).run(until="judge_pairwise")
     pairs = StageDir(cfg.run_dir, "judge_pairwise").read_table("pairwise_judgments").to_pylist()
     assert {r["criterion"] for r in pairs} == {"consistency", "memorability"}
-    assert {r["reference_first"] for r in pairs} == {True}
+    assert {r["reference_first"] for r in pairs} == {True, False}  # CREEM: the position is drawn per sample (seeded)
+    assert all(r["reference_first"] == reference_shown_first(0, r["episode_id"], r["probe_id"], r["other"],
+                                                             r["criterion"], r["sample"]) for r in pairs)
     per_item = Counter((r["episode_id"], r["probe_id"], r["other"], r["criterion"]) for r in pairs)
     assert set(per_item.values()) == {3} and {r["sample"] for r in pairs} == {0, 1, 2}
     judged = [r["body"] for r in fake_llm.requests if "Two candidate next replies" in str(r["body"]["messages"])]

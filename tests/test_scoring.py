@@ -120,10 +120,13 @@ def test_a_preference_that_flips_with_the_order_is_a_tie():
 
 def test_the_judge_sees_both_orders_and_its_letter_maps_back_to_the_method():
     llm = FakeChat([{"better": "A", "reason": "r"}, {"better": "A", "reason": "r"}])
+    past = "[Session 1]\nAnn: I adopted a dog"
 
     async def both() -> list[str]:
-        first = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER", reference_first=True)
-        second = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER", reference_first=False)
+        first = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER", reference_first=True,
+                                          past_sessions=past)
+        second = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER", reference_first=False,
+                                           past_sessions=past)
         return [first[0], second[0]]
 
     # "A" both times: the first position wins whatever is in it, a pure position bias -> a tie.
@@ -131,13 +134,16 @@ def test_the_judge_sees_both_orders_and_its_letter_maps_back_to_the_method():
     shown = [c["messages"][1]["content"] for c in llm.calls]
     assert "[A] REF" in shown[0] and "[B] OTHER" in shown[0]
     assert "[A] OTHER" in shown[1] and "[B] REF" in shown[1]
-    assert "Earlier sessions" not in shown[0] and '"reason"' in shown[0]
+    # Both orders (SeCom App. A.4) see the earlier sessions too: memorability and consistency with
+    # the past cannot be judged without them.
+    assert all(f"Earlier sessions:\n{past}\n\nCurrent session:\nAnn: hi" in s for s in shown)
+    assert '"reason"' in shown[0] and '"tie"' in shown[0]
 
 
 def test_creem_protocol_shows_the_raw_past_sessions():
-    llm = FakeChat([{"better": "tie"}])
+    llm = FakeChat([{"better": "B"}])
     asyncio.run(pairwise.judge_pair(llm, "memorability", "Ann: hi", "Bob", "x", "y", reference_first=True,
-                                    past_sessions="[Session 1]\nAnn: I adopted a dog"))
+                                    past_sessions="[Session 1]\nAnn: I adopted a dog", protocol="creem"))
     assert "Earlier sessions:\n[Session 1]\nAnn: I adopted a dog" in llm.calls[0]["messages"][1]["content"]
 
 
@@ -153,9 +159,13 @@ def test_answer_judges_read_their_scales_and_teafarm_questions_get_teafarm_corre
     assert asyncio.run(answers.judge_answer(llm, "gpt4score", "q", "a", "b"))[0] == 60.0
 
 
-def test_memory_rating_is_about_one_speaker_and_one_criterion():
+def test_memory_rating_is_about_one_speaker_and_one_criterion_given_the_dialogue():
     llm = FakeChat([{"score": 4}])
-    score, _ = asyncio.run(memory_quality.rate_memory(llm, "concreteness", "Ann", "Ann adopted a dog named Rex."))
+    score, _ = asyncio.run(memory_quality.rate_memory(llm, "concreteness", "Ann", "[Ann] adopted a dog named Rex.",
+                                                      "[Session 1]\nAnn: I adopted Rex today"))
     prompt = llm.calls[0]["messages"][1]["content"]
     assert score == 4 and "Person: Ann" in prompt and "Concreteness" in prompt and "Integration" not in prompt
+    assert prompt.index("Dialogue:\n[Session 1]\nAnn: I adopted Rex today") < prompt.index("Memory about Ann:")
+    assert "specific information about Ann" in prompt and "{speaker}" not in prompt
+    assert "Evaluation steps:\n1. " in prompt and "\n3. " in prompt
     assert {g for g, _ in memory_quality.CRITERIA.values()} == {"evolutionary", "fundamental"}

@@ -246,7 +246,8 @@ def test_learn_guidance_reflects_on_the_hardest_sessions_in_mini_batches() -> No
     # Gold segmentations of growing difficulty for a model that never splits.
     golds = {"easy": [8], "mild": [4, 4], "hard": [2, 2, 2, 2], "harder": [1, 2, 1, 2, 1, 1], "mid": [3, 5]}
     sessions = [session(8, tag, lengths) for tag, lengths in golds.items()]
-    wd_one_segment = {tag: window_diff(lengths_to_boundaries(lengths), [True] + [False] * 7)
+    # WindowDiff as Table 4 scores it (SuperDialseg's convention), as `score` does.
+    wd_one_segment = {tag: window_diff(lengths_to_boundaries(lengths), [True] + [False] * 7, convention="superdialseg")
                       for tag, lengths in golds.items()}
     expected_hard = sorted((t for t in golds if wd_one_segment[t] > 0), key=lambda t: -wd_one_segment[t])[:3]
 

@@ -77,6 +77,7 @@ def _qa(d: dict, episode_id: str, chk: Checker) -> list[QAItem]:
         # Adversarial questions carry "adversarial_answer", the tempting wrong answer, instead of
         # "answer": the right response is that the conversation does not say, so answer stays null.
         answer = chk.opt(q, "answer", (str, int, float), at)
+        wrong = chk.opt(q, "adversarial_answer", (str, int, float), at)
         evidence = q.get("evidence")
         items.append(
             QAItem(
@@ -86,6 +87,7 @@ def _qa(d: dict, episode_id: str, chk: Checker) -> list[QAItem]:
                 evidence=[] if evidence is None else chk.str_list(evidence, join(at, "evidence")),
                 category=CATEGORIES[category],
                 path=at,
+                adversarial_answer=None if wrong is None else str(wrong),
             )
         )
     return items

@@ -151,6 +151,7 @@ class QAItem:
     evidence: list[str] | None
     category: str | None
     path: str
+    adversarial_answer: str | None = None  # LoCoMo category 5: the tempting wrong answer
 
 
 @dataclass
@@ -221,6 +222,7 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
                 "answer": q.answer,
                 "evidence": None if q.evidence is None else list(q.evidence),
                 "category": q.category,
+                "adversarial_answer": q.adversarial_answer,
                 "source": "dataset",
             }
         )

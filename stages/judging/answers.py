@@ -1,21 +1,34 @@
-"""Single-answer judges: a response against its reference answer.
+"""Single-answer judges: one response judged alone.
 
-- `gpt4score`: 0-100 (SeCom's GPT4Score);
-- `strict` / `lenient`: correct or incorrect. Lenient wordings inflate memory benchmarks (one
-  published re-scoring of identical answers fell from 91% lenient to 35% strict), so both are
-  asked and both reported;
-- `teafarm`: TeaFarm correctness on a counterfactual question (Theanine Sec. 4): correct only when
-  the response rejects the false premise and agrees with the correct answer.
-All wording is ours.
+- `gpt4score`: SeCom's GPT4Score (seed 001 Sec. 4.1: an integer from 0, poor, to 100, excellent), in
+  one of two modes:
+  - `reference` (ours): the response against the reference answer, 0-100, the reason first;
+  - `memochat`: MemoChat's judge (LuJunru/MemoChat data/prompts.json, "judge"), the one SeCom
+    App. A.4 says it reuses: the related conversation history, the user's question and the bot's
+    response; is the response faithful to that history in answering the question; a short
+    explanation first, then an integer 1-100 written as [[rating]]. No reference answer is shown.
+- `strict` / `lenient`: correct or incorrect against the reference answer. Lenient wordings inflate
+  memory benchmarks, so both are asked and both reported (in no paper: ours);
+- `teafarm`: TeaFarm correctness on a counterfactual question (Theanine Sec. 5.1, step 6, "assess
+  the correctness of its response"): correct only when the response does not go along with the
+  false premise and agrees with the correct answer. The judge is told the false premise.
+
+A question the conversation cannot answer (LoCoMo's adversarial category, no reference answer) is
+judged by the reference-based judges against `NOT_MENTIONED` as the expected answer (`reference=None`).
+All wording is ours; MemoChat's judge keeps every element of the original.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import ChatLLM, InvalidAnswer, Messages
+
+# The expected answer to a question the conversation cannot answer (LoCoMo's category-5 option text).
+NOT_MENTIONED = "Not mentioned in the conversation"
 
 SYSTEMS = {
     "gpt4score": "You grade an answer to a question about a long conversation against the reference answer. "
@@ -31,8 +44,21 @@ SYSTEMS = {
                "whether the reply is correct: it must not go along with the false premise, and what it says "
                "must agree with the correct answer.",
 }
-PROMPTS = {f"system.{k}": v for k, v in SYSTEMS.items()}
+# MemoChat's judge, in our words: the three materials, faithfulness to the history, explanation
+# first, then the 1-100 rating in double brackets.
+MEMOCHAT_SYSTEM = (
+    "You are an impartial judge. You are shown three things: the related conversation history, a user "
+    "question, and the bot's response to that question. Judge whether the bot's response answers the user "
+    "question faithfully to what the related conversation history says. Start with a short explanation of "
+    "your judgment. Then rate the bot's response with an integer from 1 to 100, written in exactly this "
+    "form: [[rating]], for example [[57]]."
+)
+UNANSWERABLE_NOTE = ("(the conversation does not contain this information; a correct answer says so instead "
+                     "of giving an answer)")
+PROMPTS = {**{f"system.{k}": v for k, v in SYSTEMS.items()}, "system.gpt4score.memochat": MEMOCHAT_SYSTEM,
+           "unanswerable_reference": f"{NOT_MENTIONED} {UNANSWERABLE_NOTE}"}
 JUDGES = tuple(SYSTEMS)
+GPT4SCORE_MODES = ("reference", "memochat")
 
 
 class Score(BaseModel):
@@ -43,34 +69,84 @@ class Correctness(BaseModel):
     correct: bool
 
 
-class ExplainedScore(Score):
+# With an explanation, the reason comes first in the schema, so the model reasons before its verdict.
+class ExplainedScore(BaseModel):
     reason: str = Field(default="", max_length=400)
+    score: int = Field(ge=0, le=100)
 
 
-class ExplainedCorrectness(Correctness):
+class ExplainedCorrectness(BaseModel):
     reason: str = Field(default="", max_length=400)
+    correct: bool
 
 
-def build_messages(judge: str, question: str, reference: str, answer: str, explain: bool = True) -> Messages:
+class MemoChatRating(BaseModel):
+    """MemoChat's judge reply: the explanation, then the rating given as [[rating]]."""
+
+    explanation: str
+    rating: int = Field(ge=1, le=100)
+
+
+def build_messages(judge: str, question: str, reference: str | None, answer: str, explain: bool = True, *,
+                   false_premise: str | None = None) -> Messages:
+    """Messages of a reference-based judge. reference None: the conversation cannot answer the question,
+    and the expected answer is `NOT_MENTIONED`. false_premise: what a TeaFarm question wrongly assumes."""
     field = '"score": 0-100' if judge == "gpt4score" else '"correct": true | false'
-    reply = "{" + field + (', "reason": one short sentence}' if explain else "}")
+    reply = '{"reason": one or two short sentences, ' + field + "}" if explain else "{" + field + "}"
     label = "Correct answer" if judge == "teafarm" else "Reference answer"
-    user = f"Question: {question}\n{label}: {reference}\nAnswer to grade: {answer}\n\nReply in JSON: {reply}."
+    expected = reference if reference is not None else f"{NOT_MENTIONED} {UNANSWERABLE_NOTE}"
+    premise = f"The question wrongly assumes: {false_premise}\n" if false_premise else ""
+    user = f"Question: {question}\n{premise}{label}: {expected}\nAnswer to grade: {answer}\n\nReply in JSON: {reply}."
     return [{"role": "system", "content": SYSTEMS[judge]}, {"role": "user", "content": user}]
 
 
-async def judge_answer(llm: ChatLLM, judge: str, question: str, reference: str, answer: str, *,
-                       explain: bool = True, **params: Any) -> tuple[float, str | None, str]:
+def build_memochat_messages(history: str, question: str, response: str) -> Messages:
+    """MemoChat's judge: the related conversation history, the user question and the bot response."""
+    user = (f"Related conversation history:\n```\n{history}\n```\n\n"
+            f"User question:\n```\n{question}\n```\n\n"
+            f"Bot response:\n```\n{response}\n```")
+    return [{"role": "system", "content": MEMOCHAT_SYSTEM}, {"role": "user", "content": user}]
+
+
+_RATING = re.compile(r"\[\[\s*(\d{1,3})\s*\]\]")
+
+
+def parse_memochat(text: str) -> MemoChatRating:
+    """The explanation (the text before the last [[rating]]) and the rating; ValueError when the reply
+    holds no [[rating]] or one outside 1-100."""
+    found = list(_RATING.finditer(text))
+    if not found:
+        raise ValueError("the judge's reply has no [[rating]]")
+    last = found[-1]
+    return MemoChatRating(explanation=text[: last.start()].strip(), rating=int(last.group(1)))
+
+
+async def judge_answer(llm: ChatLLM, judge: str, question: str, reference: str | None, answer: str, *,
+                       explain: bool = True, false_premise: str | None = None,
+                       **params: Any) -> tuple[float, str | None, str]:
     """(score, reason, judge model): 0-100 for gpt4score, 1.0 / 0.0 for the correctness judges;
-    the reason is None unless `explain`."""
+    the reason is None unless `explain`. reference None: judged against `NOT_MENTIONED`."""
     if judge == "gpt4score":
         schema: type[BaseModel] = ExplainedScore if explain else Score
     else:
         schema = ExplainedCorrectness if explain else Correctness
-    result = await llm.chat(build_messages(judge, question, reference, answer, explain), schema=schema, **params)
+    messages = build_messages(judge, question, reference, answer, explain, false_premise=false_premise)
+    result = await llm.chat(messages, schema=schema, **params)
     parsed = result.parsed
     value = float(parsed.score) if judge == "gpt4score" else float(parsed.correct)
     return value, getattr(parsed, "reason", None), result.model
+
+
+async def judge_memochat(llm: ChatLLM, history: str, question: str, response: str,
+                         **params: Any) -> tuple[float, str, str]:
+    """(rating 1-100, explanation, judge model) from MemoChat's judge; a reply without a valid
+    [[rating]] raises InvalidAnswer with the reply kept as `raw`."""
+    result = await llm.chat(build_memochat_messages(history, question, response), **params)
+    try:
+        parsed = parse_memochat(result.text)
+    except ValueError as e:  # pydantic's ValidationError is a ValueError too
+        raise InvalidAnswer(f"MemoChat judge: {e}".splitlines()[0], raw=result.text) from None
+    return float(parsed.rating), parsed.explanation, result.model
 
 
 def judges_for(kind: str, correctness: list[Literal["strict", "lenient"]], score_0_100: bool) -> list[str]:

@@ -1,38 +1,116 @@
-"""judge_answers: every method's answer to a probe with a reference answer, judged alone:
-0-100 (SeCom's GPT4Score), correct / incorrect in a strict and a lenient wording, and TeaFarm
-correctness for TeaFarm's counterfactual questions (Theanine Table 3)."""
+"""judge_answers: every method's answer to a probe, judged alone: SeCom's GPT4Score (against the
+reference answer, or MemoChat's evidence-based judge), correct / incorrect in a strict and a lenient
+wording, and TeaFarm correctness for TeaFarm's counterfactual questions (Theanine Table 3).
+
+Every (probe, method, judge) of the judged kinds gets a row. A question without a reference answer
+(LoCoMo's adversarial category) is judged against "Not mentioned in the conversation" by the
+reference-based judges (`unanswerable: not_mentioned`), or written as a row with `skipped` saying why
+(`unanswerable: skip`); MemoChat's judge needs no reference and judges it like any other question.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from typing import Any, Literal
 
 import pyarrow as pa
+from pydantic import Field
 
-from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
+from pipeline.stage import Rows, StageContext
 from stages.judging import answers
 from stages.judging.base import JudgeSettings, JudgeStage, judged_row
+from stages.methods.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
 ANSWER_JUDGMENTS = pa.schema(
     [
         *PROBE_KEY_FIELDS,
         pa.field("judge", pa.string(), nullable=False),  # gpt4score | strict | lenient | teafarm
-        pa.field("score", pa.float64()),  # 0-100 for gpt4score; 1 correct / 0 incorrect otherwise
-        pa.field("reason", pa.string()),
+        pa.field("score", pa.float64()),  # 0-100 (1-100 memochat) for gpt4score; 1 correct / 0 incorrect otherwise
+        pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation)
+        # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
+        pa.field("reference_source", pa.string()),
+        # memochat: the history the judge saw: evidence (the probe's gold evidence turns) | context (the
+        # turns the response had in its context) | history (every turn before the probe); null otherwise
+        pa.field("history_source", pa.string()),
+        pa.field("skipped", pa.string()),  # why the item was not judged (by design, not a failure); null: judged
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
         *FAILURE_FIELDS,
     ]
 )
 
+SKIP_NO_REFERENCE = "no reference answer"
+SKIP_UNANSWERABLE = "unanswerable question (judge_answers.unanswerable: skip)"
+UNANSWERABLE_CATEGORIES = frozenset({"adversarial", "5"})  # LoCoMo category 5
+
 
 class JudgeAnswersSettings(JudgeSettings):
-    explain: bool = True  # ask for a one-sentence reason with each verdict (kept in the table)
-    kinds: list[str] = ["qa", "teafarm"]  # probe kinds with a reference answer that are judged
+    explain: bool = True  # ask for a short reason with each verdict, before it (kept in the table)
+    kinds: list[str] = ["qa", "teafarm"]  # probe kinds that are judged
     score_0_100: bool = True  # SeCom's GPT4Score
+    # reference: against the reference answer, 0-100 (ours); memochat: MemoChat's judge (SeCom App. A.4):
+    # related history + question + response, faithfulness, explanation then [[1-100]]
+    gpt4score_mode: Literal["reference", "memochat"] = "reference"
+    memochat_max_tokens: int = Field(default=512, ge=16)  # room for the explanation before the [[rating]]
     correctness: list[Literal["strict", "lenient"]] = ["strict", "lenient"]
+    # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
+    # judged against "Not mentioned in the conversation", or skipped (rows with `skipped` set).
+    unanswerable: Literal["not_mentioned", "skip"] = "not_mentioned"
+
+
+def evidence_ids(evidence: list[str] | None) -> list[str]:
+    """Source turn ids of a probe's evidence; LoCoMo sometimes packs several into one string ("D8:6; D9:17")."""
+    return [part for item in evidence or [] for part in re.split(r"[;,\s]+", item) if part]
+
+
+def context_spans(response: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(session, first turn, last turn) of each unit the response had in its context, when its method
+    recorded them (the shared response frame does, in `details_json`); [] otherwise."""
+    raw = response.get("details_json")
+    if not raw:
+        return []
+    try:
+        spans = json.loads(raw).get("context_spans") or []
+    except (ValueError, AttributeError):
+        return []
+    return [(int(s), int(a), int(b)) for s, a, b in spans]
+
+
+def history_text(turns: Rows) -> str:
+    """Turns grouped under "[Session n, time]" headers in time order; "..." marks skipped turns."""
+    blocks = []
+    for s, part in sessions_of(turns).items():
+        when = part[0].get("session_time")
+        header = f"[Session {s}" + (f", {when}" if when not in (None, "") else "") + "]"
+        lines: list[str] = []
+        for prev, t in zip([None, *part[:-1]], part):
+            if prev is not None and t["turn_idx"] != prev["turn_idx"] + 1:
+                lines.append("...")
+            lines.append(format_unit([t]))
+        blocks.append(header + "\n" + "\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def related_history(probe: dict[str, Any], response: dict[str, Any] | None, turns: Rows) -> tuple[str, str]:
+    """(history text, source) for MemoChat's judge: the probe's gold evidence turns; without evidence
+    found in the corpus, the turns the response had in its context; without those, every turn before the
+    probe. Source: evidence | context | history."""
+    ids = set(evidence_ids(probe.get("evidence")))
+    chosen = [t for t in turns if t.get("source_turn_id") in ids] if ids else []
+    if chosen:
+        return history_text(chosen), "evidence"
+    spans = context_spans(response or {})
+    chosen = [t for t in turns if any(t["session_idx"] == s and a <= t["turn_idx"] <= b for s, a, b in spans)]
+    if chosen:
+        return history_text(chosen), "context"
+    s, turn = probe["session_idx"], probe.get("turn_idx")
+    before = [t for t in turns if t["session_idx"] < s or (t["session_idx"] == s and turn is not None
+                                                            and t["turn_idx"] < turn)]
+    return history_text(before) or "(no earlier conversation)", "history"
 
 
 class JudgeAnswersStage(JudgeStage):
@@ -46,20 +124,40 @@ class JudgeAnswersStage(JudgeStage):
         if not settings.enabled:
             return {"answer_judgments": []}
         episode = inputs["ingest.episodes"][0]
+        turns = inputs["ingest.turns"]
         responses = self.responses(inputs)
-        probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds and p["gold"] is not None],
+        probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds],
                         settings.max_probes_per_episode, settings.seed, episode_id)
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
 
         async def one(probe: dict[str, Any], method: str, judge: str) -> dict[str, Any]:
+            memochat = judge == "gpt4score" and settings.gpt4score_mode == "memochat"
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
-                   "method": method, "judge": judge, "score": None, "reason": None, **NO_FAILURE}
+                   "method": method, "judge": judge, "score": None, "reason": None, "reference_source": None,
+                   "history_source": None, "skipped": None, **NO_FAILURE}
+            gold = probe["gold"]
+            if not memochat:
+                if gold is not None:
+                    row["reference_source"] = "gold"
+                elif str(probe["category"]) not in UNANSWERABLE_CATEGORIES:
+                    return {**row, "skipped": SKIP_NO_REFERENCE}
+                elif settings.unanswerable == "skip":
+                    return {**row, "skipped": SKIP_UNANSWERABLE}
+                else:
+                    row["reference_source"] = "not_mentioned"
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
                 return {**row, "error": f"no response from {method}"}
-            return await judged_row(row, ("score", "reason"), answers.judge_answer(
-                ctx.llm, judge, probe["request"], probe["gold"], resp["response"], explain=settings.explain, **params))
+            if memochat:
+                history, row["history_source"] = related_history(probe, resp, turns)
+                judgment = answers.judge_memochat(ctx.llm, history, probe["request"], resp["response"],
+                                                  **{**params, "max_tokens": settings.memochat_max_tokens})
+            else:
+                judgment = answers.judge_answer(ctx.llm, judge, probe["request"], gold, resp["response"],
+                                                explain=settings.explain, false_premise=probe.get("false_premise"),
+                                                **params)
+            return await judged_row(row, ("score", "reason"), judgment)
 
         jobs = [one(p, m, j) for p in probes for m in self.methods
                 for j in answers.judges_for(p["kind"], settings.correctness, settings.score_0_100)]
@@ -67,4 +165,5 @@ class JudgeAnswersStage(JudgeStage):
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         rows = produced["answer_judgments"]
-        return {"judgments": len(rows), "failed_judgments": sum(r["error"] is not None for r in rows)}
+        return {"judgments": len(rows), "failed_judgments": sum(r["error"] is not None for r in rows),
+                "skipped_judgments": sum(r["skipped"] is not None for r in rows)}

@@ -1,11 +1,15 @@
 """judge_memory: each method's memory of an episode rated 1-5 on CREEM's seven criteria (App.
-B.2), about each speaker, N samples per rating (paper: 20) averaged in the report. Methods that
-keep no memory of their own (full / zero history) have nothing to rate."""
+B.2), about each speaker, N samples per rating (paper: 20) averaged in the report. As in B.2 the
+judge looks at the dialogue (every session, cut to `max_dialogue_tokens`, oldest sessions dropped
+first) and the memory; it sees only the rated speaker's memory lines (`speaker_lines`), cut to
+`max_memory_tokens` with the oldest lines dropped first. Each row records what was cut. Methods
+that keep no memory of their own (full / zero history) have nothing to rate."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
 
 import pyarrow as pa
 from pydantic import Field
@@ -16,6 +20,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.judging import memory_quality
 from stages.judging.base import JudgeSettings, JudgeStage, judged_row
 from stages.method_stages import memory_stage_name
+from stages.methods.dialogue import format_unit, sessions_of
 
 MemoryCriterion = Literal["integration", "consistency", "sophistication", "conciseness", "relevance",
                           "concreteness", "diversity"]
@@ -30,6 +35,11 @@ MEMORY_JUDGMENTS = pa.schema(
         pa.field("group", pa.string(), nullable=False),  # evolutionary | fundamental
         pa.field("sample", pa.int32(), nullable=False),
         pa.field("score", pa.int32()),  # 1-5; null when the rating failed
+        pa.field("memory_lines", pa.int32()),  # lines of the view kept for this speaker
+        pa.field("memory_lines_shown", pa.int32()),  # ... of which shown (the newest within the budget)
+        pa.field("memory_truncated", pa.bool_()),
+        pa.field("dialogue_sessions_shown", pa.int32()),  # whole sessions of the dialogue shown
+        pa.field("dialogue_truncated", pa.bool_()),  # some session not shown in full
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
         *FAILURE_FIELDS,
@@ -42,8 +52,37 @@ class JudgeMemorySettings(JudgeSettings):
     samples: int = Field(default=20, ge=1)  # ratings per (memory, speaker, criterion), averaged
     temperature: float | None = Field(default=1.0, ge=0)  # samples differ only above 0
     max_tokens: int = Field(default=24, ge=8)
-    max_memory_tokens: int | None = Field(default=3000, ge=1)  # memory shown, cut from the oldest end
+    max_memory_tokens: int | None = Field(default=3000, ge=1)  # the speaker's memory shown, oldest lines cut first
+    max_dialogue_tokens: int | None = Field(default=6000, ge=1)  # the dialogue shown, oldest sessions cut first
     episodes: list[str] | None = None  # episode ids to rate; None = every episode (sizes the default job)
+
+
+def speaker_lines(view: str, speaker: str, speakers: Sequence[str]) -> list[str]:
+    """The lines of a memory view that may be about `speaker`: a line that opens with another
+    speaker's tag (`[Bob] ...`, as CREEM's view writes) is dropped; every other non-blank line is
+    kept, since untagged lines (session summaries, events, dialogue units) may concern either."""
+    others = [f"[{s}]" for s in speakers if s != speaker]
+    return [line for line in view.splitlines() if line.strip() and not line.lstrip().startswith(tuple(others))]
+
+
+@dataclass
+class Dialogue:
+    text: str
+    sessions_shown: int  # whole sessions shown
+    truncated: bool  # some session not shown in full
+
+
+def dialogue_within(sessions: dict[int, Rows], budget: int | None) -> Dialogue:
+    """Every session in order; with a budget (cl100k), the most recent whole sessions that fit, or,
+    when not even the last one does, the last turns of it that fit."""
+    kept = [s for s, turns in sessions.items() if turns]
+    blocks = [f"[Session {s}]\n{format_unit(sessions[s])}" for s in kept]
+    shown = within_tokens(blocks, budget)
+    if shown or not kept:
+        return Dialogue("\n\n".join(shown), len(shown), len(shown) < len(kept))
+    last = kept[-1]
+    tail = within_tokens(format_unit(sessions[last]).splitlines(), budget)
+    return Dialogue(f"[Session {last}, its last turns]\n" + "\n".join(tail) if tail else "", 0, True)
 
 
 class JudgeMemoryStage(JudgeStage):
@@ -61,16 +100,27 @@ class JudgeMemoryStage(JudgeStage):
         if not settings.enabled or (settings.episodes is not None and episode_id not in settings.episodes):
             return {"memory_judgments": []}
         views = {m: r["memory"] for m in self.methods for r in inputs[f"{memory_stage_name(m)}.memory_view"]}
+        dialogue = dialogue_within(sessions_of(inputs["ingest.turns"]), settings.max_dialogue_tokens)
+        speakers = episode["speakers"]
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
+        memories: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        for m, view in views.items():
+            for sp in speakers:
+                lines = speaker_lines(view, sp, speakers)
+                shown = within_tokens(lines, settings.max_memory_tokens)
+                memories[m, sp] = ("\n".join(shown), {
+                    "memory_lines": len(lines), "memory_lines_shown": len(shown),
+                    "memory_truncated": len(shown) < len(lines),
+                    "dialogue_sessions_shown": dialogue.sessions_shown, "dialogue_truncated": dialogue.truncated})
 
         async def one(method: str, speaker: str, criterion: str, s: int) -> dict[str, Any]:
+            memory, seen = memories[method, speaker]
             row = {**stamp, "method": method, "speaker": speaker, "criterion": criterion,
-                   "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, **NO_FAILURE}
-            shown = "\n".join(within_tokens(views[method].splitlines(), settings.max_memory_tokens))
+                   "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, **seen, **NO_FAILURE}
             return await judged_row(row, ("score",), memory_quality.rate_memory(
-                ctx.llm, criterion, speaker, shown, sample=s, **params))
+                ctx.llm, criterion, speaker, memory, dialogue.text, sample=s, **params))
 
-        jobs = [one(m, sp, c, s) for m in views for sp in episode["speakers"] for c in settings.criteria
+        jobs = [one(m, sp, c, s) for m in views for sp in speakers for c in settings.criteria
                 for s in range(settings.samples)]
         return {"memory_judgments": list(await asyncio.gather(*jobs))}

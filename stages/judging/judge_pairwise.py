@@ -1,24 +1,34 @@
 """judge_pairwise: G-Eval head-to-head of a reference method against every other method on the
-same probes (Theanine App. D; CREEM App. B.1).
+same probes (Theanine App. D, Table 1; CREEM App. B.1).
 
 Protocols:
-- `both_orders` (ours, not a paper's): each pair judged with the reference shown first and shown
-  second, to cancel position bias; ties allowed; the report gives win / tie / loss rates with a
-  two-sided sign test per criterion, per session and per dataset.
-- `creem` (CREEM's): consistency and memorability only, the raw past sessions shown too, N samples
-  per item (paper: 19) and their majority vote.
+- `both_orders` (SeCom App. A.4: "alternate the order of the responses and conduct a second
+  comparison for each pair"), used here for Theanine's criteria: each pair judged with the
+  reference shown first and shown second, to cancel position bias; ties allowed; the report gives
+  win / tie / loss rates and wins / (wins + losses) with a two-sided sign test per criterion, per
+  session, per dataset and pooled over datasets (Table 1 pools MSC and CC).
+- `creem` (CREEM App. B.1): consistency and memorability in B.1's terms, the whole current session,
+  no tie, N samples per item (paper: 19) with the reference's position drawn per sample (seeded,
+  stored in `reference_first`), their majority vote; win rate over decided pairs.
+
+Under every protocol the judge sees the earlier sessions by default (`show_past`): memorability and
+consistency with the past cannot be judged without them. They are cut to `past_session_tokens`
+(cl100k), dropping the oldest sessions first; a dropped session is shown as the corpus's own
+session summary when the episode carries one (LoCoMo) and it fits. Each row records what was shown.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+import random
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import Field
 
 from pipeline.errors import ConfigError
-from pipeline.retrieval import within_tokens
+from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.methods.dialogue import format_unit, last_turns, sessions_of
@@ -32,6 +42,7 @@ PROTOCOL_CRITERIA: dict[str, list[Criterion]] = {
     "creem": ["consistency", "memorability"],
 }
 PROTOCOL_SAMPLES = {"both_orders": 1, "creem": 19}
+PROTOCOL_CONTEXT_TURNS: dict[str, int | None] = {"both_orders": 10, "creem": None}  # None: the whole session
 
 PAIRWISE_JUDGMENTS = pa.schema(
     [
@@ -47,6 +58,12 @@ PAIRWISE_JUDGMENTS = pa.schema(
         pa.field("sample", pa.int32(), nullable=False),
         pa.field("preferred", pa.string()),  # reference | other | tie; null when the judgment failed
         pa.field("reason", pa.string()),
+        # What the judge saw of the past (null when `show_past` is off): earlier sessions shown in
+        # full, shown as the corpus's session summary, and whether any was not shown in full.
+        pa.field("past_shown", pa.int32()),
+        pa.field("past_summarised", pa.int32()),
+        pa.field("past_truncated", pa.bool_()),
+        pa.field("current_shown", pa.int32()),  # turns of the current session shown
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
         *FAILURE_FIELDS,
@@ -55,24 +72,59 @@ PAIRWISE_JUDGMENTS = pa.schema(
 
 
 class JudgePairwiseSettings(JudgeSettings):
-    explain: bool = True  # ask for a one-sentence reason with each verdict (kept in the table)
+    explain: bool = True  # ask for a one-sentence reason with each verdict (kept in the table; B.1 asks for one)
     reference: str | None = None  # the method every other is compared with; None = first of `methods`
     protocol: Literal["both_orders", "creem"] = "both_orders"
     criteria: list[Criterion] | None = None  # None = the protocol's
     samples: int | None = Field(default=None, ge=1)  # per order; None = the protocol's (creem: 19)
     kinds: list[str] = ["next_response"]  # probe kinds judged
-    context_turns: int = Field(default=10, ge=0)  # turns of the current session shown
-    past_session_tokens: int | None = Field(default=None, ge=1)  # creem: raw past sessions, cut to the most recent
+    # Turns of the current session shown: a number, "all", or None = the protocol's (both_orders 10,
+    # creem the whole session as B.1).
+    context_turns: Annotated[int, Field(ge=0)] | Literal["all"] | None = None
+    show_past: bool = True  # show the earlier sessions (every protocol)
+    past_session_tokens: int | None = Field(default=6000, ge=1)  # cl100k budget of the past; null = all
 
 
 def transcript(turns: list[dict]) -> str:
     return format_unit(turns) or "(nothing yet)"
 
 
-def past_sessions_text(sessions: dict[int, Rows], before: int, budget: int | None) -> str:
-    """Raw past sessions in order; with a budget, the most recent whole sessions within it (cl100k)."""
-    blocks = [f"[Session {s}]\n{transcript(turns)}" for s, turns in sessions.items() if s < before]
-    return "\n\n".join(within_tokens(blocks, budget))
+@dataclass
+class Past:
+    """The earlier sessions as the judge sees them."""
+
+    text: str
+    shown: int  # sessions shown in full
+    summarised: int  # sessions shown as the corpus's summary instead
+    truncated: bool  # some earlier session is not shown in full
+
+
+def past_within(sessions: dict[int, Rows], before: int, budget: int | None,
+                summaries: dict[int, str] | None = None) -> Past:
+    """The sessions before `before`, oldest first. With a budget (cl100k), the most recent whole
+    sessions that fit; the older ones are replaced by their `summaries` (newest first, within what
+    is left of the budget) where there are any, else dropped."""
+    past = [s for s, turns in sessions.items() if s < before and turns]
+    blocks = [f"[Session {s}]\n{transcript(sessions[s])}" for s in past]
+    full = within_tokens(blocks, budget)
+    older = past[:len(past) - len(full)]
+    summarised: list[str] = []
+    if older and summaries and budget is not None:
+        left = budget - sum(count_tokens(b) for b in full)
+        notes = [f"[Session {s}, summary]\n{summaries[s]}" for s in older if summaries.get(s)]
+        summarised = within_tokens(notes, left) if left > 0 else []
+    return Past("\n\n".join(summarised + full), len(full), len(summarised), bool(older))
+
+
+def reference_shown_first(seed: int, episode_id: str, probe_id: str, other: str, criterion: str, sample: int) -> bool:
+    """CREEM protocol: the reference's position for one sample, drawn from a seeded RNG (the same
+    config always shows the same order; different samples of an item are drawn independently)."""
+    return random.Random(f"{seed}:{episode_id}:{probe_id}:{other}:{criterion}:{sample}").random() < 0.5
+
+
+def session_summaries(episode: dict[str, Any]) -> dict[int, str]:
+    """The corpus's own summary of each session (LoCoMo's), when the episode carries them."""
+    return {n["session_idx"]: n["text"] for n in episode.get("notes") or [] if n["kind"] == "summary" and n["text"]}
 
 
 class JudgePairwiseStage(JudgeStage):
@@ -94,36 +146,57 @@ class JudgePairwiseStage(JudgeStage):
             return {"pairwise_judgments": []}
         episode = inputs["ingest.episodes"][0]
         sessions = sessions_of(inputs["ingest.turns"])
+        summaries = session_summaries(episode)
         responses = self.responses(inputs)
         probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds],
                         settings.max_probes_per_episode, settings.seed, episode_id)
-        criteria = settings.criteria or PROTOCOL_CRITERIA[settings.protocol]
-        samples = settings.samples or PROTOCOL_SAMPLES[settings.protocol]
-        orders = (True, False) if settings.protocol == "both_orders" else (True,)
+        protocol = settings.protocol
+        criteria = settings.criteria or PROTOCOL_CRITERIA[protocol]
+        samples = settings.samples or PROTOCOL_SAMPLES[protocol]
+        turns_shown = PROTOCOL_CONTEXT_TURNS[protocol] if settings.context_turns is None else (
+            None if settings.context_turns == "all" else settings.context_turns)
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
 
+        def seen(probe: dict[str, Any]) -> tuple[list[dict], Past | None]:
+            """The current session's turns shown and the past, for one probe."""
+            if probe.get("context") is not None:  # a session the corpus does not hold (TeaFarm's)
+                current = [{"speaker": c["speaker"], "text": c["text"]} for c in probe["context"]]
+            else:
+                turns, t = sessions.get(probe["session_idx"], []), probe["turn_idx"]
+                current = turns if t is None else [turn for turn in turns if turn["turn_idx"] < t]
+            past = (past_within(sessions, probe["session_idx"], settings.past_session_tokens, summaries)
+                    if settings.show_past else None)
+            return last_turns(current, turns_shown), past
+
+        views = {p["probe_id"]: seen(p) for p in probes}
+
         async def one(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
+            current, past = views[probe["probe_id"]]
             row = {**stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
-                   "criterion": criterion, "reference": reference, "other": other, "protocol": settings.protocol,
-                   "reference_first": reference_first, "sample": s, "preferred": None, "reason": None, **NO_FAILURE}
+                   "criterion": criterion, "reference": reference, "other": other, "protocol": protocol,
+                   "reference_first": reference_first, "sample": s, "preferred": None, "reason": None,
+                   "past_shown": past.shown if past else None, "past_summarised": past.summarised if past else None,
+                   "past_truncated": past.truncated if past else None, "current_shown": len(current), **NO_FAILURE}
             ref, oth = responses[reference].get(probe["probe_id"]), responses[other].get(probe["probe_id"])
             missing = [m for m, r in ((reference, ref), (other, oth)) if r is None or r["error"] is not None]
             if missing:
                 return {**row, "error": f"no response from {', '.join(missing)}"}
-            turns = sessions.get(probe["session_idx"], [])
-            current = turns if probe["turn_idx"] is None else [t for t in turns if t["turn_idx"] < probe["turn_idx"]]
-            dialogue = transcript(last_turns(current, settings.context_turns)) if current else f"(question) {probe['request']}"
-            past = (past_sessions_text(sessions, probe["session_idx"], settings.past_session_tokens)
-                    if settings.protocol == "creem" else None)
+            dialogue = transcript(current) if current else f"(question) {probe['request']}"
             return await judged_row(row, ("preferred", "reason"), pairwise.judge_pair(
                 ctx.llm, criterion, dialogue, probe["respondent"], ref["response"], oth["response"],
-                reference_first=reference_first, past_sessions=past, explain=settings.explain, sample=s, **params))
+                reference_first=reference_first, past_sessions=past.text if past else None,
+                explain=settings.explain, protocol=protocol, sample=s, **params))
 
-        jobs = [one(p, o, c, first, s) for p in probes for o in others for c in criteria
-                for first in orders for s in range(samples)]
+        if protocol == "both_orders":
+            jobs = [one(p, o, c, first, s) for p in probes for o in others for c in criteria
+                    for first in (True, False) for s in range(samples)]
+        else:
+            jobs = [one(p, o, c, reference_shown_first(settings.seed, episode_id, p["probe_id"], o, c, s), s)
+                    for p in probes for o in others for c in criteria for s in range(samples)]
         return {"pairwise_judgments": list(await asyncio.gather(*jobs))}
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         rows = produced["pairwise_judgments"]
-        return {"judgments": len(rows), "failed_judgments": sum(r["error"] is not None for r in rows)}
+        return {"judgments": len(rows), "failed_judgments": sum(r["error"] is not None for r in rows),
+                "past_truncated": sum(bool(r["past_truncated"]) for r in rows)}

@@ -1,7 +1,11 @@
 """Memory-quality G-Eval (CREEM App. B.2): one method's memory of an episode, scored 1-5 per
-criterion about one speaker, averaged over N samples. Evolutionary criteria judge how memory
-grows (integration, consistency, sophistication, conciseness); fundamental ones what it holds
-(relevance, concreteness, diversity). The wording is ours."""
+criterion about one speaker, from the dialogue and the memory, averaged over N samples.
+Evolutionary criteria judge how memory grows (integration, consistency, sophistication,
+conciseness); fundamental ones what it holds (relevance, concreteness, diversity).
+
+Each definition carries every element of B.2's, reworded, about `{speaker}`. B.2 says each
+criterion's prompt has its own evaluation steps but does not print them: the steps below are ours
+(G-Eval style, 3-4 per criterion). The wording is ours throughout."""
 
 from __future__ import annotations
 
@@ -11,40 +15,121 @@ from pydantic import BaseModel, Field
 
 from pipeline.llm.types import ChatLLM, Messages
 
+# criterion -> (group, definition). B.2's elements, in our words.
 CRITERIA = {
-    "integration": ("evolutionary", "Integration: related facts about the speaker are merged into coherent "
-                                    "entries instead of scattered repeats."),
-    "consistency": ("evolutionary", "Consistency: the entries about the speaker agree with each other; "
-                                    "outdated facts are updated rather than left contradicting newer ones."),
-    "sophistication": ("evolutionary", "Sophistication: the memory captures higher-level understanding of the "
-                                       "speaker (motives, patterns, changes over time), not only surface facts."),
-    "conciseness": ("evolutionary", "Conciseness: the memory about the speaker says what matters without "
-                                    "redundancy or filler."),
-    "relevance": ("fundamental", "Relevance: what is kept about the speaker is worth remembering for future "
-                                 "conversations."),
-    "concreteness": ("fundamental", "Concreteness: the entries about the speaker are specific (names, dates, "
-                                    "details) rather than vague."),
-    "diversity": ("fundamental", "Diversity: the memory covers the many sides of the speaker's life that "
-                                 "came up, not one topic only."),
+    "integration": ("evolutionary",
+                    "Integration (1-5): whether the memory effectively links what was learned about {speaker} "
+                    "across the different sessions and correctly reflects how details about {speaker} changed "
+                    "over time. Memories that organise their content into one cohesive account spanning the "
+                    "sessions should be preferred."),
+    "consistency": ("evolutionary",
+                    "Consistency (1-5): whether the memory holds any pieces of information about {speaker} "
+                    "that contradict or conflict with each other. What it says about {speaker} should stay "
+                    "coherent and free of contradictions across the whole conversation."),
+    "sophistication": ("evolutionary",
+                       "Sophistication (1-5): whether what the memory holds about {speaker} is advanced, going "
+                       "beyond one-dimensional information about {speaker} taken directly from the conversation."),
+    "conciseness": ("evolutionary",
+                    "Conciseness (1-5): whether the memory about {speaker} is well organised and avoids needless "
+                    "repetition and extraneous information."),
+    "relevance": ("fundamental",
+                  "Relevance (1-5): whether the memory is closely tied to {speaker}, the participant of this "
+                  "conversation, so that its content contributes meaningfully to the conversation as it "
+                  "goes on."),
+    "concreteness": ("fundamental",
+                     "Concreteness (1-5): whether the memory holds substantial, specific information about "
+                     "{speaker}: how detailed and precise its picture of {speaker} is."),
+    "diversity": ("fundamental",
+                  "Diversity (1-5): whether the memory holds varied information about {speaker}, not one kind."),
 }
 
-SYSTEM = ("You rate the long-term memory a dialogue agent keeps about a person, on one criterion, from 1 "
-          "(very poor) to 5 (excellent). Rate only what the memory says about that person.")
-PROMPTS = {"system": SYSTEM, **{f"criterion.{k}": v[1] for k, v in CRITERIA.items()}}
+# Ours: B.2 omits its evaluation steps ("omitted due to length").
+STEPS = {
+    "integration": [
+        "Read the dialogue session by session; note what {speaker} reveals in each session and every detail "
+        "about {speaker} that changes from one session to a later one.",
+        "Read the memory and check whether it links information about {speaker} from different sessions into "
+        "one account, or keeps each session's facts apart.",
+        "Check that each change you noted appears correctly: the newer state as current, the older one as past "
+        "or replaced.",
+        "Score 5 for a cohesive account across sessions that tracks the changes correctly, 1 for scattered "
+        "pieces that miss or garble them.",
+    ],
+    "consistency": [
+        "List the statements the memory makes about {speaker}.",
+        "Compare them with one another and mark every pair that contradicts or conflicts, including an old and "
+        "a new state both presented as current.",
+        "Use the dialogue to check whether an apparent conflict is a change the memory records as such (not a "
+        "contradiction).",
+        "Score 5 when nothing conflicts; lower the score for each contradiction, down to 1 when they are many "
+        "or central.",
+    ],
+    "sophistication": [
+        "Read the dialogue and note what can be understood about {speaker} beyond single statements: motives, "
+        "preferences behind choices, patterns across sessions, how they relate to the other person.",
+        "Sort the memory's content about {speaker} into flat restatements of one utterance and content that "
+        "combines or interprets several.",
+        "Check that the interpreted content is supported by the dialogue.",
+        "Score 5 when much of the memory goes beyond one-dimensional, directly stated facts and is supported, "
+        "1 when it only copies surface facts.",
+    ],
+    "conciseness": [
+        "Read the memory about {speaker} and mark repeated entries, entries that restate another in other "
+        "words, and content that adds nothing about {speaker}.",
+        "Judge how the memory is organised: related content together, easy to follow.",
+        "Score 5 for a well-organised memory with no needless repetition or extraneous content, 1 when "
+        "repetition and filler dominate.",
+    ],
+    "relevance": [
+        "Read the dialogue and note who {speaker} is in it and what matters in the conversation they are having.",
+        "For each part of the memory, ask whether it concerns {speaker} as they appear in this dialogue, and "
+        "whether knowing it would add something meaningful when the conversation goes on.",
+        "Score 5 when nearly all of it is closely tied to {speaker} and useful for continuing the conversation, "
+        "1 when most of it is unrelated or of no use.",
+    ],
+    "concreteness": [
+        "Read the dialogue and note the specific details about {speaker}: names, places, times, quantities, "
+        "particular events.",
+        "Check how many of them the memory keeps, and whether its entries are specific and precise rather than "
+        "vague generalisations.",
+        "Score 5 when the memory gives a substantial, detailed and precise picture of {speaker}, 1 when it is "
+        "vague or nearly empty.",
+    ],
+    "diversity": [
+        "Read the dialogue and list the different sides of {speaker} that come up (for example work, family, "
+        "hobbies, health, plans, opinions).",
+        "Check which of these sides the memory covers.",
+        "Score 5 when the memory covers a wide variety of information about {speaker}, 1 when it keeps to one "
+        "narrow topic.",
+    ],
+}
+
+SYSTEM = ("You evaluate the long-term memory that a dialogue agent built from a conversation between two "
+          "people, to see how well the memory reflects the conversation. You are given the dialogue, the "
+          "memory kept about one of the two people, one criterion and the steps to follow. Follow the steps, "
+          "then rate the memory about that person on the criterion from 1 (very poor) to 5 (excellent).")
+PROMPTS = {"system": SYSTEM, **{f"criterion.{k}": v[1] for k, v in CRITERIA.items()},
+           **{f"steps.{k}": "\n".join(v) for k, v in STEPS.items()}}
 
 
 class Rating(BaseModel):
     score: int = Field(ge=1, le=5)
 
 
-def build_messages(criterion: str, speaker: str, memory: str) -> Messages:
-    user = (f"Person: {speaker}\n\nMemory:\n{memory}\n\nCriterion. {CRITERIA[criterion][1]}\n\n"
-            'Reply in JSON: {"score": 1-5}.')
+def build_messages(criterion: str, speaker: str, memory: str, dialogue: str) -> Messages:
+    """Messages rating `speaker`'s memory on one criterion. The dialogue and the memory come first,
+    the criterion and its steps last, so the ratings of one memory share a prompt prefix."""
+    steps = "\n".join(f"{i}. {s.format(speaker=speaker)}" for i, s in enumerate(STEPS[criterion], 1))
+    user = (f"Dialogue:\n{dialogue or '(empty)'}\n\nPerson: {speaker}\n\nMemory about {speaker}:\n"
+            f"{memory or '(empty)'}\n\nCriterion. {CRITERIA[criterion][1].format(speaker=speaker)}\n\n"
+            f"Evaluation steps:\n{steps}\n\n" + 'Reply in JSON: {"score": 1-5}.')
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
-async def rate_memory(llm: ChatLLM, criterion: str, speaker: str, memory: str, *, sample: int = 0,
+async def rate_memory(llm: ChatLLM, criterion: str, speaker: str, memory: str, dialogue: str, *, sample: int = 0,
                       **params: Any) -> tuple[int, str]:
-    """One sample's 1-5 rating and the judge model."""
-    result = await llm.chat(build_messages(criterion, speaker, memory), schema=Rating, sample=sample, **params)
+    """One sample's 1-5 rating of `memory` (the lines about `speaker`) against `dialogue`, and the
+    judge model."""
+    result = await llm.chat(build_messages(criterion, speaker, memory, dialogue), schema=Rating, sample=sample,
+                            **params)
     return result.parsed.score, result.model

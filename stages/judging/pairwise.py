@@ -1,8 +1,15 @@
 """G-Eval head-to-head: which of two responses is better on one criterion.
 
-The judge sees the dialogue so far, the speaker who responds and the two responses as A and B
-(CREEM's protocol also shows the raw past sessions). Criteria are Theanine's (App. D):
-specificity, memorability, consistency; CREEM (App. B.1) keeps the last two. The wording is ours.
+The judge sees the earlier sessions (when the stage shows the past), the current session, the
+speaker who responds and the two responses as A and B. Two wordings, one per protocol:
+- `both_orders`: Theanine's criteria (App. D, Table 1): specificity, memorability, consistency; a
+  tie may be answered. Theanine prints its prompts only as images (Figs. 20-22), so the
+  definitions are ours from the criteria's names and Sec. 4's reading of them;
+- `creem`: CREEM App. B.1: consistency and memorability carrying every element of B.1's
+  definitions and instructions (a conversation between two people, two options for the next turn,
+  choose the better one on one metric with a brief explanation, read the instructions carefully and
+  refer back to them, choose given the past and the current session); no tie.
+All wording is ours.
 """
 
 from __future__ import annotations
@@ -22,11 +29,31 @@ CRITERIA = {
                    "conversations and the current one; it invents nothing that contradicts them.",
 }
 
-SYSTEM = ("You compare two candidate replies in a long-term conversation between the same people. Judge "
-          "only the criterion you are given; length alone is not a merit. Answer with the better reply, "
-          "or tie when neither is better on this criterion.")
+SYSTEM = ("You compare two candidate replies in a long-term conversation between the same people. You are "
+          "shown their earlier sessions (when there were any) and the session under way. Judge only the "
+          "criterion you are given; length alone is not a merit. Answer with the better reply, or tie when "
+          "neither is better on this criterion.")
 
-PROMPTS = {"system": SYSTEM, **{f"criterion.{k}": v for k, v in CRITERIA.items()}}
+# CREEM App. B.1, every element of each definition, reworded.
+CREEM_CRITERIA = {
+    "consistency": "Consistency: the reply must stay consistent with the earlier sessions and contradict "
+                   "nothing in them. It should fit smoothly with what the two people already talked about "
+                   "there, and keep to the person's own character and to where things currently stand for them.",
+    "memorability": "Memorability: the reply must bring back past events correctly, holding on to what was "
+                    "shared in the earlier sessions. It should make active use of what it remembers from the "
+                    "past dialogue to carry the conversation on.",
+}
+
+CREEM_SYSTEM = ("You will read a conversation between two people, split into their earlier sessions and the "
+                "session under way, and then two candidate replies for the next turn of it. Your job is to "
+                "pick the better of the two replies on one criterion only. Take the time to read and "
+                "understand these instructions before you judge, and look back at them whenever you need "
+                "to while you review.")
+
+PROMPTS = {"system": SYSTEM, **{f"criterion.{k}": v for k, v in CRITERIA.items()},
+           "creem.system": CREEM_SYSTEM, **{f"creem.criterion.{k}": v for k, v in CREEM_CRITERIA.items()}}
+PROTOCOLS = ("both_orders", "creem")
+NO_PAST = "(none: this is the first session)"
 
 
 class PairChoice(BaseModel):
@@ -37,25 +64,57 @@ class PairVerdict(PairChoice):
     reason: str = Field(default="", max_length=400)
 
 
+class ForcedChoice(BaseModel):
+    """CREEM B.1 asks for the better response: no tie."""
+
+    better: Literal["A", "B"]
+
+
+class ForcedVerdict(ForcedChoice):
+    reason: str = Field(default="", max_length=400)
+
+
+def answer_schema(protocol: str, explain: bool) -> type[BaseModel]:
+    if protocol == "creem":
+        return ForcedVerdict if explain else ForcedChoice
+    return PairVerdict if explain else PairChoice
+
+
 def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str, response_b: str,
-                   past_sessions: str | None = None, explain: bool = True) -> Messages:
-    """Messages asking which of A and B is better on `criterion` for `speaker`'s next turn."""
-    past = f"Earlier sessions:\n{past_sessions}\n\n" if past_sessions else ""
-    user = (f"{past}Current conversation:\n{dialogue}\n\n"
+                   past_sessions: str | None = None, explain: bool = True,
+                   protocol: str = "both_orders") -> Messages:
+    """Messages asking which of A and B is better on `criterion` for `speaker`'s next turn.
+
+    past_sessions: the earlier sessions as text ("" when there were none); None leaves them out.
+    The long shared parts (past, current session) come first and the criterion last, so calls on
+    the same probe share a prompt prefix."""
+    creem = protocol == "creem"
+    past = "" if past_sessions is None else f"Earlier sessions:\n{past_sessions or NO_PAST}\n\n"
+    definition = (CREEM_CRITERIA if creem else CRITERIA)[criterion]
+    options = '"A" | "B"' if creem else '"A" | "B" | "tie"'
+    if creem:
+        ask = (f"Now pick the reply with the better {criterion}, given both the earlier sessions and the "
+               "current session.")
+        why = ', "reason": a brief explanation of your choice, one sentence}.'
+    else:
+        ask = ""
+        why = ', "reason": one short sentence}.'
+    user = (f"{past}Current session:\n{dialogue}\n\n"
             f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
-            f"Criterion. {CRITERIA[criterion]}\n\n"
-            'Reply in JSON: {"better": "A" | "B" | "tie"' + (', "reason": one short sentence}.' if explain else "}."))
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+            f"Criterion. {definition}\n\n" + (f"{ask}\n" if ask else "")
+            + 'Reply in JSON: {"better": ' + options + (why if explain else "}."))
+    return [{"role": "system", "content": CREEM_SYSTEM if creem else SYSTEM}, {"role": "user", "content": user}]
 
 
 async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
                      *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
-                     sample: int = 0, **params: Any) -> tuple[str, str | None, str]:
+                     protocol: str = "both_orders", sample: int = 0, **params: Any) -> tuple[str, str | None, str]:
     """One judgment of (reference, other) shown in the given order. Returns the preferred side
-    ("reference" | "other" | "tie"), the judge's reason (None unless `explain`), and the judge model."""
+    ("reference" | "other" | "tie"; never "tie" under `creem`), the judge's reason (None unless
+    `explain`), and the judge model."""
     a, b = (reference, other) if reference_first else (other, reference)
-    result = await llm.chat(build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain),
-                            schema=PairVerdict if explain else PairChoice, sample=sample, **params)
+    result = await llm.chat(build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain, protocol),
+                            schema=answer_schema(protocol, explain), sample=sample, **params)
     verdict = result.parsed
     reason = getattr(verdict, "reason", None)
     if verdict.better == "tie":

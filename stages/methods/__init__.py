@@ -8,6 +8,7 @@ from __future__ import annotations
 from stages.methods.base import Method
 from stages.methods.creem import Creem, CreemNoPreblend, CreemNoRefine
 from stages.methods.gold_memory import GoldMemory
+from stages.methods.golden import Golden
 from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
 from stages.methods.ld_agent import LDAgent
 from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
@@ -19,5 +20,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
-    AllContext(), PartContext(), LDAgent(), Creem(), CreemNoRefine(), CreemNoPreblend(),
+    AllContext(), PartContext(), LDAgent(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
 ]}

@@ -11,10 +11,15 @@ from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import within_tokens
 from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
 from stages.methods.dialogue import format_unit, unit_id
-from stages.methods.response import generate
+from stages.methods.response import QAPrompt, generate
 
 
-class FullHistorySettings(MethodSettings):
+class ZeroHistorySettings(MethodSettings):
+    # How QA probes are asked: ours, or LoCoMo's task_eval protocol (stages/methods/response.py)
+    qa_prompt: QAPrompt = "ours"
+
+
+class FullHistorySettings(ZeroHistorySettings):
     # Keep the most recent sessions that fit this many tokens; null = every past session.
     token_budget: int | None = Field(default=None, ge=1)
 
@@ -34,14 +39,15 @@ class FullHistory(Method):
                   "text": format_unit(turns), "unit_id": unit_id("session", s, turns[0]["turn_idx"]),
                   "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
                  for s, turns in probe.history.items() if turns]
-        return await generate(llm, probe, recent_within(units, settings.token_budget))
+        return await generate(llm, probe, recent_within(units, settings.token_budget), settings.qa_prompt)
 
 
 class ZeroHistory(Method):
     name = "zero_history"
+    Settings = ZeroHistorySettings
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
-        return await generate(llm, probe, [])
+        return await generate(llm, probe, [], settings.qa_prompt)
 
 
 class AllContext(FullHistory):

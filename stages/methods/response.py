@@ -1,6 +1,7 @@
 """The response frame shared by the retrieval and history methods (SeCom Sec. 2.1 and its
 baselines, Theanine Sec. 3.2's full / zero history): memory units placed in time order, then the
-current session, then the request; `generate` runs it for a probe.
+current session, then the request; `generate` runs it for a probe. A QA probe is asked with our
+prompt, or (`qa_prompt: locomo_official`) as LoCoMo's task_eval asks it.
 
 Its own module so that editing these prompts re-runs only the respond stages of the methods
 that use them, never segmentation, compression or banks.
@@ -8,14 +9,20 @@ that use them, never segmentation, compression or banks.
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
+from pipeline.corpus.locomo import CATEGORIES as LOCOMO_CATEGORIES
 from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
 from stages.methods.dialogue import format_unit, in_time_order
+
+# How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned") or
+# `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`).
+QAPrompt = Literal["ours", "locomo_official"]
 
 def format_memory(units: Sequence[dict]) -> str:
     """Retrieved units in time order, each under a header naming its session (and date if known)."""
@@ -91,6 +98,82 @@ async def answer_question(llm: ChatLLM, retrieved_units: list[dict], question: s
     return await llm.chat(build(retrieved_units, question), **params)
 
 
+# LoCoMo's QA protocol (snap-research/LoCoMo task_eval/gpt_utils.py), in our words with every element:
+# an opening naming the two speakers and saying each conversation starts with its date; each
+# conversation under "DATE:" and "CONVERSATION:"; a short-phrase answer in the conversation's own
+# words; for temporal questions (category 2) a hint to use the DATE of the conversation; adversarial
+# questions (category 5) asked as a choice between "Not mentioned in the conversation" and the
+# tempting wrong answer, in a random order (seeded here by the probe id), the letter mapped back to
+# the option's text. No other question is told that "not mentioned" is an answer.
+NOT_MENTIONED = "Not mentioned in the conversation"  # LoCoMo's option text, which its scorer looks for
+LOCOMO_OPENING = ("Below is a conversation between two people, {speakers}, or the parts of it that were "
+                  "kept. It took place over several days, and each conversation starts with its date.")
+LOCOMO_QUESTION = ("Based on the conversation above, answer the question below with a short phrase, using "
+                   "the exact words of the conversation wherever you can.\n\nQuestion: {question} Short answer:")
+LOCOMO_DATE_HINT = " Use the DATE of the CONVERSATION to answer with an approximate date."
+LOCOMO_CHOICE_QUESTION = ("Based on the conversation above, answer the question below.\n\n"
+                          "Question: {question} Choose the correct answer: (a) {a} (b) {b}. Short answer:")
+LOCOMO_PLAIN_QUESTION = ("Based on the conversation above, answer the question below.\n\n"
+                         "Question: {question} Short answer:")
+
+
+def _locomo_category(category: Any) -> int | None:
+    """LoCoMo's category id from a probe's category (its name, or the id as text)."""
+    if category is None:
+        return None
+    by_name = {name: cid for cid, name in LOCOMO_CATEGORIES.items()}
+    text = str(category).strip().lower()
+    return by_name.get(text) or (int(text) if text.isdigit() else None)
+
+
+def cat5_options(probe_id: str, adversarial_answer: str) -> dict[str, str]:
+    """The two options of an adversarial question, {"a": ..., "b": ...}: "Not mentioned in the
+    conversation" first or second with probability 1/2 each, as LoCoMo draws it, seeded by the probe id
+    so every method and every rerun sees the same order."""
+    if random.Random(f"locomo-cat5:{probe_id}").random() < 0.5:
+        return {"a": NOT_MENTIONED, "b": adversarial_answer}
+    return {"a": adversarial_answer, "b": NOT_MENTIONED}
+
+
+def cat5_answer(prediction: str, options: dict[str, str]) -> str:
+    """LoCoMo's get_cat_5_answer: a one-letter reply ("a" / "b") or a three-character one ("(a)" /
+    "(b)") becomes its option's text; any other reply is kept as written."""
+    text = prediction.strip().lower()
+    if len(text) == 1:
+        return options["a"] if "a" in text else options["b"]
+    if len(text) == 3:
+        return options["a"] if "(a)" in text else options["b"]
+    return prediction.strip()
+
+
+def format_locomo_context(units: Sequence[dict]) -> str:
+    """Memory units in time order, each under "DATE: <session time>" and "CONVERSATION:"."""
+    blocks = []
+    for u in in_time_order(units):
+        when = u.get("session_time")
+        date = when if when not in (None, "") else f"unknown (session {u['session_idx']})"
+        blocks.append(f"DATE: {date}\nCONVERSATION:\n{u['text']}")
+    return "\n\n".join(blocks)
+
+
+def build_locomo_qa_messages(units: list[dict], question: str, category: Any, speakers: Sequence[str],
+                             options: dict[str, str] | None = None) -> Messages:
+    """One user message as LoCoMo asks a QA: the opening, the conversation, then the question in
+    its category's form. options: the two choices of an adversarial question (`cat5_options`); without
+    them an adversarial question is asked plainly, still without inviting "not mentioned"."""
+    cid = _locomo_category(category)
+    if cid == 5 and options is not None:
+        ask = LOCOMO_CHOICE_QUESTION.format(question=question, a=options["a"], b=options["b"])
+    elif cid == 5:
+        ask = LOCOMO_PLAIN_QUESTION.format(question=question)
+    else:
+        ask = LOCOMO_QUESTION.format(question=question + (LOCOMO_DATE_HINT if cid == 2 else ""))
+    names = " and ".join(s for s in speakers if s) or "two speakers"
+    context = format_locomo_context(units) or "(no conversation shown)"
+    opening = LOCOMO_OPENING.format(speakers=names)
+    return [{"role": "user", "content": f"{opening}\n\n{context}\n\n{ask}"}]
+
+
 _BRACKET_TAG = r"\[[^\]\n]{1,40}\]:"
 
 
@@ -126,15 +209,38 @@ def context_turns(units: list[dict]) -> int:
 CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
 
-async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict]) -> Answer:
+def turn_spans(units: list[dict]) -> list[list[int]]:
+    """[session, first turn, last turn] of each unit: which turns of the corpus the context held (the
+    judges rebuild that history from them)."""
+    return [[int(u["session_idx"]), int(u["turn_start"]), int(u["turn_end"])] for u in units
+            if u.get("turn_start") is not None and u.get("turn_end") is not None]
+
+
+async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt: QAPrompt = "ours") -> Answer:
     """The shared response frame over memory units in time order (QA or next response), cut to
-    one turn; records the turns and tokens of memory that entered the context."""
+    one turn; records the turns and tokens of memory that entered the context, and in `details` the
+    turn spans of that memory (and, under LoCoMo's protocol, the options and the reply before mapping)."""
     ordered = in_time_order(units)
+    details: dict[str, Any] = {"context_spans": turn_spans(ordered)}
+    speakers = probe.episode.get("speakers") or []
+    options = None
     if probe.probe["kind"] == "qa":
         chat = probe.episode.get("dataset") in CHAT_QA_DATASETS
-        result = await answer_question(llm, ordered, probe.request, chat=chat)
+        if qa_prompt == "locomo_official" and not chat:
+            category = probe.probe.get("category")
+            adversarial = probe.probe.get("adversarial_answer")
+            if _locomo_category(category) == 5:
+                options = cat5_options(probe.probe["probe_id"], adversarial) if adversarial else None
+                details["options"] = options  # null: the probe had no adversarial answer, asked plainly
+            details["qa_prompt"] = qa_prompt
+            result = await llm.chat(build_locomo_qa_messages(ordered, probe.request, category, speakers, options))
+        else:
+            result = await answer_question(llm, ordered, probe.request, chat=chat)
     else:
         result = await respond(llm, ordered, probe.current, probe.request, probe.probe["respondent"])
-    return Answer(text=one_turn(result.text, probe.episode.get("speakers") or []),
-                  used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
-                  context_turns=context_turns(ordered), model=result.model)
+    text = one_turn(result.text, speakers)
+    if options is not None:
+        details["raw_answer"] = text
+        text = cat5_answer(text, options)
+    return Answer(text=text, used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
+                  context_turns=context_turns(ordered), details=details, model=result.model)

@@ -6,16 +6,20 @@ always starts a segment. Helpers convert from/to segment spans (inclusive (start
 indices) and segment lengths.
 
 Two conventions for the sequence Pk, WindowDiff and F1 run over:
-- "superdialseg" (default; SuperDialseg, Jiang et al. 2023, which SeCom follows): n per-utterance
-  labels, 1 = the last utterance of a segment (the final utterance included), and the window
-  k = max(2, round(n / segments / 2)) with Python's round;
+- "superdialseg" (default; SuperDialseg, Jiang et al. 2023, whose evaluation SeCom reports): n
+  per-utterance labels, 1 = the utterance ends a segment, except that the final utterance is always
+  labelled 0 on both sides (SuperDialseg's evaluation zeroes the last label of gold and prediction),
+  and the window k = max(2, round(n / (boundaries + 1) / 2)) with Python's round, boundaries = the
+  reference's 1-labels;
 - "slots": the n-1 *slots between consecutive turns* (slot j holds a boundary iff turn j+1 starts a
   segment), k = half the mean reference segment length rounded half up, at least 1, as in
   Pevzner & Hearst (2002).
-In both, a window of width k covers k consecutive items and there are len-k+1 windows, exactly as
-nltk computes them: `pk(ref, hyp, k, c) == nltk.pk(to_nltk(ref, c), to_nltk(hyp, c), k)` (same for
-WindowDiff). F1 is the binary F1 of the boundary items, 0 when there is none on either side (as
-scikit-learn's f1_score with zero_division=0).
+The superdialseg labels are the slots followed by one 0; the conventions differ in that trailing
+item (one more window) and in k. In both, a window of width k covers k consecutive items and there
+are len-k+1 windows, exactly as nltk computes them: `pk(ref, hyp, k, c) == nltk.pk(to_nltk(ref, c),
+to_nltk(hyp, c), k)` (same for WindowDiff). F1 is the binary F1 of the boundary items, 0 when there
+is none on either side (as scikit-learn's f1_score with zero_division=0); the trailing 0 never
+changes it, so F1 is the same in both conventions.
 """
 
 from __future__ import annotations
@@ -90,9 +94,11 @@ CONVENTIONS = ("superdialseg", "slots")
 
 
 def superdialseg_labels(boundaries: Boundaries) -> list[int]:
-    """Per-utterance labels, 1 = the last utterance of a segment (the final one included)."""
+    """Per-turn boundary flags -> SuperDialseg's evaluation labels: 1 = the utterance ends a segment,
+    and the final utterance 0 (its evaluation zeroes the last gold and predicted label, so that a
+    segmentation's necessary final end is never counted as a found boundary)."""
     b = list(boundaries)
-    return [1 if i == len(b) - 1 or b[i + 1] else 0 for i in range(len(b))]
+    return [1 if i < len(b) - 1 and b[i + 1] else 0 for i in range(len(b))]
 
 
 def boundary_items(boundaries: Boundaries, convention: Convention = "superdialseg") -> np.ndarray:
@@ -136,9 +142,10 @@ def _window_counts(slots: np.ndarray, k: int) -> np.ndarray:
 
 
 def superdialseg_k(ref: Boundaries) -> int:
-    """SuperDialseg's window: max(2, round(n / segments / 2)) over n labels."""
+    """SuperDialseg's window over the reference's n labels: max(2, round(n / (boundaries + 1) / 2)),
+    boundaries + 1 being the number of reference segments; Python's round (half to even)."""
     labels = superdialseg_labels(ref)
-    return max(2, round(len(labels) / sum(labels) / 2))
+    return max(2, round(len(labels) / (sum(labels) + 1) / 2))
 
 
 def _resolve_k(ref: Boundaries, k: int | None, n_items: int, convention: Convention) -> int:

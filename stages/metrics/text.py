@@ -1,12 +1,16 @@
 """Reference metrics of a response against a gold text: BLEU-1..4, ROUGE-1/2/L, token F1,
-distinct-n, and (optional) BERTScore. Pure functions over strings.
+distinct-n, and (optional) BERTScore; and the corpus-level statistics over many responses: corpus
+BLEU-1..4 and corpus distinct-n. Pure functions over strings.
 
-BLEU comes from nltk and ROUGE from rouge-score (the libraries the dialogue-memory papers report
-with); `IMPLEMENTATIONS` names what computed each number, and the score tables carry it.
+Sentence BLEU comes from nltk and ROUGE from rouge-score (the libraries the dialogue-memory papers
+report with); corpus BLEU is the tensorflow/nmt `compute_bleu` formula that Hugging Face
+`evaluate`'s "bleu" runs (SeCom's official scorer). `IMPLEMENTATIONS` names what computed each
+number, and the score tables carry it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -38,6 +42,38 @@ def bleu(prediction: str, reference: str, n: int) -> float:
         return 0.0
     sentence_bleu, smoothing = _bleu()
     return float(sentence_bleu([ref], hyp, weights=tuple([1.0 / n] * n), smoothing_function=smoothing))
+
+
+def corpus_bleu_tokens(hypotheses: Sequence[Sequence[str]], references: Sequence[Sequence[str]],
+                       max_order: int = 4) -> float:
+    """Corpus BLEU of tokenised hypotheses, one reference each, as tensorflow/nmt's compute_bleu
+    (Hugging Face evaluate's "bleu") without smoothing: clipped n-gram matches and possible n-grams
+    summed over the corpus per order 1..max_order, the geometric mean of those precisions (0 when
+    any is 0), times the brevity penalty exp(1 - ref_len / hyp_len) of the corpus lengths when the
+    hypotheses are not longer. In [0, 1]; 0.0 for an empty corpus or empty hypotheses."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    matches, possible = [0] * max_order, [0] * max_order
+    hyp_len = ref_len = 0
+    for hyp, ref in zip(hypotheses, references):
+        hyp_len, ref_len = hyp_len + len(hyp), ref_len + len(ref)
+        for n in range(1, max_order + 1):
+            hyp_grams, ref_grams = Counter(ngrams(hyp, n)), Counter(ngrams(ref, n))
+            matches[n - 1] += sum((hyp_grams & ref_grams).values())
+            possible[n - 1] += max(0, len(hyp) - n + 1)  # a hypothesis shorter than n adds nothing
+    if hyp_len == 0 or min(matches) == 0:
+        return 0.0
+    log_precision = sum(math.log(m / p) for m, p in zip(matches, possible)) / max_order
+    brevity = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
+    return math.exp(log_precision) * brevity
+
+
+def corpus_bleu(predictions: Sequence[str], references: Sequence[str], n: int) -> float | None:
+    """Corpus BLEU-n (cumulative, orders 1..n) of responses against their gold texts, over
+    `bleu_tokens`; None for no pair."""
+    if not predictions:
+        return None
+    return corpus_bleu_tokens([bleu_tokens(p) for p in predictions], [bleu_tokens(r) for r in references], n)
 
 
 @lru_cache(maxsize=1)
@@ -75,8 +111,9 @@ def ngrams(tokens: Sequence[str], n: int) -> list[tuple[str, ...]]:
 
 
 def distinct(texts: Sequence[str], n: int) -> float | None:
-    """Distinct-n: unique n-grams over all n-grams of the texts (one response, or all of a method's);
-    None when the texts hold no n-gram."""
+    """Distinct-n: unique n-grams over all n-grams of the texts: of one response (the per-response
+    statistic), or of all of a method's responses (corpus distinct-n, RSum's DIST-n); None when the
+    texts hold no n-gram."""
     grams = [g for t in texts for g in ngrams(bleu_tokens(t), n)]
     return len(set(grams)) / len(grams) if grams else None
 
@@ -102,7 +139,11 @@ IMPLEMENTATIONS = {
             "lowercased word/punctuation tokens",
     "rouge": f"rouge-score {_version('rouge-score')} F-measure, no stemming",
     "token_f1": "SQuAD-style normalised token multiset F1",
-    "distinct": "unique / total n-grams of lowercased word/punctuation tokens",
+    "corpus_bleu": "tensorflow/nmt compute_bleu formula (as Hugging Face evaluate 'bleu'): corpus clipped n-gram "
+                   "precisions, geometric mean of orders 1..n, corpus brevity penalty, no smoothing; lowercased "
+                   "word/punctuation tokens (evaluate's default tokenizer_13a keeps case and in-word apostrophes)",
+    "distinct": "per response: unique / total n-grams of its lowercased word/punctuation tokens, averaged",
+    "corpus_distinct": "unique / total n-grams over all responses of the group (RSum's DIST-n)",
     "locomo_f1": "LoCoMo task_eval F1: normalised, Porter-stemmed (nltk), per category",
     "bertscore": f"bert-score {_version('bert-score')} F1",
 }

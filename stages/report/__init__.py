@@ -74,11 +74,14 @@ def _pairwise_intro(pairwise: pl.DataFrame) -> str:
     if pairwise.is_empty():
         return "No head-to-head judgments in this run."
     protocol = pairwise["protocol"][0]
-    how = ("each pair judged in both orders (reference shown first, then second); a preference that flips "
-           "with the order counts as a tie" if protocol == "both_orders"
-           else "CREEM's protocol: one order, N samples per item, majority vote")
+    how = ("SeCom App. A.4's protocol: each pair judged in both orders (reference shown first, then second); a "
+           "preference that flips with the order counts as a tie" if protocol == "both_orders"
+           else "CREEM's protocol: the reference's position drawn per sample (seeded), N samples per item, "
+                "majority vote, no tie")
     return (f"Win / tie / loss of the reference method against each other method ({how}); p is a two-sided "
-            "sign test of wins against losses. Rows with an empty session are the whole dataset.")
+            "sign test of wins against losses; `win_share` = wins / (wins + losses) with a 95% Wilson interval, the "
+            "figure Theanine's Table 1 and CREEM's Tables 3-4 report. Rows with an empty session are the whole "
+            "dataset; `all` pools the datasets. `past_shown`: the judge saw the earlier sessions.")
 
 
 class ReportStage(GlobalStage):
@@ -103,6 +106,10 @@ class ReportStage(GlobalStage):
         """The report's modules and the methods' (whose `report_panel` draws part of it)."""
         return (type(self).__module__, *sorted({type(m).__module__ for m in self.method_objects}))
 
+    def reference(self, ctx: StageContext) -> str | None:
+        """The method the paired tests compare every other with: the head-to-head reference."""
+        return ctx.cfg.judge_pairwise.reference or (self.methods[0] if self.methods else None)
+
     def usage(self, ctx: StageContext) -> dict[str, dict[str, float]]:
         return {m: stage_usage(ctx.upstream_manifests, [respond_stage_name(m), memory_stage_name(m)])
                 for m in self.methods}
@@ -118,10 +125,10 @@ class ReportStage(GlobalStage):
             "segmentation_summary": tables.segmentation_summary(_frame(inputs, "score.segmentation_scores")),
             "retrieval_summary": tables.retrieval_summary(_frame(inputs, "score.retrieval_scores")),
             "pairwise_summary": tables.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
-            "answer_summary": tables.answer_summary(answers_raw),
-            "teafarm_summary": tables.teafarm_summary(answers_raw),
+            "answer_summary": tables.answer_summary(answers_raw, reference=self.reference(ctx)),
+            "teafarm_summary": tables.teafarm_summary(answers_raw, reference=self.reference(ctx)),
             "memory_summary": tables.memory_summary(memory_raw),
-            "metric_summary": tables.metric_summary(metrics_raw),
+            "metric_summary": tables.metric_summary(metrics_raw, _frame(inputs, "response_metrics.corpus_metrics")),
             "method_summary": tables.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
                                                        memory_raw),
         }
@@ -181,15 +188,20 @@ class ReportStage(GlobalStage):
             render.Section("Head-to-head (G-Eval)", _pairwise_intro(t["pairwise_summary"]),
                           [("", t["pairwise_summary"])], fig("win_rates.png", "win rates")),
             render.Section("Answers judged against the reference",
-                          "gpt4score: 0-100; strict / lenient: share judged correct; teafarm: TeaFarm "
-                          "correctness. " + judges_differ, [("", answers)]),
+                          "gpt4score: 0-100 (mean, 95% bootstrap interval); strict / lenient: share judged "
+                          "correct (95% Wilson interval); teafarm: TeaFarm correctness. `p_value`: exact McNemar "
+                          "test against the reference method on the questions both answered (`only_reference` / "
+                          "`only_other`: questions only one got right). Failed responses are counted in `failed`, "
+                          "skipped items in `skipped`; `all` pools the datasets. " + judges_differ, [("", answers)]),
             *([render.Section("TeaFarm (counterfactual questions)",
                              "Each question treats an outdated or false thing as true; a method is correct when its "
-                             "answer does not go along with it (Theanine Table 3: correct / total). `all` pools "
-                             "every dataset.", [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
+                             "answer does not go along with it (Theanine Table 3: correct / total, 95% Wilson interval; "
+                             "`p_value`: exact McNemar test against the reference method). `all` pools every dataset.", [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
                              fig("teafarm.png", "TeaFarm correct / total"))]
               if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),
-            render.Section("Reference metrics", "Means per dataset, probe kind and category (empty = all).",
+            render.Section("Reference metrics", "Means per dataset, probe kind, category and session (empty = all); a failed response "
+                           "scores 0 (`failed` counts them); `_low` / `_high`: 95% bootstrap interval; `corpus_*`: "
+                           "corpus-level BLEU (as HF evaluate's `bleu`) and distinct-n (RSum's DIST).",
                           [("", t["metric_summary"]), ("Implementations", implementations)]),
             render.Section("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
                           fig("memory_quality.png", "memory quality")),

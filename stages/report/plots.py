@@ -29,7 +29,7 @@ def win_rates(pairwise: pl.DataFrame, path: Path) -> bool:
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlim(0, 1.15)
     ax.invert_yaxis()
-    ax.set_xlabel("share of judged pairs (both orders)")
+    ax.set_xlabel("share of judged pairs")
     ax.legend(fontsize=7, loc="lower right")
     return save(fig, path)
 

@@ -3,13 +3,15 @@ category, criterion and session. Pure functions over polars frames; one schema p
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
 from stages.metrics.segmentation import segment_score
-from stages.metrics.significance import majority, pair_outcome, win_rates
+from stages.metrics.significance import (bootstrap_mean_interval, majority, pair_outcome, wilson_interval, win_rates,
+                                         win_share)
 
 SEGMENTATION_SUMMARY = pa.schema(
     [
@@ -61,6 +63,8 @@ METHOD_SUMMARY = pa.schema(
     ]
 )
 
+# Head-to-head per dataset (and "all": every dataset pooled, as Theanine's Table 1 pools MSC and CC),
+# criterion, opponent and session (null: every session).
 PAIRWISE_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
@@ -69,34 +73,57 @@ PAIRWISE_SUMMARY = pa.schema(
         pa.field("reference", pa.string()),
         pa.field("other", pa.string()),
         pa.field("protocol", pa.string()),
-        pa.field("pairs", pa.int64()),
+        pa.field("pairs", pa.int64()),  # pairs with a verdict (both_orders: both orders judged)
         pa.field("wins", pa.int64()),  # pairs the reference won
         pa.field("ties", pa.int64()),
         pa.field("losses", pa.int64()),
-        pa.field("win_rate", pa.float64()),
+        pa.field("win_rate", pa.float64()),  # wins / pairs
         pa.field("tie_rate", pa.float64()),
         pa.field("loss_rate", pa.float64()),
+        pa.field("win_share", pa.float64()),  # wins / (wins + losses): the rate over decided pairs
+        pa.field("win_share_low", pa.float64()),  # Wilson 95% interval of win_share
+        pa.field("win_share_high", pa.float64()),
         pa.field("p_value", pa.float64()),  # two-sided sign test of wins vs losses
+        pa.field("incomplete", pa.int64()),  # both_orders pairs with one order missing: not in `pairs`
+        pa.field("past_shown", pa.bool_()),  # the judge saw the earlier sessions
+        pa.field("past_truncated", pa.int64()),  # pairs whose judge saw a cut past
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string()),
     ]
 )
 
+# Answers judged alone, per dataset ("all": every dataset pooled), category (null: every category),
+# method and judge, with 95% intervals and, for the binary judges, an exact McNemar test of each
+# method against the reference method on the questions both have a verdict on.
 ANSWER_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
         pa.field("category", pa.string()),  # null: every category
         pa.field("method", pa.string()),
         pa.field("judge", pa.string()),
-        pa.field("items", pa.int64()),
-        pa.field("failed", pa.int64()),
-        pa.field("score", pa.float64()),  # mean 0-100 (gpt4score) or share correct
+        pa.field("items", pa.int64()),  # (question, method) rows of this judge
+        pa.field("skipped", pa.int64()),  # not judged by design (reasons in skip_reasons)
+        pa.field("failed", pa.int64()),  # no response from the method or no verdict from the judge
+        pa.field("judged", pa.int64()),  # items - skipped - failed: what score is over
+        pa.field("correct", pa.int64()),  # judged correct; null for gpt4score
+        pa.field("score", pa.float64()),  # mean 0-100 (gpt4score) or share judged correct
+        # 95% interval of score: Wilson for a share, percentile bootstrap (seeded) for a gpt4score mean
+        pa.field("ci_low", pa.float64()),
+        pa.field("ci_high", pa.float64()),
+        pa.field("reference", pa.string()),  # the method the test compares against; null: no test asked
+        pa.field("paired", pa.int64()),  # questions both this method and the reference have a verdict on
+        pa.field("only_reference", pa.int64()),  # of those, correct for the reference only
+        pa.field("only_other", pa.int64()),  # correct for this method only
+        pa.field("p_value", pa.float64()),  # exact McNemar (binary judges); null for the reference itself
+        pa.field("history_sources", pa.string()),  # memochat: what history the judge saw, with counts
+        pa.field("skip_reasons", pa.string()),
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string()),
     ]
 )
 
-# TeaFarm as Theanine's Table 3: correct / total per method and dataset ("all": every dataset).
+# TeaFarm as Theanine's Table 3: correct / total per method and dataset ("all": every dataset), with a
+# Wilson 95% interval and an exact McNemar test against the reference method on the same questions.
 TEAFARM_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
@@ -104,7 +131,14 @@ TEAFARM_SUMMARY = pa.schema(
         pa.field("correct", pa.int64()),
         pa.field("total", pa.int64()),  # questions judged
         pa.field("correctness", pa.float64()),  # correct / total
+        pa.field("ci_low", pa.float64()),  # Wilson 95% interval of correctness
+        pa.field("ci_high", pa.float64()),
         pa.field("failed", pa.int64()),  # no response or no verdict: not in total
+        pa.field("reference", pa.string()),
+        pa.field("paired", pa.int64()),
+        pa.field("only_reference", pa.int64()),
+        pa.field("only_other", pa.int64()),
+        pa.field("p_value", pa.float64()),  # exact McNemar; null for the reference itself
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string()),
     ]
@@ -117,22 +151,37 @@ MEMORY_SUMMARY = pa.schema(
         pa.field("group", pa.string()),
         pa.field("criterion", pa.string()),
         pa.field("ratings", pa.int64()),  # (episode, speaker) ratings, each a mean over samples
-        pa.field("score", pa.float64()),
+        pa.field("score", pa.float64()),  # mean of the ratings
+        pa.field("score_low", pa.float64()),  # 95% percentile bootstrap interval of that mean
+        pa.field("score_high", pa.float64()),
+        pa.field("memory_truncated", pa.int64()),  # ratings whose memory was cut to the budget
+        pa.field("dialogue_truncated", pa.int64()),  # ratings whose dialogue was cut to the budget
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string()),
     ]
 )
 
+# Reference metrics per dataset, probe kind and method: over every probe (category and session
+# null), per category, and per session of next-response probes (LD-Agent's Table 1 is per session).
+# Means are over responses, a failed one scoring 0.0 (words and distinct-n: over answered ones);
+# `<mean>_low` / `_high` bound the main means (95% percentile bootstrap); `distinct{n}` is the mean
+# per-response statistic, `corpus_*` the corpus-level ones (response_metrics' corpus_metrics table:
+# corpus BLEU as Hugging Face evaluate's "bleu", corpus distinct-n as RSum's DIST-n).
 METRIC_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
         pa.field("kind", pa.string()),
         pa.field("category", pa.string()),  # null: every category
+        pa.field("session_idx", pa.int32()),  # null: every session
         pa.field("method", pa.string()),
-        pa.field("responses", pa.int64()),
-        *[pa.field(m, pa.float64()) for m in ("bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL",
+        pa.field("responses", pa.int64()),  # failed ones included
+        pa.field("failed", pa.int64()),  # no response: 0.0 in the means
+        *[pa.field(f, pa.float64()) for m in ("bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL",
                                              "token_f1", "locomo_f1", "bertscore", "distinct1", "distinct2",
-                                             "distinct3", "words")],
+                                             "distinct3", "words")
+          for f in ([m, f"{m}_low", f"{m}_high"] if m in ("token_f1", "rougeL", "bleu4", "locomo_f1") else [m])],
+        *[pa.field(f"corpus_bleu{n}", pa.float64()) for n in (1, 2, 3, 4)],
+        *[pa.field(f"corpus_distinct{n}", pa.float64()) for n in (1, 2, 3)],
     ]
 )
 
@@ -190,86 +239,238 @@ def retrieval_summary(scores: pl.DataFrame) -> pl.DataFrame:
 
 
 def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
-    """Win / tie / loss of the reference per criterion, per dataset and per session. Samples of one
-    order are reduced by majority vote, then the orders of a pair by `pair_outcome`."""
-    ok = judgments.filter(pl.col("error").is_null()) if not judgments.is_empty() else judgments
+    """Win / tie / loss of the reference per criterion and opponent, per dataset and per session,
+    plus the same pooled over datasets (dataset "all", when the run holds more than one).
+
+    A pair is one (probe, criterion, opponent). `both_orders`: the samples of each order are reduced
+    by majority vote, then the two orders by `pair_outcome`; a pair with an order missing (its
+    judgments failed) is counted in `incomplete` and not scored. Other protocols (`creem`, whose
+    order is drawn per sample): the majority vote of every sample of the pair. `win_share` is
+    wins / (wins + losses), the rate the papers report (over decided pairs), with its Wilson interval.
+    """
+    ok = judgments.filter(pl.col("error").is_null() & pl.col("preferred").is_not_null()) \
+        if not judgments.is_empty() else judgments
     if ok.is_empty():
         return empty(PAIRWISE_SUMMARY)
-    pair_keys = ["dataset", "episode_id", "probe_id", "session_idx", "criterion", "reference", "other", "protocol"]
-    stamp = [_first("judge_model").alias("judge_model"), _first("prompt_fingerprint").alias("prompt_fingerprint")]
-    per_order = ok.group_by([*pair_keys, "reference_first"]).agg(pl.col("preferred"), *stamp)
-    per_order = per_order.with_columns(pl.Series("verdict", [majority(v) for v in per_order["preferred"].to_list()],
-                                                 dtype=pl.String))
-    pairs = per_order.group_by(pair_keys).agg(pl.col("verdict"), *stamp)
-    pairs = pairs.with_columns(pl.Series("outcome", [pair_outcome(v) for v in pairs["verdict"].to_list()],
-                                         dtype=pl.String))
+    pair_keys = ("dataset", "episode_id", "probe_id", "session_idx", "criterion", "reference", "other", "protocol")
+    pairs: dict[tuple, dict[str, Any]] = {}
+    for r in ok.iter_rows(named=True):
+        p = pairs.setdefault(tuple(r[k] for k in pair_keys), {"orders": {}, "past_shown": False,
+                                                              "past_truncated": False, "stamp": {}})
+        p["orders"].setdefault(r["reference_first"], []).append(r["preferred"])
+        p["past_shown"] |= r.get("past_shown") is not None
+        p["past_truncated"] |= bool(r.get("past_truncated"))
+        for c in ("judge_model", "prompt_fingerprint"):
+            if p["stamp"].get(c) is None:
+                p["stamp"][c] = r.get(c)
+    datasets = {key[0] for key in pairs}
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for key, p in pairs.items():
+        k = dict(zip(pair_keys, key))
+        if k["protocol"] == "both_orders":
+            p["outcome"] = pair_outcome(majority(v) for v in p["orders"].values()) if len(p["orders"]) == 2 else None
+        else:
+            p["outcome"] = majority([v for votes in p["orders"].values() for v in votes])
+        for dataset in (k["dataset"], "all") if len(datasets) > 1 else (k["dataset"],):
+            for session in (None, k["session_idx"]):
+                groups.setdefault((dataset, session, k["criterion"], k["reference"], k["other"], k["protocol"]),
+                                  []).append(p)
     rows: list[dict[str, Any]] = []
-    keys = ["dataset", "criterion", "reference", "other", "protocol"]
-    for scope in (keys, [*keys, "session_idx"]):
-        for key, part in pairs.group_by(scope, maintain_order=True):
-            rows.append(dict(zip(scope, key)) | {"session_idx": dict(zip(scope, key)).get("session_idx")}
-                        | win_rates(part["outcome"].to_list())
-                        | {"judge_model": part["judge_model"][0], "prompt_fingerprint": part["prompt_fingerprint"][0]})
-    out = pl.DataFrame(rows, schema_overrides={"p_value": pl.Float64, "win_rate": pl.Float64, "tie_rate": pl.Float64,
-                                               "loss_rate": pl.Float64, "session_idx": pl.Int32})
-    return out.sort(["dataset", "criterion", "other", "session_idx"], nulls_last=False)
+    for (dataset, session, criterion, reference, other, protocol), part in groups.items():
+        outcomes = [p["outcome"] for p in part if p["outcome"] is not None]
+        rates = win_rates(outcomes)
+        low, high = wilson_interval(rates["wins"], rates["wins"] + rates["losses"])
+        rows.append({"dataset": dataset, "session_idx": session, "criterion": criterion, "reference": reference,
+                     "other": other, "protocol": protocol, **rates,
+                     "win_share": win_share(rates["wins"], rates["losses"]), "win_share_low": low,
+                     "win_share_high": high, "incomplete": len(part) - len(outcomes),
+                     "past_shown": any(p["past_shown"] for p in part),
+                     "past_truncated": sum(p["past_truncated"] for p in part),
+                     "judge_model": next((p["stamp"]["judge_model"] for p in part if p["stamp"]["judge_model"]), None),
+                     "prompt_fingerprint": next((p["stamp"]["prompt_fingerprint"] for p in part
+                                                 if p["stamp"]["prompt_fingerprint"]), None)})
+    out = pl.from_arrow(pa.Table.from_pylist(rows, PAIRWISE_SUMMARY))
+    pooled_last = pl.when(pl.col("dataset") == "all").then(1).otherwise(0)
+    return out.sort([pooled_last, "dataset", "criterion", "other", "session_idx"], nulls_last=False)
 
 
-def answer_summary(judgments: pl.DataFrame) -> pl.DataFrame:
+_QUESTION_KEY = ("dataset", "episode_id", "probe_id")
+_JUDGMENT_COLUMNS = {"episode_id": pl.String, "probe_id": pl.String, "category": pl.String, "skipped": pl.String,
+                     "history_source": pl.String, "judge_model": pl.String, "prompt_fingerprint": pl.String}
+
+
+def _judgment_columns(judgments: pl.DataFrame) -> pl.DataFrame:
+    """Judgments with every column the summaries read (null where an older table lacks one)."""
+    return judgments.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in _JUDGMENT_COLUMNS.items()
+                                   if c not in judgments.columns])
+
+
+def _with_verdict(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows.filter(pl.col("error").is_null() & pl.col("skipped").is_null() & pl.col("score").is_not_null())
+
+
+def _question_verdicts(rows: pl.DataFrame) -> dict[tuple, bool]:
+    """Question -> judged correct, over the rows with a verdict."""
+    return {tuple(r[k] for k in _QUESTION_KEY): r["score"] == 1.0 for r in _with_verdict(rows).iter_rows(named=True)}
+
+
+def _paired_test(method: str, rows: pl.DataFrame, reference: str | None,
+                 reference_rows: pl.DataFrame | None) -> dict[str, Any]:
+    """The reference, the questions both have a verdict on, the discordant counts and the exact McNemar p."""
+    if reference is None or reference_rows is None:
+        return {"reference": reference, "paired": None, "only_reference": None, "only_other": None, "p_value": None}
+    from stages.metrics.significance import mcnemar_exact  # here: the module's import line is shared
+
+    mine, theirs = _question_verdicts(rows), _question_verdicts(reference_rows)
+    both = mine.keys() & theirs.keys()
+    only_ref = sum(theirs[q] and not mine[q] for q in both)
+    only_other = sum(mine[q] and not theirs[q] for q in both)
+    p = None if method == reference else mcnemar_exact(only_ref, only_other)
+    return {"reference": reference, "paired": len(both), "only_reference": only_ref, "only_other": only_other,
+            "p_value": p}
+
+
+def _dataset_scopes(judgments: pl.DataFrame) -> list[tuple[dict[str, Any], pl.DataFrame]]:
+    """(dataset, category) scopes: each dataset, each of its categories, and every dataset pooled."""
+    scopes = []
+    for (dataset,), part in judgments.group_by(["dataset"], maintain_order=True):
+        scopes.append(({"dataset": dataset, "category": None}, part))
+        for (category,), sub in part.filter(pl.col("category").is_not_null()).group_by(["category"],
+                                                                                       maintain_order=True):
+            scopes.append(({"dataset": dataset, "category": category}, sub))
+    scopes.append(({"dataset": "all", "category": None}, judgments))
+    return scopes
+
+
+def _counted(values: list[str | None]) -> str | None:
+    seen = sorted(Counter(v for v in values if v is not None).items())
+    return ", ".join(f"{k} {n}" for k, n in seen) or None
+
+
+def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.DataFrame:
+    """Per dataset (and pooled as "all"), category, method and judge: items, skipped, failed, judged,
+    the mean score or share correct over the judged, its 95% interval and, with `reference` (the run's
+    first method), an exact McNemar test of each method against it for the binary judges."""
     if judgments.is_empty():
         return empty(ANSWER_SUMMARY)
-    aggs = [pl.len().alias("items"), pl.col("error").is_not_null().sum().alias("failed"),
-            pl.col("score").mean().alias("score"), _first("judge_model").alias("judge_model"),
-            _first("prompt_fingerprint").alias("prompt_fingerprint")]
-    overall = judgments.group_by(["dataset", "method", "judge"]).agg(aggs).with_columns(
-        pl.lit(None, dtype=pl.String).alias("category"))
-    by_category = judgments.filter(pl.col("category").is_not_null()).group_by(
-        ["dataset", "category", "method", "judge"]).agg(aggs)
-    out = pl.concat([overall, by_category], how="diagonal")
-    return out.sort(["dataset", "category", "method", "judge"], nulls_last=False)
+    j = _judgment_columns(judgments)
+    rows: list[dict[str, Any]] = []
+    for scope, part in _dataset_scopes(j):
+        for (judge,), by_judge in part.group_by(["judge"], maintain_order=True):
+            methods = {m: sub for (m,), sub in by_judge.group_by(["method"], maintain_order=True)}
+            for method, sub in methods.items():
+                judged = _with_verdict(sub)
+                skipped = sub.filter(pl.col("skipped").is_not_null()).height
+                failed = sub.filter(pl.col("skipped").is_null() & (pl.col("error").is_not_null()
+                                                                   | pl.col("score").is_null())).height
+                row: dict[str, Any] = {**scope, "method": method, "judge": judge, "items": sub.height,
+                                       "skipped": skipped, "failed": failed, "judged": judged.height}
+                if judge == "gpt4score":
+                    values = judged["score"].cast(pl.Float64).to_list()
+                    low, high = bootstrap_mean_interval(values)
+                    row |= {"correct": None, "score": sum(values) / len(values) if values else None,
+                            "ci_low": low, "ci_high": high, "reference": None, "paired": None,
+                            "only_reference": None, "only_other": None, "p_value": None}
+                else:
+                    correct = judged.filter(pl.col("score") == 1.0).height
+                    low, high = wilson_interval(correct, judged.height)
+                    row |= {"correct": correct, "score": correct / judged.height if judged.height else None,
+                            "ci_low": low, "ci_high": high,
+                            **_paired_test(method, sub, reference, methods.get(reference) if reference else None)}
+                row |= {"history_sources": _counted(sub["history_source"].to_list()),
+                        "skip_reasons": "; ".join(sorted({r for r in sub["skipped"].to_list() if r})) or None,
+                        "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
+                        "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)}
+                rows.append(row)
+    rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["category"] is not None, r["category"] or "",
+                             r["method"], r["judge"]))
+    return pl.from_arrow(pa.Table.from_pylist(rows, ANSWER_SUMMARY))  # type: ignore[return-value]
 
 
-def teafarm_summary(judgments: pl.DataFrame) -> pl.DataFrame:
-    """Correct / total of the TeaFarm judge per dataset and method, and over every dataset."""
+def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.DataFrame:
+    """Correct / total of the TeaFarm judge per dataset and method, and over every dataset ("all"),
+    with a Wilson 95% interval and, with `reference` (the run's first method), an exact McNemar test
+    of each method against it on the questions both have a verdict on. Failed rows are counted in
+    `failed`, not in `total`."""
     tf = judgments.filter(pl.col("judge") == "teafarm") if not judgments.is_empty() else judgments
     if tf.is_empty():
         return empty(TEAFARM_SUMMARY)
-    judged = pl.col("score").is_not_null() & pl.col("error").is_null()
-    aggs = [(pl.col("score") == 1.0).filter(judged).sum().cast(pl.Int64).alias("correct"),
-            judged.sum().cast(pl.Int64).alias("total"), (~judged).sum().cast(pl.Int64).alias("failed"),
-            *[_first(c).alias(c) for c in ("judge_model", "prompt_fingerprint") if c in tf.columns]]
-    per = tf.group_by(["dataset", "method"]).agg(aggs)
-    overall = tf.group_by("method").agg(aggs).with_columns(pl.lit("all").alias("dataset"))
-    out = pl.concat([per, overall.select(per.columns)])
-    out = out.with_columns(pl.when(pl.col("total") > 0).then(pl.col("correct") / pl.col("total"))
-                           .otherwise(None).alias("correctness"))
-    order = pl.when(pl.col("dataset") == "all").then(1).otherwise(0)
-    return out.sort([order, "dataset", "method"]).select([c for c in TEAFARM_SUMMARY.names if c in out.columns])
+    tf = _judgment_columns(tf)
+    rows: list[dict[str, Any]] = []
+    for scope, part in [s for s in _dataset_scopes(tf) if s[0]["category"] is None]:
+        methods = {m: sub for (m,), sub in part.group_by(["method"], maintain_order=True)}
+        for method, sub in methods.items():
+            judged = _with_verdict(sub)
+            correct = judged.filter(pl.col("score") == 1.0).height
+            low, high = wilson_interval(correct, judged.height)
+            rows.append({"dataset": scope["dataset"], "method": method, "correct": correct, "total": judged.height,
+                         "correctness": correct / judged.height if judged.height else None,
+                         "ci_low": low, "ci_high": high,
+                         "failed": sub.filter(pl.col("skipped").is_null()).height - judged.height,
+                         **_paired_test(method, sub, reference, methods.get(reference) if reference else None),
+                         "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
+                         "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)})
+    rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["method"]))
+    return pl.from_arrow(pa.Table.from_pylist(rows, TEAFARM_SUMMARY))  # type: ignore[return-value]
 
 
 def memory_summary(judgments: pl.DataFrame) -> pl.DataFrame:
+    """Mean 1-5 rating per dataset, method and criterion: the samples of each (episode, speaker)
+    are averaged into one rating, the ratings averaged into the score, with a 95% percentile
+    bootstrap interval of that mean (seeded) over the ratings; and how many ratings saw a cut
+    memory or dialogue."""
     ok = judgments.filter(pl.col("score").is_not_null()) if not judgments.is_empty() else judgments
     if ok.is_empty():
         return empty(MEMORY_SUMMARY)
+    cut = [(pl.col(c).fill_null(False).any() if c in ok.columns else pl.lit(False)).alias(c)
+           for c in ("memory_truncated", "dialogue_truncated")]
     per_rating = ok.group_by(["dataset", "episode_id", "method", "speaker", "group", "criterion"]).agg(
-        pl.col("score").cast(pl.Float64).mean(), _first("judge_model").alias("judge_model"),
+        pl.col("score").cast(pl.Float64).mean(), *cut, _first("judge_model").alias("judge_model"),
         _first("prompt_fingerprint").alias("prompt_fingerprint"))
-    return per_rating.group_by(["dataset", "method", "group", "criterion"]).agg(
-        pl.len().alias("ratings"), pl.col("score").mean(), _first("judge_model").alias("judge_model"),
-        _first("prompt_fingerprint").alias("prompt_fingerprint")).sort(["dataset", "method", "group", "criterion"])
+    keys = ["dataset", "method", "group", "criterion"]
+    out = per_rating.group_by(keys).agg(
+        pl.len().alias("ratings"), pl.col("score").mean().alias("mean"), pl.col("score").sort().alias("scores"),
+        pl.col("memory_truncated").cast(pl.Int64).sum(), pl.col("dialogue_truncated").cast(pl.Int64).sum(),
+        _first("judge_model").alias("judge_model"), _first("prompt_fingerprint").alias("prompt_fingerprint"))
+    intervals = [bootstrap_mean_interval(v) for v in out["scores"].to_list()]
+    out = out.with_columns(pl.col("mean").alias("score"),
+                           pl.Series("score_low", [lo for lo, _ in intervals], dtype=pl.Float64),
+                           pl.Series("score_high", [hi for _, hi in intervals], dtype=pl.Float64))
+    return out.select(MEMORY_SUMMARY.names).sort(keys)
 
 
-def metric_summary(metrics: pl.DataFrame) -> pl.DataFrame:
+def metric_summary(metrics: pl.DataFrame, corpus: pl.DataFrame | None = None) -> pl.DataFrame:
+    """METRIC_SUMMARY from response_metrics rows (one per probe and method) and, when given, the
+    corpus_metrics rows of the same run (joined on dataset, kind, category, session and method)."""
     if metrics.is_empty():
         return empty(METRIC_SUMMARY)
-    names = [f.name for f in METRIC_SUMMARY][5:]
-    aggs = [pl.len().alias("responses"), *[pl.col(n).cast(pl.Float64).mean() for n in names]]
-    overall = metrics.group_by(["dataset", "kind", "method"]).agg(aggs).with_columns(
-        pl.lit(None, dtype=pl.String).alias("category"))
-    by_category = metrics.filter(pl.col("category").is_not_null()).group_by(
-        ["dataset", "kind", "category", "method"]).agg(aggs)
-    return pl.concat([overall, by_category], how="diagonal").sort(["dataset", "kind", "category", "method"],
-                                                                   nulls_last=False)
+    names = METRIC_SUMMARY.names
+    corpus_cols = [n for n in names if n.startswith("corpus_")]
+    bounded = [n.removesuffix("_low") for n in names if n.endswith("_low")]
+    means = [n for n in names[names.index("failed") + 1:]
+             if n not in corpus_cols and not n.endswith(("_low", "_high"))]
+    aggs = [pl.len().cast(pl.Int64).alias("responses"), pl.col("failed").sum().cast(pl.Int64).alias("failed"),
+            *[pl.col(n).cast(pl.Float64).mean() for n in means],
+            *[pl.col(n).cast(pl.Float64).drop_nulls().alias(f"{n}_values") for n in bounded]]
+    # Per session only for next-response probes: a question's session_idx is "after the whole history".
+    scopes = [(["dataset", "kind", "method"], metrics),
+              (["dataset", "kind", "category", "method"], metrics.filter(pl.col("category").is_not_null())),
+              (["dataset", "kind", "session_idx", "method"], metrics.filter(pl.col("kind") == "next_response"))]
+    out = pl.concat([frame.group_by(keys).agg(aggs) for keys, frame in scopes if not frame.is_empty()],
+                    how="diagonal")
+    keys = {"dataset": pl.String, "kind": pl.String, "category": pl.String, "session_idx": pl.Int32,
+            "method": pl.String}
+    out = out.with_columns([pl.col(k).cast(t) if k in out.columns else pl.lit(None, dtype=t).alias(k)
+                            for k, t in keys.items()])
+    for n in bounded:
+        bounds = [bootstrap_mean_interval(v) for v in out[f"{n}_values"].to_list()]
+        out = out.with_columns(pl.Series(f"{n}_low", [lo for lo, _ in bounds], dtype=pl.Float64),
+                               pl.Series(f"{n}_high", [hi for _, hi in bounds], dtype=pl.Float64))
+    if corpus is not None and not corpus.is_empty():
+        corpus = corpus.with_columns([pl.col(k).cast(t) for k, t in keys.items()])
+        out = out.join(corpus.select([*keys, *corpus_cols]), on=list(keys), how="left", nulls_equal=True)
+    out = out.with_columns([pl.lit(None, dtype=pl.Float64).alias(c) for c in corpus_cols if c not in out.columns])
+    return out.select(names).sort(list(keys), nulls_last=False)
 
 
 def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], answers: pl.DataFrame,

@@ -1,36 +1,44 @@
 """teabag: TeaFarm's counterfactual questions and the sessions that lead to them (Theanine Sec. 5,
 App. B-C), per episode.
 
-(1) each past session 1..N is summarised by the shared session-memory prompt under the `memory`
-role (the calls the memory methods make, so a run pays for them once); (2) the summaries go to the
-`teabag` role in session order; (3) it writes `questions_per_episode` counterfactual questions, the
-two speakers asking in turn and the other one answering, each with its answer and evidence
-sessions; our check (on by default, off in the paper-faithful config) regenerates rejected ones,
-keeping every reject with its reason; (4)-(5) a new session N+1 per question leads to it and ends
-with it. `probes` turns each question into a TeaFarm probe, every method answers it from sessions
-1..N plus that session, and `judge_answers` grades it (step 6). Every generated row carries the
-model, prompt fingerprint and seed that made it.
+(1) each past session 1..N is summarised with the session-memory prompt under the stage's own
+`teabag_summary` role (when the config sets no `roles.teabag_summary`, the `teabag` generator's
+client), never the memory methods' `memory` role, so TeaFarm's truth is not the tested methods' own
+output; (2) the summaries go to the `teabag` role in session order; (3) it writes
+`questions_per_episode` counterfactual questions, the two speakers asking in turn and the other one
+answering, each with its answer and evidence sessions; our check (on by default, off in the
+paper-faithful config) regenerates rejected ones, keeping every reject with its reason; (4)-(5) a
+new session N+1 per question, the speakers in strict turn, leads to it and ends with it; our leak
+check (on by default) writes a session again when it gives the truth away, keeping every leaking
+one in `session_rejects`. `probes` turns each question into a TeaFarm probe, every method answers it
+from sessions 1..N plus that session, and `judge_answers` grades it (step 6). Every generated row
+carries the model, prompt fingerprint and seed that made it; the settings and role models the run
+used are written beside the tables (`SETTINGS_FILE`) for the dataset card.
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pydantic import Field
 
+from pipeline.artifacts import atomic_write_json
 from pipeline.config import Section
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from stages.methods.dialogue import sessions_of
-from stages.methods.session_memories import SUMMARY_SYSTEM, session_time, summarize_session
+from stages.methods.session_memories import SUMMARY_SYSTEM, session_time, summarize_messages, summarize_session
 from stages.teabag import generate
 from stages.teabag.generate import Summary
 
 GENERATOR_ROLE = "teabag"
-SUMMARY_ROLE = "memory"  # the session-memory role of the memory methods: same calls, one payment
+# TeaBag's own summariser: the ground truth must not be the tested methods' own session memories.
+SUMMARY_ROLE = "teabag_summary"
+SETTINGS_FILE = "teabag_settings.json"  # in the stage folder: what the run was made with
 
 STAMP = [
     pa.field("model", pa.string()),
@@ -65,6 +73,9 @@ QUESTIONS = pa.schema(
         pa.field("attempts", pa.int32()),
         pa.field("checked", pa.bool_()),  # passed the counterfactual check; null: check off
         pa.field("check_reason", pa.string()),
+        pa.field("session_attempts", pa.int32()),  # sessions N+1 written for it (leaking ones included)
+        pa.field("leak_checked", pa.bool_()),  # its session passed the leak check; null: check off
+        pa.field("leak_reason", pa.string()),
         *STAMP,
         *FAILURE_FIELDS,  # error set: no usable question or session N+1 (the reason)
     ]
@@ -80,6 +91,21 @@ REJECTS = pa.schema(
         pa.field("false_premise", pa.string()),
         pa.field("answer", pa.string()),
         pa.field("evidence_sessions", pa.list_(pa.int32())),
+        pa.field("reason", pa.string()),
+        *STAMP,
+    ]
+)
+
+TURN = pa.struct([pa.field("speaker", pa.string()), pa.field("text", pa.string())])
+
+# Sessions N+1 the leak check rejected: kept, never used.
+SESSION_REJECTS = pa.schema(
+    [
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("asker", pa.string(), nullable=False),
+        pa.field("turns", pa.list_(TURN)),  # ending with the question, as a used session does
         pa.field("reason", pa.string()),
         *STAMP,
     ]
@@ -105,29 +131,67 @@ class TeabagConfig(Section):
     sessions: int | None = Field(default=5, ge=1)  # past sessions 1..N (paper: 5); None = every session
     min_sessions: int = Field(default=2, ge=1)  # episodes with fewer past sessions get no questions
     questions_per_episode: int = Field(default=2, ge=1)  # the paper: 2 (one per speaker)
-    max_memories: int = Field(default=10, ge=1)  # per session summary; match the memory methods to share calls
+    max_memories: int = Field(default=10, ge=1)  # per session summary
     counterfactual_check: bool = True  # ours; the paper-faithful config turns it off
     max_attempts: int = Field(default=3, ge=1)  # tries per question when the check rejects
     session_turns: int = Field(default=8, ge=2)  # about this many turns before the question
+    leak_check: bool = True  # ours: reject a session N+1 that gives the truth away
+    session_attempts: int = Field(default=3, ge=1)  # sessions written per question when the leak check rejects
     style_turns: int = Field(default=6, ge=0)  # turns of the last session shown as the speakers' style
     max_tokens: int | None = Field(default=None, ge=16)  # None keeps the role's
 
 
+SUMMARY_PROMPTS = {
+    "summary.system": SUMMARY_SYSTEM,
+    # the user template, rendered with placeholders, so an edit to it changes the rows' stamp too
+    "summary.user": summarize_messages([{"speaker": "{speaker}", "text": "{text}"}], 0, "{time}", 0)[1]["content"],
+}
+PROMPTS = {**generate.PROMPTS, **SUMMARY_PROMPTS}
+
+
 def fingerprint() -> str:
-    """The prompts every TeaBag item was made with (summary prompt included)."""
-    return prompt_fingerprint({**generate.PROMPTS, "summary.system": SUMMARY_SYSTEM})
+    """The prompts every TeaBag item was made with (the summary prompts included)."""
+    return prompt_fingerprint(PROMPTS)
+
+
+def summary_role(cfg: Any) -> str:
+    """The role whose client summarises the past sessions: `teabag_summary` when the config sets it,
+    else the `teabag` generator's (a role the config does not set would fall back to `llm`)."""
+    return SUMMARY_ROLE if SUMMARY_ROLE in cfg.roles else GENERATOR_ROLE
+
+
+def _role_record(role: str, llm: Any) -> dict[str, Any]:
+    cfg = llm.cfg
+    return {"role": role, **{k: getattr(cfg, k, None) for k in ("model", "temperature", "seed", "max_tokens")}}
+
+
+def recorded_settings(section: TeabagConfig, gen: Any, summ: Any, summ_role: str) -> dict[str, Any]:
+    """What the dataset card is rendered from: the section, and the model, temperature and seed of the
+    clients that generated and summarised (the checks run on the generator at temperature 0)."""
+    generator = _role_record(GENERATOR_ROLE, gen)
+    if section.max_tokens:  # the section's limit overrides the role's on the generator's calls only
+        generator["max_tokens"] = section.max_tokens
+    return {"teabag": section.model_dump(mode="json"), "generator": generator,
+            "summariser": _role_record(summ_role, summ), "prompt_fingerprint": fingerprint()}
 
 
 class TeabagStage(EpisodeStage):
     name = section = "teabag"
     settings = TeabagConfig
     inputs = ("ingest",)
-    outputs = {"summaries": SUMMARIES, "questions": QUESTIONS, "rejects": REJECTS, "sessions": SESSIONS}
+    outputs = {"summaries": SUMMARIES, "questions": QUESTIONS, "rejects": REJECTS, "sessions": SESSIONS,
+               "session_rejects": SESSION_REJECTS}
     roles = (GENERATOR_ROLE, SUMMARY_ROLE)
-    prompts = dict(generate.PROMPTS)
+    prompts = PROMPTS
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg: TeabagConfig = ctx.section
+        summ_role = summary_role(ctx.cfg)
+        gen, summ = ctx.role(GENERATOR_ROLE), ctx.role(summ_role)
+        if ctx.out_dir is not None:  # every shard records the same settings; the first write stays
+            path = Path(ctx.out_dir) / SETTINGS_FILE
+            if not path.exists():
+                atomic_write_json(path, recorded_settings(cfg, gen, summ, summ_role))
         episode = inputs["ingest.episodes"][0]
         sessions = sessions_of(inputs["ingest.turns"])
         n = cfg.sessions or max(sessions, default=0)
@@ -137,7 +201,6 @@ class TeabagStage(EpisodeStage):
         if len(past) < cfg.min_sessions or len(speakers) < 2:
             return empty
         n = max(past)
-        gen, summ = ctx.role(GENERATOR_ROLE), ctx.role(SUMMARY_ROLE)
         fp = fingerprint()
 
         def stamp(llm: Any, sample: int = 0) -> dict[str, Any]:
@@ -184,16 +247,28 @@ class TeabagStage(EpisodeStage):
             row.update(question=a.question, false_premise=a.false_premise, answer=a.answer,
                        evidence_sessions=a.evidence_sessions, attempts=a.attempt + 1, checked=a.accepted,
                        check_reason=a.reason, **stamp(gen, a.attempt))
-            turns, failed_call = await attempt(generate.synthesize_session(
-                gen, summaries, speakers, asker, a.question, past[n], turns=cfg.session_turns,
-                style_turns=cfg.style_turns, params=params))
-            if turns is None:
+            written, failed_call = await attempt(generate.write_session(
+                gen, summaries, asker, answerer, a, past[n], turns=cfg.session_turns, style_turns=cfg.style_turns,
+                leak_check=cfg.leak_check, max_attempts=cfg.session_attempts, params=params))
+            if written is None:
                 out["questions"].append({**row, **failed_call, "error": f"session {n + 1}: {failed_call['error']}"})
                 return
+            out["session_rejects"] += [{"episode_id": episode_id, "question_id": qid, "attempt": r.attempt,
+                                        "asker": asker, "turns": r.turns, "reason": r.reason,
+                                        **stamp(gen, r.attempt)} for r in written.rejects]
+            used = written.accepted
+            if used is None:
+                last = written.rejects[-1]
+                out["questions"].append({**row, "session_attempts": len(written.rejects), "leak_checked": False,
+                                         "leak_reason": last.reason,
+                                         "error": f"session {n + 1} gave the truth away in all "
+                                                  f"{len(written.rejects)} attempts"})
+                return
+            row.update(session_attempts=used.attempt + 1, leak_checked=used.hidden, leak_reason=used.reason)
             out["questions"].append(row)
             out["sessions"] += [{"episode_id": episode_id, "question_id": qid, "session_idx": n + 1, "turn_idx": i,
-                                 "speaker": t["speaker"], "text": t["text"], "is_question": i == len(turns) - 1,
-                                 **stamp(gen)} for i, t in enumerate(turns)]
+                                 "speaker": t["speaker"], "text": t["text"], "is_question": i == len(used.turns) - 1,
+                                 **stamp(gen, used.attempt)} for i, t in enumerate(used.turns)]
 
         async def asks(speaker: str) -> None:  # one speaker's questions in turn, so they differ
             avoid: list[str] = []
@@ -202,11 +277,12 @@ class TeabagStage(EpisodeStage):
                     await slot(k, asker, answerer, avoid)
 
         await asyncio.gather(*(asks(s) for s in speakers))
-        for table, key in (("questions", "question_idx"), ("rejects", "attempt"), ("sessions", "turn_idx")):
+        for table, key in (("questions", "question_idx"), ("rejects", "attempt"), ("sessions", "turn_idx"),
+                           ("session_rejects", "attempt")):
             out[table].sort(key=lambda r: (r["question_id"], r[key]))
         return out
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         qs = produced["questions"]
         return {"questions": sum(q["error"] is None for q in qs), "failed_questions": sum(q["error"] is not None for q in qs),
-                "rejected_attempts": len(produced["rejects"])}
+                "rejected_attempts": len(produced["rejects"]), "leaking_sessions": len(produced["session_rejects"])}

@@ -1,20 +1,32 @@
 """`mempipe export teabag --out DIR`: the TeaBag dataset as Parquet tables with a dataset card.
 
-Rows are sorted and the card holds no clock time, so exporting the same run twice, or generating
-again with the same config and cache, gives the same bytes.
+The card is rendered from what the run recorded (`SETTINGS_FILE` in the stage folder: the section,
+the generator's and summariser's model, temperature and seed), never from the export command's
+config; an export config whose teabag fingerprint differs from the run's manifest is refused (or,
+asked for, warned about), since its values would not be the ones the data was made with. Rows are
+sorted and the card holds no clock time, so exporting the same run twice, or generating again with
+the same config and cache, gives the same bytes.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.artifacts import StageDir, atomic_write_bytes, atomic_write_parquet
+from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
+from pipeline.fingerprint import compute_fingerprint
+from pipeline.hashing import canonical_json, sha256
 from pipeline.manifest import Manifest
+from stages.teabag import SETTINGS_FILE, TeabagConfig, TeabagStage
+
+log = logging.getLogger(__name__)
 
 FIELDS = {
     "episodes": "the source episodes, cut to their past sessions (`n_sessions` = N)",
@@ -22,10 +34,17 @@ FIELDS = {
     "questions": "one counterfactual question per row: `asker` asks it of `answerer`; `false_premise` is what it "
                  "wrongly takes for granted; `answer` is what a partner who remembers says; `evidence_sessions` "
                  "are the sessions whose summaries show the truth; `checked` is the counterfactual check's verdict "
-                 "(null with the check off); `model`, `prompt_fingerprint`, `seed` made it",
-    "next_sessions": "session N+1 for each question: turns leading to it, the last turn (`is_question`) being the "
-                     "question itself spoken by the asker",
+                 "(null with the check off); `session_attempts` counts the sessions N+1 written for it and `leak_checked` "
+                 "is the leak check's verdict on the one used (null with the check off); `model`, "
+                 "`prompt_fingerprint`, `seed` made it",
+    "next_sessions": "session N+1 for each question: turns leading to it, the two speakers alternating from the "
+                     "asker, the last turn (`is_question`) being the question itself spoken by the asker",
     "rejects": "questions the counterfactual check rejected, with its reason (kept, never used)",
+    "summaries": "step (1): the notes of each past session 1..N of the exported episodes (`memories`), which the "
+                 "generator read in session order; `model` is the summariser (TeaBag's own role, not the memory "
+                 "methods under test)",
+    "session_rejects": "sessions N+1 the leak check rejected because they gave the truth away: the `turns` (ending "
+                       "with the question) and the check's `reason` (kept, never used)",
 }
 
 
@@ -48,18 +67,84 @@ def teabag_tables(ingest: StageDir, teabag: StageDir) -> dict[str, pa.Table]:
     used = pa.array(questions["question_id"].to_pylist(), pa.string())
     sessions = teabag.read_table("sessions")
     sessions = sessions.filter(pc.is_in(sessions["question_id"], used))
+    summaries = teabag.read_table("summaries", ids) if ids else teabag.read_table("summaries").slice(0, 0)
     return {
         "episodes": _sorted(episodes, ["episode_id"]),
         "sessions": _sorted(turns, ["episode_id", "session_idx", "turn_idx"]),
+        "summaries": _sorted(summaries.drop_columns(["error"]), ["episode_id", "session_idx"]),
         "questions": _sorted(questions, ["episode_id", "question_idx"]),
         "next_sessions": _sorted(sessions, ["question_id", "turn_idx"]),
         "rejects": _sorted(teabag.read_table("rejects"), ["question_id", "attempt"]),
+        "session_rejects": _sorted(teabag.read_table("session_rejects"), ["question_id", "attempt"]),
     }
 
 
-def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, settings: Any) -> str:
+def recorded_settings(teabag: StageDir) -> dict[str, Any]:
+    """What the run's teabag stage recorded it was made with (`stages.teabag.recorded_settings`)."""
+    path = teabag.final / SETTINGS_FILE
+    if not path.exists():
+        raise PipelineError(f"{path} is missing: the teabag stage under {teabag.run_dir} recorded no settings (an "
+                            "older version made it); regenerate it with `mempipe run -c CONFIG --force teabag`")
+    return json.loads(path.read_text())
+
+
+def teabag_fingerprint(cfg: RunConfig) -> str:
+    """The teabag stage fingerprint `cfg` and the current code give, as the runner computes it."""
+    from stages import registry  # here: the package imports this module
+
+    plan = registry(cfg)
+    plan.setdefault(TeabagStage.name, TeabagStage())
+    fps: dict[str, str] = {}
+
+    def fp(name: str) -> str:
+        if name not in fps:
+            stage = plan[name]
+            fps[name] = compute_fingerprint(stage, cfg, {i: fp(i) for i in stage.inputs})
+        return fps[name]
+
+    return fp(TeabagStage.name)
+
+
+def section_fingerprint(section: dict[str, Any]) -> str:
+    return sha256(canonical_json(section))[:16]
+
+
+def check_config(run_dir: Path, manifest: Manifest, recorded: dict[str, Any], config: RunConfig | TeabagConfig,
+                 on_mismatch: Literal["error", "warn"] = "error") -> None:
+    """Refuse (or warn) when the export config is not the one the run's TeaBag was made with. A whole
+    run config is compared by the teabag stage fingerprint (settings, roles, prompts, code, corpus)
+    with the manifest's; a bare teabag section only by its values with the recorded ones."""
+    if isinstance(config, RunConfig):
+        what, run_fp, export_fp = "teabag stage fingerprint", manifest.fingerprint, teabag_fingerprint(config)
+    else:
+        what = "teabag section fingerprint"
+        run_fp = section_fingerprint(recorded["teabag"])
+        export_fp = section_fingerprint(config.model_dump(mode="json"))
+    if run_fp == export_fp:
+        return
+    message = (f"the TeaBag under {run_dir / TeabagStage.name} was made with {what} {run_fp}, but the export config "
+               f"gives {export_fp}: its card would describe settings the data was not made with. Export with the "
+               "config (and --set overrides) the run was made with, or regenerate TeaBag for this config first: "
+               "`mempipe run -c CONFIG --until teabag` with the same --set overrides, then export again")
+    if on_mismatch == "warn":
+        log.warning("%s (the card is rendered from the run's recorded settings)", message)
+        return
+    raise PipelineError(message)
+
+
+def _role_line(record: dict[str, Any]) -> str:
+    temperature = record.get("temperature")
+    return f"`{record.get('model')}` at temperature {'unset' if temperature is None else temperature} " \
+           f"(role `{record.get('role')}`)"
+
+
+def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, recorded: dict[str, Any]) -> str:
+    """The card, from the run's recorded settings (`recorded`) and its manifest, never a live config."""
+    settings = recorded["teabag"]
+    generator, summariser = recorded["generator"], recorded["summariser"]
     q = tables["questions"]
     models = sorted({m for m in q["model"].to_pylist() if m})
+    summary_models = sorted({m for m in tables["summaries"]["model"].to_pylist() if m})
     fingerprints = sorted(set(q["prompt_fingerprint"].to_pylist()))
     seeds = sorted({s for s in q["seed"].to_pylist() if s is not None})
     datasets = q["dataset"].to_pylist()
@@ -73,19 +158,35 @@ def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, settings: Any)
         "(TeaFarm, Theanine paper, Sec. 5 and App. C), generated by mempipe's `teabag` stage.", "",
         "## Counts", "",
         f"- episodes: {tables['episodes'].num_rows}; questions: {q.num_rows} ({per_dataset}); "
-        f"session N+1 turns: {tables['next_sessions'].num_rows}; rejected attempts: {tables['rejects'].num_rows}",
+        f"session N+1 turns: {tables['next_sessions'].num_rows}; rejected questions: {tables['rejects'].num_rows}; "
+        f"leaking sessions N+1: {tables['session_rejects'].num_rows}",
         "", "## How it was made", "",
-        f"1. Each of the past sessions 1..N (N = `teabag.sessions` = {settings.sessions}) was summarised into at most "
-        f"{settings.max_memories} memories with the session-memory prompt.",
+        f"1. Each of the past sessions 1..N (N = `teabag.sessions` = {settings['sessions']}) was summarised into at "
+        f"most {settings['max_memories']} memories with the session-memory prompt by TeaBag's own summariser, "
+        f"{_role_line(summariser)}"
+        + ("" if summariser.get("role") == "teabag_summary" else
+           ", the generator's role since `roles.teabag_summary` was not set")
+        + ", not by the memory methods under test, so the ground truth is not their own output. The notes are in "
+        "`summaries.parquet`.",
         "2. The summaries were given to the generator in session order, so it knows the newest stage of each event.",
-        f"3. It wrote {settings.questions_per_episode} counterfactual questions per episode, the two speakers asking "
-        "in turn, each with the correct answer, the answering speaker and the evidence sessions.",
-        f"4. Counterfactual check (ours, not in the paper): {'on' if settings.counterfactual_check else 'off'}"
-        + (f"; rejected questions were regenerated up to {settings.max_attempts} tries and kept in `rejects`."
-           if settings.counterfactual_check else "."),
-        f"5. A new session N+1 (about {settings.session_turns} turns) was written for each question; it ends "
-        "with the question, spoken by the asker.", "",
-        f"- generator model(s): {', '.join(models) or 'none'}",
+        f"3. The generator, {_role_line(generator)}, wrote {settings['questions_per_episode']} counterfactual "
+        "questions per episode, the two speakers asking in turn, each with the correct answer, the answering "
+        "speaker and the evidence sessions.",
+        f"4. Counterfactual check (ours, not in the paper): {'on' if settings['counterfactual_check'] else 'off'}"
+        + (f"; rejected questions were regenerated up to {settings['max_attempts']} tries and kept in `rejects`."
+           if settings['counterfactual_check'] else "."),
+        f"5. A new session N+1 (about {settings['session_turns']} turns) was written for each question, the two "
+        "speakers alternating from the asker and the answerer speaking last; it ends with the question, spoken by "
+        "the asker. The generator was told not to state or hint at the correct answer or the true current state "
+        "of the event.",
+        f"6. Leak check (ours, not in the paper): {'on' if settings['leak_check'] else 'off'}"
+        + (f"; a session N+1 that gave the truth away was written again up to {settings['session_attempts']} "
+           "tries and kept in `session_rejects`; a question whose every session leaked was dropped."
+           if settings['leak_check'] else "."),
+        "",
+        "The checks run on the generator's model at temperature 0.", "",
+        f"- generator model(s): {', '.join(models) or 'none'}; temperature: {generator.get('temperature')}",
+        f"- summariser model(s): {', '.join(summary_models) or 'none'}; temperature: {summariser.get('temperature')}",
         f"- prompt fingerprint(s): {', '.join(fingerprints) or 'none'}",
         f"- seed(s): {', '.join(map(str, seeds)) or 'none'}",
         f"- stage fingerprint: `{manifest.fingerprint}` (mempipe {manifest.code_version})", "",
@@ -106,14 +207,21 @@ def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, settings: Any)
     return "\n".join(lines)
 
 
-def export_teabag(run_dir: Path, out: Path, settings: Any) -> Path:
+def export_teabag(run_dir: Path, out: Path, config: RunConfig | TeabagConfig,
+                  on_mismatch: Literal["error", "warn"] = "error") -> Path:
+    """Write the TeaBag dataset of `run_dir` into `out`: the tables and a card rendered from the run's
+    recorded settings. `config` is the export command's config (a whole run config is checked by the
+    stage fingerprint, a bare teabag section by its values); a mismatch raises PipelineError, or
+    only logs a warning with `on_mismatch="warn"`."""
     ingest, teabag = StageDir(run_dir, "ingest"), StageDir(run_dir, "teabag")
     manifest = teabag.manifest()
     if manifest is None or ingest.manifest() is None:
         raise PipelineError(f"no finished teabag stage under {run_dir}; run it first (teabag.enabled=true)")
+    recorded = recorded_settings(teabag)
+    check_config(run_dir, manifest, recorded, config, on_mismatch)
     tables = teabag_tables(ingest, teabag)
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         atomic_write_parquet(out / f"{name}.parquet", table)
-    atomic_write_bytes(out / "README.md", dataset_card(tables, manifest, settings).encode())
+    atomic_write_bytes(out / "README.md", dataset_card(tables, manifest, recorded).encode())
     return out

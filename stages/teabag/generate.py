@@ -1,11 +1,12 @@
 """TeaBag generation (Theanine Sec. 5.1, App. B-C), as pure functions with the LLM injected.
 
-Steps (2)-(5) of TeaFarm: the session summaries of step (1) (`session_memories`, shared with
-the memory methods) go to the generator in chronological order so it knows the newest stage of
-every event; it writes counterfactual questions from one speaker's side (spoken as if an outdated
-or false thing were true) with the correct answer and the sessions it rests on; our optional check
-asks whether each question really contradicts the summaries; then a new session is written in
-which the two speakers talk naturally towards the question, which closes it verbatim.
+Steps (2)-(5) of TeaFarm: the session summaries of step (1) go to the generator in chronological
+order so it knows the newest stage of every event; it writes counterfactual questions from one
+speaker's side (spoken as if an outdated or false thing were true) with the correct answer and the
+sessions it rests on; our optional check asks whether each question really contradicts the
+summaries; then a new session is written in which the two speakers, in strict turn, talk naturally
+towards the question, which closes it verbatim. The session is told to keep the truth out of the
+talk, and our optional leak check rejects (and keeps) a session that gives it away anyway.
 
 All wording is ours; the paper's prompts are not reproduced.
 """
@@ -17,7 +18,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.llm.types import ChatLLM, Messages
 from stages.methods.session_memories import when
 
 QUESTION_SYSTEM = (
@@ -50,22 +51,49 @@ CHECK_USER = (
 )
 SESSION_SYSTEM = (
     "You write the next session of a long conversation between two people. Keep their names, their way "
-    "of talking and what they know of each other. The talk starts on something everyday and drifts, "
-    "without hurry, towards a topic where {asker} will ask a question; you write only the turns before "
-    "that question, and the last turn you write should make the question a natural next thing to say."
+    "of talking and what they know of each other. {asker} opens with something everyday and the talk "
+    "drifts, without hurry, towards a topic where {asker} will ask a question. You write only the turns "
+    "before that question: the two speak strictly in turn, {asker} first, and the last turn you write is "
+    "{answerer}'s, after which the question is a natural next thing for {asker} to say. The session must "
+    "not give the answer away: nobody states, hints at or confirms the correct answer or the true current "
+    "state of the event the question is about, and nobody corrects the mistaken belief it rests on, "
+    "because the question tests whether {answerer} remembers that from earlier sessions."
 )
 SESSION_USER = (
     "Notes of the past sessions, oldest first:\n{notes}\n\nHow they talked last time:\n{style}\n\n"
-    "The question {asker} will ask right after your turns: {question}\n\nWrite about {turns} turns, the "
-    "two speakers taking turns ({speakers}). Reply in JSON: {{\"turns\": [{{\"speaker\": name, \"text\": "
-    "utterance}}, ...]}}."
+    "The question {asker} will ask right after your turns: {question}\n"
+    "What it wrongly takes for granted: {false_premise}\n"
+    "The truth, which must stay out of this session: {answer}\n\n"
+    "{feedback}Write about {exchanges} exchanges, each {asker} speaking and then {answerer} replying. "
+    "Reply in JSON: {{\"exchanges\": [{{\"asker\": what {asker} says, \"answerer\": what {answerer} "
+    "replies}}, ...]}}."
+)
+LEAK_SYSTEM = (
+    "You review conversations written for a memory test. Right after the conversation, one speaker asks "
+    "the other a question built on a mistaken belief, and the test is whether the other remembers the "
+    "truth from earlier sessions. A conversation gives the truth away when any turn states, hints at or "
+    "confirms the correct answer or the true current state of the event, or corrects the mistaken "
+    "belief, so that the truth could be found in this conversation alone. Otherwise it keeps the truth "
+    "hidden; talk near the topic that reveals nothing about its current state is fine."
+)
+LEAK_USER = (
+    "The conversation:\n{session}\n\nThe question that follows ({asker} to {answerer}): {question}\n"
+    "The mistaken belief: {false_premise}\nThe truth: {answer}\n\n"
+    "Does the conversation keep the truth hidden? Reply in JSON: {{\"hidden\": true | false, "
+    "\"reason\": one short sentence}}."
 )
 PROMPTS = {"question.system": QUESTION_SYSTEM, "question.user": QUESTION_USER, "check.system": CHECK_SYSTEM,
-           "check.user": CHECK_USER, "session.system": SESSION_SYSTEM, "session.user": SESSION_USER}
+           "check.user": CHECK_USER, "session.system": SESSION_SYSTEM, "session.user": SESSION_USER,
+           "leak.system": LEAK_SYSTEM, "leak.user": LEAK_USER}
 
 
 class Verdict(BaseModel):
     counterfactual: bool
+    reason: str = Field(default="", max_length=400)
+
+
+class LeakVerdict(BaseModel):
+    hidden: bool  # true: the session keeps the truth out of the talk
     reason: str = Field(default="", max_length=400)
 
 
@@ -77,11 +105,11 @@ def question_schema(n_sessions: int) -> type[BaseModel]:
                         evidence_sessions=(list[session], Field(default_factory=list, max_length=n_sessions)))
 
 
-def session_schema(speakers: Sequence[str], max_turns: int) -> type[BaseModel]:
-    """Session turns spoken only by the episode's two speakers."""
-    who: Any = Literal[tuple(speakers)]  # type: ignore[misc]
-    turn = create_model("SessionTurn", speaker=(who, ...), text=(str, Field(min_length=1)))
-    return create_model("NewSession", turns=(list[turn], Field(min_length=1, max_length=max_turns)))  # type: ignore[valid-type]
+def session_schema(max_exchanges: int) -> type[BaseModel]:
+    """Session N+1 as exchanges, the asker speaking and then the answerer: the turns alternate and the
+    answerer speaks last before the asker's question, by construction."""
+    exchange = create_model("Exchange", asker=(str, Field(min_length=1)), answerer=(str, Field(min_length=1)))
+    return create_model("NewSession", exchanges=(list[exchange], Field(min_length=1, max_length=max_exchanges)))  # type: ignore[valid-type]
 
 
 @dataclass
@@ -175,16 +203,82 @@ def style_sample(turns: Sequence[dict], n: int) -> str:
     return "\n".join(f"{t['speaker']}: {t['text']}" for t in list(turns)[-n:]) or "(no earlier turns)"
 
 
-async def synthesize_session(llm: ChatLLM, summaries: Sequence[Summary], speakers: Sequence[str], asker: str,
-                             question: str, last_session: Sequence[dict], *, turns: int = 8, style_turns: int = 6,
-                             params: dict[str, Any] | None = None) -> list[dict[str, str]]:
-    """Steps (4)-(5): the new session's turns, ending with `question` spoken verbatim by `asker`."""
-    system = SESSION_SYSTEM.format(asker=asker)
-    user = SESSION_USER.format(notes=notes_text(summaries), style=style_sample(last_session, style_turns),
-                               asker=asker, question=question, turns=turns, speakers=" and ".join(speakers))
-    result = await llm.chat([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                            schema=session_schema(speakers, 2 * turns), **(params or {}))
-    lines = [{"speaker": t.speaker, "text": t.text.strip()} for t in result.parsed.turns if t.text.strip()]
-    if not lines:
-        raise LLMError("the new session has no turns")
-    return [*lines, {"speaker": asker, "text": question}]
+@dataclass
+class SessionAttempt:
+    """One written session N+1 (its turns end with the question), kept whether it was used or not."""
+
+    attempt: int
+    turns: list[dict[str, str]]
+    hidden: bool | None = None  # the leak check's verdict; None: not checked
+    reason: str | None = None
+
+
+@dataclass
+class WrittenSession:
+    """One question's session N+1: the session used (None when every attempt leaked) and the rejects."""
+
+    accepted: SessionAttempt | None
+    rejects: list[SessionAttempt] = field(default_factory=list)
+
+
+def session_messages(notes: str, style: str, asker: str, answerer: str, q: Attempt, turns: int,
+                     feedback: str | None) -> Messages:
+    names = {"asker": asker, "answerer": answerer}
+    feedback_text = f"A reviewer rejected the previous try: {feedback}\n\n" if feedback else ""
+    user = SESSION_USER.format(notes=notes, style=style, question=q.question, false_premise=q.false_premise,
+                               answer=q.answer, feedback=feedback_text, exchanges=max(1, round(turns / 2)), **names)
+    return [{"role": "system", "content": SESSION_SYSTEM.format(**names)}, {"role": "user", "content": user}]
+
+
+def leak_messages(asker: str, answerer: str, q: Attempt, turns: Sequence[dict]) -> Messages:
+    """The leak check sees the turns before the question, the question, its false premise and the truth."""
+    session = "\n".join(f"{t['speaker']}: {t['text']}" for t in turns) or "(no turns)"
+    user = LEAK_USER.format(session=session, asker=asker, answerer=answerer, question=q.question,
+                            false_premise=q.false_premise, answer=q.answer)
+    return [{"role": "system", "content": LEAK_SYSTEM}, {"role": "user", "content": user}]
+
+
+def _no_blank_turns(parsed: Any) -> None:
+    if any(not e.asker.strip() or not e.answerer.strip() for e in parsed.exchanges):
+        raise ValueError("every turn needs words; a blank turn would break the alternation")
+
+
+async def synthesize_session(llm: ChatLLM, summaries: Sequence[Summary], asker: str, answerer: str, q: Attempt,
+                             last_session: Sequence[dict], *, turns: int = 8, style_turns: int = 6, sample: int = 0,
+                             feedback: str | None = None, params: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    """Steps (4)-(5): the new session's turns, `asker` and `answerer` in strict turn from `asker`, ending
+    with `q.question` spoken verbatim by `asker`. `sample` and `feedback` make a retry a new call."""
+    messages = session_messages(notes_text(summaries), style_sample(last_session, style_turns), asker, answerer,
+                                q, turns, feedback)
+    result = await llm.chat(messages, schema=session_schema(max(1, turns)), validate=_no_blank_turns,
+                            sample=sample, **(params or {}))
+    lines = [line for e in result.parsed.exchanges
+             for line in ({"speaker": asker, "text": e.asker.strip()}, {"speaker": answerer, "text": e.answerer.strip()})]
+    return [*lines, {"speaker": asker, "text": q.question}]
+
+
+async def write_session(llm: ChatLLM, summaries: Sequence[Summary], asker: str, answerer: str, q: Attempt,
+                        last_session: Sequence[dict], *, turns: int = 8, style_turns: int = 6, leak_check: bool = True,
+                        max_attempts: int = 3, checker: ChatLLM | None = None,
+                        params: dict[str, Any] | None = None) -> WrittenSession:
+    """Steps (4)-(5) with our leak check when `leak_check`: a session whose turns give the truth away is
+    written again (sample `attempt`, told why) up to `max_attempts` tries, and every leaking one is kept.
+    The check runs at temperature 0 with the same sample index as the session it reviews.
+
+    Raises LLMError when the generator or the checker fails outright."""
+    rejects: list[SessionAttempt] = []
+    feedback = None
+    for attempt in range(max_attempts if leak_check else 1):
+        lines = await synthesize_session(llm, summaries, asker, answerer, q, last_session, turns=turns,
+                                         style_turns=style_turns, sample=attempt, feedback=feedback, params=params)
+        s = SessionAttempt(attempt, lines)
+        if not leak_check:
+            return WrittenSession(s)
+        verdict = (await (checker or llm).chat(leak_messages(asker, answerer, q, lines[:-1]), schema=LeakVerdict,
+                                               sample=attempt, temperature=0.0)).parsed
+        s.hidden, s.reason = verdict.hidden, verdict.reason.strip() or None
+        if s.hidden:
+            return WrittenSession(s, rejects)
+        rejects.append(s)
+        feedback = (f"it gave the truth away ({s.reason})" if s.reason else "it gave the truth away")
+    return WrittenSession(None, rejects)

@@ -115,7 +115,9 @@ async def learn_guidance(
     start_round = len(g.history)
     for r in range(start_round + 1, start_round + rounds + 1):
         preds = await asyncio.gather(*(segment_session(llm, s, guidance=g, **options) for s in sessions))
-        wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold))) for gold, p in zip(golds, preds)]
+        # Hard examples by WindowDiff as Table 4 scores it (SuperDialseg's convention, like `score`).
+        wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold)), convention="superdialseg")
+               for gold, p in zip(golds, preds)]
         order = sorted((i for i in range(len(sessions)) if wds[i] > 0), key=lambda i: (-wds[i], i))
         hard = order[:hard_k]
         entry: dict[str, Any] = {"round": r, "mean_wd": sum(wds) / len(wds) if wds else 0.0,

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from pipeline.llm.types import ChatLLM
 from stages.methods import response
 from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
-from stages.methods.response import generate
+from stages.methods.response import QAPrompt, generate
 from stages.methods.secom.units import unit_retriever
 
 BANK = "banks.memory_units"
@@ -31,6 +31,8 @@ class RetrievalSettings(MethodSettings):
     token_budget: int | None = Field(default=None, ge=1)
     use_compression: bool = True  # compressed text as retrieval key (SeCom denoising)
     similarity: Literal["cosine", "dot"] = "cosine"  # dense scoring; dot for multi-qa-mpnet-base-dot-v1
+    # How QA probes are asked: ours, or LoCoMo's task_eval protocol (stages/methods/response.py)
+    qa_prompt: QAPrompt = "ours"
 
     @model_validator(mode="after")
     def _sized(self) -> RetrievalSettings:
@@ -82,7 +84,7 @@ class RetrievalMethod(Method):
         return {k: v for k, v in self.__dict__.items() if k != "_indexes"}  # a memo never travels
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
-        return await generate(llm, probe, self.rank(probe, settings))
+        return await generate(llm, probe, self.rank(probe, settings), settings.qa_prompt)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: Any) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]

@@ -1,0 +1,291 @@
+"""The answer judges and their summaries on hand-worked cases: MemoChat's GPT4Score judge (history,
+question, response; explanation, then [[rating]]), the evidence history it is shown, adversarial
+questions, the TeaFarm judge told the false premise, LoCoMo's official QA protocol (the category-5
+choice in a seeded order, mapped back; the date hint), and accuracy with Wilson intervals, bootstrap
+intervals of GPT4Score means and the exact McNemar test against the reference method."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+from fake_chat import FakeChat
+from pydantic import ValidationError
+
+from pipeline.llm.types import LLMError
+from pipeline.stage import StageContext
+from stages.judging import answers
+from stages.judging.judge_answers import SKIP_UNANSWERABLE, JudgeAnswersSettings, JudgeAnswersStage, related_history
+from stages.methods import response
+from stages.methods.base import ProbeInput
+from stages.methods.history import FullHistory, FullHistorySettings, ZeroHistory, ZeroHistorySettings
+from stages.methods.secom.retrieval import RetrievalSettings
+from stages.report.tables import answer_summary, teafarm_summary
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# --- GPT4Score as MemoChat's judge -------------------------------------------------------------
+
+def test_memochat_judge_is_shown_history_question_and_response_and_asked_to_explain_then_rate():
+    msgs = answers.build_memochat_messages("[Session 1]\nAnn: I adopted a dog named Rex.", "What is Ann's dog called?",
+                                           "Rex.")
+    system, user = msgs[0]["content"], msgs[1]["content"]
+    assert "impartial judge" in system and "faithful" in system and "related conversation history" in system
+    assert "explanation" in system and "1 to 100" in system and "[[rating]]" in system
+    assert system.index("explanation") < system.index("[[rating]]")  # explain first, then rate
+    assert "Related conversation history:\n```\n[Session 1]\nAnn: I adopted a dog named Rex.\n```" in user
+    assert "User question:\n```\nWhat is Ann's dog called?\n```" in user and "Bot response:\n```\nRex.\n```" in user
+    assert "Reference" not in user  # MemoChat's judge has no reference answer
+
+
+def test_memochat_reply_parses_into_explanation_and_rating():
+    parsed = answers.parse_memochat("The response names the dog as in the history, Rex. Rating: [[73]]")
+    assert parsed == answers.MemoChatRating(explanation="The response names the dog as in the history, Rex. Rating:",
+                                            rating=73)
+    assert answers.parse_memochat("x [[ 5 ]] then [[100]]").rating == 100  # the last rating counts
+    with pytest.raises(ValueError):
+        answers.parse_memochat("A fine answer, 73/100.")
+    with pytest.raises(ValidationError):
+        answers.parse_memochat("Off the scale [[0]]")  # MemoChat's scale is 1-100
+
+
+def test_memochat_judge_returns_rating_and_explanation_and_a_bad_reply_becomes_a_failure_with_raw():
+    llm = FakeChat(["Faithful to the history. [[88]]"])
+    assert run(answers.judge_memochat(llm, "h", "q", "r")) == (88.0, "Faithful to the history.", "fake")
+    assert llm.calls[0]["schema"] is None  # free text: the rating is read from [[...]]
+    with pytest.raises(LLMError) as failed:
+        run(answers.judge_memochat(FakeChat(["no rating here"]), "h", "q", "r"))
+    assert failed.value.raw == "no rating here"
+
+
+def test_reference_judges_ask_for_the_reason_before_the_verdict():
+    assert list(answers.ExplainedScore.model_fields) == ["reason", "score"]
+    assert list(answers.ExplainedCorrectness.model_fields) == ["reason", "correct"]
+    user = answers.build_messages("gpt4score", "Where?", "Paris", "In Paris")[1]["content"]
+    assert user.index('"reason"') < user.index('"score"')
+    assert '"reason"' not in answers.build_messages("strict", "Where?", "Paris", "x", explain=False)[1]["content"]
+
+
+def test_an_unanswerable_question_is_judged_against_not_mentioned():
+    user = answers.build_messages("strict", "What colour is Dev's bicycle?", None, "Red")[1]["content"]
+    assert "Reference answer: Not mentioned in the conversation" in user
+
+
+def test_the_teafarm_judge_is_told_the_false_premise_when_the_probe_has_one():
+    told = answers.build_messages("teafarm", "How was Japan?", "B has never been to Japan", "It was great",
+                                  false_premise="that B has been to Japan")[1]["content"]
+    assert "The question wrongly assumes: that B has been to Japan\nCorrect answer: B has never been to Japan" in told
+    assert "wrongly assumes" not in answers.build_messages("teafarm", "q", "a", "r")[1]["content"]
+
+
+# --- the history MemoChat's judge sees -------------------------------------------------------------
+
+T0 = dt.datetime(2023, 5, 8, 13, 56)
+TURNS = [
+    {"session_idx": s, "turn_idx": i, "speaker": "Priya" if i % 2 == 0 else "Dev", "text": f"s{s} t{i}",
+     "session_time": T0 if s == 1 else None, "source_turn_id": f"D{s}:{i + 1}"}
+    for s in (1, 2) for i in range(4)
+]
+
+
+def test_memochat_history_is_the_probes_evidence_turns_then_the_responses_context_then_everything_before():
+    probe = {"session_idx": 3, "turn_idx": None, "evidence": ["D1:2; D2:4", "D1:4"]}
+    text, source = related_history(probe, None, TURNS)
+    assert source == "evidence"
+    assert text == f"[Session 1, {T0}]\nDev: s1 t1\n...\nDev: s1 t3\n\n[Session 2]\nDev: s2 t3"
+
+    no_evidence = {**probe, "evidence": []}
+    resp = {"details_json": json.dumps({"context_spans": [[2, 0, 1]]})}
+    assert related_history(no_evidence, resp, TURNS) == ("[Session 2]\nPriya: s2 t0\nDev: s2 t1", "context")
+    # Evidence the corpus does not hold, and no recorded context: every turn before the probe.
+    text, source = related_history({**probe, "evidence": ["D9:9"]}, {"details_json": None}, TURNS)
+    assert source == "history" and text.count(": s") == 8 and "..." not in text
+    # A next-response probe in session 2, turn 2: only the turns before it.
+    text, _ = related_history({"session_idx": 2, "turn_idx": 2, "evidence": None}, None, TURNS)
+    assert text.endswith("[Session 2]\nPriya: s2 t0\nDev: s2 t1")
+
+
+# --- the stage: adversarial questions, skipped rows, MemoChat rows -------------------------------------
+
+def _judge_stage_rows(settings: JudgeAnswersSettings, llm: FakeChat) -> list[dict]:
+    probes = [
+        {"probe_id": "qa:q1", "kind": "qa", "category": "single-hop", "session_idx": 3, "turn_idx": None,
+         "request": "What did Dev bake?", "gold": "sourdough", "evidence": ["D2:2"]},
+        {"probe_id": "qa:q2", "kind": "qa", "category": "adversarial", "session_idx": 3, "turn_idx": None,
+         "request": "What colour is Dev's bicycle?", "gold": None, "evidence": ["D1:1"]},
+    ]
+    responses = [{"probe_id": p["probe_id"], "response": "sourdough" if p["probe_id"] == "qa:q1" else "red",
+                  "error": None, "details_json": None} for p in probes]
+    inputs = {"ingest.episodes": [{"episode_id": "e1", "dataset": "locomo"}], "ingest.turns": TURNS,
+              "probes.probes": probes, "respond_full_history.responses": responses}
+    stage = JudgeAnswersStage(("full_history",))
+    llm.cfg = SimpleNamespace(model="judge-model")  # type: ignore[attr-defined]
+    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings), stage=stage, out_dir=None,  # type: ignore[arg-type]
+                       clients={"judge": llm})
+    return run(stage.process_episode(ctx, "e1", inputs))["answer_judgments"]
+
+
+def test_adversarial_questions_are_judged_against_not_mentioned_or_skipped_with_the_reason():
+    judged = _judge_stage_rows(JudgeAnswersSettings(correctness=["strict"], score_0_100=False),
+                               FakeChat([{"reason": "ok", "correct": True}, {"reason": "invents", "correct": False}]))
+    by_probe = {r["probe_id"]: r for r in judged}
+    assert by_probe["qa:q1"]["reference_source"] == "gold" and by_probe["qa:q1"]["score"] == 1.0
+    assert by_probe["qa:q2"]["reference_source"] == "not_mentioned" and by_probe["qa:q2"]["score"] == 0.0
+
+    llm = FakeChat([{"reason": "ok", "correct": True}])
+    skipped = _judge_stage_rows(JudgeAnswersSettings(correctness=["strict"], score_0_100=False, unanswerable="skip"),
+                                llm)
+    by_probe = {r["probe_id"]: r for r in skipped}
+    assert len(llm.calls) == 1 and by_probe["qa:q2"]["skipped"] == SKIP_UNANSWERABLE
+    assert by_probe["qa:q2"]["score"] is None and by_probe["qa:q2"]["error"] is None
+
+
+def test_memochat_mode_judges_every_question_on_its_evidence_without_a_reference():
+    llm = FakeChat(["Matches the evidence. [[90]]", "The history says nothing of a bicycle. [[12]]"])
+    rows = _judge_stage_rows(JudgeAnswersSettings(gpt4score_mode="memochat", correctness=[]), llm)
+    by_probe = {r["probe_id"]: r for r in rows}
+    assert by_probe["qa:q1"]["score"] == 90.0 and by_probe["qa:q2"]["score"] == 12.0
+    assert {r["history_source"] for r in rows} == {"evidence"} and {r["reference_source"] for r in rows} == {None}
+    assert all(c["params"]["max_tokens"] == 512 for c in llm.calls)
+    shown = [c["messages"][1]["content"] for c in llm.calls]
+    assert any("Dev: s2 t1" in m and "What did Dev bake?" in m and "sourdough" in m for m in shown)
+    assert by_probe["qa:q1"]["reason"] == "Matches the evidence."
+
+
+# --- LoCoMo's official QA protocol ----------------------------------------------------------------
+
+UNITS = [{"session_idx": 1, "turn_start": 0, "turn_end": 1, "session_time": "1:56 pm on 8 May, 2023",
+          "text": "Priya: I bought a red bicycle.\nDev: Nice!", "unit_id": "session:1:0"}]
+
+
+def test_category_5_options_follow_a_seeded_order_and_the_letter_maps_back_to_its_text():
+    # random.Random("locomo-cat5:qa:locomo-conv-26-q4").random() = 0.932 >= 0.5: the wrong answer first;
+    # for ...-q5 it is 0.175 < 0.5: "Not mentioned in the conversation" first.
+    q4 = response.cat5_options("qa:locomo-conv-26-q4", "red")
+    q5 = response.cat5_options("qa:locomo-conv-26-q5", "red")
+    assert q4 == {"a": "red", "b": "Not mentioned in the conversation"}
+    assert q5 == {"a": "Not mentioned in the conversation", "b": "red"}
+    assert response.cat5_answer("b", q4) == "Not mentioned in the conversation"
+    assert response.cat5_answer(" (B)\n", q4) == "Not mentioned in the conversation"
+    assert response.cat5_answer("A", q4) == "red"
+    assert response.cat5_answer("(a) red", q4) == "(a) red"  # anything longer is kept, as LoCoMo does
+
+
+def test_locomo_protocol_invites_not_mentioned_only_as_a_category_5_option_and_hints_the_date_for_category_2():
+    speakers = ["Priya", "Dev"]
+    single = response.build_locomo_qa_messages(UNITS, "What did Priya buy?", "single-hop", speakers)
+    temporal = response.build_locomo_qa_messages(UNITS, "When did Priya buy it?", "temporal", speakers)
+    choice = response.build_locomo_qa_messages(UNITS, "What colour is Dev's bicycle?", "adversarial", speakers,
+                                               {"a": "red", "b": "Not mentioned in the conversation"})
+    assert len(single) == 1 and single[0]["role"] == "user"
+    text = single[0]["content"]
+    assert "Priya and Dev" in text and "DATE: 1:56 pm on 8 May, 2023\nCONVERSATION:\nPriya: I bought" in text
+    assert text.endswith("Question: What did Priya buy? Short answer:") and "short phrase" in text
+    assert "not mentioned" not in text.lower() and "DATE of the CONVERSATION" not in text
+    assert "When did Priya buy it? Use the DATE of the CONVERSATION to answer with an approximate date." in \
+        temporal[0]["content"]
+    assert "(a) red (b) Not mentioned in the conversation" in choice[0]["content"]
+    plain = response.build_locomo_qa_messages([], "q", "adversarial", speakers)[0]["content"]
+    assert "not mentioned" not in plain.lower()
+
+
+def _probe(category: str, probe_id: str, **extra) -> ProbeInput:
+    return ProbeInput(probe={"probe_id": probe_id, "kind": "qa", "category": category, "request": "What colour?",
+                             "respondent": "Dev", **extra},
+                      episode={"dataset": "locomo", "speakers": ["Priya", "Dev"]}, history={}, current=[])
+
+
+def test_under_locomo_protocol_a_category_5_reply_is_mapped_to_its_option_and_recorded():
+    llm = FakeChat(["b"])
+    ans = run(response.generate(llm, _probe("adversarial", "qa:locomo-conv-26-q4", adversarial_answer="red"), UNITS,
+                                "locomo_official"))
+    assert ans.text == "Not mentioned in the conversation"
+    assert ans.details == {"context_spans": [[1, 0, 1]], "qa_prompt": "locomo_official", "raw_answer": "b",
+                           "options": {"a": "red", "b": "Not mentioned in the conversation"}}
+    # Without LoCoMo's adversarial answer the two options cannot be built: asked plainly, recorded.
+    plain = run(response.generate(FakeChat(["red"]), _probe("adversarial", "qa:x"), UNITS, "locomo_official"))
+    assert plain.text == "red" and plain.details["options"] is None
+    # Our prompt stays the default.
+    ours = FakeChat(["Paris"])
+    run(response.generate(ours, _probe("single-hop", "qa:y"), UNITS))
+    assert "not mentioned" in ours.calls[0]["messages"][0]["content"]
+
+
+def test_the_qa_prompt_is_a_setting_of_the_retrieval_and_history_methods():
+    for settings in (RetrievalSettings, FullHistorySettings, ZeroHistorySettings):
+        assert settings().qa_prompt == "ours" and settings(qa_prompt="locomo_official").qa_prompt == "locomo_official"
+        with pytest.raises(ValidationError):
+            settings(qa_prompt="official")
+    assert ZeroHistory.Settings is ZeroHistorySettings and FullHistory.Settings is FullHistorySettings
+    llm = FakeChat(["a"])
+    run(ZeroHistory().answer(llm, _probe("temporal", "qa:z"), {}, ZeroHistorySettings(qa_prompt="locomo_official")))
+    assert "approximate date" in llm.calls[0]["messages"][0]["content"]
+
+
+# --- summaries: accuracy, Wilson, McNemar, bootstrap, failed, skipped, pooled ---------------------------
+
+def _rows(dataset: str, method: str, judge: str, scores: list, start: int = 0) -> list[dict]:
+    """One row per question q{start+i}: a float score, "fail" (no response) or "skip"."""
+    out = []
+    for i, s in enumerate(scores):
+        out.append({"dataset": dataset, "episode_id": "e1", "probe_id": f"q{start + i}", "kind": "qa",
+                    "category": "single-hop", "method": method, "judge": judge,
+                    "score": s if isinstance(s, float) else None,
+                    "error": "no response from b" if s == "fail" else None,
+                    "skipped": "no reference answer" if s == "skip" else None,
+                    "history_source": None, "judge_model": "j", "prompt_fingerprint": "p"})
+    return out
+
+
+# Ten questions: the reference `a` right on q0-q7; `b` right on q0-q3 and q8; q9 failed for b.
+A = [1.0] * 8 + [0.0, 0.0]
+B = [1.0] * 4 + [0.0] * 4 + [1.0, "fail"]
+
+
+def test_strict_accuracy_has_a_wilson_interval_and_an_exact_mcnemar_test_against_the_reference():
+    judgments = pl.DataFrame(_rows("locomo", "a", "strict", A) + _rows("locomo", "b", "strict", B)
+                             + _rows("locomo", "b", "strict", ["skip"], start=10))
+    got = {(r["dataset"], r["category"], r["method"]): r for r in answer_summary(judgments, "a").iter_rows(named=True)}
+    a, b = got[("locomo", None, "a")], got[("locomo", None, "b")]
+    assert (a["items"], a["skipped"], a["failed"], a["judged"], a["correct"], a["score"]) == (10, 0, 0, 10, 8, 0.8)
+    # Wilson 95% for 8/10 (z = 1.95996): centre 0.71674, half-width 0.22658.
+    assert a["ci_low"] == pytest.approx(0.49016, abs=1e-4) and a["ci_high"] == pytest.approx(0.94332, abs=1e-4)
+    assert (b["items"], b["skipped"], b["failed"], b["judged"], b["correct"]) == (11, 1, 1, 9, 5)
+    assert b["skip_reasons"] == "no reference answer"
+    # Paired on the 9 questions both have a verdict on: a only on q4-q7 (4), b only on q8 (1).
+    # Exact McNemar: 2 * P(X <= 1 | n = 5, p = 1/2) = 2 * 6/32 = 0.375.
+    assert (b["reference"], b["paired"], b["only_reference"], b["only_other"]) == ("a", 9, 4, 1)
+    assert b["p_value"] == pytest.approx(0.375)
+    assert a["p_value"] is None and a["paired"] == 10
+    # No reference given: no test.
+    assert answer_summary(judgments).filter(pl.col("method") == "b")["p_value"].to_list() == [None] * 3
+
+
+def test_gpt4score_means_get_a_bootstrap_interval_and_datasets_are_pooled_in_an_all_row():
+    judgments = pl.DataFrame(_rows("locomo", "a", "gpt4score", [60.0, 80.0, 100.0])
+                             + _rows("lmb", "a", "gpt4score", [40.0, "fail"]))
+    got = {(r["dataset"], r["category"]): r for r in answer_summary(judgments, "a").iter_rows(named=True)}
+    loc, pooled = got[("locomo", None)], got[("all", None)]
+    assert loc["score"] == 80.0 and loc["correct"] is None and loc["p_value"] is None
+    assert 60.0 <= loc["ci_low"] < 80.0 < loc["ci_high"] <= 100.0
+    assert (pooled["items"], pooled["failed"], pooled["judged"], pooled["score"]) == (5, 1, 4, 70.0)
+    assert list(got)[-1] == ("all", None)  # the pooled row comes last
+    same = answer_summary(pl.DataFrame(_rows("x", "a", "gpt4score", [50.0, 50.0])))
+    assert same.row(0, named=True)["ci_low"] == same.row(0, named=True)["ci_high"] == 50.0
+
+
+def test_teafarm_correctness_gets_a_wilson_interval_and_a_mcnemar_test_per_dataset_and_pooled():
+    judgments = pl.DataFrame(_rows("msc", "a", "teafarm", A) + _rows("msc", "b", "teafarm", B))
+    got = {(r["dataset"], r["method"]): r for r in teafarm_summary(judgments, "a").iter_rows(named=True)}
+    b = got[("msc", "b")]
+    assert (b["correct"], b["total"], b["failed"]) == (5, 9, 1)
+    assert b["ci_low"] == pytest.approx(0.26665, abs=1e-4) and b["ci_high"] == pytest.approx(0.81122, abs=1e-4)
+    assert (b["only_reference"], b["only_other"], b["p_value"]) == (4, 1, pytest.approx(0.375))
+    assert got[("all", "b")]["p_value"] == pytest.approx(0.375) and got[("all", "a")]["p_value"] is None
