@@ -63,7 +63,7 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
 def exporter(name: str) -> Callable[[RunConfig, Path], Path] | None:
     """The dataset export of a stage that has one (`mempipe export teabag`), else None."""
     if name == TeabagStage.name:
-        return lambda cfg, out: export_teabag(Path(cfg.run_dir), out, cfg.teabag)
+        return lambda cfg, out: export_teabag(Path(cfg.run_dir), out, cfg)  # checked against the run's fingerprint
     return None
 
 

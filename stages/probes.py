@@ -48,6 +48,7 @@ PROBES = pa.schema(
         # the probe's session up to the turn to produce, when the corpus does not hold it (TeaFarm)
         pa.field("context", pa.list_(pa.struct([pa.field("speaker", pa.string()), pa.field("text", pa.string())]))),
         pa.field("false_premise", pa.string()),  # TeaFarm: what the question wrongly assumes; null otherwise
+        pa.field("adversarial_answer", pa.string()),  # LoCoMo category 5: the tempting wrong option
     ]
 )
 
@@ -88,6 +89,7 @@ def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
             "session_idx": episode["n_sessions"] + 1, "turn_idx": None,
             "respondent": episode["speakers"][-1], "request": q["question"], "gold": q["answer"],
             "qa_id": q["qa_id"], "evidence": q["evidence"], "category": q["category"],
+            "adversarial_answer": q.get("adversarial_answer"),
         }
         for q in qa
     ]

@@ -8,6 +8,7 @@ import pytest
 
 import stages
 from pipeline.runner import Runner
+from stages.teabag import TeabagStage
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
@@ -23,3 +24,39 @@ def test_each_config_loads_and_plans_every_method_it_names(path):
 def test_the_default_job_runs_one_method_of_every_paper_landed_so_far_and_full_history():
     cfg = stages.load_config(CONFIGS[0].parent / "default.yaml")
     assert {"secom", "theanine", "rsum", "ld_agent", "creem", "full_history"} <= set(cfg.methods)
+
+
+def config(name: str):
+    return stages.load_config(CONFIGS[0].parent / f"{name}.yaml")
+
+
+@pytest.mark.parametrize("name", ["secom_locomo", "secom_longmtbench"])
+def test_secom_configs_score_answers_as_the_paper(name):
+    """SeCom Sec. 3.1 / App. A.4: a GPT-4-0125 GPT4Score judge with MemoChat's prompt, never the
+    generator; BERTScore on; the judges the paper does not use are off."""
+    cfg = config(name)
+    assert cfg.role("judge").model == "gpt-4-0125-preview" != cfg.role("generator").model
+    assert cfg.judge_answers.gpt4score_mode == "memochat" and cfg.judge_answers.score_0_100
+    assert cfg.response_metrics.bertscore
+    assert not cfg.judge_pairwise.enabled and not cfg.judge_memory.enabled
+
+
+def test_creem_config_judges_with_chatgpt_under_b1_and_b2():
+    cfg = config("creem_msc")
+    assert cfg.role("judge").model == "gpt-3.5-turbo"
+    assert cfg.judge_pairwise.protocol == "creem" and cfg.judge_pairwise.samples in (None, 19)
+    assert cfg.judge_pairwise.show_past and cfg.judge_memory.samples == 20
+
+
+@pytest.mark.parametrize("name", ["theanine_msc", "theanine_cc"])
+def test_theanine_configs_judge_head_to_head_with_the_past_and_golden_responses(name):
+    cfg = config(name)
+    assert cfg.judge_pairwise.protocol == "both_orders" and cfg.judge_pairwise.show_past
+    assert cfg.judge_pairwise.reference == "theanine" and "golden" in cfg.methods
+
+
+def test_teafarm_config_generates_with_gpt4_and_summarises_outside_the_tested_methods():
+    cfg = config("teafarm_msc_cc")
+    assert (cfg.role("teabag").model, cfg.role("teabag").temperature) == ("gpt-4", 0.75)
+    assert not cfg.teabag.counterfactual_check and cfg.teabag.leak_check
+    assert "memory" not in TeabagStage.roles  # the tested methods' memory role makes no TeaBag summary

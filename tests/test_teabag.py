@@ -48,9 +48,9 @@ def scripted(verdicts: list[bool] | None = None, fail_session: bool = False, lea
     def respond(messages, schema):
         name = schema.__name__ if schema else ""
         user = messages[-1]["content"]
-        if name == "SessionMemories":
+        if name == "SessionNotes":
             session = user.split("(session ")[1].split(")")[0]
-            return {"memories": [f"memory of session {session}"]}
+            return {"notes": [f"memory of session {session}"]}
         if name == "CounterfactualQuestion":
             asker = messages[0]["content"].split("that ")[1].split(" could ask")[0]
             tried = "rejected the previous try" in user
@@ -224,8 +224,19 @@ def test_summaries_come_from_teabags_own_role_never_the_memory_methods_role():
     gen, summ = FakeChat(responder=scripted()), FakeChat(responder=scripted())
     out = run_stage(gen, "teabag.questions_per_episode=1", "roles.teabag_summary.model=sum-model", summariser=summ)
     assert {r["model"] for r in out["summaries"]} == {"fake-sum"} and {r["seed"] for r in out["summaries"]} == {3}
-    assert {c["schema"].__name__ for c in summ.calls} == {"SessionMemories"}
-    assert "SessionMemories" not in {c["schema"].__name__ for c in gen.calls}
+    assert {c["schema"].__name__ for c in summ.calls} == {"SessionNotes"}
+    assert "SessionNotes" not in {c["schema"].__name__ for c in gen.calls}
+
+
+def test_teabag_summarises_with_its_own_prompt_so_no_call_equals_a_memory_methods_call():
+    from stages.methods.session_memories import summarize_messages
+
+    turns = speaker_turns(2)
+    ours = generate.summary_messages(turns, 2, "2023-01-02", 10)
+    theirs = summarize_messages(turns, 2, "2023-01-02", 10)
+    assert ours[0]["content"] != theirs[0]["content"] and ours[1]["content"] != theirs[1]["content"]
+    assert "Conversation (session 2 (2023-01-02)):\nAnn: talk 2.0\nBob: talk 2.1" in ours[1]["content"]
+    assert "List at most 10 notes" in ours[1]["content"] and "where anything they spoke of before now stands" in ours[0]["content"]
 
 
 def test_the_run_records_the_settings_and_the_models_that_made_it(tmp_path):
@@ -352,9 +363,14 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
 
     from stages.cli import main
 
-    third = tmp_path / "x3"  # the command a user types, with the config of the run
-    same = ["-c", str(ROOT / "configs" / "default.yaml"), "--set", f"artifacts_dir={cfg.artifacts_dir}",
-            "--set", "teabag.enabled=true"]
+    third = tmp_path / "x3"  # the command a user types: the run's config with the run's overrides
+    run_sets = [f"artifacts_dir={cfg.artifacts_dir}", "llm.provider=openai", f"llm.base_url={cfg.llm.base_url}",
+                f"llm.api_key_env={cfg.llm.api_key_env}", f"llm.cache_dir={cfg.llm.cache_dir}",
+                f"embedding.cache_dir={cfg.embedding.cache_dir}", "llm.backoff_base_s=0.01",
+                "ray.episodes_per_shard=1", "corpus.limit=1", "teabag.enabled=true",
+                "methods=[theanine,memory_retrieval,full_history]", "stages=null",
+                "judge_pairwise.enabled=false", "judge_memory.enabled=false"]
+    same = ["-c", str(ROOT / "configs" / "default.yaml"), *(a for s in run_sets for a in ("--set", s))]
     assert main(["export", "teabag", "--out", str(third), *same]) == 0
     assert all((first / n).read_bytes() == (third / n).read_bytes() for n in names)
     assert main(["export", "teabag", "--out", str(tmp_path / "x4"), *same, "--set", "teabag.session_turns=6"]) == 1

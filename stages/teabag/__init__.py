@@ -1,10 +1,10 @@
 """teabag: TeaFarm's counterfactual questions and the sessions that lead to them (Theanine Sec. 5,
 App. B-C), per episode.
 
-(1) each past session 1..N is summarised with the session-memory prompt under the stage's own
+(1) each past session 1..N is summarised with TeaBag's own summary prompt under the stage's own
 `teabag_summary` role (when the config sets no `roles.teabag_summary`, the `teabag` generator's
-client), never the memory methods' `memory` role, so TeaFarm's truth is not the tested methods' own
-output; (2) the summaries go to the `teabag` role in session order; (3) it writes
+client), never the memory methods' `memory` role or prompt, so TeaFarm's truth is not the tested
+methods' own output; (2) the summaries go to the `teabag` role in session order; (3) it writes
 `questions_per_episode` counterfactual questions, the two speakers asking in turn and the other one
 answering, each with its answer and evidence sessions; our check (on by default, off in the
 paper-faithful config) regenerates rejected ones, keeping every reject with its reason; (4)-(5) a
@@ -31,7 +31,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.methods.dialogue import sessions_of
-from stages.methods.session_memories import SUMMARY_SYSTEM, session_time, summarize_messages, summarize_session
+from stages.methods.session_memories import session_time
 from stages.teabag import generate
 from stages.teabag.generate import Summary
 
@@ -141,12 +141,7 @@ class TeabagConfig(Section):
     max_tokens: int | None = Field(default=None, ge=16)  # None keeps the role's
 
 
-SUMMARY_PROMPTS = {
-    "summary.system": SUMMARY_SYSTEM,
-    # the user template, rendered with placeholders, so an edit to it changes the rows' stamp too
-    "summary.user": summarize_messages([{"speaker": "{speaker}", "text": "{text}"}], 0, "{time}", 0)[1]["content"],
-}
-PROMPTS = {**generate.PROMPTS, **SUMMARY_PROMPTS}
+PROMPTS = generate.PROMPTS
 
 
 def fingerprint() -> str:
@@ -210,7 +205,8 @@ class TeabagStage(EpisodeStage):
         async def summarize(s: int, turns: Rows) -> dict[str, Any]:
             row = {"episode_id": episode_id, "session_idx": s, "session_time": session_time(turns), **stamp(summ),
                    "memories": None}
-            memories, failed = await attempt(summarize_session(summ, turns, s, cfg.max_memories))
+            memories, failed = await attempt(generate.summarize_session(summ, turns, s, row["session_time"],
+                                                                        cfg.max_memories))
             return {**row, "memories": memories, **failed}
 
         summary_rows = list(await asyncio.gather(*(summarize(s, t) for s, t in past.items())))

@@ -84,7 +84,8 @@ def recorded_settings(teabag: StageDir) -> dict[str, Any]:
     path = teabag.final / SETTINGS_FILE
     if not path.exists():
         raise PipelineError(f"{path} is missing: the teabag stage under {teabag.run_dir} recorded no settings (an "
-                            "older version made it); regenerate it with `mempipe run -c CONFIG --force teabag`")
+                            "older version made it, or no episode reached the stage); regenerate it with "
+                            "`mempipe run -c CONFIG --force teabag`")
     return json.loads(path.read_text())
 
 
@@ -162,12 +163,12 @@ def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, recorded: dict
         f"leaking sessions N+1: {tables['session_rejects'].num_rows}",
         "", "## How it was made", "",
         f"1. Each of the past sessions 1..N (N = `teabag.sessions` = {settings['sessions']}) was summarised into at "
-        f"most {settings['max_memories']} memories with the session-memory prompt by TeaBag's own summariser, "
+        f"most {settings['max_memories']} notes with TeaBag's own summary prompt by TeaBag's own summariser, "
         f"{_role_line(summariser)}"
         + ("" if summariser.get("role") == "teabag_summary" else
            ", the generator's role since `roles.teabag_summary` was not set")
-        + ", not by the memory methods under test, so the ground truth is not their own output. The notes are in "
-        "`summaries.parquet`.",
+        + "; neither the memory methods' role nor their session-memory prompt was used, so the ground truth is "
+        "not the tested methods' own output. The notes are in `summaries.parquet`.",
         "2. The summaries were given to the generator in session order, so it knows the newest stage of each event.",
         f"3. The generator, {_role_line(generator)}, wrote {settings['questions_per_episode']} counterfactual "
         "questions per episode, the two speakers asking in turn, each with the correct answer, the answering "

@@ -1,7 +1,8 @@
 """TeaBag generation (Theanine Sec. 5.1, App. B-C), as pure functions with the LLM injected.
 
-Steps (2)-(5) of TeaFarm: the session summaries of step (1) go to the generator in chronological
-order so it knows the newest stage of every event; it writes counterfactual questions from one
+Step (1) of TeaFarm summarises each past session with TeaBag's own prompt (not the memory methods'
+session-memory prompt, so even on the same model the notes are not the tested methods' memories).
+Steps (2)-(5): the summaries go to the generator in chronological order so it knows the newest stage of every event; it writes counterfactual questions from one
 speaker's side (spoken as if an outdated or false thing were true) with the correct answer and the
 sessions it rests on; our optional check asks whether each question really contradicts the
 summaries; then a new session is written in which the two speakers, in strict turn, talk naturally
@@ -19,8 +20,18 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, Messages
+from stages.methods.dialogue import format_unit
 from stages.methods.session_memories import when
 
+SUMMARY_SYSTEM = (
+    "You take notes on one session of a conversation between two people: events, plans, decisions, changes "
+    "and facts about each speaker, and where anything they spoke of before now stands. One short sentence "
+    "per note, naming the speaker; only what this session says."
+)
+SUMMARY_USER = (
+    "Conversation ({when}):\n{dialogue}\n\nList at most {max_notes} notes. Reply in JSON: "
+    "{{\"notes\": [\"...\", \"...\"]}}."
+)
 QUESTION_SYSTEM = (
     "You build a test of whether a chat partner really remembers a long relationship. Given notes of "
     "every past session in order, you write one question that {asker} could ask {answerer} at their next "
@@ -82,9 +93,13 @@ LEAK_USER = (
     "Does the conversation keep the truth hidden? Reply in JSON: {{\"hidden\": true | false, "
     "\"reason\": one short sentence}}."
 )
-PROMPTS = {"question.system": QUESTION_SYSTEM, "question.user": QUESTION_USER, "check.system": CHECK_SYSTEM,
+PROMPTS = {"summary.system": SUMMARY_SYSTEM, "summary.user": SUMMARY_USER, "question.system": QUESTION_SYSTEM, "question.user": QUESTION_USER, "check.system": CHECK_SYSTEM,
            "check.user": CHECK_USER, "session.system": SESSION_SYSTEM, "session.user": SESSION_USER,
            "leak.system": LEAK_SYSTEM, "leak.user": LEAK_USER}
+
+
+class SessionNotes(BaseModel):
+    notes: list[str] = Field(description="short notes about the speakers from this session, one per item")
 
 
 class Verdict(BaseModel):
@@ -110,6 +125,18 @@ def session_schema(max_exchanges: int) -> type[BaseModel]:
     answerer speaks last before the asker's question, by construction."""
     exchange = create_model("Exchange", asker=(str, Field(min_length=1)), answerer=(str, Field(min_length=1)))
     return create_model("NewSession", exchanges=(list[exchange], Field(min_length=1, max_length=max_exchanges)))  # type: ignore[valid-type]
+
+
+def summary_messages(turns: Sequence[dict], session_idx: int, time: str | None, max_notes: int) -> Messages:
+    user = SUMMARY_USER.format(when=when(session_idx, time), dialogue=format_unit(turns), max_notes=max_notes)
+    return [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": user}]
+
+
+async def summarize_session(llm: ChatLLM, turns: Sequence[dict], session_idx: int, time: str | None,
+                            max_notes: int) -> list[str]:
+    """Step (1) for one session: at most `max_notes` notes, blanks dropped."""
+    result = await llm.chat(summary_messages(turns, session_idx, time, max_notes), schema=SessionNotes)
+    return [n.strip() for n in result.parsed.notes if n.strip()][:max_notes]
 
 
 @dataclass
@@ -226,7 +253,7 @@ def session_messages(notes: str, style: str, asker: str, answerer: str, q: Attem
     names = {"asker": asker, "answerer": answerer}
     feedback_text = f"A reviewer rejected the previous try: {feedback}\n\n" if feedback else ""
     user = SESSION_USER.format(notes=notes, style=style, question=q.question, false_premise=q.false_premise,
-                               answer=q.answer, feedback=feedback_text, exchanges=max(1, round(turns / 2)), **names)
+                               answer=q.answer, feedback=feedback_text, exchanges=max(1, turns // 2), **names)
     return [{"role": "system", "content": SESSION_SYSTEM.format(**names)}, {"role": "user", "content": user}]
 
 
