@@ -289,3 +289,16 @@ def test_teafarm_correctness_gets_a_wilson_interval_and_a_mcnemar_test_per_datas
     assert b["ci_low"] == pytest.approx(0.26665, abs=1e-4) and b["ci_high"] == pytest.approx(0.81122, abs=1e-4)
     assert (b["only_reference"], b["only_other"], b["p_value"]) == (4, 1, pytest.approx(0.375))
     assert got[("all", "b")]["p_value"] == pytest.approx(0.375) and got[("all", "a")]["p_value"] is None
+
+
+def test_a_locomo_adversarial_question_reaches_its_probe_with_the_wrong_option_to_offer():
+    from stages.probes import qa_probes
+
+    episode = {"episode_id": "e", "n_sessions": 2, "speakers": ["A", "B"]}
+    qa = [{"qa_id": "e-q0", "question": "What colour is B's bike?", "answer": None, "evidence": ["D2:1"],
+           "category": "adversarial", "adversarial_answer": "red"},
+          {"qa_id": "e-q1", "question": "Where does A live?", "answer": "Rome", "evidence": [],
+           "category": "single-hop", "adversarial_answer": None}]
+    adversarial, plain = qa_probes(episode, qa)
+    assert (adversarial["adversarial_answer"], adversarial["gold"]) == ("red", None)
+    assert (plain["adversarial_answer"], plain["gold"]) == (None, "Rome")

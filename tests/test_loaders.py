@@ -171,6 +171,8 @@ def test_locomo_with_twelve_sessions():
     assert qa[1]["answer"] == "3"  # numeric answers become text
     assert qa[1]["evidence"] == ["D11:1", "D11:3"] and qa[3]["evidence"] == []
     assert qa[4]["answer"] is None and qa[4]["evidence"] == ["D12:2"]  # adversarial: no true answer
+    # its tempting wrong answer is kept: LoCoMo's official protocol offers it beside "not mentioned"
+    assert [q["adversarial_answer"] for q in qa] == [None, None, None, None, "red"]
 
 
 def test_longmtbench():
