@@ -7,11 +7,15 @@ Methods:
   rebuilt from the packaged GGUF, so it runs offline.
 - "none": identity.
 
-Unit texts are lines "Speaker: utterance". Measured with SmolLM2: compressing a whole dialogue at
-once drops speaker tags and newlines (they are low-perplexity tokens), so the utterance of each line
-is compressed on its own and the tag is re-attached: every output line starts with its input tag and
-the line count is unchanged. Utterances shorter than `min_words` are kept verbatim (pruning "Yes."
-leaves ".").
+A unit arrives as its exchanges (strings of "Speaker: utterance" lines) and the speakers of its
+turns. LLMLingua-2 compresses the list of exchanges in one call, as SeCom's official code does, so
+its keep threshold is set per exchange; newlines, full stops and the unit's own speaker tags
+("Name:", taken from the turns, never guessed from the text) are forced to stay. If an exchange
+still comes back with a line or a tag missing, the unit is compressed line by line instead, and
+the result says which path ran (`Compressed.path`). LLMLingua with SmolLM2 always goes line by
+line: measured, compressing a whole dialogue at once drops speaker tags and newlines (they are
+low-perplexity tokens). Line by line, each utterance is compressed on its own and its tag
+re-attached; utterances shorter than `min_words` are kept verbatim (pruning "Yes." leaves ".").
 """
 
 from __future__ import annotations
@@ -19,26 +23,69 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.models import DEFAULT_CACHE_DIR
 
 CompressMethod = Literal["llmlingua2", "llmlingua", "none"]
+# How a unit was compressed: not at all, the exchange list in one call (LLMLingua-2, as the official
+# code), or line by line (LLMLingua, or LLMLingua-2 after an exchange lost a line or a tag).
+CompressionPath = Literal["none", "per_exchange", "per_line"]
 LLMLINGUA2_DEFAULT = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
 _LLMLINGUA2_FAMILIES = ("xlm-roberta-large", "bert-base-multilingual-cased")
+ALWAYS_FORCED = ("\n", ".")  # the official call forces these besides the speaker tags
 
-# "Name: text": a short tag without colons, then whitespace, so "at 10:30 we met" has no tag.
-_TAGGED = re.compile(r"^(\s*[^:\n]{1,48}:)[ \t]+(\S.*)$")
 _SPACES = re.compile(r"[ \t]+")
 
 
-def split_tag(line: str) -> tuple[str, str]:
-    """("Alice:", "hello there") for "Alice: hello there"; ("", line) when there is no tag."""
-    m = _TAGGED.match(line)
-    if m is None:
-        return "", line
-    return m.group(1), m.group(2)
+@dataclass(frozen=True)
+class Compressed:
+    """A unit's compressed text and the path that produced it (`CompressionPath`)."""
+
+    text: str
+    path: CompressionPath
+
+
+def speaker_tags(speakers: Iterable[str]) -> list[str]:
+    """The line prefixes of a unit's speakers ("Alice:" for "Alice"), distinct and sorted: the
+    only tags LLMLingua-2 is told to keep (a markdown line like "- **Location**: ..." is no tag)."""
+    return sorted({f"{s}:" for s in speakers if s})
+
+
+def llmlingua2_arguments(exchanges: Sequence[str], tags: Sequence[str], rate: float) -> dict[str, Any]:
+    """Keyword arguments of `PromptCompressor.compress_prompt` for one unit, as SeCom's official
+    call: the list of exchange strings (one keep threshold per exchange), `rate`, newlines, full
+    stops and the unit's speaker tags forced, no context-level filter (every exchange is kept)."""
+    return {"context": list(exchanges), "rate": rate, "force_tokens": [*ALWAYS_FORCED, *tags],
+            "use_context_level_filter": False}
+
+
+def split_known_tag(line: str, tags: Sequence[str]) -> tuple[str, str]:
+    """("Alice:", "hello") for "Alice: hello" when "Alice:" is one of `tags`; ("", line) otherwise."""
+    for tag in sorted(tags, key=len, reverse=True):  # "Dr. Kim:" before "Kim:"
+        if line.startswith(tag) and (len(line) == len(tag) or line[len(tag)] in " \t"):
+            return tag, line[len(tag):].strip()
+    return "", line
+
+
+def restore_exchange(original: str, compressed: str, tags: Sequence[str]) -> str | None:
+    """A compressed exchange tidied line by line (spaces collapsed; a line pruned to nothing or to
+    punctuation keeps its original text), or None when it lost a line or a line lost its speaker tag."""
+    before = original.split("\n")
+    after = [_SPACES.sub(" ", line).strip() for line in compressed.split("\n")]
+    if len(after) != len(before):
+        return None
+    kept = []
+    for line, short in zip(before, after):
+        tag, _ = split_known_tag(line, tags)
+        if tag and not short.startswith(tag):
+            return None
+        rest = short[len(tag):].strip(" \t,;:") if tag else short
+        kept.append(line if not rest.strip(" .") else (f"{tag} {rest}" if tag else rest))
+    return "\n".join(kept)
 
 
 # Module level, not per instance: the model is shared, and compressors must stay picklable for Ray.
@@ -58,7 +105,7 @@ def _load_prompt_compressor(model: str, device: str, llmlingua2: bool, local: bo
 
 
 class Compressor:
-    """compress(text) -> shorter text with the same lines and speaker tags.
+    """compress_unit(exchanges, speakers) -> shorter text with the same lines and speaker tags.
 
     rate: fraction of each utterance's tokens to keep (speaker tags are not counted; measured with
     SmolLM2: rate 0.5 / 0.75 / 0.9 kept 0.50 / 0.75 / 0.90 of the tokens). model: HF name or folder;
@@ -129,46 +176,43 @@ class Compressor:
 
     @property
     def per_line(self) -> bool:
-        """Whether each line is compressed on its own (so a caller may compress each line once).
-        LLMLingua-2 compresses a whole unit, as SeCom's official code does."""
+        """Whether every unit is compressed line by line (so a caller may share lines between units).
+        LLMLingua-2 compresses a unit's exchanges, as SeCom's official code does."""
         return self.method != "llmlingua2"
 
-    def compress(self, text: str) -> str:
-        """Compressed text: same number of lines, each starting with its original speaker tag."""
+    def compress_unit(self, exchanges: Sequence[str], speakers: Iterable[str],
+                      lines: dict[str, str] | None = None) -> Compressed:
+        """One memory unit, given as its exchange strings and the speakers of its turns, compressed
+        to text with the same lines, each turn's line still opening with its speaker tag.
+
+        LLMLingua-2: `llmlingua2_arguments` in one call, the compressed exchanges joined by newlines
+        (path per_exchange); if an exchange lost a line or a tag, the unit goes line by line (path
+        per_line). LLMLingua: line by line. `lines`: a cache of compressed lines shared between the
+        units of an episode (line-by-line paths only). Errors of the model propagate.
+        """
+        text = "\n".join(exchanges)
         if self.method == "none" or not text.strip():
-            return text
+            return Compressed(text, "none")
+        tags = speaker_tags(speakers)
         pc = self._compressor()
         with _COMPRESS_LOCK:  # the shared torch model is not safe to call from several threads at once
             if not self.per_line:
-                whole = self._compress_unit(pc, text)
-                if whole is not None:
-                    return whole
-            lines = []
+                out = pc.compress_prompt(**llmlingua2_arguments(exchanges, tags, self.rate))
+                parts = list(out["compressed_prompt_list"])
+                restored = [restore_exchange(o, c, tags) for o, c in zip(exchanges, parts)]
+                if len(parts) == len(exchanges) and all(r is not None for r in restored):
+                    return Compressed("\n".join(restored), "per_exchange")  # type: ignore[arg-type]
+            cache = {} if lines is None else lines
+            out_lines = []
             for line in text.split("\n"):
-                tag, utterance = split_tag(line)
-                if len(utterance.split()) < self.min_words:
-                    lines.append(line)
-                    continue
-                short = self._compress_utterance(pc, utterance) or utterance
-                lines.append(f"{tag} {short}" if tag else short)
-        return "\n".join(lines)
+                if line not in cache:
+                    cache[line] = self._compress_line(pc, line, tags)
+                out_lines.append(cache[line])
+        return Compressed("\n".join(out_lines), "per_line")
 
-    def _compress_unit(self, pc: Any, text: str) -> str | None:
-        """LLMLingua-2 over a whole unit with newlines, full stops and the speaker tags forced to
-        stay (the official call); None when the result lost a line or a tag (then: per line)."""
-        tags = [split_tag(line)[0] for line in text.split("\n")]
-        force = ["\n", ".", *sorted({t for t in tags if t})]
-        out = pc.compress_prompt(text, rate=self.rate, force_tokens=force, drop_consecutive=False,
-                                 use_context_level_filter=False)
-        lines = [_SPACES.sub(" ", line).strip() for line in str(out["compressed_prompt"]).split("\n")]
-        if len(lines) != len(tags) or any(t and not line.startswith(t) for t, line in zip(tags, lines)):
-            return None
-        kept = []
-        for original, tag, line in zip(text.split("\n"), tags, lines):
-            rest = line[len(tag):].strip(" \t,;:") if tag else line
-            # A line pruned to nothing (or to punctuation) keeps its original text.
-            kept.append(original if not rest.strip(" .") else (f"{tag} {rest}" if tag else rest))
-        return "\n".join(kept)
-
-    def compress_many(self, texts: list[str]) -> list[str]:
-        return [self.compress(t) for t in texts]
+    def _compress_line(self, pc: Any, line: str, tags: Sequence[str]) -> str:
+        tag, utterance = split_known_tag(line, tags)
+        if len(utterance.split()) < self.min_words:
+            return line
+        short = self._compress_utterance(pc, utterance) or utterance
+        return f"{tag} {short}" if tag else short

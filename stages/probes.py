@@ -1,6 +1,7 @@
 """probes: the test points every method answers.
 
-- next_response: in sessions >= from_session, each turn of the agent speaker, given the history
+- next_response: in sessions from_session..to_session, each turn i >= 1 of the agent speaker (or,
+  with `agent_speaker: all`, of whichever speaker says it, who then responds), given the history
   and the current session up to the turn before it (MSC / CC style evaluation);
 - qa: each dataset question, asked after the full history (LoCoMo, Long-MT-Bench+);
 - teafarm: each TeaBag question (with `teabag.enabled`), asked at the end of its generated session
@@ -13,10 +14,10 @@ Sampling is seeded per episode, so the same config always yields the same probes
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, NonNegativeInt
 
 from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
@@ -58,26 +59,31 @@ class ProbesConfig(Section):
     from_session: int = Field(default=3, ge=2)  # next-response probes in sessions >= this
     to_session: int | None = Field(default=None, ge=2)  # ... and <= this (Theanine: 3-5); None = the last
     max_per_episode: int | None = Field(default=2, ge=1)  # sampled; None = every agent turn
-    agent_speaker: int = Field(default=1, ge=0)  # index into the episode's speakers: whose turns are predicted
+    # Whose turns are predicted: an index into the episode's speakers, or "all" (every turn i >= 1,
+    # answered by the speaker who said it: both sides of the conversation are probed).
+    agent_speaker: NonNegativeInt | Literal["all"] = 1
     qa: bool = True
     max_qa_per_episode: int | None = Field(default=2, ge=1)
     seed: int = 0
 
 
 def next_response_probes(episode: dict[str, Any], sessions: dict[int, Rows], cfg: Any) -> Rows:
+    """One probe per predicted turn (turn 0 has no message to answer, so it is never one): the
+    respondent is the agent speaker, or with `agent_speaker: all` the speaker of that turn."""
     speakers = episode["speakers"]
-    agent = speakers[min(cfg.agent_speaker, len(speakers) - 1)]
+    agent = None if cfg.agent_speaker == "all" else speakers[min(cfg.agent_speaker, len(speakers) - 1)]
     probes: Rows = []
     for s, turns in sessions.items():
         if s < cfg.from_session or (cfg.to_session is not None and s > cfg.to_session):
             continue
         for i in range(1, len(turns)):
-            if turns[i]["speaker"] != agent:
+            respondent = turns[i]["speaker"]
+            if agent is not None and respondent != agent:
                 continue
             probes.append({
                 "episode_id": episode["episode_id"], "probe_id": f"nr:{s}:{turns[i]['turn_idx']}",
                 "kind": "next_response", "session_idx": s, "turn_idx": turns[i]["turn_idx"],
-                "respondent": agent, "request": turns[i - 1]["text"], "gold": turns[i]["text"],
+                "respondent": respondent, "request": turns[i - 1]["text"], "gold": turns[i]["text"],
             })
     return probes
 

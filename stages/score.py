@@ -10,7 +10,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.retrieval import top_k
+from pipeline.retrieval import Similarity, top_k
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.methods.dialogue import sessions_of
 from stages.metrics import retrieval as rmetrics
@@ -52,6 +52,8 @@ class ScoreConfig(Section):
     segmentation_convention: Literal["superdialseg", "slots"] = "superdialseg"
     retrieval_k: list[int] = Field(default_factory=lambda: [1, 3, 5])
     retrievers: list[Literal["bm25", "dense", "hybrid"]] = Field(default_factory=lambda: ["bm25", "dense"])
+    # Dense scoring of the retrieval rows: set it as the methods' `similarity` (SeCom configs: l2).
+    similarity: Similarity = "cosine"
 
 
 def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], segments: Rows,
@@ -91,7 +93,8 @@ def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: An
     for gran in granularities:
         pool = [u for u in units if u["granularity"] == gran]
         for compressed in settings:
-            indexes[(gran, compressed)] = (pool, unit_retriever(pool, use_compression=compressed))
+            indexes[(gran, compressed)] = (pool, unit_retriever(pool, use_compression=compressed,
+                                                                similarity=cfg.similarity))
     for qi, q in enumerate(questions):
         for gran in granularities:
             for compressed in settings:

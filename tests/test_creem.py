@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from fake_chat import FakeChat
 from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
-from stages.methods.creem import Creem, CreemNoPreblendSettings, CreemNoRefineSettings, CreemSettings
+from stages.methods.creem import (Creem, CreemNoPreblend, CreemNoPreblendSettings, CreemNoRefineSettings,
+                                  CreemSettings, label_shares, replay)
 
 
 def mem(i: int, speaker: str = "Ann") -> dict:
@@ -27,87 +30,281 @@ def refined(label: str, removes: list[int]):
     def answer(messages, schema):
         if schema.__name__ == "Question":
             return {"question": "What changed for Ann?"}
-        return {"insights": [{"text": "Ann moved to Rome", "label": label, "removes": removes}]}
+        return {"insights": [{"text": "Ann moved to Rome", "label": label, "removes": removes},
+                             {"text": "Ann likes cities", "label": "New", "removes": []}]}
     return answer
 
 
-def step(memory, llm, settings=None, first=False, k=3):
+def step(memory, llm, settings=None, first=False, k=4, embed=None, session_turns=None):
     settings = settings or CreemSettings(k=k)
-    return asyncio.run(Creem().step(llm, None, settings, memory, "Ann", 2, turns(3), first, [10]))
+    return asyncio.run(Creem().step(llm, embed, settings, memory, "Ann", 2, session_turns or turns(3), first,
+                                    (f"c{n}" for n in itertools.count(11))))
 
 
 def test_an_updated_insight_removes_exactly_the_retrieved_memories_it_names():
-    # Without an embedder the k most recent pieces are retrieved: memory m3 and utterances 2.0, 2.1.
+    # Without an embedder the k (4) most recent pieces are retrieved: memory m3 and utterances 2.0-2.2.
     memory = {"Ann": [mem(1), mem(2), mem(3)], "Bob": [mem(4, "Bob")]}
-    rows = step(memory, FakeChat(responder=refined("Updated", [1])))
-    assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "c11"]  # m3 gone, m1 and m2 never shown
-    assert rows[0]["removed_ids"] == ["m3"] and rows[0]["label"] == "Updated"
+    done = step(memory, FakeChat(responder=refined("Updated", [1])))
+    assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "c11", "c12"]  # m3 gone, m1 and m2 never shown
+    rows = done.evolution_rows()
+    assert rows[0]["removed_ids"] == ["m3"] and rows[0]["label"] == "Updated" and rows[1]["removed_ids"] == []
+    assert rows[0]["retrieved_ids"] == ["m3"] and rows[0]["retrieved_turns"] == [0, 1, 2]
+    assert [m["memory_id"] for m in done.removed] == ["m3"]
     assert memory["Bob"] == [mem(4, "Bob")]  # memory about the other speaker is untouched
 
 
 def test_a_new_insight_removes_nothing_and_a_removal_outside_the_retrieved_is_re_asked():
     memory = {"Ann": [mem(1), mem(2), mem(3)]}
     step(memory, FakeChat(responder=refined("New", [1])))
-    assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "m3", "c11"]
-    answers = iter([{"insights": [{"text": "x", "label": "Redundant", "removes": [3]}]},
-                    {"insights": [{"text": "x", "label": "Redundant", "removes": [1]}]}])
+    assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "m3", "c11", "c12"]
+    second = {"text": "y", "label": "New", "removes": []}
+    answers = iter([{"insights": [{"text": "x", "label": "Redundant", "removes": [3]}, second]},
+                    {"insights": [{"text": "x", "label": "Redundant", "removes": [1]}, second]}])
     llm = FakeChat(responder=lambda m, s: {"question": "q"} if s.__name__ == "Question" else next(answers))
     memory = {"Ann": [mem(1), mem(2), mem(3)]}
     step(memory, llm)
     refine_call = llm.calls[-1]
     assert refine_call["attempts"] == 2 and refine_call["errors"]  # "removes": [3] when only M1 was shown
-    assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "c11"]
+    assert [m["memory_id"] for m in memory["Ann"]] == ["m1", "m2", "c11", "c12"]
+
+
+def test_a_blend_must_give_exactly_n_insights_else_it_is_re_asked_and_then_logged_as_failed():
+    one = {"insights": [{"text": "x", "label": "New", "removes": []}]}
+    two = {"insights": [{"text": "x", "label": "New", "removes": []}, {"text": "y", "label": "New", "removes": []}]}
+    answers = iter([one, two])
+    llm = FakeChat(responder=lambda m, s: {"question": "q"} if s.__name__ == "Question" else next(answers))
+    memory = {"Ann": [mem(1)]}
+    done = step(memory, llm)
+    assert llm.calls[-1]["attempts"] == 2 and "exactly 2 insights" in llm.calls[-1]["errors"][0]
+    assert len(done.added) == 2
+    llm = FakeChat(responder=lambda m, s: {"question": "q"} if s.__name__ == "Question" else one)
+    memory = {"Ann": [mem(1)]}
+    done = step(memory, llm)
+    rows = done.evolution_rows()
+    assert memory["Ann"] == [mem(1)] and len(rows) == 1 and rows[0]["memory_id"] is None
+    assert "exactly 2 insights" in rows[0]["error"] and rows[0]["question"] == "q"
 
 
 def test_the_first_session_blends_without_refining():
     llm = FakeChat(responder=lambda m, s: {"insights": [{"text": "Ann likes tea"}, {"text": "Ann is a nurse"}]})
     memory: dict = {}
-    rows = step(memory, llm, first=True)
-    assert [r["label"] for r in rows] == ["Blended", "Blended"] and len(llm.calls) == 1
-    assert llm.calls[0]["schema"].__name__ == "Blended" and "just met" in llm.calls[0]["messages"][0]["content"]
+    done = step(memory, llm, first=True)
+    assert [r["label"] for r in done.evolution_rows()] == ["Blended", "Blended"] and len(llm.calls) == 1
+    assert llm.calls[0]["schema"].__name__ == "Blended"
+    assert "line 2.2" in llm.calls[0]["messages"][1]["content"]  # its statements: the session's utterances
 
 
 def test_without_refinement_insights_are_new_and_nothing_is_removed():
     memory = {"Ann": [mem(1), mem(2), mem(3)]}
     llm = FakeChat(responder=lambda m, s: {"question": "q"} if s.__name__ == "Question"
-                   else {"insights": [{"text": "Ann moved"}]})
-    rows = step(memory, llm, settings=CreemNoRefineSettings(k=3))
-    assert rows[0]["label"] == "New" and len(memory["Ann"]) == 4
+                   else {"insights": [{"text": "Ann moved"}, {"text": "Ann packs"}]})
+    done = step(memory, llm, settings=CreemNoRefineSettings(k=3))
+    assert [r["label"] for r in done.evolution_rows()] == ["New", "New"] and len(memory["Ann"]) == 5
     assert "Redundant" not in llm.calls[-1]["messages"][0]["content"]
 
 
-def builder(messages, schema):
-    name = schema.__name__ if schema else None
-    if name == "Question":
-        return {"question": "What is new?"}
-    if name == "Blended":
-        return {"insights": [{"text": "insight"}]}
-    if name == "BlendedAndRefined":  # the schema built for the number of memories retrieved
-        return {"insights": [{"text": "insight", "label": "New", "removes": []}]}
-    return "Bob: I remember!"
+# ------------------------------------------------------------------------------- dense retrieval
+
+VOCAB = ["dog", "jazz", "nurse", "tomato", "rome", "tea", "night"]
 
 
-def test_memory_per_session_is_what_a_later_probe_sees_and_preblend_is_an_ablation():
-    sessions = {1: turns(2, 1), 2: turns(4, 2), 3: turns(2, 3)}
-    episode = EpisodeInput(episode={"episode_id": "e1", "speakers": ["Ann", "Bob"], "dataset": "sample"},
-                           sessions=sessions)
-    out = asyncio.run(Creem().build(BuildContext(llm=FakeChat(responder=builder), settings=CreemSettings()), episode))
-    assert {r["label"] for r in out["evolution"] if r["session_idx"] == 1} == {"Blended"}
-    assert {r["label"] for r in out["evolution"] if r["session_idx"] == 2} == {"New"}
-    assert {m["speaker"] for m in out["memories"]} == {"Ann", "Bob"}
-    seen = {t: visible_memory(rows, 3, 1, "snapshots") for t, rows in out.items()}
-    assert {m["snapshot_session"] for m in seen["memories"]} == {2}
-    assert max(m["session_idx"] for m in seen["memories"]) == 2
-    probe = ProbeInput(probe={"probe_id": "p", "kind": "next_response", "session_idx": 3, "turn_idx": 1,
-                              "respondent": "Bob", "request": "line 3.0"},
-                       episode=episode.episode, history={}, current=sessions[3][:1])
-    llm = FakeChat(responder=builder)
-    answer = asyncio.run(Creem().answer(llm, probe, seen, CreemSettings()))
-    assert answer.text == "I remember!" and answer.details["question"] == "What is new?"
-    assert [c["schema"].__name__ for c in llm.calls if c["schema"]] == ["Question", "Blended"]
-    llm = FakeChat(responder=builder)
-    asyncio.run(Creem().answer(llm, probe, seen, CreemNoPreblendSettings()))
+class TopicEmbedder:
+    """Distinct vectors: one dimension per topic word, plus a small constant so none is zero."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return np.array([[float(w in t.lower()) for w in VOCAB] + [0.1] for t in texts], dtype=np.float32)
+
+
+def test_retrieval_ranks_memories_and_utterances_together_by_similarity_to_the_question():
+    memories = [{**mem(1), "text": "Ann has an old dog"}, {**mem(2), "text": "Ann plays jazz"},
+                {**mem(3), "text": "Ann works as a nurse"}, {**mem(4), "text": "Ann grows tomatoes"}]
+    said = [{"speaker": "Ann", "text": "My dog is sick", "turn_idx": 0},
+            {"speaker": "Bob", "text": "Sorry to hear, want some tea?", "turn_idx": 1},
+            {"speaker": "Ann", "text": "I worked nights all week", "turn_idx": 2}]
+    embed = TopicEmbedder()
+    mems, utts = Creem().retrieve(embed, "How is Ann's dog?", memories, said, 2)
+    assert [m["memory_id"] for m in mems] == ["m1"] and [u["turn_idx"] for u in utts] == [0]
+    assert Creem().retrieve(None, "How is Ann's dog?", memories, said, 2) == ([], said[1:])  # recency differs
+    # In a step the query is the generated question alone, and the blend sees only what was retrieved.
+    llm = FakeChat(responder=lambda m, s: {"question": "What is wrong with Ann's dog?"} if s.__name__ == "Question"
+                   else {"insights": [{"text": "Ann worries", "label": "New", "removes": []},
+                                      {"text": "Ann loves her dog", "label": "Redundant", "removes": [1]}]})
+    memory = {"Ann": memories}
+    done = step(memory, llm, k=2, embed=embed, session_turns=said)
+    assert embed.calls[-1] == ["What is wrong with Ann's dog?"]
+    blend = llm.calls[-1]["messages"][1]["content"]
+    assert "[M1] Ann has an old dog" in blend and "My dog is sick" in blend
+    assert "jazz" not in blend and "tea" not in blend and "nights" not in blend
+    assert [m["memory_id"] for m in done.removed] == ["m1"]
+    assert [m["text"] for m in memory["Ann"]][-2:] == ["Ann worries", "Ann loves her dog"]
+
+
+# ------------------------------------------------------------------------------- in-session memory
+
+def counting_builder(tag: str = "insight"):
+    """Blend answers numbered in call order (every insight New), questions, then a reply."""
+    made = itertools.count(1)
+
+    def answer(messages, schema):
+        name = schema.__name__ if schema else None
+        if name == "Question":
+            return {"question": "What is new?"}
+        if name == "Blended":
+            return {"insights": [{"text": f"{tag} {next(made)}"}, {"text": f"{tag} {next(made)}"}]}
+        if name == "BlendedAndRefined":
+            return {"insights": [{"text": f"{tag} {next(made)}", "label": "New", "removes": []},
+                                 {"text": f"{tag} {next(made)}", "label": "New", "removes": []}]}
+        return "Bob: I remember!"
+    return answer
+
+
+EPISODE = {"episode_id": "e1", "speakers": ["Ann", "Bob"], "dataset": "sample"}
+
+
+def built(sessions: dict, settings: CreemSettings) -> dict:
+    episode = EpisodeInput(episode=EPISODE, sessions=sessions)
+    return asyncio.run(Creem().build(BuildContext(llm=FakeChat(responder=counting_builder()), settings=settings),
+                                     episode))
+
+
+def probe_at(sessions: dict, s: int, t: int) -> ProbeInput:
+    respondent = sessions[s][t]["speaker"]
+    return ProbeInput(probe={"probe_id": f"nr:{s}:{t}", "kind": "next_response", "session_idx": s, "turn_idx": t,
+                             "respondent": respondent, "request": sessions[s][t - 1]["text"]},
+                      episode=EPISODE, history={k: v for k, v in sessions.items() if k < s},
+                      current=sessions[s][:t], embed=TopicEmbedder())
+
+
+def made_at(out: dict, session: int, turn: int) -> set[str]:
+    return {r["text"] for r in out["evolution"] if (r["snapshot_session"], r["snapshot_turn"]) == (session, turn)}
+
+
+def test_a_probe_sees_the_same_session_insights_made_before_its_turn_and_none_made_at_or_after_it():
+    sessions = {1: turns(2, 1), 2: turns(6, 2)}
+    out = built(sessions, CreemSettings(k=10))  # k covers every piece: each step retrieves all it may
+    seen = {t: visible_memory(rows, 2, 4, "log") for t, rows in out.items()}
+    before, own, at_turn, after = made_at(out, 2, 1), made_at(out, 2, 3), made_at(out, 2, 4), made_at(out, 2, 5)
+    assert before and own and at_turn and after
+    visible = {m["text"] for ms in replay(seen["memories"]).values() for m in ms}
+    assert before | own <= visible and not (at_turn | after) & visible
+    llm = FakeChat(responder=counting_builder("answer-time"))
+    answer = asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 4), seen, CreemSettings(k=10)))
+    # Build already ran the step that read up to turn 3 (Algorithm 1's step for turn 4): only the reply is asked.
+    assert [c["schema"] for c in llm.calls] == [None] and answer.details["step"] == "build"
+    prompt = llm.calls[0]["messages"][1]["content"]
+    assert all(text in prompt for text in before | own)  # an earlier in-session insight, retrieved and kept
+    assert not any(text in prompt for text in at_turn | after)
+    assert answer.text == "I remember!" and answer.details["memory_of"] == "Bob"
+    assert set(answer.used_ids) >= {r["memory_id"] for r in out["evolution"] if r["text"] in own}
+
+
+def test_where_build_skipped_the_turn_the_answer_runs_the_step_on_the_visible_memory():
+    sessions = {1: turns(2, 1), 2: turns(6, 2)}
+    settings = CreemSettings(k=10, update_every=3)  # session 2: steps after turns 2 (Ann's) and 5
+    out = built(sessions, settings)
+    earlier = made_at(out, 2, 2)
+    assert earlier and not made_at(out, 2, 4)
+    seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
+    llm = FakeChat(responder=counting_builder("answer-time"))
+    answer = asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 5), seen, settings))
+    assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", "BlendedAndRefined",
+                                                                                    None]
+    assert answer.details["step"] == "answer" and answer.details["insights"] == ["answer-time 1", "answer-time 2"]
+    blend, reply = llm.calls[1]["messages"][1]["content"], llm.calls[-1]["messages"][1]["content"]
+    assert all(text in blend and text in reply for text in earlier)  # Ann's in-session memory, retrieved and kept
+    assert "answer-time 1" in reply and "Memory of Ann" in reply  # turn 4 is Ann's: the step is about her
+    assert answer.used_ids and not any(i.startswith("a") for i in answer.used_ids)  # not in the tables
+
+
+def test_without_the_pre_response_blend_only_the_past_sessions_memory_reaches_the_response():
+    sessions = {1: turns(2, 1), 2: turns(6, 2)}
+    out = built(sessions, CreemNoPreblendSettings(k=10))
+    seen = {t: visible_memory(rows, 2, 4, "log") for t, rows in out.items()}
+    llm = FakeChat(responder=counting_builder("answer-time"))
+    answer = asyncio.run(CreemNoPreblend().answer(llm, probe_at(sessions, 2, 4), seen, CreemNoPreblendSettings(k=10)))
     assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", None]
+    prompt = llm.calls[-1]["messages"][1]["content"]
+    first_session_about_bob = {r["text"] for r in out["evolution"] if r["session_idx"] == 1 and r["speaker"] == "Bob"}
+    assert first_session_about_bob and all(text in prompt for text in first_session_about_bob)
+    in_session = {r["text"] for r in out["evolution"] if r["session_idx"] == 2}
+    assert not any(text in prompt for text in in_session) and answer.details["step"] == "past_sessions"
+
+
+def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_baselines_length():
+    from stages.methods.memory_response import memory_messages
+
+    sessions = {1: turns(2, 1), 2: turns(10, 2)}
+    out = built(sessions, CreemSettings(k=10))
+    seen = {t: visible_memory(rows, 2, 9, "log") for t, rows in out.items()}
+    llm = FakeChat(responder=counting_builder())
+    asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 9), seen, CreemSettings(k=10)))
+    system, user = (m["content"] for m in llm.calls[-1]["messages"])
+    assert all(f"line 2.{i}" in user for i in range(9)) and "line 2.9" not in user  # D^s_[1,t-1], all of it
+    assert "Memory of Ann" in user and "Conversation:" in user and user.rstrip().endswith("no speaker label):")
+    assert "Response of Bob" in user and "last utterance" in system and "memory" in system
+    assert "do not make it long" in system and "name of any speaker" in system and "let the memory show" in system
+    baseline = memory_messages("m", sessions[2][:9], "line 2.8", "Bob", False)[1]["content"]
+    assert "a short, natural reply" in baseline and "a short, natural reply" in system
+    llm = FakeChat(responder=counting_builder())
+    asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 9), seen, CreemSettings(k=10, response_words=30)))
+    assert "at most 30 words" in llm.calls[-1]["messages"][0]["content"]
+
+
+def test_the_query_and_blend_prompts_carry_every_instruction_of_a1_to_a3_and_end_in_json():
+    from stages.methods.creem import blend_messages, first_session_messages, question_messages
+
+    q = " ".join(m["content"] for m in question_messages("Ann", "Ann: hi"))
+    assert all(w in q for w in ("high-level", "matters most", "lets us answer", "about Ann", "final line"))
+    refine = " ".join(m["content"] for m in blend_messages("Ann", [mem(1)], [], 2, True))
+    assert all(w in refine for w in ("insights about Ann", "New", "Redundant", "Updated", "deleted",
+                                     "deletes nothing", "both steps 2 times", "[M1] Ann fact 1"))
+    first = " ".join(m["content"] for m in first_session_messages("Ann", "Ann: hi", 2))
+    assert "exactly 2 high-level insights about Ann" in first
+    for messages in (question_messages("Ann", "x"), blend_messages("Ann", [], [], 2, False),
+                     first_session_messages("Ann", "x", 2)):
+        assert "Answer in JSON only" in messages[-1]["content"].splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------- the log and Table 5
+
+def test_the_memory_log_replays_to_the_memory_and_grows_by_its_changes_only():
+    sessions = {1: turns(2, 1), 2: turns(4, 2)}
+    answers = iter([{"insights": [{"text": "a"}, {"text": "b"}]}, {"insights": [{"text": "c"}, {"text": "d"}]}])
+
+    def llm_answer(messages, schema):
+        if schema.__name__ == "Question":
+            return {"question": "q"}
+        if schema.__name__ == "Blended":
+            return next(answers)
+        return {"insights": [{"text": "e", "label": "Updated", "removes": [1]},
+                             {"text": "f", "label": "New", "removes": []}]}
+
+    episode = EpisodeInput(episode=EPISODE, sessions=sessions)
+    method = Creem()
+    out = asyncio.run(method.build(BuildContext(llm=FakeChat(responder=llm_answer), settings=CreemSettings(k=10)),
+                                   episode))
+    adds = [r for r in out["memories"] if r["op"] == "add"]
+    removes = [r for r in out["memories"] if r["op"] == "remove"]
+    assert len(adds) == 12 and len(removes) == 4  # 6 steps x 2 insights; each session-2 step removes its M1
+    final = replay(out["memories"])
+    assert sum(len(ms) for ms in final.values()) == 8
+    view = method.memory_view(episode, {"memories": out["memories"]}, CreemSettings())
+    assert view.splitlines() == [f"[{m['speaker']}] {m['text']}" for ms in final.values() for m in ms]
+    assert method.build_stats(out) == {"insights": {"Blended": 4, "Updated": 4, "New": 4}, "failed_steps": 0,
+                                       "removed": 4}
+
+
+def test_label_shares_are_over_new_redundant_and_updated_with_blended_reported_apart():
+    labels = ["Blended"] * 4 + ["New"] * 2 + ["Redundant", "Updated"] + [None]
+    rows = label_shares("creem", [{"dataset": "msc", "label": label} for label in labels])
+    by = {r["label"]: r for r in rows}
+    assert [r["label"] for r in rows] == ["New", "Redundant", "Updated", "Blended"]
+    assert (by["New"]["share"], by["Redundant"]["share"], by["Updated"]["share"]) == (0.5, 0.25, 0.25)
+    assert by["Blended"]["insights"] == 4 and by["Blended"]["share"] is None
 
 
 def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(run_cfg, fake_llm):
@@ -132,7 +329,9 @@ def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(r
     evolution = StageDir(cfg.run_dir, "report").read_table("evolution_summary").to_pylist()
     assert {r["method"] for r in evolution} == set(methods)
     for m in methods:
-        assert abs(sum(r["share"] for r in evolution if r["method"] == m) - 1.0) < 1e-9
+        shares = [r["share"] for r in evolution if r["method"] == m and r["label"] != "Blended"]
+        assert abs(sum(shares) - 1.0) < 1e-9, m
+        assert all(r["share"] is None for r in evolution if r["method"] == m and r["label"] == "Blended")
 
 
 def test_the_refine_schema_lets_removals_name_only_the_memories_shown():

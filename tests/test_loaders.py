@@ -122,6 +122,38 @@ def test_msc_parlai_and_cc_style_records():
     assert c.qa == []
 
 
+def test_msc_per_session_persona_summaries_become_notes_of_their_session(tmp_path):
+    """previous_dialogs[k].personas (one list per speaker) are persona notes of session k+1; the top-level
+    personas stay the episode's; the current dialog carries none."""
+    rec = {"metadata": {"initial_data_id": "p1"},
+           "personas": [["I grow tomatoes.", "I moved to Leeds."], ["I play the cello."]],
+           "previous_dialogs": [
+               {"dialog": [{"text": "Hi"}, {"text": "Hello"}], "personas": [["I grow tomatoes."], []]},
+               {"dialog": [{"text": "Back"}, {"text": "Hey"}],
+                "personas": [["I moved to Leeds."], ["I play the cello."]]},
+               {"dialog": [{"text": "Again"}, {"text": "Yes"}]}],
+           "dialog": [{"text": "Now"}, {"text": "Ok"}]}
+    c = load_corpus("msc", write_jsonl(tmp_path / "m.jsonl", [rec]))
+    ep = c.episodes[0]
+    assert ep["notes"] == [
+        {"session_idx": 1, "kind": "persona", "speaker": "Speaker 1", "text": "I grow tomatoes."},
+        {"session_idx": 2, "kind": "persona", "speaker": "Speaker 1", "text": "I moved to Leeds."},
+        {"session_idx": 2, "kind": "persona", "speaker": "Speaker 2", "text": "I play the cello."},
+    ]
+    assert ep["personas"] == [["I grow tomatoes.", "I moved to Leeds."], ["I play the cello."]]
+    assert load_corpus("msc", FIXTURES["msc"]).episodes[0]["notes"] is None  # no per-session personas
+
+
+def test_bad_msc_session_personas(tmp_path):
+    rec = {"metadata": {"initial_data_id": "v1"}, "dialog": [{"text": "c"}],
+           "previous_dialogs": [{"dialog": [{"text": "a"}], "personas": [["ok"], [3]]}]}
+    err = load_error("msc", write_jsonl(tmp_path / "m.jsonl", [rec]))
+    assert_names(err, "m.jsonl", "msc-v1 (line 1)", "previous_dialogs[0].personas[1][0]")
+    rec["previous_dialogs"][0]["personas"] = [["a"], ["b"], ["c"]]
+    err = load_error("msc", write_jsonl(tmp_path / "m.jsonl", [rec]))
+    assert_names(err, "m.jsonl", "msc-v1", "previous_dialogs[0].personas")
+
+
 def test_cc_with_twelve_sessions():
     c = load_corpus("cc", FIXTURES["cc"])  # a .json file holding JSON Lines, as released
     assert [e["episode_id"] for e in c.episodes] == ["cc-episode-1", "cc-episode-2"]

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import numpy as np
 import pytest
 
 from fake_chat import FakeChat
+from pipeline.llm.types import LLMError
 from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
-from stages.methods.gold_memory import GoldMemory, GoldMemorySettings
-from stages.methods.memory_baselines import (AllMemoriesUpdate, MemoryRetrieval, MemorySettings, Operation,
-                                             Operations, RetrievalSettings, apply_operations, check_operations)
-from stages.methods.rsum import RSum, RSumSettings
+from stages.methods.gold_memory import GoldMemory, GoldMemorySettings, gold_memory
+from stages.methods.memory_baselines import (AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemorySettings,
+                                             Operation, Operations, RetrievalSettings, apply_operations,
+                                             check_operations)
+from stages.methods.rsum import (EXAMPLE_NEW_MEMORY, EXAMPLE_SESSION, RSum, RSumSettings, memory_example,
+                                 response_example)
 
 
 def episode(n: int) -> EpisodeInput:
@@ -124,7 +128,7 @@ def test_memory_retrieval_returns_k_memories_from_earlier_sessions_only():
     assert RetrievalSettings().k == 6
 
 
-def test_gold_memory_appears_only_when_the_corpus_has_it():
+def test_gold_memory_falls_back_to_episode_personas_only_without_per_session_ones_and_says_so():
     annotated = {"speakers": ["Ann", "Bob"], "personas": [["I have a dog."], []],
                  "notes": [{"session_idx": 1, "kind": "summary", "speaker": None, "text": "They met."},
                            {"session_idx": 3, "kind": "summary", "speaker": None, "text": "Later news."}]}
@@ -134,11 +138,175 @@ def test_gold_memory_appears_only_when_the_corpus_has_it():
     answer = asyncio.run(GoldMemory().answer(llm, p, {}, GoldMemorySettings()))
     prompt = llm.calls[0]["messages"][-1]["content"]
     assert "Ann: I have a dog." in prompt and "They met." in prompt and "Later news." not in prompt
-    assert answer.details["gold_sources"] == ["persona", "summary"] and len(answer.used_ids) == 2
+    assert answer.details == {"gold_sources": ["episode_persona", "summary"], "personas_from": "episode"}
+    assert len(answer.used_ids) == 2
     bare = probe(2)
     llm = FakeChat(["ok"])
     answer = asyncio.run(GoldMemory().answer(llm, bare, {}, GoldMemorySettings()))
     assert answer.used_ids == [] and "Memory:\n(empty)" in llm.calls[0]["messages"][-1]["content"]
+
+
+def msc_episode(tmp_path) -> dict:
+    """A 5-session ParlAI MSC record through the loader: each previous session k+1 has its own persona
+    line, and the top-level personas (as of the last session) hold all of them."""
+    from pipeline.corpus import load_corpus
+
+    lines = {k: f"Speaker 1 fact of session {k}." for k in range(1, 5)}
+    rec = {"metadata": {"initial_data_id": "g1"},
+           "personas": [list(lines.values()), ["Speaker 2 likes jazz."]],
+           "previous_dialogs": [{"dialog": [{"text": f"news {k}"}, {"text": f"reply {k}"}],
+                                 "personas": [[lines[k]], ["Speaker 2 likes jazz."] if k == 1 else []]}
+                                for k in range(1, 5)],
+           "dialog": [{"text": "news 5"}, {"text": "reply 5"}]}
+    path = tmp_path / "msc.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    return load_corpus("msc", path).episodes[0]
+
+
+def test_a_session_3_gold_memory_probe_sees_only_the_persona_summaries_of_sessions_1_and_2(tmp_path):
+    p = probe(3)
+    p.episode = msc_episode(tmp_path)
+    llm = FakeChat(["ok"])
+    answer = asyncio.run(GoldMemory().answer(llm, p, {}, GoldMemorySettings()))
+    memory = llm.calls[0]["messages"][-1]["content"].split("Memory:\n")[1].split("\n\n")[0]
+    assert memory.splitlines() == ["[session 1 persona] Speaker 1: Speaker 1 fact of session 1.",
+                                   "[session 1 persona] Speaker 2: Speaker 2 likes jazz.",
+                                   "[session 2 persona] Speaker 1: Speaker 1 fact of session 2."]
+    assert "session 3." not in memory and "session 4." not in memory
+    assert answer.details == {"gold_sources": ["persona"], "personas_from": "sessions"}
+    # The whole-episode view (after the last session) holds every session's lines, repeated ones once.
+    view = GoldMemory().memory_view(EpisodeInput(episode=p.episode, sessions={s: [] for s in range(1, 6)}), {},
+                                    GoldMemorySettings())
+    assert view.count("likes jazz") == 1 and "fact of session 4." in view
+
+
+def test_gold_memory_shows_a_persona_line_repeated_by_a_later_session_once():
+    notes = [{"session_idx": s, "kind": "persona", "speaker": "Ann", "text": t}
+             for s, t in [(1, "I run."), (2, "I run."), (2, "I swim.")]]
+    text, ids, _ = gold_memory({"speakers": ["Ann"], "notes": notes}, 3, ["persona"])
+    assert text.splitlines() == ["[session 1 persona] Ann: I run.", "[session 2 persona] Ann: I swim."]
+    assert ids == ["persona:1:0", "persona:2:2"]
+
+
+def test_rsum_paper_style_asks_for_no_length_and_short_style_for_a_short_reply():
+    memory = {"summary": [{"episode_id": "e1", "snapshot_session": 1, "snapshot_turn": None, "memory": "S1",
+                           "tokens": 1, "error": None}]}
+    prompts = {}
+    for style in ("paper", "short"):
+        llm = FakeChat(["ok"])
+        asyncio.run(RSum().answer(llm, probe(2), memory, RSumSettings(response_style=style)))
+        prompts[style] = llm.calls[0]["messages"][-1]["content"]
+    assert prompts["paper"].endswith("Write Bob's next utterance only, without a speaker label.")
+    assert "short" not in prompts["paper"].lower()
+    assert prompts["short"].endswith(
+        "Write Bob's next utterance only: a short, natural reply, without a speaker label.")
+    assert RSumSettings().response_style == "short" and RSumSettings().temperature == 0.0
+
+
+def test_rsum_temperature_null_leaves_the_role_temperature_in_force():
+    assert RSum().params(RSumSettings(temperature=None)) == {}
+    assert RSum().params(RSumSettings()) == {"temperature": 0.0}
+    llm = FakeChat(responder=rsum_responder)
+    asyncio.run(RSum().build(BuildContext(llm=llm, settings=RSumSettings(temperature=None)), episode(2)))
+    assert all("temperature" not in c["params"] for c in llm.calls)
+
+
+def test_rsum_one_shot_shows_our_worked_dialogue_in_both_the_memory_and_the_response_prompt():
+    settings = RSumSettings(one_shot=True)
+    build_llm = FakeChat(responder=rsum_responder)
+    asyncio.run(RSum().build(BuildContext(llm=build_llm, settings=settings), episode(1)))
+    memory_system = build_llm.calls[0]["messages"][0]["content"]
+    assert f"Example:\n{memory_example()}" in memory_system and EXAMPLE_NEW_MEMORY in memory_system
+    memory = {"summary": [{"episode_id": "e1", "snapshot_session": 1, "snapshot_turn": None, "memory": "S1",
+                           "tokens": 1, "error": None}]}
+    answer_llm = FakeChat(["ok"])
+    asyncio.run(RSum().answer(answer_llm, probe(2), memory, settings))
+    response_system = answer_llm.calls[0]["messages"][0]["content"]
+    assert f"Example:\n{response_example()}" in response_system
+    assert response_example().endswith(f"Sam's next utterance: {EXAMPLE_SESSION[-1]['text']}")
+    plain = FakeChat(["ok"])
+    asyncio.run(RSum().answer(plain, probe(2), memory, RSumSettings()))
+    assert "Example:" not in plain.calls[0]["messages"][0]["content"]
+
+
+def test_an_update_target_outside_the_pool_is_re_asked_for_every_op():
+    ops = [Operation(new=1, op="keep", target=99)]
+    with pytest.raises(ValueError, match=r"pool memory 1\.\.3.*keep of new memory 1 -> 99"):
+        check_operations(Operations(operations=ops), 1, 3)
+    with pytest.raises(ValueError, match="pool memory"):
+        check_operations(Operations(operations=[Operation(new=1, op="append", target=4)]), 1, 3)
+    check_operations(Operations(operations=[Operation(new=1, op="keep", target=3)]), 1, 3)
+
+
+def update_responder(update_answers: list):
+    def responder(messages, schema):
+        if schema and schema.__name__ == "SessionMemories":
+            s = re.search(r"news (\d+)", messages[-1]["content"]).group(1)
+            return {"memories": [f"fact {s}"]}
+        return update_answers.pop(0)
+    return responder
+
+
+def test_a_keep_with_target_99_is_re_asked_instead_of_failing_the_episode():
+    answers = [{"operations": [{"new": 1, "op": "keep", "target": 99}]},
+               {"operations": [{"new": 1, "op": "keep", "target": 1}]}]
+    llm = FakeChat(responder=update_responder(answers))
+    out = asyncio.run(AllMemoriesUpdate().build(BuildContext(llm=llm, settings=MemorySettings()), episode(2)))
+    update = next(c for c in llm.calls if c["schema"].__name__ == "Operations")
+    assert update["attempts"] == 2 and "99" in update["errors"][0]
+    assert [(r["op"], r["target_id"], r["error"]) for r in out["operations"] if r["snapshot_session"] == 2
+            ] == [("keep", "1:0", None)]
+    assert [m["event"] for m in out["pool"] if m["snapshot_session"] == 2] == ["fact 1"]
+
+
+def test_an_update_that_stays_out_of_range_is_recorded_and_appends_without_crashing():
+    answers = [{"operations": [{"new": 1, "op": "keep", "target": 99}]}] * 2
+    llm = FakeChat(responder=update_responder(list(answers)))
+    method = AllMemoriesUpdate()
+    out = asyncio.run(method.build(BuildContext(llm=llm, settings=MemorySettings()), episode(2)))
+    op = next(r for r in out["operations"] if r["snapshot_session"] == 2)
+    assert (op["op"], op["target_id"]) == ("append", None) and "99" in op["error"] and "keep" in op["raw"]
+    assert [m["event"] for m in out["pool"] if m["snapshot_session"] == 2] == ["fact 1", "fact 2"]
+    assert method.build_stats(out)["failed_updates"] == 1
+
+
+def test_an_append_target_is_dropped_from_the_operation_record():
+    answers = [{"operations": [{"new": 1, "op": "append", "target": 1}]}]
+    llm = FakeChat(responder=update_responder(answers))
+    out = asyncio.run(AllMemoriesUpdate().build(BuildContext(llm=llm, settings=MemorySettings()), episode(2)))
+    assert [(r["op"], r["target_id"]) for r in out["operations"] if r["snapshot_session"] == 2] == [("append", None)]
+
+
+def test_memory_retrieval_without_an_embedder_raises_instead_of_showing_every_memory():
+    memories = [{"memory_id": f"1:{i}", "session_idx": 1, "memory_idx": i, "event": f"fact {i}",
+                 "snapshot_session": 1, "source_turn_ids": []} for i in range(8)]
+    bare = probe(2)
+    bare.embed = None
+    with pytest.raises(RuntimeError, match="memory_retrieval .*no embedder"):
+        asyncio.run(MemoryRetrieval().answer(FakeChat(["ok"]), bare, {"memories": memories}, RetrievalSettings()))
+    few = asyncio.run(MemoryRetrieval().answer(FakeChat(["ok"]), probe(2), {"memories": memories[:3]},
+                                               RetrievalSettings()))
+    assert len(few.used_ids) == 3  # fewer memories than k: all of them, with an embedder present
+    everything = asyncio.run(AllMemories().answer(FakeChat(["ok"]), bare, {"memories": memories}, MemorySettings()))
+    assert len(everything.used_ids) == 8  # all_memories needs no embedder
+
+
+def test_a_failed_session_summary_is_logged_for_its_session_and_counted():
+    def responder(messages, schema):
+        s = re.search(r"news (\d+)", messages[-1]["content"]).group(1)
+        if s == "2":
+            return LLMError("summary call failed")
+        return {"memories": [f"fact {s}a", f"fact {s}b"]}
+
+    method = AllMemories()
+    out = asyncio.run(method.build(BuildContext(llm=FakeChat(responder=responder), settings=MemorySettings()),
+                                   episode(3)))
+    log = [(r["snapshot_session"], r["memories"], r["error"]) for r in out["build_log"]]
+    assert log == [(1, 2, None), (2, 0, "summary call failed"), (3, 2, None)]
+    assert {m["session_idx"] for m in out["memories"]} == {1, 3}
+    assert method.build_stats(out) == {"summary_calls": 3, "failed_summaries": 1,
+                                       "failed_summaries_per_episode": {"e1": 1}}
+    assert set(AllMemoriesUpdate.memory) == {"pool", "operations", "build_log"}
 
 
 BASELINES = ["rsum", "all_memories", "memory_retrieval", "all_memories_update", "memory_retrieval_update",

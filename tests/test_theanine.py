@@ -157,13 +157,14 @@ def test_building_labels_at_most_j_candidates_from_earlier_sessions_per_new_memo
     # The label prompt defines the relations and shows both memories with their times and dialogues.
     prompt = label_calls[0]["messages"]
     assert "Changed" in prompt[0]["content"] and "HinderedBy" in prompt[0]["content"]
-    assert "(session 1)" in prompt[1]["content"] and "Ann: about my" in prompt[1]["content"]
+    assert "Memory A [session 1]:" in prompt[1]["content"] and "Ann: about my" in prompt[1]["content"]
 
 
 def test_without_relation_labelling_no_llm_links_and_edges_follow_similarity():
     out, llm = build(3, TheanineNoRelationSettings(j=2))
     assert not [c for c in llm.calls if c["schema"].__name__ == "RelationLabel"]
-    assert out["edges"] and {e["relation"] for e in out["edges"]} == {"SameTopic"}
+    assert out["edges"] and {e["relation"] for e in out["edges"]} == {g.SIMILAR}
+    assert {r["relation"] for r in out["link_labels"]} == {g.SIMILAR} and g.SIMILAR not in g.RELATIONS
     every, _ = build(3, TheanineNoRelationSettings(j=2, per_component=False))
     assert len(every["edges"]) == len(every["link_labels"]) > len(out["edges"])
 
@@ -189,11 +190,13 @@ def test_an_episode_with_twelve_sessions_builds_and_answers():
                                            memory, settings))
     assert answer.text == "How is it going?" and answer.rationale == "she cares about it"
     d = answer.details
-    assert len(d["retrieved"]) == 3 and len(d["timelines"]) == 3 and d["timelines_per"] == "memory"
+    n = len(d["timelines"])
+    assert len(d["retrieved"]) == 3 and n + d["dropped"] == 3 and d["timelines_per"] == "memory"
+    assert len({tuple(p) for p in d["timelines"]}) == n  # each timeline once
     assert all(p[-1] in answer.used_ids for p in d["timelines"])
-    assert len(d["refined_timelines"]) == 3 and all(r.startswith("refined: 1.") for r in d["refined_timelines"])
+    assert len(d["refined_timelines"]) == n and all(r.startswith("refined: 1.") for r in d["refined_timelines"])
     refine_calls = [c for c in llm.calls if c["schema"].__name__ == "Refined"]
-    assert len(refine_calls) == 3 and "Ann: about my dog" in refine_calls[0]["messages"][1]["content"]
+    assert len(refine_calls) == n and "Ann: about my dog" in refine_calls[0]["messages"][1]["content"]
     json.dumps(d)  # details go to the responses table as JSON
 
 
@@ -222,7 +225,7 @@ def test_k_times_n_or_one_set_per_component_is_a_recorded_choice(per):
         probe=probe, episode={"speakers": []}, history={}, current=[], embed=embed), memory, settings))
     assert answer.details["timelines_per"] == per
     n = len(answer.details["timelines"])
-    assert n == 3 if per == "memory" else 1 <= n <= 3
+    assert n + answer.details["dropped"] == 3 if per == "memory" else 1 <= n <= 3
 
 
 # ------------------------------------------------------------------------- through the runner

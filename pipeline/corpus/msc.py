@@ -1,5 +1,9 @@
 """Multi-Session Chat. ParlAI JSONL: "previous_dialogs" are sessions 1..n-1, "dialog" is session n.
-Records in the Theanine / Conversation Chronicles schema are detected per record and read by cc."""
+Records in the Theanine / Conversation Chronicles schema are detected per record and read by cc.
+
+Persona summaries: `previous_dialogs[k].personas` (one list per speaker) become "persona" notes of
+session k+1, so gold memory can show a probe only the summaries of sessions before it; the
+record's top-level `personas` (the summaries as of its last session) stay the episode personas."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 
 from pipeline.corpus import cc
 from pipeline.corpus.reader import RawRecord
-from pipeline.corpus.records import Checker, Episode, Session, Turn, join
+from pipeline.corpus.records import Checker, Episode, Note, Session, Turn, join
 
 DATASET = "msc"
 SPEAKERS = ("Speaker 1", "Speaker 2")  # ParlAI's ids; turns without an id alternate, Speaker 1 first
@@ -27,7 +31,10 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     for k, raw in enumerate(previous):
         at = join("previous_dialogs", k)
         prev = chk.obj(raw, at)
-        sessions.append(Session(_turns(chk.req(prev, "dialog", list, at), join(at, "dialog"), speakers, chk), at))
+        notes = [Note("persona", line, speaker)
+                 for speaker, lines in (_persona_lists(prev, "personas", at, chk) or {}).items() for line in lines]
+        sessions.append(Session(_turns(chk.req(prev, "dialog", list, at), join(at, "dialog"), speakers, chk), at,
+                                notes=notes))
     sessions.append(Session(_turns(chk.req(d, "dialog", list), "dialog", speakers, chk), "dialog"))
 
     # previous_dialogs[k].time_num / time_unit is the time that passed after session k+1, before the next one.
@@ -69,13 +76,18 @@ def _turns(raw_turns: list, at: str, speakers: list[str], chk: Checker) -> list[
 
 
 def _personas(d: dict, chk: Checker) -> dict[str, list[str]] | None:
-    key = "personas" if d.get("personas") is not None else "init_personas"
-    raw = chk.opt(d, key, list)
+    return _persona_lists(d, "personas" if d.get("personas") is not None else "init_personas", "", chk)
+
+
+def _persona_lists(d: dict, key: str, at: str, chk: Checker) -> dict[str, list[str]] | None:
+    """{speaker: persona lines} from a list of one list per speaker (ParlAI order); None when absent."""
+    raw = chk.opt(d, key, list, at)
     if raw is None:
         return None
+    path = join(at, key)
     if len(raw) > len(SPEAKERS):
-        chk.fail(key, f"expected one persona list per speaker ({len(SPEAKERS)}), got {len(raw)}")
-    return {SPEAKERS[i]: chk.str_list(lines, join(key, i)) for i, lines in enumerate(raw)}
+        chk.fail(path, f"expected one persona list per speaker ({len(SPEAKERS)}), got {len(raw)}")
+    return {SPEAKERS[i]: chk.str_list(lines, join(path, i)) for i, lines in enumerate(raw)}
 
 
 def gap_label(num: Any, unit: str) -> str:

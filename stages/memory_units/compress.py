@@ -1,10 +1,12 @@
 """compress: SeCom's compression-based denoising (Sec. 2.3) of every memory unit.
 
-The compressed text becomes the retrieval key; the original text is what retrieval returns.
+The compressed text becomes the retrieval key; the original text is what retrieval returns. Each
+unit records how it was compressed (`compression_path`: none, per_exchange, per_line or error).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -15,10 +17,16 @@ from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from pipeline.failures import failure_reason
 from stages.methods.dialogue import sessions_of
-from stages.methods.secom.units import UNIT_FIELDS, build_units
+from stages.methods.secom.units import UNIT_FIELDS, build_units, unit_exchanges
 
 Granularity = Literal["turn", "session", "segment"]
-UNITS = pa.schema([*UNIT_FIELDS, pa.field("error", pa.string())])
+UNITS = pa.schema([
+    *UNIT_FIELDS,
+    # none | per_exchange (LLMLingua-2 over the unit's exchanges, the official call) | per_line
+    # (LLMLingua, or LLMLingua-2 after an exchange lost a line or a speaker tag) | error
+    pa.field("compression_path", pa.string()),
+    pa.field("error", pa.string()),
+])
 
 
 class CompressConfig(Section):
@@ -40,6 +48,26 @@ def compressor_for(cfg: CompressConfig, cache_dir: str) -> Compressor:
     return _COMPRESSORS[key]
 
 
+def compress_units(compressor: Compressor, sessions: dict[int, Rows], segments: Rows,
+                   granularities: list[str], label: str) -> Rows:
+    """Every unit of one episode with `compressed_text`, `compression`, `compression_path` and
+    `error`. A unit is handed to the compressor as its exchanges and the speakers of its turns; a
+    unit whose compression fails keeps its original text as key (compressed_text null) and is marked."""
+    lines: dict[str, str] = {}  # line-by-line compressors see each utterance once per episode
+    rows: Rows = []
+    for granularity in granularities:
+        for unit in build_units(sessions, segments, granularity):
+            turns = [t for t in sessions[unit["session_idx"]] if unit["turn_start"] <= t["turn_idx"] <= unit["turn_end"]]
+            try:
+                out = compressor.compress_unit(unit_exchanges(turns), [t["speaker"] for t in turns], lines)
+                unit.update(compressed_text=out.text, compression_path=out.path, error=None)
+            except Exception as e:  # one bad unit keeps its original text as key and is marked
+                unit.update(compressed_text=None, compression_path="error", error=failure_reason(e))
+            unit["compression"] = label
+            rows.append(unit)
+    return rows
+
+
 class CompressStage(EpisodeStage):
     name = "compress"
     inputs = ("ingest", "segment")
@@ -49,31 +77,12 @@ class CompressStage(EpisodeStage):
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section
-        sessions = sessions_of(inputs["ingest.turns"])
         compressor = compressor_for(cfg, ctx.cfg.embedding.cache_dir)
         label = "none" if cfg.method == "none" else f"{cfg.method}@{cfg.rate}"
-        # A per-line compressor (LLMLingua with a small scorer) sees each utterance alone, and every
-        # utterance sits in one unit of each granularity: compress each line once and reassemble
-        # units. LLMLingua-2 compresses whole units (turn-level units are exchanges).
-        lines: dict[str, str] = {}
+        return {"units": compress_units(compressor, sessions_of(inputs["ingest.turns"]), inputs["segment.segments"],
+                                        list(cfg.granularities), label)}
 
-        def compress_unit(text: str) -> str:
-            if not compressor.per_line:
-                return compressor.compress(text)
-            out = []
-            for line in text.split("\n"):
-                if line not in lines:
-                    lines[line] = compressor.compress(line)
-                out.append(lines[line])
-            return "\n".join(out)
-
-        rows: Rows = []
-        for granularity in cfg.granularities:
-            for unit in build_units(sessions, inputs["segment.segments"], granularity):
-                try:
-                    unit["compressed_text"], unit["error"] = compress_unit(unit["text"]), None
-                except Exception as e:  # one bad unit keeps its original text as key and is marked
-                    unit["compressed_text"], unit["error"] = None, failure_reason(e)
-                unit["compression"] = label
-                rows.append(unit)
-        return {"units": rows}
+    def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
+        """Units per compression path (none, per_exchange, per_line, error)."""
+        paths = Counter(u["compression_path"] for u in produced.get("units", []))
+        return {"units": sum(paths.values()), "compression_paths": dict(sorted(paths.items()))}

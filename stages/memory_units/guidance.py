@@ -33,6 +33,13 @@ GUIDANCE = pa.schema(
 )
 
 
+def scoring_convention(cfg: RunConfig) -> str:
+    """The Pk / WindowDiff convention results are scored in (`score.segmentation_convention`), by
+    which reflection ranks its hard examples too."""
+    score = getattr(cfg, "score", None)
+    return getattr(score, "segmentation_convention", "superdialseg")
+
+
 def annotated_sessions(turns: list[dict[str, Any]], limit: int | None) -> list[list[dict[str, Any]]]:
     by_episode: dict[str, list[dict[str, Any]]] = {}
     for t in turns:
@@ -56,7 +63,7 @@ class GuidanceStage(GlobalStage):
         return cfg.segment.mode == "reflection" and not cfg.segment.guidance_path
 
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
-        return {"active": self.active(cfg)}
+        return {"active": self.active(cfg), "convention": scoring_convention(cfg)}
 
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         if not self.active(ctx.cfg):
@@ -74,6 +81,7 @@ class GuidanceStage(GlobalStage):
         learned = await reflection.learn_guidance(
             ctx.llm, sessions, rounds=rcfg.rounds, hard_k=rcfg.hard_k, mini_batches=rcfg.mini_batches,
             max_rubric_items=rcfg.max_rubric_items, unit=options.pop("unit"), segment_options=options,
+            convention=scoring_convention(ctx.cfg),
         )
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         data = learned.to_dict()

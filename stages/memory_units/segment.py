@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.methods.dialogue import sessions_of
 from stages.methods.secom import segmentation
@@ -42,8 +43,8 @@ class SegmentStage(EpisodeStage):
     roles = ("segmenter",)
 
     def extra_fingerprint(self, cfg: Any) -> dict[str, Any]:
-        path = cfg.segment.guidance_path
-        return {"guidance": Path(path).read_text() if path and Path(path).exists() else None}
+        path = stored_guidance(cfg.segment)  # checked when the run is planned, before any call
+        return {"guidance": path.read_text() if path else None}
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section
@@ -75,12 +76,26 @@ class SegmentStage(EpisodeStage):
                 "normalised_sessions": normalised, "fallback_sessions": fallback}
 
 
+def stored_guidance(cfg: SegmentConfig) -> Path | None:
+    """The guidance file `segment.guidance_path` names, when segmentation uses one (mode reflection).
+    ConfigError when it does not exist: segmenting zero-shot instead would go unnoticed."""
+    if cfg.mode != "reflection" or not cfg.guidance_path:
+        return None
+    path = Path(cfg.guidance_path)
+    if not path.is_file():
+        raise ConfigError(f"segment.guidance_path: {path} does not exist (segment.mode is reflection; "
+                          "drop guidance_path to learn the guidance in this run)")
+    return path
+
+
 def load_guidance(ctx: StageContext) -> SegmentationGuidance | None:
-    """Reflection guidance: a stored file, or the one the guidance stage learned."""
+    """Reflection guidance: a stored file, or the one the guidance stage learned; None in zero-shot
+    mode. A file that should be there and is not is an error, never a silent zero-shot run."""
     cfg = ctx.section
     if cfg.mode != "reflection":
         return None
-    path = Path(cfg.guidance_path) if cfg.guidance_path else ctx.upstream_dirs.get("guidance", Path("-")) / GUIDANCE_FILE
-    if not path.exists():
-        return None
+    path = stored_guidance(cfg) or ctx.upstream_dirs.get("guidance", Path("-")) / GUIDANCE_FILE
+    if not path.is_file():
+        raise PipelineError(f"segment.mode is reflection but the guidance stage left no {GUIDANCE_FILE} "
+                            f"(looked for {path})")
     return SegmentationGuidance.from_dict(json.loads(path.read_text()))

@@ -11,6 +11,7 @@ from stages.methods.gold_memory import GoldMemory
 from stages.methods.golden import Golden
 from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
 from stages.methods.ld_agent import LDAgent
+from stages.methods.ld_agent_base import LDAgentBase
 from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
@@ -20,5 +21,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
-    AllContext(), PartContext(), LDAgent(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
+    AllContext(), PartContext(), LDAgent(), LDAgentBase(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
 ]}

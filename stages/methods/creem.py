@@ -1,26 +1,35 @@
 """CREEM (seed 004, Sections 2-3): memory kept about each speaker that blends past memories with the
 ongoing dialogue and refines itself as it grows (Algorithm 1).
 
-For each turn (every `update_every`-th) of a session, about the speaker of its last utterance:
-1. generate one salient question about that speaker focused on the last utterance;
-2. retrieve the top-k (5) pieces among the speaker's past memories and the session's utterances so
-   far, with the question and the recent dialogue as the query;
-3. blend them with the dialogue into n (2) new insights, and refine each: New (novel), Redundant
-   (overlaps past memories) or Updated (past information changed); a Redundant or Updated insight
-   names the retrieved memories it makes redundant or outdated, which are removed (memories that
-   were not retrieved are never removed), then the insights are added. The first session blends
-   without refining, with its own prompt.
-A probe sees the memory after the session before its own. Before responding, CREEM blends the
-retrieved memory with the current dialogue once more (the pre-response blend) and answers from
-those insights and the dialogue. Ablations: `creem_no_refine`, `creem_no_preblend`.
-Every insight is logged with its label, what it removed, and where it was made.
+The turn step: before turn t of session s, about the speaker of the last utterance (turn t-1):
+1. GQ: ask one salient high-level question about that speaker, mainly about the last utterance,
+   from the whole session so far D^s_[1,t-1] (App. A.1);
+2. R: retrieve the top-k (5) pieces among the speaker's memories and the utterances of D^s_[1,t-1],
+   by dense similarity to the question;
+3. BR: blend the retrieved pieces (and only them, App. A.3) into n (2) new insights and refine each:
+   New (novel), Redundant (overlaps past memories) or Updated (past information changed); a
+   Redundant or Updated insight names the retrieved memories it makes redundant or outdated, which
+   are removed (memories that were not retrieved are never removed), then the insights are added.
+   The first session blends its recent utterances without refining, with its own prompt (A.2).
+4. GR: respond from the step's result: the retrieved memories it kept plus its new insights, with
+   the whole current session (App. A.4).
+
+`build` runs the step at every `update_every`-th turn and logs every change to the memory keyed by
+the turn it read up to, so a probe at turn t sees the memory evolved up to turn t-1, in-session
+insights included. The step that reads up to turn t-1 is the one Algorithm 1 runs before
+responding at turn t: `answer` reuses it when `build` ran it, and runs it on the visible memory
+otherwise (`update_every` > 1, a probe with its own context, a step that failed in `build`). The
+ablations: `creem_no_refine` labels every insight New and removes nothing; `creem_no_preblend`
+responds from the memory accumulated in the past sessions only (Section 3.3.3): the question and
+retrieval over it, no blend.
 
 Where each phase lives (all in this module unless named):
-- Algorithm 1 step 1, the query: `question_messages`, in `Creem.step`;
-- step 2, retrieval over past memories and the session: `Creem.retrieve`;
-- step 3, blend and refine: `blend_messages`, `blend_refine_schema`, `check_refined` (first session:
+- the query: `question_messages`, in `Creem.step` / `Creem.recall`;
+- retrieval over memories and the session: `Creem.retrieve`;
+- blend and refine: `blend_messages`, `blend_refine_schema`, `check_refined` (first session:
   `first_session_messages`), applied in `Creem.step`, walked by `Creem.build`;
-- the response (pre-response blend, then reply): `reply_messages`, in `Creem.answer`;
+- the memory at a point: `replay` over the `memories` log (add / remove rows);
+- the response: `reply_messages`, in `Creem.answer`;
 - Table 5, the label shares: `label_shares`, via `Creem.report_panel` (`evolution_summary`);
 - App. B.1 head-to-head judge: the `creem` protocol of `stages/judging/judge_pairwise.py`;
 - App. B.2 memory-quality judge: `stages/judging/memory_quality.py`, run by `judge_memory`.
@@ -28,7 +37,10 @@ Where each phase lives (all in this module unless named):
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -38,18 +50,21 @@ from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from pipeline.failures import FAILURE_FIELDS, attempt
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput, ReportPanel)
-from stages.methods.dialogue import format_unit
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+                                 ProbeInput, ReportPanel)
+from stages.methods.dialogue import format_unit, last_turns
 
+# A log: one row per change, keyed by the turn the step that made it read up to (snapshot_turn),
+# so the memory at any point is the adds minus the removes keyed at or before it (`replay`).
 MEMORIES = pa.schema([
-    *SNAPSHOT_FIELDS,  # the memory of both speakers after session snapshot_session
+    *SNAPSHOT_FIELDS,
+    pa.field("op", pa.string(), nullable=False),  # add | remove
     pa.field("memory_id", pa.string(), nullable=False),
     pa.field("speaker", pa.string(), nullable=False),  # whom the memory is about
     pa.field("text", pa.string(), nullable=False),
-    pa.field("session_idx", pa.int32(), nullable=False),  # where it was made
+    pa.field("session_idx", pa.int32(), nullable=False),  # where the memory was made
     pa.field("turn_idx", pa.int32(), nullable=False),
     pa.field("label", pa.string(), nullable=False),  # New | Redundant | Updated | Blended (first session)
 ])
@@ -60,6 +75,8 @@ EVOLUTION = pa.schema([
     pa.field("session_idx", pa.int32(), nullable=False),
     pa.field("turn_idx", pa.int32(), nullable=False),
     pa.field("question", pa.string()),
+    pa.field("retrieved_ids", pa.list_(pa.string())),  # the memories the step retrieved (M1..Mk)
+    pa.field("retrieved_turns", pa.list_(pa.int32())),  # the utterances it retrieved
     pa.field("memory_id", pa.string()),  # the insight; null when the step failed
     pa.field("text", pa.string()),
     pa.field("label", pa.string()),
@@ -68,28 +85,32 @@ EVOLUTION = pa.schema([
     *FAILURE_FIELDS,
 ])
 
-# How the memory evolved (CREEM Table 5): the share of each insight label, per dataset; the report's
+# How the memory evolved (CREEM Table 5): per dataset, the share of New, Redundant and Updated among
+# the refined insights; first-session Blended insights are counted with a null share. The report's
 # `evolution_summary` table, with one row block per CREEM variant of the run.
 EVOLUTION_SUMMARY = pa.schema([
     pa.field("dataset", pa.string()),
     pa.field("method", pa.string()),
     pa.field("label", pa.string()),
     pa.field("insights", pa.int64()),
-    pa.field("share", pa.float64()),
+    pa.field("share", pa.float64()),  # of New + Redundant + Updated; null for Blended
 ])
 
 Label = Literal["New", "Redundant", "Updated"]
+REFINE_LABELS: tuple[str, ...] = ("New", "Redundant", "Updated")
 
 
 class CreemSettings(MethodSettings):
     k: int = Field(default=5, ge=1)  # pieces retrieved (Section 3.2)
     insights: int = Field(default=2, ge=1)  # new memories per blend (Section 3.2)
     first_session_insights: int = Field(default=2, ge=1)  # the paper says both two and five
+    first_session_turns: int | None = Field(default=6, ge=1)  # recent utterances a first-session blend reads
     refine: bool = True
-    preblend: bool = True  # blend again before responding
+    preblend: bool = True  # respond from the turn step's memory (False: past sessions' memory only)
     update_every: int = Field(default=1, ge=1)  # update after every n-th turn (1 = every turn, the paper)
-    context_turns: int = Field(default=6, ge=1)  # recent turns in the query and the prompts
-    response_words: int = Field(default=30, ge=5)
+    # None: "a short, natural reply", the length instruction of the memory baselines' frame
+    # (stages/methods/memory_response.py), so a head-to-head compares memories, not lengths.
+    response_words: int | None = Field(default=None, ge=5)
     max_tokens: int | None = Field(default=None, ge=16)  # for the blend calls; None = the role's
 
 
@@ -116,59 +137,158 @@ def blend_refine_schema(retrieved: int) -> type[BaseModel]:
 
 
 # ------------------------------------------------------------------------------- prompts
+# App. A.1-A.4 give each prompt's instructions (their shots are not printed); ours carry every one
+# of them in our own words, zero-shot, with the JSON answer format appended.
+
+def _json_reply(shape: str) -> str:
+    return f"\n\nAnswer in JSON only, shaped like {shape}."
+
 
 def question_messages(speaker: str, dialogue: str) -> Messages:
-    return [{"role": "system", "content": "You help a dialogue agent remember people. Ask what is worth knowing."},
-            {"role": "user", "content": f"Conversation:\n{dialogue}\n\nWrite one salient question about {speaker} "
-                                        f"that the last utterance raises. Reply in JSON: {{\"question\": \"...\"}}."}]
-
-
-def _pieces(memories: list[dict], utterances: list[dict]) -> str:
-    past = "\n".join(f"[M{i + 1}] {m['text']}" for i, m in enumerate(memories)) or "(none)"
-    now = "\n".join(f"- {u['speaker']}: {u['text']}" for u in utterances) or "(none)"
-    return f"Past memories about the person:\n{past}\n\nRelevant lines of the ongoing conversation:\n{now}"
-
-
-def blend_messages(speaker: str, dialogue: str, memories: list[dict], utterances: list[dict], n: int,
-                   refine: bool) -> Messages:
-    system = ("You keep an evolving memory about a person. Blend what is remembered with what is being said into "
-              "new insights: combine facts, infer what follows, keep each insight one sentence about the person.")
-    if refine:
-        system += (" Then judge each insight against the past memories: New if it is novel, Redundant if past "
-                   "memories already say it, Updated if it shows past information has changed. For Redundant or "
-                   "Updated, list the numbers of the past memories [M#] it makes redundant or outdated.")
-        reply = ('{"insights": [{"text": "...", "label": "New" | "Redundant" | "Updated", "removes": [1, ...]}]}')
-    else:
-        reply = '{"insights": [{"text": "..."}]}'
-    user = (f"Person: {speaker}\n\n{_pieces(memories, utterances)}\n\nConversation so far:\n{dialogue}\n\n"
-            f"Write {n} insights about {speaker}. Reply in JSON: {reply}.")
+    """A.1, the query: the dialogue so far -> one question about `speaker` (`Question`)."""
+    system = ("You write search queries for a conversational memory: each query is a question that fits the "
+              "conversation you are shown.")
+    user = (f"Conversation:\n{dialogue}\n\nThink of the one high-level question about {speaker} that matters most "
+            f"here and that this conversation lets us answer. Look above all at the final line of the conversation."
+            + _json_reply('{"question": "<the question about ' + speaker + '>"}'))
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def first_session_messages(speaker: str, dialogue: str, n: int) -> Messages:
-    return [{"role": "system", "content": "You start a memory about a person you have just met in conversation."},
-            {"role": "user", "content": f"Conversation:\n{dialogue}\n\nWrite {n} short insights about {speaker}, "
-                                        'one sentence each. Reply in JSON: {"insights": [{"text": "..."}]}.'}]
+def _statements(memories: list[dict], utterances: list[dict]) -> str:
+    past = "\n".join(f"[M{i + 1}] {m['text']}" for i, m in enumerate(memories)) or "(none)"
+    now = "\n".join(f"- {u['speaker']}: {u['text']}" for u in utterances) or "(none)"
+    return f"Remembered statements:\n{past}\n\nStatements from the ongoing conversation:\n{now}"
 
 
-def reply_messages(respondent: str, memory: list[str], dialogue: str, request: str, words: int,
-                   question: bool) -> Messages:
-    task = ("Answer the question in a short phrase." if question
-            else f"Reply as {respondent} in at most {words} words, reflecting what you remember where it fits, "
-                 "without a speaker label.")
+def blend_messages(speaker: str, memories: list[dict], utterances: list[dict], n: int, refine: bool) -> Messages:
+    """A.3, blend (and refine): the retrieved memories (numbered M1..) and utterances -> n insights
+    about `speaker` (`blend_refine_schema(len(memories))` when refining, else `Blended`)."""
+    system = (f"You expand a memory about a person. Step one: from a set of statements, infer higher-level "
+              f"insights about {speaker}, going beyond what any single statement says.")
+    if refine:
+        system += (" Step two: use each insight to refine the statements. Decide whether the insight is New "
+                   "(information not in the statements at all), Redundant (the statements already say it) or "
+                   "Updated (it shows that something the statements say has since changed). For a Redundant or "
+                   "Updated insight, list the remembered statements [M#] it makes redundant or out of date: they "
+                   "will be deleted. A New insight deletes nothing. Statements from the ongoing conversation are "
+                   f"never deleted. Go through both steps {n} times, so that you end with {n} insights that each "
+                   "say something worthwhile.")
+        shape = ('{"insights": [{"text": "<insight>", "label": "New" | "Redundant" | "Updated", '
+                 '"removes": [<M numbers>]}, ...]}')
+    else:
+        system += f" Go through this step {n} times, so that you end with {n} insights that each say something worthwhile."
+        shape = '{"insights": [{"text": "<insight>"}, ...]}'
+    user = (f"{_statements(memories, utterances)}\n\nInsights about {speaker}: give exactly {n}."
+            + _json_reply(shape))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def first_session_messages(speaker: str, statements: str, n: int) -> Messages:
+    """A.2, the first session's blend: its utterances -> n insights about `speaker` (`Blended`)."""
+    system = "You expand a memory about a person: from a set of statements you infer higher-level insights."
+    user = (f"Statements:\n{statements}\n\nInsights about {speaker}: give exactly {n} high-level insights about "
+            f"{speaker}." + _json_reply('{"insights": [{"text": "<insight>"}, ...]}'))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def length_instruction(words: int | None) -> str:
+    """How long a reply may be: the memory baselines' "a short, natural reply", or a word cap."""
+    return "a short, natural reply" if words is None else f"a reply of at most {words} words"
+
+
+def reply_messages(respondent: str, about: str, memory: list[str], dialogue: str, request: str,
+                   words: int | None, question: bool) -> Messages:
+    """A.4, the response: the memory about `about`, the whole current session (`dialogue`, its last
+    line the one to answer) -> `respondent`'s next utterance (plain text). A QA probe asks
+    `request` after the session instead."""
+    task = ("answer the question that follows the conversation, in a short phrase" if question
+            else "continue the conversation with a fitting response to its last utterance")
+    system = (f"You generate responses in a conversation, speaking as {respondent}. Take the memory you are given "
+              f"into account and {task}. While writing:\n"
+              f"- do not make it long: write {length_instruction(words)};\n"
+              "- do not write out the name of any speaker;\n"
+              "- let the memory show in what you say.")
     mem = "\n".join(f"- {m}" for m in memory) or "- (nothing remembered)"
-    return [{"role": "system", "content": f"You are {respondent}, who remembers past conversations."},
-            {"role": "user", "content": f"What you remember:\n{mem}\n\nConversation:\n{dialogue}\n\n"
-                                        f"{'Question' if question else 'Latest message'}: {request}\n\n{task}"}]
+    user = (f"Memory of {about}:\n{mem}\n\nConversation:\n{dialogue or '(just started)'}\n\n"
+            + (f"Question: {request}\n\nAnswer of {respondent}:" if question
+               else f"Response of {respondent} (the words only, no speaker label):"))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def check_count(out: Any, n: int) -> None:
+    """ValueError unless the blend gave exactly the `n` insights asked for (re-asked, then logged)."""
+    if len(out.insights) != n:
+        raise ValueError(f"give exactly {n} insights; got {len(out.insights)}")
 
 
 def check_refined(out: Any, n: int, retrieved: int) -> None:
-    if not out.insights:
-        raise ValueError("give at least one insight")
+    """ValueError unless there are exactly `n` insights and removals name only M1..M`retrieved`."""
+    check_count(out, n)
     for i, ins in enumerate(out.insights):
         bad = [r for r in ins.removes if not 1 <= r <= retrieved]
         if bad:
             raise ValueError(f"insight {i + 1} removes {bad}, but only past memories M1..M{retrieved} were shown")
+
+
+# ------------------------------------------------------------------------------- the memory log
+
+def _point(row: dict) -> tuple[int, float]:
+    turn = row["snapshot_turn"]
+    return (row["snapshot_session"], float("inf") if turn is None else turn)
+
+
+MEMORY_KEYS = ("memory_id", "speaker", "text", "session_idx", "turn_idx", "label")
+
+
+def replay(log: list[dict], until: tuple[int, float] | None = None) -> dict[str, list[dict]]:
+    """The memory about each speaker (creation order) after the `memories` log rows keyed at or
+    before `until` (all when None): every add, less every remove."""
+    memory: dict[str, dict[str, dict]] = {}
+    for row in sorted(log, key=_point):  # stable: the order of rows within one key is kept
+        if until is not None and _point(row) > until:
+            continue
+        bank = memory.setdefault(row["speaker"], {})
+        if row["op"] == "add":
+            bank[row["memory_id"]] = {k: row[k] for k in MEMORY_KEYS}
+        else:
+            bank.pop(row["memory_id"], None)
+    return {speaker: list(bank.values()) for speaker, bank in memory.items()}
+
+
+@dataclass
+class TurnStep:
+    """One turn step about `speaker`: its question, what it retrieved, what it made and removed."""
+
+    speaker: str
+    session: int
+    turn: int
+    question: str | None = None
+    memories: list[dict] = field(default_factory=list)  # retrieved memories, as shown (M1..Mk)
+    utterances: list[dict] = field(default_factory=list)  # retrieved utterances
+    insights: list[tuple[dict, list[dict]]] = field(default_factory=list)  # each new memory, what it named
+    removed: list[dict] = field(default_factory=list)  # the memories deleted, each once
+    failed: dict[str, Any] = field(default_factory=lambda: dict(NO_FAILURE))
+    source: str = "build"  # build | answer | past_sessions
+
+    @property
+    def added(self) -> list[dict]:
+        return [m for m, _ in self.insights]
+
+    def kept(self) -> list[dict]:
+        """The retrieved memories the step did not delete."""
+        gone = {m["memory_id"] for m in self.removed}
+        return [m for m in self.memories if m["memory_id"] not in gone]
+
+    def evolution_rows(self) -> list[dict]:
+        base = {"speaker": self.speaker, "session_idx": self.session, "turn_idx": self.turn,
+                "question": self.question, "retrieved_ids": [m["memory_id"] for m in self.memories],
+                "retrieved_turns": [u["turn_idx"] for u in self.utterances]}
+        if not self.insights:  # failed: the memory stays as it was; the failure is logged
+            return [{**base, "memory_id": None, "text": None, "label": None, "removed_ids": [],
+                     "removed_texts": [], **self.failed}]
+        return [{**base, "memory_id": new["memory_id"], "text": new["text"], "label": new["label"],
+                 "removed_ids": [m["memory_id"] for m in named], "removed_texts": [m["text"] for m in named],
+                 **self.failed} for new, named in self.insights]
 
 
 # ------------------------------------------------------------------------------- the method
@@ -177,13 +297,23 @@ class Creem(Method):
     name = "creem"
     Settings = CreemSettings
     memory = {"memories": MEMORIES, "evolution": EVOLUTION}
-    memory_kind = "snapshots"
+    memory_kind = "log"
     uses_embedder = True
     report_table = ("evolution_summary", EVOLUTION_SUMMARY)
+    prompts = {  # each prompt with its slots, so a prompt edit shows in the stage's fingerprint inputs
+        "question": str(question_messages("{speaker}", "{dialogue}")),
+        "blend_refine": str(blend_messages("{speaker}", [], [], 2, True)),
+        "blend": str(blend_messages("{speaker}", [], [], 2, False)),
+        "first_session": str(first_session_messages("{speaker}", "{statements}", 2)),
+        "reply": str(reply_messages("{respondent}", "{speaker}", [], "{dialogue}", "{request}", None, False)),
+        "reply_qa": str(reply_messages("{respondent}", "{speaker}", [], "{dialogue}", "{request}", None, True)),
+    }
 
     def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int
                  ) -> tuple[list[dict], list[dict]]:
-        """Top-k pieces over the speaker's memories and the session's utterances: (memories, utterances)."""
+        """Top-k pieces over the speaker's memories and the session's utterances by cosine to the
+        query, each group in its own order: (memories, utterances). Without an embedder (unit tests
+        only; the pipeline always supplies one) the k most recent pieces."""
         pieces = [("m", m, m["text"]) for m in memories] + [("u", u, f"{u['speaker']}: {u['text']}") for u in utterances]
         if not pieces:
             return [], []
@@ -195,118 +325,157 @@ class Creem(Method):
             chosen = [pieces[i] for i in sorted(top_k(dense_scores(qvec, vecs), k))]
         return [p[1] for p in chosen if p[0] == "m"], [p[1] for p in chosen if p[0] == "u"]
 
+    async def recall(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],
+                     step: TurnStep, turns: list[dict]) -> None:
+        """GQ and R of the step: its question over the session so far, then the top-k pieces."""
+        step.question = (await llm.chat(question_messages(step.speaker, format_unit(turns)),
+                                        schema=Question)).parsed.question
+        step.memories, step.utterances = self.retrieve(embed, step.question, memory.get(step.speaker, []), turns,
+                                                       settings.k)
+
     async def step(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],
-                   speaker: str, session: int, turns: list[dict], first: bool, counter: list[int]
-                   ) -> list[dict]:
-        """One update about `speaker` after `turns` (the session so far); mutates `memory`, returns log rows."""
-        dialogue = format_unit(turns[-settings.context_turns:])
-        t = turns[-1]["turn_idx"]
+                   speaker: str, session: int, turns: list[dict], first: bool, ids: Iterator[str]) -> TurnStep:
+        """The step after `turns` (the session so far) about `speaker`; mutates `memory`."""
+        step = TurnStep(speaker, session, turns[-1]["turn_idx"])
         params = {"max_tokens": settings.max_tokens} if settings.max_tokens else {}
-        base = {"speaker": speaker, "session_idx": session, "turn_idx": t}
 
-        async def insights() -> tuple[str | None, list[tuple[str, str, list[dict]]]]:
-            """The step's question (none in the first session) and its insights: text, label, removed."""
+        async def made() -> list[tuple[str, str, list[int]]]:
+            """The insights: text, label, the retrieved memories it names (1-based)."""
             if first:
-                res = await llm.chat(first_session_messages(speaker, dialogue, settings.first_session_insights),
-                                     schema=Blended, **params)
-                return None, [(i.text, "Blended", []) for i in res.parsed.insights]
-            question = (await llm.chat(question_messages(speaker, dialogue), schema=Question)).parsed.question
-            mems, utts = self.retrieve(embed, f"{question}\n{dialogue}", memory.get(speaker, []), turns[:-1],
-                                       settings.k)
+                n = settings.first_session_insights
+                statements = format_unit(last_turns(turns, settings.first_session_turns))
+                res = await llm.chat(first_session_messages(speaker, statements, n), schema=Blended, **params,
+                                     validate=lambda out: check_count(out, n))
+                return [(i.text, "Blended", []) for i in res.parsed.insights]
+            await self.recall(llm, embed, settings, memory, step, turns)
+            n, shown = settings.insights, len(step.memories)
             if settings.refine:
-                res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, True),
-                                     schema=blend_refine_schema(len(mems)), **params,
-                                     validate=lambda out, n=len(mems): check_refined(out, settings.insights, n))
-                return question, [(i.text, i.label, [mems[r - 1] for r in i.removes] if i.label != "New" else [])
-                                  for i in res.parsed.insights]
-            res = await llm.chat(blend_messages(speaker, dialogue, mems, utts, settings.insights, False),
-                                 schema=Blended, **params)
-            return question, [(i.text, "New", []) for i in res.parsed.insights]
+                res = await llm.chat(blend_messages(speaker, step.memories, step.utterances, n, True),
+                                     schema=blend_refine_schema(shown), **params,
+                                     validate=lambda out: check_refined(out, n, shown))
+                return [(i.text, i.label, sorted(set(i.removes)) if i.label != "New" else [])
+                        for i in res.parsed.insights]
+            res = await llm.chat(blend_messages(speaker, step.memories, step.utterances, n, False), schema=Blended,
+                                 **params, validate=lambda out: check_count(out, n))
+            return [(i.text, "New", []) for i in res.parsed.insights]
 
-        step, failed = await attempt(insights())
-        if step is None:  # the memory stays as it was; the failure is logged
-            return [{**base, "question": None, "memory_id": None, "text": None, "label": None, "removed_ids": [],
-                     "removed_texts": [], **failed}]
-        question, made = step
-        rows = []
-        for text, label, removed in made:
-            gone = {m["memory_id"] for m in removed}
-            memory[speaker] = [m for m in memory.get(speaker, []) if m["memory_id"] not in gone]
-            counter[0] += 1
-            new = {"memory_id": f"c{counter[0]}", "speaker": speaker, "text": text.strip(), "session_idx": session,
-                   "turn_idx": t, "label": label}
-            memory[speaker].append(new)
-            rows.append({**base, "question": question, "memory_id": new["memory_id"], "text": new["text"],
-                         "label": label, "removed_ids": sorted(gone), "removed_texts": [m["text"] for m in removed],
-                         **failed})
-        return rows
+        result, step.failed = await attempt(made())
+        for text, label, names in result or []:
+            named = [step.memories[r - 1] for r in names]
+            present = {m["memory_id"] for m in memory.get(speaker, [])}
+            step.removed += [m for m in named if m["memory_id"] in present]  # a memory is deleted once
+            gone = {m["memory_id"] for m in named}
+            new = {"memory_id": next(ids), "speaker": speaker, "text": text.strip(), "session_idx": session,
+                   "turn_idx": step.turn, "label": label}
+            memory[speaker] = [m for m in memory.get(speaker, []) if m["memory_id"] not in gone] + [new]
+            step.insights.append((new, named))
+        return step
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         settings: CreemSettings = ctx.settings
         eid = episode.episode["episode_id"]
+        dataset = episode.episode.get("dataset", "")
         memory: dict[str, list[dict]] = {}  # speaker -> memories, kept apart
         out: dict[str, list[dict]] = {"memories": [], "evolution": []}
-        counter = [0]
+        ids = (f"c{n}" for n in itertools.count(1))
         for n, (s, turns) in enumerate(episode.sessions.items()):
             for i in range(len(turns)):
                 if (i + 1) % settings.update_every and i != len(turns) - 1:
                     continue
-                rows = await self.step(ctx.llm, ctx.embed, settings, memory, turns[i]["speaker"], s, turns[:i + 1],
-                                       first=n == 0, counter=counter)
-                dataset = episode.episode.get("dataset", "")
-                out["evolution"] += [{**after_session(eid, s), "dataset": dataset, **r} for r in rows]
-            out["memories"] += [{**after_session(eid, s), **m} for ms in memory.values() for m in ms]
+                step = await self.step(ctx.llm, ctx.embed, settings, memory, turns[i]["speaker"], s, turns[:i + 1],
+                                       first=n == 0, ids=ids)
+                key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": turns[i]["turn_idx"]}
+                out["memories"] += ([{**key, "op": "remove", **m} for m in step.removed]
+                                    + [{**key, "op": "add", **m} for m in step.added])
+                out["evolution"] += [{**key, "dataset": dataset, **r} for r in step.evolution_rows()]
         return out
+
+    def built_step(self, memory: dict[str, list[dict]], session: int, last: dict) -> TurnStep | None:
+        """The step `build` made after `last` (the turn before the probe), from the logs; None when
+        it made none there (or it failed)."""
+        at = [r for r in memory.get("evolution", []) if r["snapshot_session"] == session
+              and r["snapshot_turn"] == last["turn_idx"] and r["speaker"] == last["speaker"]]
+        if not at or any(r["memory_id"] is None for r in at):
+            return None
+        log = memory.get("memories", [])
+        made = {r["memory_id"]: {k: r[k] for k in MEMORY_KEYS} for r in log if r["op"] == "add"}
+        removed = [made[r["memory_id"]] for r in log if r["op"] == "remove" and r["snapshot_session"] == session
+                   and r["snapshot_turn"] == last["turn_idx"] and r["memory_id"] in made]
+        step = TurnStep(last["speaker"], session, last["turn_idx"], question=at[0]["question"],
+                        memories=[made[i] for i in at[0]["retrieved_ids"] if i in made], removed=removed)
+        step.insights = [(made[r["memory_id"]], [made[i] for i in r["removed_ids"] if i in made]) for r in at]
+        return step
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
         respondent = probe.probe["respondent"]
         speakers = probe.episode.get("speakers") or []
         other = next((s for s in speakers if s != respondent), respondent)
-        past = memory.get("memories", [])
-        turns = probe.current
-        dialogue = format_unit(turns[-settings.context_turns:]) if turns else probe.request
         question = probe.probe["kind"] == "qa"
-        # Memory about the person spoken to, then about oneself.
-        about = [m for m in past if m["speaker"] == other] + [m for m in past if m["speaker"] == respondent]
-        query = (await llm.chat(question_messages(other, dialogue), schema=Question)).parsed.question
-        mems, utts = self.retrieve(probe.embed, f"{query}\n{dialogue}", about, turns, settings.k)
-        lines = [m["text"] for m in mems]
-        details: dict[str, Any] = {"question": query, "retrieved": [m["memory_id"] for m in mems]}
-        if settings.preblend and (mems or utts):
-            res = await llm.chat(blend_messages(other, dialogue, mems, utts, settings.insights, False), schema=Blended,
-                                 **({"max_tokens": settings.max_tokens} if settings.max_tokens else {}))
-            lines = [i.text for i in res.parsed.insights] + lines
-            details["preblend"] = [i.text for i in res.parsed.insights]
-        result = await llm.chat(reply_messages(respondent, lines, dialogue, probe.request, settings.response_words,
-                                               question))
-        return Answer(text=response.one_turn(result.text, speakers), used_ids=[m["memory_id"] for m in mems],
+        session = probe.probe["session_idx"]
+        # A question asked after the history has no session: its asker's question is the last utterance.
+        turns = list(probe.current) or [{"speaker": other, "text": probe.request, "turn_idx": -1}]
+        last = turns[-1]
+        log = memory.get("memories", [])
+        if not settings.preblend:  # (-) pre-RG blend: the memory accumulated in the past sessions only
+            step = TurnStep(last["speaker"], session, last["turn_idx"], source="past_sessions")
+            await self.recall(llm, probe.embed, settings, replay(log, (session - 1, float("inf"))), step, turns)
+        else:
+            own_turns = probe.probe.get("context") is None and bool(probe.current)
+            step = self.built_step(memory, session, last) if own_turns else None
+            if step is None:  # Algorithm 1's step for this turn, on the visible memory (not kept)
+                step = await self.step(llm, probe.embed, settings, replay(log), last["speaker"], session, turns,
+                                       first=not probe.history, ids=(f"a{n}" for n in itertools.count(1)))
+                step.source = "answer"
+        lines = [m["text"] for m in step.kept()] + [m["text"] for m in step.added]
+        dialogue = format_unit(probe.current)
+        result = await llm.chat(reply_messages(respondent, step.speaker, lines, dialogue, probe.request,
+                                               settings.response_words, question))
+        stored = {r["memory_id"] for r in log}  # insights made at answer time are not in the tables
+        details: dict[str, Any] = {
+            "step": step.source, "memory_of": step.speaker, "question": step.question,
+            "retrieved": [m["memory_id"] for m in step.memories],
+            "retrieved_turns": [u["turn_idx"] for u in step.utterances],
+            "insights": [m["text"] for m in step.added], "removed": [m["memory_id"] for m in step.removed],
+            **({"step_error": step.failed["error"]} if step.failed["error"] else {})}
+        return Answer(text=response.one_turn(result.text, speakers),
+                      used_ids=[m["memory_id"] for m in step.kept() + step.added if m["memory_id"] in stored],
                       context_tokens=count_tokens("\n".join(lines)) if lines else 0, model=result.model,
                       details=details)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
-        return "\n".join(f"[{m['speaker']}] {m['text']}" for m in memory.get("memories", [])) or None
+        final = replay(memory.get("memories", []))
+        return "\n".join(f"[{m['speaker']}] {m['text']}" for ms in final.values() for m in ms) or None
 
     def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:
         rows = label_shares(self.name, memory.get("evolution", []))
         if not rows:
             return None
-        return ReportPanel("Memory evolution", "Share of each insight label of the self-refining memory (CREEM "
-                           "Table 5: New, Redundant, Updated; first-session insights are Blended).", rows)
+        return ReportPanel("Memory evolution", (
+            "Insights per label of the self-refining memory; `share` is the share among New, Redundant and "
+            "Updated, as CREEM Table 5 counts them (MSC: 55.81% New, 24.61% Redundant, 19.59% Updated). First-"
+            "session insights are Blended, counted apart with no share. CREEM's baselines REBOT_CC and SumMem_MSC "
+            "are not implemented: where a run compares CREEM with `all_memories`, that method (LLM session "
+            "summaries, the entire memory given to the response) is an LLM stand-in for them."), rows)
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
-        labels = Counter(r["label"] for r in produced.get("evolution", []) if r["label"])
-        return {"insights": dict(labels), "failed_steps": sum(r["error"] is not None
-                                                               for r in produced.get("evolution", []))}
+        evolution = produced.get("evolution", [])
+        labels = Counter(r["label"] for r in evolution if r["label"])
+        return {"insights": dict(labels), "failed_steps": sum(r["error"] is not None for r in evolution),
+                "removed": sum(r["op"] == "remove" for r in produced.get("memories", []))}
 
 
 def label_shares(method: str, evolution: list[dict]) -> list[dict]:
-    """Insights per label and their share per dataset, from the evolution log of every episode."""
+    """Insights per label and dataset from the evolution log of every episode, with the share of
+    New / Redundant / Updated among the three (Table 5); Blended rows carry a null share."""
     counts = Counter((r["dataset"], r["label"]) for r in evolution if r["label"])
-    totals = Counter[str]()
-    for (dataset, _), n in counts.items():
-        totals[dataset] += n
-    return [{"dataset": d, "method": method, "label": label, "insights": n, "share": n / totals[d]}
-            for (d, label), n in sorted(counts.items())]
+    refined = Counter[str]()
+    for (dataset, label), n in counts.items():
+        if label in REFINE_LABELS:
+            refined[dataset] += n
+    order = {label: i for i, label in enumerate(REFINE_LABELS)}
+    return [{"dataset": d, "method": method, "label": label, "insights": n,
+             "share": n / refined[d] if label in REFINE_LABELS else None}
+            for (d, label), n in sorted(counts.items(), key=lambda x: (x[0][0], order.get(x[0][1], 9), x[0][1]))]
 
 
 class CreemNoRefineSettings(CreemSettings):

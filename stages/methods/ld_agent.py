@@ -1,26 +1,42 @@
-"""LD-Agent (seed 003, Section 2): event memory with time decay and topic overlap, and persona banks.
+"""LD-Agent (seed 003, Section 2): event memory with time decay and topic overlap, persona banks, and
+the generator of App. D.3 Prompt 4. Its "ChatGPT" baseline (Prompt 3) is `ld_agent_base.py`, whose
+response frame this module extends.
 
-- Short-term cache: the ongoing session's utterances with times. When the gap to the next utterance
-  exceeds `beta_s` the cache is summarised (about 20 words) into an event stored in the long-term
-  bank with its time, the nouns of the cached conversation (spaCy lemmas of NOUN tokens) and an
-  embedding; the cache is cleared.
-- Retrieval: `paper` scores exp(-dt / tau) * (s_sem + s_top) over events whose semantic score
-  exceeds gamma; `reference_code` scores exp(-dt / tau) * s_top and needs s_top > 0. s_top is the
-  mean of the overlap's share of the query nouns and of the event nouns. Top-n; none passing means
-  the generator is told there is no relevant memory. Elapsed time is given in words.
-- Personas: per utterance the LLM extracts a trait of its speaker, or NO_TRAIT; the agent's and
-  the user's traits are kept apart (duplicates kept, as the paper; `dedupe_personas`).
-
-Times: a session's date when the corpus has one; else its gap label ("3 days later", "a few months
-later") after the previous session; else `session_gap_s` after it. Utterances sit `turn_gap_s`
-apart. Each event records how its time was obtained.
+- Times (`timeline`): a session starts at its date when the corpus has one; otherwise its gap (an MSC
+  label such as "1 hour later", else `session_gap_s`) after the previous session ended, one
+  `turn_gap_s` after its last utterance; utterances sit `turn_gap_s` apart. So the cache sees the
+  whole gap plus a turn, and MSC's "1 hour later" (= beta) flushes, as in the reference code, where
+  the next utterance always comes some seconds after the gap has passed.
+- Short-term cache M_S: the utterances since the last gap over `beta_s`. An utterance that comes after
+  such a gap makes the cache an event of the long-term bank (App. D.1 summary of about 20 words, the
+  last cached utterance's time, spaCy NOUN lemmas of the cached conversation, the summary's embedding)
+  and starts a new cache. A failed summary is an event row with its error: never retrieved, counted
+  in `build_stats`.
+- Retrieval: queried with what the user just said (`query: utterance`, the reference code's query) or
+  with the short-term context, newest turn first (`context`). `paper` scores exp(-dt / tau) * (s_sem +
+  s_top) over events whose s_sem exceeds gamma; `reference_code` scores exp(-dt / tau) * s_top and
+  needs s_top > 0. Top-n; when none passes the generator is told there is no relevant memory, and
+  the response records it (`details.no_relevant_memory`; the report's `ld_agent_retrieval` table
+  gives the share per session).
+- Personas (App. D.2, with two examples of our own): one call per utterance extracts its speaker's
+  traits, or NO_TRAIT. Rows are keyed by (session, turn), so a probe at turn t sees the traits of
+  turns before t, its own session's included: the user's just-said utterance, not the agent's gold
+  turn (as the reference code updates its banks).
+- Generator (App. D.3 Prompt 4): the agent's traits in the system prompt; the short-term context (the
+  last `short_term_turns` cached utterances), the memories with their age in words, the user's
+  traits, what the user just said; at most `response_words` words.
+- Ablations (Table 2): `events`, `user_personas`, `agent_personas` switch a part off, and its section
+  of the prompt with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
+from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Callable, Literal
@@ -30,51 +46,64 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.errors import ConfigError
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.failures import FAILURE_FIELDS, row_or_failure
+from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens, dense_scores
-from pipeline.failures import FAILURE_FIELDS, attempt, row_or_failure
-from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput)
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, ProbeInput,
+                                 ReportPanel)
 from stages.methods.dialogue import format_unit
+from stages.methods.ld_agent_base import PROMPTS as FRAME_PROMPTS
+from stages.methods.ld_agent_base import LDAgentBaseSettings, frame_messages, partner, reply_text
 
 NO_TRAIT = "NO_TRAIT"
+NO_MEMORY = "No relevant memory."
 
 EVENTS = pa.schema([
-    *SNAPSHOT_FIELDS,  # keyed by the session of the cache's last utterance
+    *SNAPSHOT_FIELDS,  # keyed by the last cached utterance (session, turn)
     pa.field("event_id", pa.string(), nullable=False),
-    pa.field("session_idx", pa.int32(), nullable=False),
-    pa.field("summary", pa.string(), nullable=False),
+    pa.field("session_idx", pa.int32(), nullable=False),  # the session of the last cached utterance
+    pa.field("summary", pa.string()),  # null when the summary failed (see `error`)
     pa.field("time_s", pa.float64(), nullable=False),  # seconds; the last cached utterance's time
     pa.field("time_source", pa.string(), nullable=False),  # date | gap_label | fixed_gap
     pa.field("nouns", pa.list_(pa.string())),
     pa.field("vector", pa.list_(pa.float32())),
     pa.field("turns", pa.int32()),  # utterances summarised
+    *FAILURE_FIELDS,
 ])
 PERSONAS = pa.schema([
-    *SNAPSHOT_FIELDS,
+    *SNAPSHOT_FIELDS,  # keyed by the utterance's (session, turn): visible from the next turn on
     pa.field("speaker", pa.string(), nullable=False),
     pa.field("session_idx", pa.int32(), nullable=False),
     pa.field("turn_idx", pa.int32(), nullable=False),
     pa.field("trait", pa.string()),  # null for NO_TRAIT or a failed call
     *FAILURE_FIELDS,
 ])
+RETRIEVAL = pa.schema([  # the report's table: how often gamma lets no memory through
+    pa.field("method", pa.string(), nullable=False),
+    pa.field("scoring", pa.string()),
+    pa.field("gamma", pa.float64()),
+    pa.field("session_idx", pa.int32()),  # null: every probe
+    pa.field("probes", pa.int64(), nullable=False),
+    pa.field("no_relevant_memory", pa.int64(), nullable=False),
+    pa.field("no_relevant_memory_share", pa.float64()),
+])
 
 
-class LDAgentSettings(MethodSettings):
+class LDAgentSettings(LDAgentBaseSettings):  # short_term_turns, response_words: the same as the baseline's
     scoring: Literal["paper", "reference_code"] = "paper"
+    query: Literal["utterance", "context"] = "utterance"  # what retrieval is queried with
     # The paper gives no values for tau, gamma, beta; tau and beta are the reference code's.
     tau_s: float = Field(default=1e7, gt=0)  # decay 1e-7 per second
     gamma: float = Field(default=0.3, ge=-1, le=1)  # semantic threshold (ours; paper scoring only)
     beta_s: float = Field(default=3600.0, gt=0)  # gap that flushes the short-term cache
     top_n: int = Field(default=1, ge=1)
-    short_term_turns: int = Field(default=30, ge=1)  # context given to the generator
-    session_gap_s: float = Field(default=7 * 86400.0, gt=0)  # between sessions when the corpus has no times
+    session_gap_s: float = Field(default=7 * 86400.0, gt=0)  # between sessions when the corpus says nothing
     turn_gap_s: float = Field(default=60.0, ge=0)  # between utterances of a session
     summary_words: int = Field(default=20, ge=5)
     persona_words: int = Field(default=20, ge=5)
-    response_words: int = Field(default=30, ge=5)
-    personas: bool = True
+    events: bool = True  # the event memory (Table 2's "Mem")
+    user_personas: bool = True  # the user's persona bank
+    agent_personas: bool = True  # the agent's persona bank
     dedupe_personas: bool = False
 
 
@@ -97,22 +126,56 @@ def gap_seconds(label: str) -> float | None:
     return n * _UNITS[m.group(2)]
 
 
-def session_times(sessions: dict[int, list[dict]], fixed_gap_s: float) -> dict[int, tuple[float, str]]:
-    """Start time in seconds of every session and how it was obtained."""
+def session_times(sessions: dict[int, list[dict]], fixed_gap_s: float,
+                  turn_gap_s: float = 0.0) -> dict[int, tuple[float, str]]:
+    """Start time in seconds of every session and how it was obtained: its date; else its gap label,
+    else `fixed_gap_s`, after the previous session ended (`turn_gap_s` after its last utterance)."""
     out: dict[int, tuple[float, str]] = {}
-    previous = 0.0
+    end = 0.0
     for s, turns in sessions.items():
         first = turns[0] if turns else {}
         stamp, label = first.get("session_time"), first.get("session_gap_label")
+        gap = gap_seconds(label) if label else None
         if isinstance(stamp, datetime):
             t, how = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp(), "date"
-        elif label and gap_seconds(label) is not None and out:
-            t, how = previous + gap_seconds(label), "gap_label"  # type: ignore[operator]
+        elif gap is not None and out:
+            t, how = end + gap, "gap_label"
         else:
-            t, how = (previous + fixed_gap_s if out else 0.0), "fixed_gap"
+            t, how = (end + fixed_gap_s if out else 0.0), "fixed_gap"
         out[s] = (t, how)
-        previous = t
+        last = turns[-1].get("turn_idx", len(turns) - 1) if turns else -1
+        end = t + (last + 1) * turn_gap_s
     return out
+
+
+Stamped = tuple[float, int, dict]  # (time in seconds, session, turn)
+
+
+def timeline(sessions: dict[int, list[dict]], settings: LDAgentSettings) -> list[Stamped]:
+    """Every utterance with its time and session, in conversation order."""
+    starts = session_times(sessions, settings.session_gap_s, settings.turn_gap_s)
+    return [(starts[s][0] + t["turn_idx"] * settings.turn_gap_s, s, t) for s, turns in sessions.items() for t in turns]
+
+
+def caches(stamped: Sequence[Stamped], beta_s: float) -> list[list[Stamped]]:
+    """The short-term caches the conversation fills: a new one starts after a gap over beta."""
+    out: list[list[Stamped]] = []
+    for item in stamped:
+        if not out or item[0] - out[-1][-1][0] > beta_s:
+            out.append([])
+        out[-1].append(item)
+    return out
+
+
+def cache_at(stamped: Sequence[Stamped], now: float, beta_s: float) -> list[Stamped]:
+    """The cache when a request comes at `now`: the utterances after the last gap over beta (none
+    when `now` itself comes after such a gap)."""
+    start, later = len(stamped), now
+    for i in range(len(stamped) - 1, -1, -1):
+        if later - stamped[i][0] > beta_s:
+            break
+        start, later = i, stamped[i][0]
+    return list(stamped[start:])
 
 
 def elapsed_words(seconds: float) -> str:
@@ -173,29 +236,77 @@ def retrieval_scores(semantic: list[float], overlaps: list[float], ages_s: list[
 
 # ------------------------------------------------------------------------------- prompts
 
-def summary_messages(turns: list[dict], words: int) -> Messages:
-    return [{"role": "system", "content": "You sum up conversations as brief events."},
-            {"role": "user", "content": f"Conversation:\n{format_unit(turns)}\n\nSum up its main points in brief "
-                                        f"sentences, within {words} words. Summary:"}]
+# App. D.1, in our words: the summariser's skill, who talks, the conversation, its main points in
+# brief English sentences within the word limit, and the "SUMMARY:" cue.
+SUMMARY_SYSTEM = ("Your skill is picking out the events of a conversation and putting them in a few short "
+                  "sentences. The conversation you will read is between {first} and {second}.")
+SUMMARY_USER = ("Conversation:\n{conversation}\n\nFrom this conversation, write its main points as short "
+                "sentences in English, {words} words at most.\nSUMMARY:")
+
+# App. D.2, in our words: the extractor's expertise, NO_TRAIT when nothing can be drawn out, two
+# format examples of the same kind as the paper's (one with traits, one without; our own sentences),
+# then the sentence and its speaker, within the word limit.
+PERSONA_SYSTEM = ("You are a well-known local communication expert, and you are very good at drawing people's "
+                  "personal traits out of what they say.")
+PERSONA_USER = ("If the sentence reveals no personal trait, reply {no_trait}. Two examples of the format:\n"
+                "1. Not anymore. I left nursing after ten years on the wards, and these days I teach first-aid "
+                "classes at the community centre.\n"
+                "Extracted Traits: I teach first-aid classes now. I used to work as a nurse.\n"
+                "2. Sounds like quite a project. It is good when people deal with repairs around the house before "
+                "they turn into bigger trouble later on.\n"
+                "{no_trait}\n\n"
+                "Now extract the personal traits of {speaker}, who said the sentence below, in no more than {words} "
+                "words:\n{sentence}")
+
+# App. D.3 Prompt 4 on top of the Prompt 3 frame (ld_agent_base): the agent's own traits, the memories
+# linked to the conversation, the traits noticed in the user.
+AGENT_TRAITS = " These are some of your own distinctive personal traits:\n{traits}"
+MEMORY = "<MEMORY>\nThe memories connected with the ongoing conversation:\n{memories}"
+USER_TRAITS = ("<USER TRAITS>\nIn your recent conversations with this user you have noticed that {user} has these "
+               "personal traits:\n{traits}")
+NO_TRAITS = "(none noted yet)"
+PROMPTS = {**FRAME_PROMPTS, "summary_system": SUMMARY_SYSTEM, "summary_user": SUMMARY_USER,
+           "persona_system": PERSONA_SYSTEM, "persona_user": PERSONA_USER, "agent_traits": AGENT_TRAITS,
+           "memory": MEMORY, "user_traits": USER_TRAITS}
+
+
+def summary_messages(turns: list[dict], speakers: Sequence[str], words: int) -> Messages:
+    """App. D.1: the cached conversation to sum up as an event. speakers: the episode's, user first."""
+    first, second = (list(speakers) + ["one speaker", "the other"])[:2]
+    return [{"role": "system", "content": SUMMARY_SYSTEM.format(first=first, second=second)},
+            {"role": "user", "content": SUMMARY_USER.format(conversation=format_unit(turns), words=words)}]
 
 
 def persona_messages(utterance: str, speaker: str, words: int) -> Messages:
-    return [{"role": "system", "content": "You read what people say and note what it reveals about them."},
-            {"role": "user", "content": f"{speaker} said: \"{utterance}\"\n\nWrite the personal trait of {speaker} "
-                                        f"this reveals, in at most {words} words, as a first-person statement. If it "
-                                        f"reveals nothing about {speaker}, reply {NO_TRAIT}."}]
+    """App. D.2: the traits of the speaker of one utterance, or NO_TRAIT."""
+    return [{"role": "system", "content": PERSONA_SYSTEM},
+            {"role": "user", "content": PERSONA_USER.format(no_trait=NO_TRAIT, speaker=speaker, words=words,
+                                                            sentence=utterance)}]
 
 
-def reply_messages(agent: str, user: str, agent_traits: list[str], user_traits: list[str], memories: list[str],
-                   context: list[dict], request: str, words: int) -> Messages:
-    traits = "; ".join(agent_traits) or "(none noted yet)"
-    system = f"You are {agent}, talking with {user}. Traits of yours: {traits}."
-    memory = "\n".join(memories) if memories else "No relevant memory."
-    user_prompt = (f"Recent conversation:\n{format_unit(context) or '(just started)'}\n\n"
-                   f"Memories related to this conversation:\n{memory}\n\n"
-                   f"What you have noticed about {user}: {'; '.join(user_traits) or '(nothing yet)'}\n\n"
-                   f"{user} just said: {request}\n\nReply as {agent} in at most {words} words, without a speaker label.")
-    return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
+def _listed(traits: Sequence[str]) -> str:
+    return "\n".join(f"- {t}" for t in traits) or NO_TRAITS
+
+
+def reply_messages(agent: str, user: str, agent_traits: list[str] | None, user_traits: list[str] | None,
+                   memories: list[str] | None, context: list[dict], request: str, words: int) -> Messages:
+    """App. D.3 Prompt 4. None for traits or memories: that part is switched off (an ablation) and its
+    section left out; an empty list: the part is on but has nothing (memories: "No relevant memory.")."""
+    system_extra = "" if agent_traits is None else AGENT_TRAITS.format(traits=_listed(agent_traits))
+    blocks = []
+    if memories is not None:
+        blocks.append(MEMORY.format(memories="\n".join(memories) or NO_MEMORY))
+    if user_traits is not None:
+        blocks.append(USER_TRAITS.format(user=user, traits=_listed(user_traits)))
+    return frame_messages(agent, user, context, request, words, system_extra, blocks)
+
+
+_LABEL = re.compile(r"^\s*(?:SUMMARY|Summary|Extracted Traits|EXTRACTED TRAITS)\s*:\s*")
+
+
+def cleaned(text: str) -> str:
+    """The model's answer without the cue it was given ("SUMMARY:", "Extracted Traits:") or quotes."""
+    return _LABEL.sub("", text.strip()).strip().strip("'\"").strip()
 
 
 class LDAgent(Method):
@@ -204,93 +315,152 @@ class LDAgent(Method):
     memory = {"events": EVENTS, "personas": PERSONAS}
     memory_kind = "log"
     uses_embedder = True
+    prompts = PROMPTS
+    report_table = ("ld_agent_retrieval", RETRIEVAL)
     nouns: Callable[[str], list[str]] = staticmethod(spacy_nouns)
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         settings: LDAgentSettings = ctx.settings
         eid = episode.episode["episode_id"]
-        times = session_times(episode.sessions, settings.session_gap_s)
+        speakers = episode.episode.get("speakers") or []
+        sources = {s: how for s, (_, how) in session_times(episode.sessions, settings.session_gap_s).items()}
         out: dict[str, list[dict]] = {"events": [], "personas": []}
-        cache: list[tuple[float, dict]] = []
-
-        async def flush() -> None:
-            turns = [t for _, t in cache]
-            session = turns[-1]["session_idx"]
-            result, _ = await attempt(ctx.llm.chat(summary_messages(turns, settings.summary_words)))
-            summary = result.text.strip() if result else ""  # a failed summary adds no event
-            if summary:
-                vector = ctx.embed([summary])[0] if ctx.embed else []
-                out["events"].append({**after_session(eid, session), "event_id": f"e{len(out['events'])}",
-                                      "session_idx": session,
-                                      "summary": summary, "time_s": cache[-1][0], "time_source": times[session][1],
-                                      "nouns": self.nouns(format_unit(turns)), "vector": list(map(float, vector)),
-                                      "turns": len(turns)})
-            cache.clear()
-
-        for s, turns in episode.sessions.items():
-            start = times[s][0]
-            for t in turns:
-                now = start + t["turn_idx"] * settings.turn_gap_s
-                if cache and now - cache[-1][0] > settings.beta_s:
-                    await flush()
-                cache.append((now, {**t, "session_idx": s}))
-            if settings.personas:
-                out["personas"] += await asyncio.gather(*(self.trait(ctx.llm, eid, s, t, settings) for t in turns))
-        if cache:  # the last session's events, for questions asked after the whole history
-            await flush()
+        if settings.events:  # the last cache too: questions asked after the whole history see it
+            out["events"] = list(await asyncio.gather(*(
+                self.event(ctx, eid, f"e{i}", cache, speakers, sources)
+                for i, cache in enumerate(caches(timeline(episode.sessions, settings), settings.beta_s)))))
+        if settings.user_personas or settings.agent_personas:  # who is the agent is known only per probe
+            out["personas"] = list(await asyncio.gather(*(self.trait(ctx.llm, eid, s, t, settings)
+                                                          for s, turns in episode.sessions.items() for t in turns)))
         return out
 
+    async def event(self, ctx: BuildContext, eid: str, event_id: str, cache: list[Stamped], speakers: Sequence[str],
+                    sources: dict[int, str]) -> dict[str, Any]:
+        """One flushed cache as an event row (its failure columns set when the summary failed)."""
+        settings: LDAgentSettings = ctx.settings
+        time_s, s, last = cache[-1]
+        turns = [t for _, _, t in cache]
+        row = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": last["turn_idx"], "event_id": event_id,
+               "session_idx": s, "summary": None, "time_s": time_s, "time_source": sources[s],
+               "nouns": self.nouns(format_unit(turns)), "vector": [], "turns": len(turns)}
+
+        async def summarised() -> dict[str, Any]:
+            raw = (await ctx.llm.chat(summary_messages(turns, speakers, settings.summary_words))).text
+            summary = cleaned(raw)
+            if not summary:
+                raise LLMError("empty event summary", raw=raw)
+            vector = ctx.embed([summary])[0] if ctx.embed else []
+            return {"summary": summary, "vector": list(map(float, vector))}
+
+        return await row_or_failure(row, summarised())
+
     async def trait(self, llm: ChatLLM, eid: str, s: int, turn: dict, settings: LDAgentSettings) -> dict[str, Any]:
-        row = {**after_session(eid, s), "speaker": turn["speaker"], "session_idx": s, "turn_idx": turn["turn_idx"],
-               "trait": None}
+        row = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": turn["turn_idx"], "speaker": turn["speaker"],
+               "session_idx": s, "turn_idx": turn["turn_idx"], "trait": None}
 
         async def extracted() -> dict[str, Any]:
-            text = (await llm.chat(persona_messages(turn["text"], turn["speaker"], settings.persona_words))).text.strip()
+            text = cleaned((await llm.chat(persona_messages(turn["text"], turn["speaker"],
+                                                            settings.persona_words))).text)
             return {"trait": None if not text or NO_TRAIT in text.upper().replace(" ", "_") else text}
 
         return await row_or_failure(row, extracted())
 
+    def query_text(self, probe: ProbeInput, context: list[dict], settings: LDAgentSettings) -> str:
+        """What retrieval is queried with: the user's latest utterance, or the short-term context with its
+        newest turn first (so an encoder that truncates drops the oldest turns, not the latest)."""
+        if settings.query == "context" and context:
+            return format_unit(context[::-1])
+        return probe.request
+
     def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str,
                  settings: LDAgentSettings) -> list[tuple[dict, float]]:
+        """Every event that may be retrieved with its score, best first (the caller keeps `top_n`)."""
         if not events:
             return []
         semantic = [0.0] * len(events)
         if probe.embed is not None:
             qvec = np.asarray(probe.embed([query])[0], dtype=np.float32)
-            semantic = dense_scores(qvec, np.asarray([e["vector"] for e in events], dtype=np.float32)).tolist()
+            # float32 rounding can put a cosine a hair above 1, past gamma = 1
+            semantic = np.clip(dense_scores(qvec, np.asarray([e["vector"] for e in events], dtype=np.float32)),
+                               -1.0, 1.0).tolist()
         qn = set(self.nouns(query))
         overlaps = [topic_overlap(qn, set(e["nouns"] or [])) for e in events]
         scores = retrieval_scores(semantic, overlaps, [now - e["time_s"] for e in events], settings)
-        ranked = sorted(((e, sc) for e, sc in zip(events, scores) if sc is not None), key=lambda x: -x[1])
-        return ranked[: settings.top_n]
+        return sorted(((e, sc) for e, sc in zip(events, scores) if sc is not None), key=lambda x: -x[1])
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
-        sessions = {**probe.history, probe.probe["session_idx"]: probe.current}
-        times = session_times(sessions, settings.session_gap_s)
-        turn = probe.probe["turn_idx"] or 0
-        now = times[probe.probe["session_idx"]][0] + turn * settings.turn_gap_s
-        context = probe.current[-settings.short_term_turns:]
-        query = format_unit(context) if context else probe.request
-        hits = self.retrieve(probe, memory.get("events", []), now, query, settings)
-        lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
-        respondent = probe.probe["respondent"]
-        speakers = probe.episode.get("speakers") or []
-        user = next((s for s in speakers if s != respondent), "the other person")
+        s, turn = probe.probe["session_idx"], probe.probe["turn_idx"] or 0
+        stamped = timeline({**probe.history, s: probe.current}, settings)
+        now = session_times({**probe.history, s: probe.current}, settings.session_gap_s,
+                            settings.turn_gap_s)[s][0] + turn * settings.turn_gap_s
+        cache = cache_at(stamped, now, settings.beta_s)
+        context = [t for _, _, t in cache][-settings.short_term_turns:]
+        details: dict[str, Any] = {"session_idx": s, "scoring": settings.scoring, "gamma": settings.gamma,
+                                   "no_relevant_memory": None}
+        hits: list[tuple[dict, float]] = []
+        lines: list[str] | None = None
+        if settings.events:
+            # Events of the utterances still in the cache are not flushed yet when the request comes.
+            flushed = [e for e in memory.get("events", []) if e["error"] is None and e["summary"]
+                       and (not cache or e["time_s"] < cache[0][0])]
+            query = self.query_text(probe, context, settings)
+            passing = self.retrieve(probe, flushed, now, query, settings)
+            hits = passing[: settings.top_n]
+            lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
+            details.update(query_nouns=sorted(set(self.nouns(query))), events=len(flushed), passing=len(passing),
+                           no_relevant_memory=not hits,
+                           retrieved=[{"event_id": e["event_id"], "score": sc, "ago": elapsed_words(now - e["time_s"])}
+                                      for e, sc in hits])
+        respondent, user = probe.probe["respondent"], partner(probe)
         traits = [p for p in memory.get("personas", []) if p["trait"]]
-        agent_traits = [p["trait"] for p in traits if p["speaker"] == respondent]
-        user_traits = [p["trait"] for p in traits if p["speaker"] == user]
+        agent_traits = [p["trait"] for p in traits if p["speaker"] == respondent] if settings.agent_personas else None
+        user_traits = [p["trait"] for p in traits if p["speaker"] == user] if settings.user_personas else None
         if settings.dedupe_personas:
-            agent_traits, user_traits = list(dict.fromkeys(agent_traits)), list(dict.fromkeys(user_traits))
+            agent_traits, user_traits = (None if ts is None else list(dict.fromkeys(ts))
+                                         for ts in (agent_traits, user_traits))
+        details.update(agent_traits=None if agent_traits is None else len(agent_traits),
+                       user_traits=None if user_traits is None else len(user_traits), context_turns=len(context))
         result = await llm.chat(reply_messages(respondent, user, agent_traits, user_traits, lines, context,
                                                probe.request, settings.response_words))
-        memory_text = "\n".join(lines + agent_traits + user_traits)
-        return Answer(text=response.one_turn(result.text, speakers), used_ids=[e["event_id"] for e, _ in hits],
+        memory_text = "\n".join((lines or []) + (agent_traits or []) + (user_traits or []))
+        return Answer(text=reply_text(result.text, probe.episode.get("speakers") or []),
+                      used_ids=[e["event_id"] for e, _ in hits],
                       context_tokens=count_tokens(memory_text) if memory_text else 0, model=result.model,
-                      details={"retrieved": [{"event_id": e["event_id"], "score": sc, "ago": elapsed_words(now - e["time_s"])}
-                                             for e, sc in hits], "no_relevant_memory": not hits,
-                               "agent_traits": len(agent_traits), "user_traits": len(user_traits)})
+                      details=details)
+
+    def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
+        events, personas = produced.get("events", []), produced.get("personas", [])
+        return {"events": sum(e["error"] is None for e in events),
+                "summary_failures": sum(e["error"] is not None for e in events),
+                "traits": sum(p["trait"] is not None for p in personas),
+                "persona_failures": sum(p["error"] is not None for p in personas)}
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
-        events = [f"[session {e['session_idx']}] {e['summary']}" for e in memory.get("events", [])]
+        events = [f"[session {e['session_idx']}] {e['summary']}" for e in memory.get("events", []) if e["summary"]]
         traits = [f"{p['speaker']}: {p['trait']}" for p in memory.get("personas", []) if p["trait"]]
         return "\n".join(events + traits) or None
+
+    def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:
+        rows = no_memory_shares(self.name, responses)
+        if not rows:
+            return None
+        return ReportPanel("Retrieval through gamma", "Probes whose retrieval let no event through (the generator "
+                           "was told there is no relevant memory), per session and overall. gamma is our own "
+                           "value (the paper gives none): a share near 1 means gamma is too high for the encoder.",
+                           rows)
+
+
+def no_memory_shares(method: str, responses: list[dict]) -> list[dict]:
+    """Per session (and for every probe: session null), how many answered probes retrieved no event.
+    responses: rows of `respond_<method>.responses`; a row without retrieval (events off, failed) is skipped."""
+    groups: dict[tuple[Any, Any, Any], list[bool]] = defaultdict(list)
+    for r in responses:
+        details = json.loads(r["details_json"]) if r.get("error") is None and r.get("details_json") else {}
+        if details.get("no_relevant_memory") is None:
+            continue
+        for session in (details.get("session_idx"), None):
+            groups[(details.get("scoring"), details.get("gamma"), session)].append(bool(details["no_relevant_memory"]))
+    return [{"method": method, "scoring": scoring, "gamma": gamma, "session_idx": session, "probes": len(flags),
+             "no_relevant_memory": sum(flags), "no_relevant_memory_share": sum(flags) / len(flags)}
+            for (scoring, gamma, session), flags in sorted(groups.items(), key=lambda kv: (
+                str(kv[0][0]), kv[0][1] or 0.0, kv[0][2] is None, kv[0][2] or 0))]

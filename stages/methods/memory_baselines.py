@@ -7,6 +7,10 @@
   Bae et al. (2022): keep (the new memory adds nothing), replace (it supersedes pool item
   `target`), append (it is new), delete (it shows pool item `target` no longer holds; the item is
   removed and the new memory is not added). Every operation is recorded with what it touched.
+
+Every session's summary call is logged in `build_log` (a failed one adds no memories and says
+why), and the counts reach the memory stage's manifest. `memory_retrieval*` refuses to answer
+without an embedder rather than silently showing every memory.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ OPERATIONS = pa.schema([
     pa.field("target_event", pa.string()),
     *FAILURE_FIELDS,  # the update call failed: every new memory appended
 ])
+BUILD_LOG = pa.schema([
+    *SNAPSHOT_FIELDS,
+    pa.field("memories", pa.int32(), nullable=False),  # memories the session's summary gave
+    *FAILURE_FIELDS,  # the session's summary call failed: no memories from it
+])
 
 
 class MemorySettings(MethodSettings):
@@ -50,7 +59,9 @@ class RetrievalSettings(MemorySettings):
 class Operation(BaseModel):
     new: int = Field(ge=1)  # the new memory, numbered from 1
     op: Literal["keep", "replace", "append", "delete"]
-    target: int | None = Field(default=None, ge=1)  # the pool memory, numbered from 1 (replace, delete)
+    # the pool memory, numbered from 1: required for replace and delete; for keep, the pool memory
+    # that already says it (optional); ignored for append
+    target: int | None = Field(default=None, ge=1)
 
 
 class Operations(BaseModel):
@@ -58,12 +69,18 @@ class Operations(BaseModel):
 
 
 def check_operations(out: Operations, n_new: int, n_pool: int) -> None:
-    """ValueError unless every new memory gets one operation and targets exist, each used once."""
+    """ValueError (so the call is re-asked) unless every new memory gets one operation, replace and
+    delete name a target, every target given (whatever the op) is a pool memory, and no pool memory
+    is replaced or deleted twice."""
     seen = sorted(o.new for o in out.operations)
     if seen != list(range(1, n_new + 1)):
         raise ValueError(f"give exactly one operation for each new memory 1..{n_new}; got {seen}")
+    outside = [f"{o.op} of new memory {o.new} -> {o.target}" for o in out.operations
+               if o.target is not None and o.target > n_pool]
+    if outside:
+        raise ValueError(f"every target must be a pool memory 1..{n_pool}; got {', '.join(outside)}")
     targets = [o.target for o in out.operations if o.op in ("replace", "delete")]
-    if any(t is None or t > n_pool for t in targets):
+    if any(t is None for t in targets):
         raise ValueError(f"replace and delete need a target among the pool memories 1..{n_pool}")
     if len(set(targets)) != len(targets):
         raise ValueError("each pool memory can be replaced or deleted once")
@@ -92,22 +109,45 @@ class SessionMemoryMethod(Method):
     """Memories summarised at the end of every session; the answer reads all or the top-k."""
 
     Settings: ClassVar[type[MethodSettings]] = MemorySettings
-    memory = {"memories": MEMORIES}
+    memory = {"memories": MEMORIES, "build_log": BUILD_LOG}
     memory_kind = "log"
     uses_embedder = True
     table = "memories"
 
+    async def session_memories(self, ctx: BuildContext, eid: str, s: int, turns: list[dict],
+                               log: list[dict]) -> list[dict]:
+        """Session `s`'s memory rows; its summary call is logged (a failed one gives no memories)."""
+        events, failed = await attempt(summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
+        new = memory_rows(eid, s, turns, events or [])
+        log.append({**after_session(eid, s), "memories": len(new), **failed})
+        return new
+
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
-        out: dict[str, list[dict]] = {"memories": []}
+        out: dict[str, list[dict]] = {"memories": [], "build_log": []}
         for s, turns in episode.sessions.items():
-            # A failed summary adds no memories from this session; the failure is in the manifest's usage.
-            events, _ = await attempt(summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
-            out["memories"] += memory_rows(eid, s, turns, events or [])
+            out["memories"] += await self.session_memories(ctx, eid, s, turns, out["build_log"])
         return out
 
+    def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
+        log = produced.get("build_log", [])
+        if not log:
+            return {}
+        failed = sum(r["error"] is not None for r in log)
+        stats = {"summary_calls": len(log), "failed_summaries": failed,
+                 "failed_summaries_per_episode": {log[0]["episode_id"]: failed}}
+        if "operations" in produced:  # sessions whose update call failed (their memories were appended)
+            stats["failed_updates"] = len({r["snapshot_session"] for r in produced["operations"]
+                                           if r["error"] is not None})
+        return stats
+
     def select(self, probe: ProbeInput, memories: list[dict], k: int | None) -> list[dict]:
-        if k is None or len(memories) <= k or probe.embed is None:
+        if k is None:
+            return memories
+        if probe.embed is None:  # all memories instead would quietly turn memory retrieval into all_memories
+            raise RuntimeError(f"{self.name} retrieves the top {k} memories by embedding similarity but was "
+                               "given no embedder")
+        if len(memories) <= k:
             return memories
         query = format_unit(probe.current) if probe.current else probe.request
         vectors = np.asarray(probe.embed([m["event"] for m in memories]), dtype=np.float32)
@@ -138,19 +178,19 @@ class MemoryRetrieval(SessionMemoryMethod):
 class UpdatedMemoryMethod(SessionMemoryMethod):
     """The pool evolves: session 1's memories start it; each later session's memories update it."""
 
-    memory = {"pool": POOL, "operations": OPERATIONS}
+    memory = {"pool": POOL, "operations": OPERATIONS, "build_log": BUILD_LOG}
     memory_kind = "snapshots"
     table = "pool"
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
-        out: dict[str, list[dict]] = {"pool": [], "operations": []}
+        out: dict[str, list[dict]] = {"pool": [], "operations": [], "build_log": []}
         pool: list[dict] = []
         for s, turns in episode.sessions.items():
             key = after_session(eid, s)
-            events, _ = await attempt(summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
-            new = memory_rows(eid, s, turns, events or [])
+            new = await self.session_memories(ctx, eid, s, turns, out["build_log"])
             ops, failed = await self.operations(ctx.llm, pool, new)
+            # check_operations keeps every target inside the pool; an append's target means nothing.
             out["operations"] += [{**key, "new_id": new[o.new - 1]["memory_id"], "op": o.op,
                                    "target_id": pool[o.target - 1]["memory_id"] if o.target else None,
                                    "target_event": pool[o.target - 1]["event"] if o.target else None,
@@ -169,7 +209,8 @@ class UpdatedMemoryMethod(SessionMemoryMethod):
                                                 validate=lambda out: check_operations(out, len(new), len(pool))))
         if result is None:  # the pool still grows: every new memory appended, the failure recorded
             return appended, failed
-        return sorted(result.parsed.operations, key=lambda o: o.new), failed
+        ops = [o.model_copy(update={"target": None}) if o.op == "append" else o for o in result.parsed.operations]
+        return sorted(ops, key=lambda o: o.new), failed
 
 
 class AllMemoriesUpdate(UpdatedMemoryMethod):

@@ -2,7 +2,14 @@
 of each session the LLM rewrites it from the previous memory and that session (one call per
 session; the memory after every session is kept). A response uses the latest memory before the
 probe's session and the current session's context. Theanine's "RSum-LLM" variant first selects
-the parts of the memory relevant to the current dialogue (`select_relevant`)."""
+the parts of the memory relevant to the current dialogue (`select_relevant`).
+
+Settings that tell the two papers' RSum apart: `temperature` (RSum Section 4: 0; Theanine Section 3.3:
+0.75 for every baseline, i.e. null here, which defers to the role's `llm.temperature`),
+`select_relevant` (Theanine Section 3.2 step ii) and `response_style` ("paper": no length asked for,
+as RSum's prompt; "short": the memory baselines' short-reply wording). `one_shot` shows one worked
+dialogue in both the memory and the response prompt, as RSum Section 6 does; the dialogue is our own
+invented one, not a labelled MSC dialogue from the valid set."""
 
 from __future__ import annotations
 
@@ -27,23 +34,47 @@ SUMMARY = pa.schema([
     *FAILURE_FIELDS,
 ])
 
-# A made-up worked example for the one-shot switch (the paper's one-shot uses a labelled MSC dialogue).
-EXAMPLE = ("Previous memory: Alex works night shifts at a bakery. Sam is learning to play the cello.\n"
-           "Session: Alex: I finally switched to day shifts! Sam: Great, now you can come to my recital.\n"
-           "New memory: Alex works at a bakery and recently moved from night to day shifts. Sam is learning "
-           "the cello and has a recital coming up that Alex can now attend.")
+# Our own invented worked dialogue for `one_shot` (RSum Section 6 samples a labelled MSC dialogue
+# from the valid set instead): the memory before it, the session, and the memory after it. The
+# memory prompt shows before + session -> after; the response prompt shows before + the session's
+# first turns -> its last turn.
+EXAMPLE_MEMORY = "Alex works night shifts at a bakery. Sam is learning to play the cello."
+EXAMPLE_SESSION = [
+    {"speaker": "Alex", "text": "I finally switched to day shifts!"},
+    {"speaker": "Sam", "text": "Great, now you can come to my recital."},
+    {"speaker": "Alex", "text": "I'd love to. When is it?"},
+    {"speaker": "Sam", "text": "Next Friday evening at the community hall. I'm playing the Bach suite I've been "
+                               "practising since spring, so I'm nervous, but it helps to know a friend is there."},
+]
+EXAMPLE_NEW_MEMORY = ("Alex works at a bakery and has just moved from night to day shifts. Sam is learning the "
+                      "cello and plays a Bach suite at a recital next Friday evening at the community hall; Alex "
+                      "plans to come.")
+
+
+def memory_example() -> str:
+    return (f"Memory so far: {EXAMPLE_MEMORY}\nLatest session:\n{format_unit(EXAMPLE_SESSION)}\n"
+            f"New memory: {EXAMPLE_NEW_MEMORY}")
+
+
+def response_example() -> str:
+    *before, request, reply = EXAMPLE_SESSION
+    return (f"Memory: {EXAMPLE_MEMORY}\nCurrent session so far:\n{format_unit(before)}\n"
+            f"Latest message: {request['text']}\n{reply['speaker']}'s next utterance: {reply['text']}")
 
 
 class RSumSettings(MethodSettings):
     max_words: int | None = Field(default=None, ge=10)  # a memory-length instruction; the paper states none
-    one_shot: bool = False  # show one worked example to the memory manager
+    one_shot: bool = False  # one worked dialogue (ours) in the memory and the response prompt
     select_relevant: bool = False  # Theanine's RSum-LLM: pick the memory relevant to the dialogue first
-    temperature: float | None = Field(default=0.0, ge=0)  # the paper: 0 for memory and responses
+    temperature: float | None = Field(default=0.0, ge=0)  # RSum: 0; None = the role's llm.temperature
+    # short: the memory baselines' "a short, natural reply"; paper: no length asked for (Theanine credits
+    # RSum-LLM's 77-word answers for its specificity wins)
+    response_style: memory_response.ResponseStyle = "short"
 
 
 def update_messages(previous: str, turns: list[dict], session_idx: int, settings: RSumSettings) -> Messages:
     limit = f" Keep it under {settings.max_words} words." if settings.max_words else ""
-    example = f"\n\nExample:\n{EXAMPLE}" if settings.one_shot else ""
+    example = f"\n\nExample:\n{memory_example()}" if settings.one_shot else ""
     system = ("You maintain the memory of a long conversation between two people: what each of them is like, "
               "what happened to them, their plans and preferences. Given the memory so far and the latest "
               "session, write the new memory: keep what still holds, update what changed, add what is new."
@@ -94,8 +125,9 @@ class RSum(Method):
             text = (await llm.chat(select_messages(text, dialogue), **self.params(settings))).text.strip()
             details["selected"] = text
         used = [f"summary:{latest['snapshot_session']}"] if latest else []
-        return await memory_response.answer_from_memory(llm, probe, text, used, details=details,
-                                                        **self.params(settings))
+        return await memory_response.answer_from_memory(
+            llm, probe, text, used, details=details, style=settings.response_style,
+            example=response_example() if settings.one_shot else None, **self.params(settings))
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         visible = [r for r in memory.get("summary", []) if r["memory"] is not None]

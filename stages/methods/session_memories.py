@@ -1,12 +1,14 @@
 """Session memories shared by Theanine's Phase I and the memory baselines: at the end of each
 session, one LLM call writes what is worth remembering as short sentences, each with its time
-(the session index and its date when the corpus has one) and its origin (session and turns).
+(the session index, its date when the corpus has one, and the corpus's gap label before the
+session, e.g. MSC's / Conversation Chronicles' "2 weeks later") and its origin (session and turns).
 
 Its own module, so that editing this prompt re-runs exactly the methods built on it.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -25,6 +27,7 @@ MEMORY_FIELDS = [
     pa.field("memory_idx", pa.int32(), nullable=False),
     pa.field("event", pa.string(), nullable=False),
     pa.field("session_time", pa.string()),  # the session's date when the corpus has one
+    pa.field("session_gap", pa.string()),  # the corpus's label of the gap since the previous session
     pa.field("turn_start", pa.int32()),  # the origin dialogue: turns of its session
     pa.field("turn_end", pa.int32()),
     pa.field("source_turn_ids", pa.list_(pa.string())),
@@ -42,8 +45,36 @@ def session_time(turns: Sequence[dict]) -> str | None:
     return value.strftime("%Y-%m-%d") if isinstance(value, datetime) else str(value)
 
 
-def when(session_idx: int, time: str | None) -> str:
-    return f"session {session_idx}" + (f" ({time})" if time else "")
+def session_gap(turns: Sequence[dict]) -> str | None:
+    """The ingest's `session_gap_label` of a session (e.g. "2 weeks later"), None when it has none."""
+    value = turns[0].get("session_gap_label") if turns else None
+    return (value.strip() or None) if isinstance(value, str) else None
+
+
+_GAP_WORD = re.compile(r"^(?P<span>.+?)\s+(?:later|after)\.?$", re.IGNORECASE)
+
+
+def gap_phrase(label: str, session_idx: int) -> str:
+    """A gap label as time since the previous session: ("2 weeks later", 3) -> "2 weeks after
+    session 2"; ("A few hours after", 2) -> "a few hours after session 1"."""
+    m = _GAP_WORD.match(label.strip())
+    if not m:  # a label without "later" / "after": keep it whole
+        return f"{label.strip()} since session {session_idx - 1}"
+    span = m.group("span")
+    span = re.sub(r"^1 (\w+)s$", r"1 \1", span)  # CC writes "1 weeks after"
+    span = span[0].lower() + span[1:] if span[:1].isupper() and not span[1:2].isupper() else span
+    return f"{span} after session {session_idx - 1}"
+
+
+def when(session_idx: int, time: str | None = None, gap: str | None = None) -> str:
+    """A memory's time: "session 3", "session 3 (2024-03-09)", "session 3 (2 weeks after session 2)"."""
+    notes = [n for n in (time, gap_phrase(gap, session_idx) if gap and session_idx > 1 else None) if n]
+    return f"session {session_idx}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def memory_when(memory: dict) -> str:
+    """`when` of a MEMORY_FIELDS row (rows written before `session_gap` existed render without it)."""
+    return when(memory["session_idx"], memory.get("session_time"), memory.get("session_gap"))
 
 
 SUMMARY_SYSTEM = ("You keep a long-term memory of conversations between two people. From one conversation "
@@ -68,12 +99,13 @@ async def summarize_session(llm: ChatLLM, turns: list[dict], session_idx: int, m
 def memory_rows(episode_id: str, session_idx: int, turns: list[dict], events: list[str]) -> list[dict[str, Any]]:
     """Rows of MEMORY_FIELDS for one session's memories."""
     return [{**after_session(episode_id, session_idx), "memory_id": f"{session_idx}:{i}", "session_idx": session_idx,
-             "memory_idx": i, "event": ev, "session_time": session_time(turns), "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
+             "memory_idx": i, "event": ev, "session_time": session_time(turns), "session_gap": session_gap(turns),
+             "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
              "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
             for i, ev in enumerate(events)]
 
 
 def memory_lines(memories: Sequence[dict]) -> str:
-    """Memories in time order, one per line with its time."""
+    """Memories in time order, one per line with its time (date and gap when known)."""
     rows = sorted(memories, key=lambda m: (m["session_idx"], m["memory_idx"]))
-    return "\n".join(f"[{when(m['session_idx'], m.get('session_time'))}] {m['event']}" for m in rows)
+    return "\n".join(f"[{memory_when(m)}] {m['event']}" for m in rows)

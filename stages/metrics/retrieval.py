@@ -44,12 +44,13 @@ def dcg_at_k(
     Relevance follows App. A.8: each gold turn has relevance 1/|gold|, other turns 0.
     - by_turn=False (default): position i is the rank of the unit, and r_i is the summed relevance
       of the gold turns the unit contains, i.e. the share of the gold evidence it holds.
-    - by_turn=True: the paper's literal per-turn form: the turns of the top-k units are listed in
-      rank order (within a unit, in the unit's own order; sets are sorted) and position i is the
-      turn's position in that list.
+    - by_turn=True: the paper's literal per-turn form: the distinct turns of the top-k units are
+      listed in rank order (within a unit, in the unit's own order; sets are sorted; an id repeated
+      in a unit, as Long-MT-Bench+'s exchange id on its user and assistant turns, is listed once)
+      and position i is the turn's position in that list.
     A gold turn earns its gain once, at its first occurrence, so DCG lies in [0, 1] and equals 1
-    exactly when all evidence is in the first unit (first turn, when by_turn). For a turn-level
-    bank both modes agree. NaN when there is no gold evidence.
+    exactly when all evidence is in the first unit (first turn, when by_turn). When every unit holds
+    one distinct id both modes agree. NaN when there is no gold evidence.
     """
     rel = turn_relevance(gold)
     if not rel:
@@ -58,10 +59,9 @@ def dcg_at_k(
     seen: set[str] = set()
     total = 0.0
     if by_turn:
-        ranked = [t for u in units for t in u]
+        ranked = list(dict.fromkeys(t for u in units for t in u))  # distinct ids, first occurrence
         for pos, t in enumerate(ranked, start=1):
-            if t in rel and t not in seen:
-                seen.add(t)
+            if t in rel:
                 total += rel[t] / math.log2(pos + 1)
         return total
     for pos, unit in enumerate(units, start=1):

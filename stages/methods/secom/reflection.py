@@ -18,7 +18,13 @@ from pydantic import BaseModel, Field
 
 from pipeline.llm.types import ChatLLM, LLMError, Messages
 from stages.methods.secom.segmentation import Numbered, SegmentationGuidance, Unit, segment_session
-from stages.metrics.segmentation import boundaries_to_spans, gold_boundaries, spans_to_boundaries, window_diff
+from stages.metrics.segmentation import (
+    Convention,
+    boundaries_to_spans,
+    gold_boundaries,
+    spans_to_boundaries,
+    window_diff,
+)
 
 class ReflectionOutput(BaseModel):
     rubric: list[str] = Field(description="the full updated rubric, one criterion per item")
@@ -93,12 +99,14 @@ async def learn_guidance(
     initial: SegmentationGuidance | None = None,
     unit: Unit = "exchange",
     segment_options: dict[str, Any] | None = None,
+    convention: Convention = "superdialseg",
 ) -> SegmentationGuidance:
     """Learn segmentation guidance by reflection on annotated sessions (SeCom Sec. 2.2, App. A.1).
 
     Each round: segment every annotated session with the current guidance (`segment_options` go to
     `segment_session`), score it by WindowDiff against its gold boundaries (`gold_topic_boundary`,
-    null = no boundary), take the hard_k sessions with the highest WD (ties: input order; WD 0 is
+    null = no boundary) in the scoring `convention` (`score.segmentation_convention`: the one the
+    results are reported in), take the hard_k sessions with the highest WD (ties: input order; WD 0 is
     never "hard") and split them into `mini_batches` batches. Each batch's call sees the current
     rubric and, per session, the gold vs predicted segments; it returns the full updated rubric
     (<= max_rubric_items), which the next batch builds on, like successive SGD steps, and the most
@@ -115,8 +123,8 @@ async def learn_guidance(
     start_round = len(g.history)
     for r in range(start_round + 1, start_round + rounds + 1):
         preds = await asyncio.gather(*(segment_session(llm, s, guidance=g, **options) for s in sessions))
-        # Hard examples by WindowDiff as Table 4 scores it (SuperDialseg's convention, like `score`).
-        wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold)), convention="superdialseg")
+        # Hard examples by WindowDiff as the results are scored (Table 4: SuperDialseg's convention).
+        wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold)), convention=convention)
                for gold, p in zip(golds, preds)]
         order = sorted((i for i in range(len(sessions)) if wds[i] > 0), key=lambda i: (-wds[i], i))
         hard = order[:hard_k]

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.llm.types import ChatLLM
+from pipeline.retrieval import Similarity
 from stages.methods import response
 from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
 from stages.methods.response import QAPrompt, generate
@@ -27,10 +28,13 @@ class RetrievalSettings(MethodSettings):
     top_k: int | None = Field(default=1, ge=1)  # units retrieved; null: as many as fit token_budget
     retriever: Literal["bm25", "dense", "hybrid"] = "bm25"
     hybrid_weight: float = Field(default=0.5, ge=0, le=1)
-    # Tokens (cl100k) of retrieved memory per response: caps top_k, or with top_k null fills up to it.
+    # Tokens (cl100k) of retrieved memory per response: caps top_k, or with top_k null fills up to it;
+    # a unit that would overflow it is skipped and the next ranked units are tried.
     token_budget: int | None = Field(default=None, ge=1)
     use_compression: bool = True  # compressed text as retrieval key (SeCom denoising)
-    similarity: Literal["cosine", "dot"] = "cosine"  # dense scoring; dot for multi-qa-mpnet-base-dot-v1
+    # Dense scoring: cosine, dot (inner product), or l2 (minus the squared distance: FAISS IndexFlatL2,
+    # the official code's MPNet retriever, over unnormalised multi-qa-mpnet-base-dot-v1 vectors).
+    similarity: Similarity = "cosine"
     # How QA probes are asked: ours, or LoCoMo's task_eval protocol (stages/methods/response.py)
     qa_prompt: QAPrompt = "ours"
 

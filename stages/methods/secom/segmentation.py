@@ -214,7 +214,8 @@ def _instructions(n: int, label: str, answer_format: AnswerFormat) -> str:
 
 def build_segmentation_messages(session: Numbered, guidance: SegmentationGuidance | None = None,
                                 answer_format: AnswerFormat = "spans") -> Messages:
-    """Messages asking for the segments of a numbered session."""
+    """Messages asking for the segments of a numbered session; with guidance, its rubric and worked
+    examples (conversation, correct answer, the segmenter's wrong answer, the reflection) come first."""
     n, label = len(session), session.label
     parts: list[str] = []
     if guidance is not None and guidance.rubric.strip():
@@ -224,6 +225,8 @@ def build_segmentation_messages(session: Numbered, guidance: SegmentationGuidanc
         for j, ex in enumerate(guidance.examples, start=1):
             block = (f"Example {j}:\n{ex['conversation']}\n"
                      f"Correct answer: {answer_json(ex['segments'], answer_format)}")
+            if ex.get("prediction"):  # App. A.1: the example shows the model's own wrong answer too
+                block += f"\nA segmenter's wrong answer: {answer_json(ex['prediction'], answer_format)}"
             if ex.get("reflection"):
                 block += f"\nWhy it is easy to get wrong: {ex['reflection']}"
             shown.append(block)

@@ -45,6 +45,12 @@ def build_exchanges(turns: Sequence[dict]) -> list[Span]:
     return [(s, e - 1) for s, e in zip(starts, [*starts[1:], len(turns)])]
 
 
+def unit_exchanges(turns: Sequence[dict]) -> list[str]:
+    """The text of a unit's turns cut into its exchanges (`build_exchanges`), each as "Speaker:
+    text" lines: what LLMLingua-2 compresses one by one. Joined by newlines, they are the unit's text."""
+    return [format_unit(turns[s : e + 1]) for s, e in build_exchanges(turns)]
+
+
 def make_units(turns: Sequence[dict], spans: Sequence[Span], granularity: str) -> Rows:
     """Memory units of one session from inclusive spans of positions in `turns`.
 
@@ -97,8 +103,8 @@ def build_units(sessions: dict[int, Rows], segments: Rows, granularity: str) -> 
 
 def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosine") -> Retriever:
     """A retriever over memory units. The key is the compressed text (SeCom's denoising) or the
-    original, dense search uses the matching stored vector, and budgets count the original text,
-    which is what enters the context."""
+    original, dense search uses the matching stored vector scored by `similarity` (cosine, dot or
+    l2), and budgets count the original text, which is what enters the context."""
     vec_col = "vector" if use_compression else "text_vector"
     has_vectors = bool(pool) and all(u.get(vec_col) is not None for u in pool)
     return Retriever(

@@ -9,12 +9,15 @@ Variants (Section 4's ablations and Section 6), each a method with its own setti
 
 Where each phase lives:
 - Phase I memories m = (event, time) per session: `session_memories.summarize_session` (shared with
-  the memory baselines and TeaBag), called by `Theanine.build`;
+  the memory baselines and TeaBag), called by `Theanine.build`; time = session index, date when the
+  corpus has one, and the corpus's gap label before the session (`session_memories.memory_when`);
 - Phase I relation-aware linking (Algorithm 1): the labelling prompt `prompts.relation_messages`,
   candidates `graph.top_similar`, links `graph.links_for`, run by `Theanine.build` / `Theanine.link`;
 - Phase II-1 timeline retrieval (Algorithm 2): `graph.timelines_through`, `graph.sample_timelines`,
   `graph.group_by_component`, run by `Theanine.timelines`;
-- Phase II-2 timeline refinement: `prompts.timeline_text`, `prompts.refine_messages`, in `Theanine.answer`;
+- Phase II-2 timeline refinement: `prompts.timeline_text` (each edge read earlier -> later, App. A.1),
+  `prompts.refine_messages` (with `prompts.relation_guide`), in `Theanine.answer`; repeated timelines
+  are refined once (`dedupe_timelines`);
 - Phase III chain-of-thought response: `prompts.response_messages`, in `Theanine.answer`;
 - the report's memory graph: `figure.memory_graph`, via `Theanine.report_panel`;
 - TeaBag / TeaFarm (Section 5): `stages/teabag/`; Theanine's judges (App. D):
@@ -33,17 +36,31 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
+from pipeline.errors import ConfigError
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, within_tokens
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput, ReportPanel)
-from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
-from stages.methods.theanine import figure
-from stages.methods.theanine import graph as g
-from stages.methods.theanine import prompts
+from stages.methods.base import (
+    SNAPSHOT_FIELDS,
+    Answer,
+    BuildContext,
+    EpisodeInput,
+    Method,
+    MethodSettings,
+    ProbeInput,
+    ReportPanel,
+    after_session,
+)
 from stages.methods.dialogue import format_unit
+from stages.methods.session_memories import (
+    MEMORY_FIELDS,
+    memory_lines,
+    memory_rows,
+    summarize_session,
+)
+from stages.methods.theanine import figure, prompts
+from stages.methods.theanine import graph as g
 
 MEMORIES = pa.schema([*MEMORY_FIELDS, pa.field("vector", pa.list_(pa.float32()))])
 EDGES = pa.schema([
@@ -57,7 +74,8 @@ LINK_LABELS = pa.schema([
     pa.field("new_id", pa.string(), nullable=False),
     pa.field("candidate_id", pa.string(), nullable=False),
     pa.field("rank", pa.int32(), nullable=False),  # similarity rank among the top-j candidates
-    pa.field("relation", pa.string()),  # the LLM's label; "None" = no relation; null when the call failed
+    # the LLM's label; "None" = no relation; null when the call failed; `graph.SIMILAR` without labelling
+    pa.field("relation", pa.string()),
     pa.field("linked", pa.bool_(), nullable=False),
     *FAILURE_FIELDS,
 ])
@@ -75,12 +93,15 @@ class TheanineSettings(MethodSettings):
     n: int = Field(default=1, ge=1)  # timelines sampled per retrieved memory
     max_memories: int = Field(default=10, ge=1)  # memories summarised per session
     link_mode: g.LinkMode = "recent_per_component"
-    relation_aware: bool = True  # False: no labelling, every candidate is related (SameTopic)
+    relation_aware: bool = True  # False: no labelling, every candidate is linked as `graph.SIMILAR`
     refine: bool = True  # Phase II-2
     # Algorithm 2 loops over the components of the retrieved memories, while Section 2.2 collects
     # k*n timelines: `memory` (default) = n per retrieved memory; `component` = n per component.
     timelines_per: Literal["memory", "component"] = "memory"
     max_paths: int = Field(default=1000, ge=1)  # bound on enumerated paths per retrieved memory
+    # Section 2.2 writes the timelines as a union (a set): a path sampled for two retrieved memories
+    # of one chain is refined and shown once (the count dropped goes to the response's details).
+    dedupe_timelines: bool = True
     origin_tokens: int | None = Field(default=600, ge=1)  # origin dialogue shown when labelling
     seed: int = 0  # timeline sampling
 
@@ -119,7 +140,8 @@ class Theanine(Method):
     memory = {"memories": MEMORIES, "edges": EDGES, "link_labels": LINK_LABELS, "build_log": BUILD_LOG}
     memory_kind = "log"
     uses_embedder = True
-    prompts = {"relations": str(prompts.RELATION_DEFINITIONS)}
+    prompts = {"relations": str(prompts.RELATION_DEFINITIONS), "guide": prompts.relation_guide(True),
+               "guide_no_relation": prompts.relation_guide(False)}
 
     # ---------------------------------------------------------------- Phase I
 
@@ -137,7 +159,8 @@ class Theanine(Method):
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         settings, eid = ctx.settings, episode.episode["episode_id"]
-        assert ctx.embed is not None, "theanine needs an embedder"
+        if ctx.embed is None:
+            raise ConfigError(f"{self.name} links memories by embedding similarity: configure `embedding:`")
         graph = g.Graph()
         by_id: dict[str, dict] = {}
         vectors: dict[str, np.ndarray] = {}
@@ -187,7 +210,7 @@ class Theanine(Method):
                     return label
                 labels = dict(zip(candidates, await asyncio.gather(*(ask(c) for c in candidates))))
             else:
-                labels = {c: "SameTopic" for c in candidates}
+                labels = {c: g.SIMILAR for c in candidates}  # similarity and order only, no relation
             edges = g.links_for(m["memory_id"], labels, graph, components, mode)
             linked = {e.source for e in edges}
             rows = [{**after_session(m["episode_id"], m["session_idx"]), "new_id": m["memory_id"], "candidate_id": c,
@@ -212,6 +235,8 @@ class Theanine(Method):
         return chosen, bound_hit
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+        if probe.embed is None:  # without it there is no retrieval, so no timelines: refuse, do not guess
+            raise ConfigError(f"{self.name} retrieves memories by embedding similarity: configure `embedding:`")
         memories = memory.get("memories", [])
         by_id = {m["memory_id"]: m for m in memories}
         graph = graph_of(memories, memory.get("edges", []))
@@ -219,21 +244,27 @@ class Theanine(Method):
         # The query: the current dialogue so far (it ends with the request), or the question alone.
         dialogue = format_unit(probe.current) if probe.current else probe.request
         retrieved: list[str] = []
-        if memories and probe.embed is not None:
+        if memories:
             ids = [m["memory_id"] for m in memories]
             qvec = np.asarray(probe.embed([dialogue])[0], dtype=np.float32)
             retrieved = g.top_similar(qvec, ids, np.asarray([m["vector"] for m in memories], dtype=np.float32),
                                       settings.k)
         paths, bound_hit = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])
+        dropped = 0
+        if settings.dedupe_timelines:
+            paths, dropped = g.unique_timelines(paths)
         raw = [prompts.timeline_text([by_id[i] for i in p], [graph.relation(a, b) for a, b in zip(p, p[1:])])
                for p in paths]
         if settings.refine:
-            refined_results = await asyncio.gather(*(llm.chat(prompts.refine_messages(dialogue, t),
-                                                              schema=prompts.Refined) for t in raw))
+            refined_results = await asyncio.gather(*(
+                llm.chat(prompts.refine_messages(dialogue, t, settings.relation_aware), schema=prompts.Refined)
+                for t in raw))
             refined = [r.parsed.information for r in refined_results]
         else:
             refined = raw
-        result = await llm.chat(prompts.response_messages(dialogue, refined, probe.probe["respondent"], question),
+        result = await llm.chat(prompts.response_messages(dialogue, refined, probe.probe["respondent"], question,
+                                                          raw=not settings.refine,
+                                                          relation_aware=settings.relation_aware),
                                 schema=prompts.ReasonedResponse)
         used = list(dict.fromkeys(i for p in paths for i in p))
         turns = {t for i in used for t in (by_id[i].get("source_turn_ids") or [])}
@@ -242,7 +273,7 @@ class Theanine(Method):
             rationale=result.parsed.rationale, used_ids=used, context_tokens=sum(count_tokens(r) for r in refined),
             context_turns=len(turns), model=result.model,
             details={"retrieved": retrieved, "timelines": paths, "raw_timelines": raw, "refined_timelines": refined,
-                     "timelines_per": settings.timelines_per, "bound_hit": bound_hit})
+                     "timelines_per": settings.timelines_per, "bound_hit": bound_hit, "dropped": dropped})
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         return memory_lines(memory.get("memories", [])) or None

@@ -20,6 +20,9 @@ from pipeline.retrieval import dense_scores, top_k
 
 NO_RELATION = "None"
 RELATIONS = ("Changed", "Cause", "Reason", "HinderedBy", "React", "Want", "SameTopic")
+# The edge label of the no-relation ablation (Section 2.1: edges that carry only text similarity and
+# chronological order): deliberately outside RELATIONS, so no relation reaches its prompts.
+SIMILAR = "similar"
 
 Age = tuple[int, int]
 
@@ -175,6 +178,18 @@ def sample_timelines(found: Timelines, n: int, rng: random.Random) -> list[list[
     if len(found.paths) <= n:
         return list(found.paths)
     return [found.paths[i] for i in sorted(rng.sample(range(len(found.paths)), n))]
+
+
+def unique_timelines(paths: Sequence[list[str]]) -> tuple[list[list[str]], int]:
+    """The paths without repeats, first occurrence kept in order, and how many repeats were dropped
+    (two retrieved memories on one chain often sample the same path)."""
+    seen: set[tuple[str, ...]] = set()
+    kept: list[list[str]] = []
+    for p in paths:
+        if tuple(p) not in seen:
+            seen.add(tuple(p))
+            kept.append(list(p))
+    return kept, len(paths) - len(kept)
 
 
 def group_by_component(retrieved: Iterable[str], graph: Graph) -> list[str]:

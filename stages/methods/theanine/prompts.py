@@ -1,6 +1,9 @@
-"""Theanine's prompts, in our own words (session memories come from `session_memories`): relation labelling (Phase I-2, with the
-relation definitions of App. A.1), timeline refinement (Phase II-2) and the timeline-augmented
-chain-of-thought response (Phase III). Builders return messages; parsers return typed models."""
+"""Theanine's prompts, in our own words (session memories come from `session_memories`): relation
+labelling (Phase I-2, with the relation definitions of App. A.1), timelines as text (each edge read
+from the earlier memory to the later one, as A.1 defines it), timeline refinement (Phase II-2) and
+the timeline-augmented chain-of-thought response (Phase III). The refinement, and the response when
+it reads raw timelines, get the same definitions. Builders return messages; parsers return typed
+models."""
 
 from __future__ import annotations
 
@@ -9,17 +12,41 @@ from typing import Literal, Sequence
 from pydantic import BaseModel
 
 from pipeline.llm.types import Messages
-from stages.methods.session_memories import when
+from stages.methods.session_memories import memory_when
+from stages.methods.theanine.graph import RELATIONS
 
+# What each relation means for an edge from an earlier memory {a} to a later memory {b} (App. A.1,
+# in our own words). The labeller reads them with {a}="A", {b}="B"; timelines with the memories' numbers.
 RELATION_DEFINITIONS = {
-    "Changed": "what A describes turned into what B describes (a state, plan or fact was updated)",
-    "Cause": "what happened in A brought about what happened in B",
-    "Reason": "what happened in A happened because of what B describes",
-    "HinderedBy": "what B describes could be hindered by what A describes, or the other way round",
-    "React": "as a result of A, the person feels what B describes",
-    "Want": "as a result of A, the person wants what B describes to happen",
-    "SameTopic": "A and B talk about the same specific topic",
+    "Changed": "what {a} describes turned into what {b} describes (a state, plan or fact was updated)",
+    "Cause": "what happened in {a} brought about what happened in {b}",
+    "Reason": "what happened in {a} happened because of what {b} describes",
+    "HinderedBy": "what {b} describes could be hindered by what {a} describes, or the other way round",
+    "React": "as a result of {a}, the person feels what {b} describes",
+    "Want": "as a result of {a}, the person wants what {b} describes to happen",
+    "SameTopic": "{a} and {b} talk about the same specific topic",
 }
+assert set(RELATION_DEFINITIONS) == set(RELATIONS)
+
+
+def relation_meaning(relation: str, a: str = "A", b: str = "B") -> str | None:
+    """What `relation` says about an edge from the earlier memory `a` to the later memory `b`; None
+    for a label that is no relation (the no-relation ablation's SIMILAR, or "None")."""
+    text = RELATION_DEFINITIONS.get(relation)
+    return text.format(a=a, b=b) if text else None
+
+
+def relation_guide(relation_aware: bool) -> str:
+    """How to read `timeline_text`: the link lines, and (relation-aware) what each relation means."""
+    order = ('Memories are numbered oldest first. A line "memory X -> memory Y: later" only says that '
+             "memory Y came after memory X.")
+    if not relation_aware:
+        return "How to read a timeline: " + order
+    definitions = "\n".join(f"- {name}: {relation_meaning(name)}" for name in RELATION_DEFINITIONS)
+    return ("How to read a timeline: " + order + ' A line "memory X -> memory Y (Relation): ..." links the '
+            "earlier memory X to the later memory Y and says what the relation means for them. The relations, "
+            f"with A the earlier and B the later memory:\n{definitions}")
+
 
 Relation = Literal["Changed", "Cause", "Reason", "HinderedBy", "React", "Want", "SameTopic", "None"]
 
@@ -38,43 +65,64 @@ class ReasonedResponse(BaseModel):
 
 
 def relation_messages(older: dict, newer: dict, older_dialogue: str, newer_dialogue: str) -> Messages:
-    definitions = "\n".join(f"- {name}: {text}" for name, text in RELATION_DEFINITIONS.items())
+    """The labelling call for one (older, newer) memory pair: both events, their times (with the
+    corpus's gaps) and their origin dialogues; the answer is a RelationLabel from A to B."""
+    definitions = "\n".join(f"- {name}: {relation_meaning(name)}" for name in RELATION_DEFINITIONS)
     system = ("You connect memories of a long conversation. Memory A was formed before memory B. Pick the "
               "relation that holds from A to B, or None when they share words but no real relation.\n"
               f"Relations:\n{definitions}\n- None: no relation beyond surface similarity")
-    user = (f"Memory A ({when(older['session_idx'], older.get('session_time'))}): {older['event']}\n"
+    user = (f"Memory A [{memory_when(older)}]: {older['event']}\n"
             f"Where A comes from:\n{older_dialogue}\n\n"
-            f"Memory B ({when(newer['session_idx'], newer.get('session_time'))}): {newer['event']}\n"
+            f"Memory B [{memory_when(newer)}]: {newer['event']}\n"
             f"Where B comes from:\n{newer_dialogue}\n\n"
             'Reply in JSON: {"relation": one of ' + ", ".join([*RELATION_DEFINITIONS, "None"]) + "}.")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def timeline_text(timeline: Sequence[dict], relations: Sequence[str | None]) -> str:
-    """Memories oldest first, each with its time and the relation that links it to the previous one."""
+    """A timeline as text: its memories oldest first, numbered, each with its time, and between two
+    memories the edge that joins them read in its direction (earlier -> later). `relations[i]` is the
+    label of the edge from memory i+1 to memory i+2; a label outside the relation set (the
+    no-relation ablation's, or "None") shows the order only."""
     lines = []
     for i, m in enumerate(timeline):
-        link = f" [{relations[i - 1]} of the previous]" if i and relations[i - 1] else ""
-        lines.append(f"{i + 1}. ({when(m['session_idx'], m.get('session_time'))}){link} {m['event']}")
+        if i and relations[i - 1]:
+            a, b = f"memory {i}", f"memory {i + 1}"
+            meaning = relation_meaning(relations[i - 1], a, b)  # type: ignore[arg-type]
+            lines.append(f"   {a} -> {b} ({relations[i - 1]}): {meaning}" if meaning else f"   {a} -> {b}: later")
+        lines.append(f"{i + 1}. [{memory_when(m)}] {m['event']}")
     return "\n".join(lines)
 
 
-def refine_messages(dialogue: str, timeline: str) -> Messages:
+def refine_messages(dialogue: str, timeline: str, relation_aware: bool = True) -> Messages:
+    """The refinement call for one raw timeline (`timeline_text`) given the current dialogue; the
+    answer is Refined. The system message explains the timeline's links (`relation_guide`)."""
     system = ("You prepare background for a reply in an ongoing conversation. Given a timeline of how "
               "related past events developed, write what in it matters for the next reply right now: keep "
-              "the facts that apply, note what changed and what is current, drop what does not help.")
+              "the facts that apply, note what changed and what is current, drop what does not help.\n\n"
+              + relation_guide(relation_aware))
     user = (f"Current conversation:\n{dialogue}\n\nTimeline of past events:\n{timeline}\n\n"
             'Reply in JSON: {"information": "..."}.')
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def response_messages(dialogue: str, refined: Sequence[str], respondent: str, question: bool) -> Messages:
-    background = "\n".join(f"- {r}" for r in refined) or "- (nothing relevant remembered)"
+def response_messages(dialogue: str, background: Sequence[str], respondent: str, question: bool,
+                      raw: bool = False, relation_aware: bool = True) -> Messages:
+    """The chain-of-thought response call (answer: ReasonedResponse). `background`: the refined
+    timelines, or with `raw` the raw `timeline_text`s (Theanine without refinement), which then
+    come with `relation_guide`."""
+    if raw:
+        timelines = "\n\n".join(f"Timeline {i + 1}:\n{t}" for i, t in enumerate(background))
+        remembered = ("What you remember, as timelines of past events.\n" + relation_guide(relation_aware)
+                      + "\n\n" + (timelines or "(nothing relevant remembered)"))
+    else:
+        remembered = ("What you remember, prepared for this moment:\n"
+                      + ("\n".join(f"- {r}" for r in background) or "- (nothing relevant remembered)"))
     task = ("answer the question in a short phrase" if question
             else f"write {respondent}'s next utterance: a short, natural reply without a speaker label")
     system = (f"You are {respondent}, in a conversation with someone you have talked with before. Think first: "
               "what is the other person after, and which remembered facts help? Then reply.")
-    user = (f"What you remember, prepared for this moment:\n{background}\n\nCurrent conversation:\n{dialogue}\n\n"
+    user = (f"{remembered}\n\nCurrent conversation:\n{dialogue}\n\n"
             f"First give your reasoning in one or two sentences, then {task}. Reply in JSON: "
             '{"rationale": "...", "response": "..."}.')
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
