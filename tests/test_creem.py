@@ -254,6 +254,23 @@ def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_b
     assert "at most 30 words" in llm.calls[-1]["messages"][0]["content"]
 
 
+def test_a_question_asked_after_the_history_runs_the_step_about_the_asker_and_asks_it_after_the_memory():
+    sessions = {1: turns(2, 1), 2: turns(4, 2)}
+    out = built(sessions, CreemSettings(k=10))
+    seen = {t: visible_memory(rows, 3, None, "log") for t, rows in out.items()}
+    probe = ProbeInput(probe={"probe_id": "qa:1", "kind": "qa", "session_idx": 3, "turn_idx": None,
+                              "respondent": "Bob", "request": "Where does Ann work?"},
+                       episode=EPISODE, history=sessions, current=[], embed=TopicEmbedder())
+    llm = FakeChat(responder=counting_builder("answer-time"))
+    answer = asyncio.run(Creem().answer(llm, probe, seen, CreemSettings(k=10)))
+    assert answer.details["step"] == "answer" and answer.details["memory_of"] == "Ann"
+    assert "Where does Ann work?" in llm.calls[0]["messages"][1]["content"]  # the question is the query's last line
+    user = llm.calls[-1]["messages"][1]["content"]
+    about_ann = {r["text"] for r in out["evolution"] if r["speaker"] == "Ann"}
+    assert all(text in user for text in about_ann) and user.rstrip().endswith("Answer of Bob:")
+    assert "Question: Where does Ann work?" in user and "short phrase" in llm.calls[-1]["messages"][0]["content"]
+
+
 def test_the_query_and_blend_prompts_carry_every_instruction_of_a1_to_a3_and_end_in_json():
     from stages.methods.creem import blend_messages, first_session_messages, question_messages
 
@@ -343,3 +360,6 @@ def test_the_refine_schema_lets_removals_name_only_the_memories_shown():
         with pytest.raises(ValidationError):
             schema.model_validate({"insights": [{"text": "x", "label": "Updated", "removes": bad}]})
     assert blend_refine_schema(0).model_validate({"insights": [{"text": "x", "label": "New"}]})
+    # With only utterances retrieved there is nothing to remove: a stray removal is ignored, not re-asked.
+    nothing = blend_refine_schema(0).model_validate({"insights": [{"text": "x", "label": "Redundant", "removes": [1]}]})
+    assert not hasattr(nothing.insights[0], "removes")

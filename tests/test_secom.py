@@ -233,8 +233,11 @@ def test_guidance_goes_into_the_prompt_and_round_trips() -> None:
     assert "Start a new segment when the subject changes." in text
     assert '"start": 1, "end": 1' in text and '"start": 2, "end": 2' in text
     assert "Farewells start a new segment here." in text
+    # App. A.1: each example shows the model's own prediction beside the ground truth.
+    assert 'wrong answer: {"segments": [{"start": 1, "end": 2' in text
+    assert text.index("Correct answer") < text.index("wrong answer") < text.index("Farewells")
     starts = build_segmentation_messages(Numbered.of(session(3)), again, "starts")[-1]["content"]
-    assert '{"starts": [1, 2]}' in starts
+    assert '{"starts": [1, 2]}' in starts and 'wrong answer: {"starts": [1]}' in starts
     plain = build_segmentation_messages(Numbered.of(session(3)))[-1]["content"]
     assert "rubric" not in plain.lower() and "Example" not in plain
 
@@ -290,6 +293,26 @@ def test_learn_guidance_reflects_on_the_hardest_sessions_in_mini_batches() -> No
     assert spans_to_boundaries(gold_spans, 8) == lengths_to_boundaries(golds[expected_hard[2]])
     assert ex["prediction"] == [[1, 8]] and ex["reflection"] == "missed the topic shift (4)"
     json.dumps(g.to_dict())  # storable as an artifact
+
+
+@pytest.mark.parametrize(("convention", "hardest"), [("superdialseg", "a"), ("slots", "b")])
+def test_hard_examples_are_ranked_by_windowdiff_in_the_scoring_convention(convention: str, hardest: str) -> None:
+    """A model that never splits: gold 1+2+5 has WD .429 (SuperDialseg) / .286 (slots), gold 2+6 has
+    .286 / .333, so the single hardest example depends on the convention results are scored in."""
+    sessions = [session(8, "a", [1, 2, 5]), session(8, "b", [2, 6])]
+    shown: list[str] = []
+
+    def responder(messages, schema):
+        if schema is SpansAnswer:
+            return segs((1, n_units_in(messages)))
+        shown.append(messages[-1]["content"])
+        return {"rubric": ["c"], "representative": 0, "reflection": "r"}
+
+    g = run(learn_guidance(FakeChat(responder=responder), sessions, hard_k=1, unit="turn", convention=convention))
+    assert len(shown) == 1 and f"{hardest} utterance 0" in shown[0]
+    other = "b" if hardest == "a" else "a"
+    assert f"{other} utterance 0" not in shown[0]
+    assert g.examples[0]["prediction"] == [[1, 8]]
 
 
 def test_learn_guidance_shows_exchanges_with_gold_in_exchange_numbers() -> None:

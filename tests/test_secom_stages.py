@@ -102,6 +102,11 @@ def test_locomo_banks_and_retrieval_scores(run_cfg):
         for u in part:
             tags = [line.split(":")[0] for line in u["text"].split("\n")]
             assert [line.split(":")[0] for line in u["compressed_text"].split("\n")] == tags
+    # Each unit records how it was compressed: the default LLMLingua scorer goes line by line.
+    compressed = StageDir(run, "compress")
+    assert set(compressed.read_table("units").column("compression_path").to_pylist()) == {"per_line"}
+    stats = compressed.manifest().stats
+    assert stats["compression_paths"] == {"per_line": stats["units"]} and stats["units"] == units.num_rows
     scores = StageDir(run, "score").read_table("retrieval_scores").to_pylist()
     settings = {(r["granularity"], r["compressed"], r["retriever"]) for r in scores}
     assert settings == {(g, c, r) for g in ("turn", "session", "segment") for c in (True, False) for r in ("bm25", "dense")}

@@ -48,9 +48,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, Field, create_model
 
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from stages.methods import response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
                                  ProbeInput, ReportPanel)
@@ -129,10 +129,14 @@ class Blended(BaseModel):
 @lru_cache(maxsize=64)
 def blend_refine_schema(retrieved: int) -> type[BaseModel]:
     """The blend-and-refine answer, where `removes` can only name the retrieved past memories shown
-    (M1..Mn): on an endpoint that enforces the schema the answer cannot point anywhere else."""
-    index: Any = Literal[tuple(range(1, retrieved + 1))] if retrieved else int  # type: ignore[misc]
-    insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...),
-                           removes=(list[index], Field(default_factory=list, max_length=retrieved)))
+    (M1..Mn): on an endpoint that enforces the schema the answer cannot point anywhere else. With
+    no memory retrieved (only utterances) there is nothing to remove, and no `removes` field."""
+    if not retrieved:
+        insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...))
+    else:
+        index: Any = Literal[tuple(range(1, retrieved + 1))]  # type: ignore[misc]
+        insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...),
+                               removes=(list[index], Field(default_factory=list, max_length=retrieved)))
     return create_model("BlendedAndRefined", insights=(list[insight], ...))  # type: ignore[valid-type]
 
 
@@ -176,7 +180,8 @@ def blend_messages(speaker: str, memories: list[dict], utterances: list[dict], n
         shape = ('{"insights": [{"text": "<insight>", "label": "New" | "Redundant" | "Updated", '
                  '"removes": [<M numbers>]}, ...]}')
     else:
-        system += f" Go through this step {n} times, so that you end with {n} insights that each say something worthwhile."
+        system += (f" Go through this step {n} times, so that you end with {n} insights that each say something "
+                   "worthwhile.")
         shape = '{"insights": [{"text": "<insight>"}, ...]}'
     user = (f"{_statements(memories, utterances)}\n\nInsights about {speaker}: give exactly {n}."
             + _json_reply(shape))
@@ -225,7 +230,7 @@ def check_refined(out: Any, n: int, retrieved: int) -> None:
     """ValueError unless there are exactly `n` insights and removals name only M1..M`retrieved`."""
     check_count(out, n)
     for i, ins in enumerate(out.insights):
-        bad = [r for r in ins.removes if not 1 <= r <= retrieved]
+        bad = [r for r in getattr(ins, "removes", []) if not 1 <= r <= retrieved]
         if bad:
             raise ValueError(f"insight {i + 1} removes {bad}, but only past memories M1..M{retrieved} were shown")
 
@@ -314,7 +319,8 @@ class Creem(Method):
         """Top-k pieces over the speaker's memories and the session's utterances by cosine to the
         query, each group in its own order: (memories, utterances). Without an embedder (unit tests
         only; the pipeline always supplies one) the k most recent pieces."""
-        pieces = [("m", m, m["text"]) for m in memories] + [("u", u, f"{u['speaker']}: {u['text']}") for u in utterances]
+        pieces = ([("m", m, m["text"]) for m in memories]
+                  + [("u", u, f"{u['speaker']}: {u['text']}") for u in utterances])
         if not pieces:
             return [], []
         if embed is None or len(pieces) <= k:
@@ -353,7 +359,7 @@ class Creem(Method):
                 res = await llm.chat(blend_messages(speaker, step.memories, step.utterances, n, True),
                                      schema=blend_refine_schema(shown), **params,
                                      validate=lambda out: check_refined(out, n, shown))
-                return [(i.text, i.label, sorted(set(i.removes)) if i.label != "New" else [])
+                return [(i.text, i.label, sorted(set(getattr(i, "removes", []))) if i.label != "New" else [])
                         for i in res.parsed.insights]
             res = await llm.chat(blend_messages(speaker, step.memories, step.utterances, n, False), schema=Blended,
                                  **params, validate=lambda out: check_count(out, n))
@@ -412,22 +418,27 @@ class Creem(Method):
         other = next((s for s in speakers if s != respondent), respondent)
         question = probe.probe["kind"] == "qa"
         session = probe.probe["session_idx"]
-        # A question asked after the history has no session: its asker's question is the last utterance.
-        turns = list(probe.current) or [{"speaker": other, "text": probe.request, "turn_idx": -1}]
+        turns = list(probe.current)
+        # A request that is not the session's last line (a question asked after it) is the other's last utterance.
+        asked = not turns or turns[-1]["text"] != probe.request
+        if asked:
+            turns.append({"speaker": other, "text": probe.request,
+                          "turn_idx": turns[-1]["turn_idx"] + 1 if turns else 0})
         last = turns[-1]
         log = memory.get("memories", [])
         if not settings.preblend:  # (-) pre-RG blend: the memory accumulated in the past sessions only
             step = TurnStep(last["speaker"], session, last["turn_idx"], source="past_sessions")
-            await self.recall(llm, probe.embed, settings, replay(log, (session - 1, float("inf"))), step, turns)
+            _, step.failed = await attempt(self.recall(llm, probe.embed, settings,
+                                                       replay(log, (session - 1, float("inf"))), step, turns))
         else:
-            own_turns = probe.probe.get("context") is None and bool(probe.current)
-            step = self.built_step(memory, session, last) if own_turns else None
+            reuse = probe.probe.get("context") is None and not asked
+            step = self.built_step(memory, session, last) if reuse else None
             if step is None:  # Algorithm 1's step for this turn, on the visible memory (not kept)
                 step = await self.step(llm, probe.embed, settings, replay(log), last["speaker"], session, turns,
                                        first=not probe.history, ids=(f"a{n}" for n in itertools.count(1)))
                 step.source = "answer"
         lines = [m["text"] for m in step.kept()] + [m["text"] for m in step.added]
-        dialogue = format_unit(probe.current)
+        dialogue = format_unit(probe.current if question else turns)
         result = await llm.chat(reply_messages(respondent, step.speaker, lines, dialogue, probe.request,
                                                settings.response_words, question))
         stored = {r["memory_id"] for r in log}  # insights made at answer time are not in the tables

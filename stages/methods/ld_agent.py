@@ -78,6 +78,13 @@ PERSONAS = pa.schema([
     pa.field("trait", pa.string()),  # null for NO_TRAIT or a failed call
     *FAILURE_FIELDS,
 ])
+SWEEP = (0.2, 0.3, 0.4)  # gammas whose no-memory share the report adds (the audit's sweep)
+
+
+def _sweep_column(gamma: float) -> str:
+    return "share_at_gamma_" + f"{gamma:g}".replace(".", "_")
+
+
 RETRIEVAL = pa.schema([  # the report's table: how often gamma lets no memory through
     pa.field("method", pa.string(), nullable=False),
     pa.field("scoring", pa.string()),
@@ -86,6 +93,8 @@ RETRIEVAL = pa.schema([  # the report's table: how often gamma lets no memory th
     pa.field("probes", pa.int64(), nullable=False),
     pa.field("no_relevant_memory", pa.int64(), nullable=False),
     pa.field("no_relevant_memory_share", pa.float64()),
+    # paper scoring: the share a run with this gamma would have had (no event's s_sem above it)
+    *(pa.field(_sweep_column(g), pa.float64()) for g in SWEEP),
 ])
 
 
@@ -246,8 +255,8 @@ SUMMARY_USER = ("Conversation:\n{conversation}\n\nFrom this conversation, write 
 # App. D.2, in our words: the extractor's expertise, NO_TRAIT when nothing can be drawn out, two
 # format examples of the same kind as the paper's (one with traits, one without; our own sentences),
 # then the sentence and its speaker, within the word limit.
-PERSONA_SYSTEM = ("You are a well-known local communication expert, and you are very good at drawing people's "
-                  "personal traits out of what they say.")
+PERSONA_SYSTEM = ("You are an expert on communication, well known in your community, with a talent for drawing "
+                  "people's personal traits out of the things they say.")
 PERSONA_USER = ("If the sentence reveals no personal trait, reply {no_trait}. Two examples of the format:\n"
                 "1. Not anymore. I left nursing after ten years on the wards, and these days I teach first-aid "
                 "classes at the community centre.\n"
@@ -372,21 +381,21 @@ class LDAgent(Method):
             return format_unit(context[::-1])
         return probe.request
 
-    def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str,
-                 settings: LDAgentSettings) -> list[tuple[dict, float]]:
-        """Every event that may be retrieved with its score, best first (the caller keeps `top_n`)."""
+    def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str, query_nouns: set[str],
+                 settings: LDAgentSettings) -> tuple[list[tuple[dict, float]], list[float]]:
+        """Every event that may be retrieved with its score, best first (the caller keeps `top_n`), and
+        every event's semantic score."""
         if not events:
-            return []
+            return [], []
         semantic = [0.0] * len(events)
         if probe.embed is not None:
             qvec = np.asarray(probe.embed([query])[0], dtype=np.float32)
             # float32 rounding can put a cosine a hair above 1, past gamma = 1
             semantic = np.clip(dense_scores(qvec, np.asarray([e["vector"] for e in events], dtype=np.float32)),
                                -1.0, 1.0).tolist()
-        qn = set(self.nouns(query))
-        overlaps = [topic_overlap(qn, set(e["nouns"] or [])) for e in events]
+        overlaps = [topic_overlap(query_nouns, set(e["nouns"] or [])) for e in events]
         scores = retrieval_scores(semantic, overlaps, [now - e["time_s"] for e in events], settings)
-        return sorted(((e, sc) for e, sc in zip(events, scores) if sc is not None), key=lambda x: -x[1])
+        return sorted(((e, sc) for e, sc in zip(events, scores) if sc is not None), key=lambda x: -x[1]), semantic
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
         s, turn = probe.probe["session_idx"], probe.probe["turn_idx"] or 0
@@ -404,11 +413,12 @@ class LDAgent(Method):
             flushed = [e for e in memory.get("events", []) if e["error"] is None and e["summary"]
                        and (not cache or e["time_s"] < cache[0][0])]
             query = self.query_text(probe, context, settings)
-            passing = self.retrieve(probe, flushed, now, query, settings)
+            query_nouns = set(self.nouns(query))
+            passing, semantic = self.retrieve(probe, flushed, now, query, query_nouns, settings)
             hits = passing[: settings.top_n]
             lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
-            details.update(query_nouns=sorted(set(self.nouns(query))), events=len(flushed), passing=len(passing),
-                           no_relevant_memory=not hits,
+            details.update(query_nouns=sorted(query_nouns), events=len(flushed), passing=len(passing),
+                           no_relevant_memory=not hits, max_semantic=max(semantic, default=None),
                            retrieved=[{"event_id": e["event_id"], "score": sc, "ago": elapsed_words(now - e["time_s"])}
                                       for e, sc in hits])
         respondent, user = probe.probe["respondent"], partner(probe)
@@ -446,21 +456,30 @@ class LDAgent(Method):
             return None
         return ReportPanel("Retrieval through gamma", "Probes whose retrieval let no event through (the generator "
                            "was told there is no relevant memory), per session and overall. gamma is our own "
-                           "value (the paper gives none): a share near 1 means gamma is too high for the encoder.",
-                           rows)
+                           "value (the paper gives none); share_at_gamma_* give the share other values would have "
+                           "had (paper scoring; reference_code scoring gates on a shared noun instead).", rows)
 
 
 def no_memory_shares(method: str, responses: list[dict]) -> list[dict]:
-    """Per session (and for every probe: session null), how many answered probes retrieved no event.
-    responses: rows of `respond_<method>.responses`; a row without retrieval (events off, failed) is skipped."""
-    groups: dict[tuple[Any, Any, Any], list[bool]] = defaultdict(list)
+    """Per session (and for every probe: session null), how many answered probes retrieved no event,
+    and under paper scoring the share at each gamma of `SWEEP`: no event's s_sem above it (the share a
+    run with that gamma would have; its responses would differ, not which probes get a memory).
+    responses: rows of `respond_<method>.responses`; rows without retrieval (events off, failed) are skipped."""
+    groups: dict[tuple[Any, Any, Any], list[dict]] = defaultdict(list)
     for r in responses:
         details = json.loads(r["details_json"]) if r.get("error") is None and r.get("details_json") else {}
         if details.get("no_relevant_memory") is None:
             continue
         for session in (details.get("session_idx"), None):
-            groups[(details.get("scoring"), details.get("gamma"), session)].append(bool(details["no_relevant_memory"]))
-    return [{"method": method, "scoring": scoring, "gamma": gamma, "session_idx": session, "probes": len(flags),
-             "no_relevant_memory": sum(flags), "no_relevant_memory_share": sum(flags) / len(flags)}
-            for (scoring, gamma, session), flags in sorted(groups.items(), key=lambda kv: (
-                str(kv[0][0]), kv[0][1] or 0.0, kv[0][2] is None, kv[0][2] or 0))]
+            groups[(details.get("scoring"), details.get("gamma"), session)].append(details)
+    rows = []
+    for (scoring, gamma, session), part in sorted(groups.items(), key=lambda kv: (
+            str(kv[0][0]), kv[0][1] or 0.0, kv[0][2] is None, kv[0][2] or 0)):
+        none = sum(bool(d["no_relevant_memory"]) for d in part)
+        row = {"method": method, "scoring": scoring, "gamma": gamma, "session_idx": session, "probes": len(part),
+               "no_relevant_memory": none, "no_relevant_memory_share": none / len(part)}
+        for g in SWEEP:
+            misses = [d.get("max_semantic") is None or d["max_semantic"] <= g for d in part]
+            row[_sweep_column(g)] = sum(misses) / len(misses) if scoring == "paper" else None
+        rows.append(row)
+    return rows

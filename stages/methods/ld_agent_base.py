@@ -21,8 +21,8 @@ from stages.methods.dialogue import format_unit
 # App. D.3 (Prompts 3 and 4), in our words. Every instruction is kept: the respondent's role and
 # habits, the recent conversation to draw on, continue the dialogue in role, what the user just
 # said, the English and word-count limits, and the "RESPONSE:" format.
-ROLE = ("You are a communication expert with outstanding conversational habits, and for the whole dialogue "
-        "that follows you play the part of {agent}.")
+ROLE = ("You are an expert communicator whose conversational habits are excellent. Throughout the dialogue "
+        "below you play the part of {agent}.")
 CONTEXT = "<CONTEXT>\nYour recent conversation with {user}, to draw on:\n{context}"
 CLOSING = ("Now, in the role of {agent}, carry on the dialogue between {agent} and {user}.\n"
            "{user} has just said: {request}\n"
