@@ -35,7 +35,9 @@ class FullHistory(Method):
     Settings = FullHistorySettings
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
-        units = [{"session_idx": s, "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
+        # The session's date goes with it: LoCoMo's temporal questions are answered from it.
+        units = [{"session_idx": s, "session_time": turns[0].get("session_time"),
+                  "turn_start": turns[0]["turn_idx"], "turn_end": turns[-1]["turn_idx"],
                   "text": format_unit(turns), "unit_id": unit_id("session", s, turns[0]["turn_idx"]),
                   "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
                  for s, turns in probe.history.items() if turns]
