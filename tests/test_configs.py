@@ -48,6 +48,20 @@ def test_creem_config_judges_with_chatgpt_under_b1_and_b2():
     assert cfg.judge_pairwise.show_past and cfg.judge_memory.samples == 20
 
 
+def test_creem_config_runs_algorithm_1_as_section_3_1_sets_it():
+    """ChatGPT builds and answers; top-5 retrieval, 2 insights per step, an update every turn; 5
+    probes per episode in the final session of 50 MSC episodes; ablations and the stand-in baseline."""
+    cfg = config("creem_msc")
+    assert cfg.role("memory").model == cfg.role("generator").model == "gpt-3.5-turbo"
+    for name in ("creem", "creem_no_refine", "creem_no_preblend"):
+        m = getattr(cfg.method, name)
+        assert (m.k, m.insights, m.first_session_insights, m.update_every) == (5, 2, 2, 1)
+    assert cfg.method.creem.refine and not cfg.method.creem_no_refine.refine
+    assert cfg.method.creem.preblend and not cfg.method.creem_no_preblend.preblend
+    assert (cfg.corpus.limit, cfg.probes.from_session, cfg.probes.max_per_episode) == (50, 5, 5)
+    assert cfg.methods == ["creem", "creem_no_refine", "creem_no_preblend", "all_memories"]
+
+
 @pytest.mark.parametrize("name", ["theanine_msc", "theanine_cc"])
 def test_theanine_configs_judge_head_to_head_with_the_past_and_golden_responses(name):
     cfg = config(name)
