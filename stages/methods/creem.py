@@ -198,7 +198,7 @@ def first_session_messages(speaker: str, statements: str, n: int) -> Messages:
 
 def length_instruction(words: int | None) -> str:
     """How long a reply may be: the memory baselines' "a short, natural reply", or a word cap."""
-    return "a short, natural reply" if words is None else f"a reply of at most {words} words"
+    return response.SHORT_REPLY if words is None else f"a reply of at most {words} words"
 
 
 def reply_messages(respondent: str, about: str, memory: list[str], dialogue: str, request: str,

@@ -29,7 +29,7 @@ def memory_messages(memory: str, current: list[dict], request: str, respondent: 
               "of those conversations is below; use it where it helps you reply consistently and personally.")
     if example:
         system += f"\n\nExample:\n{example}"
-    reply = ": a short, natural reply," if style == "short" else ","  # paper: no length asked for
+    reply = f": {response.SHORT_REPLY}," if style == "short" else ","  # paper: no length asked for
     task = ("Answer the question in a short phrase." if question
             else f"Write {respondent}'s next utterance only{reply} without a speaker label.")
     user = (f"Memory:\n{memory or '(empty)'}\n\n"

@@ -24,6 +24,11 @@ from stages.methods.dialogue import format_unit, in_time_order
 # `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`).
 QAPrompt = Literal["ours", "locomo_official"]
 
+# The length instruction every compared method's response prompt shares, so a comparison between
+# methods is not one of reply lengths (CREEM and the memory baselines use it too).
+SHORT_REPLY = "a short, natural reply"
+
+
 def format_memory(units: Sequence[dict]) -> str:
     """Retrieved units in time order, each under a header naming its session (and date if known)."""
     blocks = []
@@ -56,7 +61,7 @@ def build_response_messages(
         f"Memory from earlier sessions (oldest first):\n{memory}\n\n"
         f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
         f"Latest message:\n{request}\n\n"
-        f"Write {respondent}'s next utterance only: a short, natural reply, without a speaker label."
+        f"Write {respondent}'s next utterance only: {SHORT_REPLY}, without a speaker label."
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
