@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from pipeline.corpus import FORMATS
 from pipeline.errors import ConfigError
+from pipeline.reproduction import PaperSheet
 
 M = TypeVar("M", bound=BaseModel)
 CorpusFormat = Literal[FORMATS]  # type: ignore[valid-type]
@@ -224,6 +225,7 @@ class RunConfig(Section):
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    paper: PaperSheet | None = None  # the reproduction sheet of a paper config (pipeline/reproduction.py)
 
     known_roles: ClassVar[frozenset[str]] = frozenset()
     known_methods: ClassVar[frozenset[str]] = frozenset()
