@@ -1,4 +1,4 @@
-"""`mempipe` command line: run, status, report, export, cache.
+"""`mempipe` command line: run, status, check, report, export, cache.
 
 The framework's half: it knows no stage. The project's stages arrive as an `App` (what `stages/`
 exports), handed in by the entry point `stages/cli.py`.
@@ -19,6 +19,7 @@ from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipeline.llm.usage import Usage
+    from pipeline.reproduction import PaperSheet
     from pipeline.stage import Stage
 
 
@@ -32,6 +33,10 @@ class App(Protocol):
     def report_files(self, cfg: RunConfig) -> tuple[Path, Path]: ...
 
     def exporter(self, name: str) -> Callable[[RunConfig, Path], Path] | None: ...
+
+    # The reproduction sheets the run's report compares it with besides its own `paper:` block:
+    # (config file, its sheet or None when it has no `paper:` block). Optional: none when absent.
+    def compared_sheets(self, cfg: RunConfig) -> list[tuple[str, PaperSheet | None]]: ...
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -82,6 +87,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"run {cfg.run_name} at {cfg.run_dir}")
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Before anything runs: every setting where the run differs from each paper's protocol (its own
+    `paper:` block, then each sheet the report compares it with), one line each."""
+    from pipeline.reproduction import sheet_deviations
+
+    cfg = _config(args)
+    own = args.config or "the built-in defaults"
+    sheets = [("paper: block of", own, cfg.paper)] if cfg.paper is not None else []
+    compared = getattr(args.app, "compared_sheets", None)
+    sheets += [("compared with", path, sheet) for path, sheet in (compared(cfg) if compared else [])]
+    if not sheets:
+        print(f"{own} has no paper: block and compares with no paper config: nothing to check")
+    for how, path, sheet in sheets:
+        if sheet is None:
+            print(f"{path}: no paper: block")
+            continue
+        found = sheet_deviations(cfg, sheet, path)
+        if not found:
+            print(f"{sheet.title} ({how} {path}): matches the paper's protocol ({len(sheet.protocol)} settings)")
+            continue
+        print(f"{sheet.title} ({how} {path}): {len(found)} of {len(sheet.protocol)} settings differ")
+        for d in found:
+            print(f"  {d}")
     return 0
 
 
@@ -148,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="per stage: done / stale / partial / missing, rows, errors, LLM usage")
     common(status)
     status.set_defaults(func=cmd_status)
+
+    check = sub.add_parser("check", help="before a run: where it differs from each paper's protocol (paper: sheets)")
+    common(check)
+    check.set_defaults(func=cmd_check)
 
     report = sub.add_parser("report", help="where the run's HTML and Markdown report are; --open opens it")
     common(report)

@@ -8,9 +8,15 @@ paper: it only compares a run's effective settings with the sheet and looks numb
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import pyarrow as pa
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -105,3 +111,84 @@ def deviations(cfg: Any, sheet: PaperSheet | None = None) -> list[Deviation]:
         if not same(setting.value, run):
             out.append(Deviation(path=path, paper=setting.value, run=run, source=setting.source))
     return out
+
+
+def sheet_deviations(cfg: Any, sheet: PaperSheet, origin: str) -> list[Deviation]:
+    """`deviations` of the run from one sheet, a protocol path that names no setting raised as a
+    one-line ConfigError naming where the sheet comes from (`origin`: a config file)."""
+    try:
+        return deviations(cfg, sheet)
+    except KeyError as e:
+        raise ConfigError(f"{origin}: {e.args[0]}") from None
+
+
+def load_sheet(path: str | Path) -> PaperSheet | None:
+    """The `paper:` block of a config file (only that key is read), validated; None when the file
+    has none. A missing or unreadable file, or a block that fails validation, raises a one-line
+    ConfigError naming the file."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"report.compare_with: cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"report.compare_with: invalid YAML in {path}: {' '.join(str(e).split())}") from None
+    block = data.get("paper") if isinstance(data, dict) else None
+    if block is None:
+        return None
+    try:
+        return PaperSheet.model_validate(block)
+    except ValidationError as e:
+        problems = "; ".join(f"paper.{'.'.join(map(str, err['loc']))}: "
+                             f"{'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}"
+                             for err in e.errors())
+        raise ConfigError(f"report.compare_with: {path}: invalid paper: block: {problems}") from None
+
+
+# Where a report table keeps a value's interval (first present pair) and its count (first present).
+INTERVAL_COLUMNS = ("{column}_low/{column}_high", "ci_low/ci_high", "win_share_low/win_share_high")
+COUNT_COLUMNS = ("judged", "items", "pairs", "total", "responses", "ratings", "questions", "sessions")
+
+
+class RunValue(_Strict):
+    """The run's number for a `PaperResult`: `produced` is False (and the rest None) when the run
+    wrote no row the result names. Value and interval are scaled by the result's `scale`."""
+
+    produced: bool
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+
+
+def _scaled(v: Any, scale: float) -> float | None:
+    return None if v is None else float(v) * scale
+
+
+def run_value(table: Any, result: PaperResult) -> RunValue:
+    """Look the run's number for `result` up in a report table (pyarrow, or anything with
+    `to_arrow()`, e.g. polars): the one row whose columns equal `result.where` (None matches null),
+    `row[column] * scale`, the interval from the first pair of `INTERVAL_COLUMNS` the table has,
+    n from the first of `COUNT_COLUMNS` it has. No such row: `RunValue(produced=False)`. A column
+    the table lacks, or several matching rows, raise ConfigError naming the result."""
+    arrow: pa.Table = table if isinstance(table, pa.Table) else table.to_arrow()
+    names = set(arrow.column_names)
+    for col in (*result.where, result.column):
+        if col not in names:
+            raise ConfigError(f"paper result {result.name!r}: table {result.table} has no column {col!r}")
+    rows = [r for r in arrow.to_pylist() if all(r[k] == v if v is not None else r[k] is None
+                                                 for k, v in result.where.items())]
+    if not rows:
+        return RunValue(produced=False)
+    if len(rows) > 1:
+        raise ConfigError(f"paper result {result.name!r}: {len(rows)} rows of {result.table} match "
+                          f"{json.dumps(result.where)}; add the columns that tell them apart to `where`")
+    row = rows[0]
+    low = high = None
+    for pair in INTERVAL_COLUMNS:
+        lo, hi = pair.format(column=result.column).split("/")
+        if lo in names and hi in names:
+            low, high = _scaled(row[lo], result.scale), _scaled(row[hi], result.scale)
+            break
+    n = next((row[c] for c in COUNT_COLUMNS if c in names), None)
+    return RunValue(produced=True, value=_scaled(row[result.column], result.scale), low=low, high=high,
+                    n=None if n is None else int(n))

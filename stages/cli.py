@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import stages
 from pipeline import cli
+from stages.report import compared_sheets
+
+
+class _Project:
+    """The App the framework's CLI runs: `stages`' entry points, plus the paper sheets the report
+    compares a run with (`report.compare_with`), which `mempipe check` lists too."""
+
+    compared_sheets = staticmethod(compared_sheets)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(stages, name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main(stages, argv)
+    return cli.main(_Project(), argv)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """report: summary tables (Parquet) and `report.md` + `report.html` with plots: every method's
 cost beside its quality, judge win rates with p-values, answer judges, reference metrics per
-dataset and category, memory quality, segmentation and retrieval, and the per-probe rows.
+dataset and category, memory quality, segmentation and retrieval, the run beside the papers it
+reproduces or is compared with (`paper:` sheets), and the per-probe rows.
 Every judged number carries its judge model and prompt fingerprint."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -14,6 +16,7 @@ from pydantic import Field
 
 from pipeline.config import Section
 from pipeline.manifest import Manifest
+from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
 from stages.report import plots, render, tables
 from stages.judging.base import JUDGE_ROLE
@@ -29,6 +32,53 @@ _USAGE_KEYS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "c
 class ReportSettings(Section):
     max_probe_rows: int = Field(default=300, ge=0)  # per-probe rows shown (all are in the Parquet tables)
     text_chars: int = Field(default=240, ge=20)  # request / response text shown per cell
+    # Other configs (paths relative to the working directory) whose `paper:` blocks the run is
+    # compared with: the report's Reproduction section lists their numbers and the run's deviations.
+    compare_with: list[str] = Field(default_factory=list)
+
+
+def compared_sheets(cfg: Any) -> list[tuple[str, PaperSheet | None]]:
+    """(file, its `paper:` sheet or None when it has none) for each of `report.compare_with`."""
+    return [(path, load_sheet(path)) for path in cfg.report.compare_with]
+
+
+def run_sheets(cfg: Any) -> list[tuple[str, PaperSheet]]:
+    """The sheets the run's report compares it with: its own `paper:` block, then the compared
+    files' (those without a block left out)."""
+    own = [("this run's config", cfg.paper)] if cfg.paper is not None else []
+    return own + [(path, sheet) for path, sheet in compared_sheets(cfg) if sheet is not None]
+
+
+def reproduction_section(summary: pl.DataFrame, unsheeted: list[str]) -> render.Section | None:
+    """The report's Reproduction section from `reproduction_summary`: per sheet, its results beside
+    the run's, then the run's deviations from its protocol. None when there is no sheet."""
+    if summary.is_empty() and not unsheeted:
+        return None
+
+    def num(v: float | None) -> str:
+        return "" if v is None else f"{v:.4g}"
+
+    shown: list[tuple[str, pl.DataFrame]] = []
+    for (sheet, origin), rows in summary.group_by(["sheet", "origin"], maintain_order=True):
+        results = rows.filter(pl.col("kind") == "result")
+        shown.append((f"{sheet} ({origin})", pl.DataFrame({
+            "result": results["name"], "paper": results["paper"], "source": results["source"],
+            "run": [num(r["run"]) + (f" [{num(r['run_low'])}, {num(r['run_high'])}]" if r["run_low"] is not None
+                                     else "") if r["produced"] else "not produced"
+                    for r in results.iter_rows(named=True)],
+            "n": results["n"], "difference": results["difference"], "looked_up": results["looked_up"]},
+            schema_overrides={"n": pl.Int64, "paper": pl.Float64, "difference": pl.Float64})))
+        off = rows.filter(pl.col("kind") == "deviation")
+        shown.append((f"Where this run differs from {sheet}'s protocol ({off.height})", pl.DataFrame({
+            "setting": off["name"], "run": off["run_setting"], "paper": off["paper_setting"],
+            "source": off["source"]})))
+    intro = ("The paper's numbers beside this run's, each looked up in the report table, row and column the "
+             "sheet (`paper:` block) names, scaled as the paper prints it (interval and n as that table gives "
+             "them); `not produced`: the run wrote no such row. Below each, every protocol setting where this "
+             "run differs from the paper's (`mempipe check` lists them before a run).")
+    if unsheeted:
+        intro += " Compared configs with no `paper:` block yet: " + ", ".join(unsheeted) + "."
+    return render.Section("Reproduction", intro, shown)
 
 
 def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
@@ -90,6 +140,7 @@ class ReportStage(GlobalStage):
     name = section = "report"
     settings = ReportSettings
     roles = ()
+    config_keys = ("paper",)  # the run's own reproduction sheet
 
     def __init__(self, methods: Sequence[Method] = (),
                  scoring: tuple[str, ...] = ("probes", "score", "response_metrics", "judge_pairwise",
@@ -101,6 +152,11 @@ class ReportStage(GlobalStage):
                        *(memory_stage_name(m) for m in self.memory_methods))
         # The report's own tables, then the tables of the methods' panels (CREEM's label shares).
         self.outputs = {**tables.SUMMARY_TABLES, **dict(m.report_table for m in methods if m.report_table)}
+
+    def extra_fingerprint(self, cfg: Any) -> dict[str, Any]:
+        """The `paper:` blocks of the compared configs: editing one re-renders the report."""
+        return {"compare_with": {path: sheet.model_dump(mode="json") if sheet else None
+                                 for path, sheet in compared_sheets(cfg)}}
 
     def code_roots(self) -> tuple[str, ...]:
         """The report's modules and the methods' (whose `report_panel` draws part of it)."""
@@ -134,14 +190,18 @@ class ReportStage(GlobalStage):
         }
         panels = self.method_panels(inputs, responses)
         for name, schema in self.outputs.items():
-            if name not in summaries:  # a panel's table: the rows of every method that shows one
+            if name not in summaries and name != "reproduction_summary":  # a panel's table: the rows of every method that shows one
                 summaries[name] = pl.from_arrow(pa.Table.from_pylist(
                     [r for m, p in panels if m.report_table and m.report_table[0] == name for r in p.rows], schema))
+        written = {name: tables.to_arrow(df, self.outputs[name]) for name, df in summaries.items()}
+        summaries["reproduction_summary"] = tables.reproduction_summary(ctx.cfg, run_sheets(ctx.cfg), written)
         self.write_report(ctx, settings, summaries, panels, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
             settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
             teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars))
-        return {name: tables.to_arrow(df, self.outputs[name]) for name, df in summaries.items()}
+        written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],
+                                                          tables.REPRODUCTION_SUMMARY)
+        return written
 
     def method_panels(self, inputs: dict[str, pa.Table], responses: pl.DataFrame
                       ) -> list[tuple[Method, ReportPanel]]:
@@ -185,6 +245,8 @@ class ReportStage(GlobalStage):
                           "LLM calls and tokens of each method's memory and respond stages (cached calls "
                           "included), memory tokens in the context, response length, and its scores.",
                           [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
+            *[s for s in [reproduction_section(
+                t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
             render.Section("Head-to-head (G-Eval)", _pairwise_intro(t["pairwise_summary"]),
                           [("", t["pairwise_summary"])], fig("win_rates.png", "win rates")),
             render.Section("Answers judged against the reference",
