@@ -110,6 +110,75 @@ def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFr
     return out.select(ordered + [c for c in out.columns if c not in ordered]).head(limit)
 
 
+def _cut(v: Any, chars: int) -> Any:
+    return v[:chars] + "…" if isinstance(v, str) and len(v) > chars else v
+
+
+def _answer_verdict(r: dict[str, Any]) -> str:
+    """An answer judgment as the browser shows and filters it: "secom strict correct", "secom gpt4score 70"."""
+    if r.get("error") or (r["score"] is None and not r.get("skipped")):
+        return f"{r['method']} {r['judge']} failed"
+    if r.get("skipped"):
+        return f"{r['method']} {r['judge']} skipped"
+    if r["judge"] == "gpt4score":
+        return f"{r['method']} gpt4score {r['score']:.0f}"
+    return f"{r['method']} {r['judge']} {'correct' if r['score'] >= 1 else 'incorrect'}"
+
+
+def _pair_verdict(r: dict[str, Any]) -> str:
+    if r.get("error") or r["preferred"] is None:
+        return f"{r['reference']} vs {r['other']} failed"
+    return {"reference": f"{r['reference']} beats {r['other']}", "other": f"{r['other']} beats {r['reference']}"}.get(
+        r["preferred"], f"{r['reference']} ties {r['other']}")
+
+
+def probe_browser_data(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame,
+                       pairwise: pl.DataFrame, limit: int, chars: int, context_turns: int = 6) -> list[dict[str, Any]]:
+    """The probe browser's records, one per probe that has a response (the first `limit` by episode and
+    probe): its context (last `context_turns` turns the probe carries), request, gold, each method's
+    response with its memory ids and `details_json` excerpt, and every answer and head-to-head judgment
+    with its reason. `verdicts` lists the outcomes the browser filters on. Text is cut to `chars`."""
+    if responses.is_empty() or probes.is_empty():
+        return []
+    keys = ["episode_id", "probe_id"]
+
+    def by_probe(df: pl.DataFrame) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in df.iter_rows(named=True) if not df.is_empty() else ():
+            out.setdefault((r["episode_id"], r["probe_id"]), []).append(r)
+        return out
+
+    answered, judged, paired = by_probe(responses), by_probe(answers), by_probe(pairwise)
+    datasets = {r["episode_id"]: r["dataset"] for rows in (*judged.values(), *paired.values()) for r in rows}
+    records = []
+    for p in probes.sort(keys).iter_rows(named=True):
+        key = (p["episode_id"], p["probe_id"])
+        if key not in answered:
+            continue
+        if len(records) >= limit:
+            break
+        ans = [{"method": r["method"], "judge": r["judge"], "score": r["score"], "verdict": _answer_verdict(r),
+                "reason": _cut(r.get("reason") or r.get("error") or r.get("skipped"), chars)}
+               for r in sorted(judged.get(key, []), key=lambda r: (r["method"], r["judge"]))]
+        pw = [{"reference": r["reference"], "other": r["other"], "criterion": r["criterion"],
+               "first": r["reference"] if r["reference_first"] else r["other"], "sample": r["sample"],
+               "preferred": r["preferred"] or "failed", "verdict": _pair_verdict(r),
+               "reason": _cut(r.get("reason") or r.get("error"), chars)}
+              for r in sorted(paired.get(key, []), key=lambda r: (r["other"], r["criterion"], not r["reference_first"]))]
+        resp = [{"method": r["method"], "response": _cut(r["response"], chars), "error": _cut(r.get("error"), chars),
+                 "memory_ids": (r.get("memory_ids") or [])[:20], "context_tokens": r.get("context_tokens"),
+                 "details": _cut(r.get("details_json"), chars)} for r in sorted(answered[key], key=lambda r: r["method"])]
+        records.append({
+            "episode_id": p["episode_id"], "probe_id": p["probe_id"], "dataset": datasets.get(p["episode_id"], ""),
+            "session": p["session_idx"], "kind": p["kind"], "category": p.get("category"),
+            "request": _cut(p["request"], chars), "gold": _cut(p.get("gold"), chars),
+            "context": [[t["speaker"], _cut(t["text"], chars)] for t in (p.get("context") or [])[-context_turns:]],
+            "responses": resp, "answers": ans, "pairwise": pw,
+            "verdicts": sorted({a["verdict"] for a in ans if "gpt4score" not in a["verdict"]}
+                               | {x["verdict"] for x in pw} | {f"{r['method']} failed" for r in resp if r["error"]})})
+    return records
+
+
 def teabag_rows(questions: pl.DataFrame, limit: int, chars: int) -> pl.DataFrame:
     """The TeaBag questions of the run, one row each (failed ones with their reason)."""
     if questions.is_empty():
@@ -198,7 +267,10 @@ class ReportStage(GlobalStage):
         self.write_report(ctx, settings, summaries, panels, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
             settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
-            teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars))
+            teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars),
+            probe_browser_data(_frame(inputs, "probes.probes"), responses, answers_raw,
+                               _frame(inputs, "judge_pairwise.pairwise_judgments"), settings.max_probe_rows,
+                               settings.text_chars))
         written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],
                                                           tables.REPRODUCTION_SUMMARY)
         return written
@@ -217,7 +289,7 @@ class ReportStage(GlobalStage):
 
     def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
                      panels: list[tuple[Method, ReportPanel]], probes: pl.DataFrame, implementations: pl.DataFrame,
-                     teabag: pl.DataFrame) -> None:
+                     teabag: pl.DataFrame, browser: list[dict[str, Any]] | None = None) -> None:
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
         cfg = ctx.cfg
@@ -240,15 +312,27 @@ class ReportStage(GlobalStage):
         def fig(name: str, alt: str) -> list[tuple[str, str]]:
             return [(name, alt)] if figures[name] else []
 
+        pairwise = t["pairwise_summary"]
+        board = render.leaderboard(methods, answers, t["teafarm_summary"], t["metric_summary"], pairwise)
         sections = [
+            render.Section("Leaderboard",
+                           "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
+                           "value [95% interval] n=items. gpt4score 0-100 and strict correctness from the answer "
+                           "judges, TeaFarm correctness, token F1 against the gold, and the method's share of decided "
+                           "head-to-head pairs against the reference, pooled over criteria. Details in the sections "
+                           "below.", [("", board)], table_class="leaderboard"),
+            *[s for s in [reproduction_section(
+                t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
+            render.Section("Head-to-head (G-Eval)", _pairwise_intro(pairwise) + (
+                " The matrices: the reference's win share per method and criterion over each whole dataset, "
+                "green where the reference wins, red where it loses; the full table (per session too) is folded "
+                "below and kept in `pairwise_summary`." if not pairwise.is_empty() else ""),
+                           [("Full head-to-head table", pairwise)], fig("win_rates.png", "win rates"),
+                           matrices=render.win_matrices(pairwise)),
             render.Section("Methods: cost beside quality",
                           "LLM calls and tokens of each method's memory and respond stages (cached calls "
                           "included), memory tokens in the context, response length, and its scores.",
                           [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
-            *[s for s in [reproduction_section(
-                t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
-            render.Section("Head-to-head (G-Eval)", _pairwise_intro(t["pairwise_summary"]),
-                          [("", t["pairwise_summary"])], fig("win_rates.png", "win rates")),
             render.Section("Answers judged against the reference",
                           "gpt4score: 0-100 (mean, 95% bootstrap interval); strict / lenient: share judged "
                           "correct (95% Wilson interval); teafarm: TeaFarm correctness. `p_value`: exact McNemar "
@@ -278,7 +362,9 @@ class ReportStage(GlobalStage):
                   "Models by role: " + ", ".join(f"{r} = {m}" for r, m in roles.items()) + "."]
         title = f"Run {cfg.run_name}"
         (out / REPORT_MD).write_text(render.render_markdown(title, header, sections, probes))
-        (out / REPORT_HTML).write_text(render.render_html(title, header, sections, probes))
+        (out / REPORT_HTML).write_text(render.render_html(
+            title, header, sections, probes,
+            render.probe_browser(browser, settings.max_probe_rows) if browser else ""))
 
     @staticmethod
     def panel_section(method: Method, panel: ReportPanel, out: Path) -> render.Section:
