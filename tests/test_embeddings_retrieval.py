@@ -203,19 +203,6 @@ def test_l2_ranks_by_euclidean_distance_as_faiss_indexflatl2() -> None:
     assert [u for u, _ in r.search("x", k=2, method="dense", qvec=q)] == ["a", "c"]
 
 
-def test_l2_order_equals_faiss_where_faiss_is_installed() -> None:
-    faiss = pytest.importorskip("faiss")
-    rng = np.random.default_rng(3)
-    m = (rng.normal(size=(50, 8)) * rng.uniform(0.2, 3, size=(50, 1))).astype(np.float32)
-    q = rng.normal(size=8).astype(np.float32)
-    index = faiss.IndexFlatL2(8)
-    index.add(m)
-    dist, ids = index.search(q[None], 50)
-    scores = dense_scores(q, m, "l2")
-    assert top_k(scores, 50) == [int(i) for i in ids[0]]
-    assert np.allclose(-scores[ids[0]], dist[0], rtol=1e-4)
-
-
 def test_top_k_ties_and_budget() -> None:
     assert top_k([0.5, 0.9, 0.5, 0.9], 3) == [1, 3, 0]
     assert top_k([np.nan, 0.1], 2) == [1, 0]

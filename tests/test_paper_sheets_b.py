@@ -15,7 +15,6 @@ from stages.report.tables import MEMORY_SUMMARY, PAIRWISE_SUMMARY, TEAFARM_SUMMA
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-SEEDS = ROOT.parent / "shared" / "seeds"
 SHEETS = {"theanine_msc": "000", "theanine_cc": "000", "teafarm_msc_cc": "000", "creem_msc": "004"}
 TABLES = {"pairwise_summary": PAIRWISE_SUMMARY, "teafarm_summary": TEAFARM_SUMMARY,
           "memory_summary": MEMORY_SUMMARY, "evolution_summary": EVOLUTION_SUMMARY}
@@ -81,10 +80,3 @@ def test_every_paper_number_names_a_report_table_and_column(name):
             assert r.where["other"] in cfg.methods and r.where["criterion"]
         if "method" in r.where:
             assert r.where["method"] in cfg.methods, f"{name}: {r.name}: {r.where['method']} is not run"
-
-
-@pytest.mark.parametrize("name", SHEETS)
-def test_the_sheet_names_a_seed_paper(name):
-    if not SEEDS.is_dir():
-        pytest.skip("shared/seeds not in this checkout")
-    assert list(SEEDS.glob(f"{config(name).paper.seed}_*.txt"))
