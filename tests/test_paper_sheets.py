@@ -1,0 +1,25 @@
+"""Every paper config runs the protocol its `paper:` sheet states: each setting names one the run
+has, says where the paper states it, and equals the paper's value after defaults and role fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.reproduction import deviations, effective
+from sheets import PAPER_CONFIGS, described, sheet_config
+
+
+def test_every_config_but_the_default_is_a_paper_config():
+    assert len(PAPER_CONFIGS) == 9 and "secom_locomo" in PAPER_CONFIGS and "creem_msc" in PAPER_CONFIGS
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_config_runs_the_protocol_its_paper_states(name):
+    cfg = sheet_config(name)
+    assert cfg.paper is not None, f"{name} has no paper: block"
+    assert cfg.paper.protocol and cfg.paper.results
+    for path, setting in cfg.paper.protocol.items():
+        effective(cfg, path)  # every setting names one the run has (KeyError otherwise)
+        assert setting.source.strip(), f"{name}: {path} has no source"
+    devs = deviations(cfg)
+    assert devs == [], f"{name} deviates from its paper:\n{described(devs)}"
