@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pipeline.config import RunConfig, resolve_paths
 from pipeline.errors import PipelineError
+from pipeline.llm.ledger import BudgetExceeded
 
 if TYPE_CHECKING:
     from pipeline.llm.usage import Usage
@@ -51,13 +52,33 @@ def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    outcome = _runner(args, cfg).run(only=args.only or None, from_=args.from_stage, force=args.force or None,
-                               until=args.until, retry_failed=args.retry_failed)
+    runner = _runner(args, cfg)
+    try:
+        outcome = runner.run(only=args.only or None, from_=args.from_stage, force=args.force or None,
+                             until=args.until, retry_failed=args.retry_failed)
+    except BudgetExceeded as e:
+        if runner.spend is None:
+            raise
+        raise e.with_spend(runner.spend["total_usd"], sum(runner.spend["spent"].values())) from None
+    spent = _spend_line(runner.spend)
     width = max([12, *(len(n) for n in outcome)])
     for name, what in outcome.items():
         print(f"{name:{width}s} {what}")
     print(f"artifacts: {cfg.run_dir}")
+    html, _ = args.app.report_files(cfg)
+    if html.exists():
+        print(f"report: {html}")
+    if spent:
+        print(spent)
     return 0
+
+
+def _spend_line(snapshot: dict[str, Any] | None) -> str | None:
+    """What this command spent on fresh LLM calls, and the run directory's total."""
+    if not snapshot:
+        return None
+    now = sum(snapshot.get("spent", {}).values())
+    return f"spent: ${now:.4f} by this command, ${snapshot.get('total_usd', now):.4f} on this run directory"
 
 
 def _usage_cell(u: Usage) -> str:
@@ -214,6 +235,9 @@ def main(app: App, argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except BudgetExceeded as e:
+        print(f"mempipe: {e}", file=sys.stderr)
+        return BudgetExceeded.EXIT_CODE
     except PipelineError as e:
         if args.debug:
             traceback.print_exc()

@@ -82,6 +82,14 @@ class LLMConfig(Section):
     cache_enabled: bool = True
     # USD per 1M tokens, by model name: {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}
     prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Budget in USD of fresh calls, over every invocation on this run directory: under `llm`, the
+    # whole run's (all roles); under `roles.<name>`, that role's own cap. None: no budget.
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    # OpenAI's Batch API (files + batches endpoints, half price) for this role's calls; answers
+    # arrive within `batch_window`, so it suits stages whose calls do not wait on each other.
+    batch: bool = False
+    batch_window: str = "24h"
+    batch_poll_s: float = 30.0  # first poll interval; later polls back off up to 10x this
     local: LocalServerConfig = Field(default_factory=LocalServerConfig)
 
 
@@ -115,6 +123,10 @@ class RoleConfig(Section):
     cache_dir: str | None = PathField()
     cache_enabled: bool | None = None
     prices: dict[str, dict[str, float]] | None = None
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    batch: bool | None = None
+    batch_window: str | None = None
+    batch_poll_s: float | None = None
     local: LocalServerOverride | None = None
 
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.errors import InputError, PipelineError
+from pipeline.llm.ledger import BudgetExceeded, LedgerBook, LocalLedger
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import Stage
 
@@ -40,7 +41,12 @@ class Executor(ABC):
         keeps its own); released when the run ends."""
 
     @abstractmethod
-    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def ledger(self, book: LedgerBook) -> AbstractContextManager[Any]:
+        """The run's spend ledger (pipeline.llm.ledger) as the shards' clients reach it."""
+
+    @abstractmethod
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
+                   ledger: Any | None = None) -> Iterator[dict[str, Any]]:
         """Run `tasks` and yield each one's stats with its `shard_idx`, in the order they finish."""
 
 
@@ -54,9 +60,13 @@ class InlineExecutor(Executor):
     def llm_handles(self, roles: list[str]) -> AbstractContextManager[dict[str, Any]]:
         return contextlib.nullcontext({})  # one process: the clients' own cache and limiter
 
-    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def ledger(self, book: LedgerBook) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext(LocalLedger(book))
+
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
+                   ledger: Any | None = None) -> Iterator[dict[str, Any]]:
         for t in tasks:
-            yield {**run_shard(t, self.cfg, handles), "shard_idx": t.shard_idx}
+            yield {**run_shard(t, self.cfg, handles, ledger), "shard_idx": t.shard_idx}
 
 
 class RayExecutor(Executor):
@@ -83,7 +93,20 @@ class RayExecutor(Executor):
                 stack.callback(handles[role].close)
             yield handles
 
-    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    @contextlib.contextmanager
+    def ledger(self, book: LedgerBook) -> Iterator[Any]:
+        import ray
+
+        from pipeline.llm.shared import ActorLedger
+
+        ledger = ActorLedger.start(book, ray.get_runtime_context().get_job_id())
+        try:
+            yield ledger
+        finally:
+            ledger.close()
+
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
+                   ledger: Any | None = None) -> Iterator[dict[str, Any]]:
         if not tasks:
             return
         import ray
@@ -95,7 +118,7 @@ class RayExecutor(Executor):
         # A shard whose worker or node dies is run again elsewhere: parts and markers are written
         # atomically and finished LLM calls come from the cache. Exceptions are never retried.
         remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=retries, retry_exceptions=False)
-        refs = {remote.remote(t, self.cfg, handles): t for t in tasks}
+        refs = {remote.remote(t, self.cfg, handles, ledger): t for t in tasks}
         here = ray.get_runtime_context().get_node_id()
         sd = StageDir(self.cfg.run_dir, stage.name)
         failures: list[BaseException] = []
@@ -112,9 +135,10 @@ class RayExecutor(Executor):
                 require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
             yield {**stats, "shard_idx": task.shard_idx}
         if failures:
-            first = failures[0]
-            if isinstance(first, InputError):
-                raise first  # already names file, record and field: the whole story for the user
+            over = [f for f in failures if isinstance(f, BudgetExceeded)]
+            first = over[0] if over else failures[0]
+            if isinstance(first, (InputError, BudgetExceeded)):
+                raise first  # names the file and field, or the budget and spend: the whole story
             raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {_explain(first)}")
 
 
@@ -123,12 +147,12 @@ def make_executor(cfg: RunConfig) -> Executor:
     return {"inline": InlineExecutor, "ray": RayExecutor}[cfg.ray.executor](cfg)
 
 
-def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
+def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
     """One shard in a Ray task; its stats also name the node it ran on. (Ray lists the task under
     this function's name; bench/cluster.py looks for it.)"""
     import ray
 
-    stats = run_shard(task, cfg, handles)
+    stats = run_shard(task, cfg, handles, ledger)
     stats["node"] = ray.get_runtime_context().get_node_id()
     return stats
 

@@ -11,16 +11,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from tqdm import tqdm
-
 from pipeline import __version__
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError
 from pipeline.executors import make_executor
 from pipeline.fingerprint import compute_fingerprint
+from pipeline.llm.ledger import Budget, LedgerBook, load_spend, save_spend
 from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest, Timings
+from pipeline.progress import StageProgress, end_text, planned_calls
 from pipeline.schemas import EPISODES
 from pipeline.shard import ShardTask, add_stats
 from pipeline.stage import GlobalStage, Stage
@@ -65,6 +65,7 @@ class Runner:
         self.plan = self._plan()
         self._fingerprints: dict[str, str] | None = None
         self._retry_round: dict[str, int] = {}
+        self.spend: dict[str, Any] | None = None  # the ledger's last snapshot, once a run used the LLM
 
     # --- planning ---------------------------------------------------------------------------
     def _plan(self) -> list[Stage]:
@@ -179,16 +180,18 @@ class Runner:
                     )
         if not todo:
             return outcome
-        with self._services(todo) as handles:
+        with self._services(todo) as (handles, ledger):
             for stage in todo:
-                self._execute(stage, fps[stage.name], handles)
+                self._execute(stage, fps[stage.name], handles, ledger)
                 outcome[stage.name] = "ran"
         return outcome
 
     @contextlib.contextmanager
-    def _services(self, todo: list[Stage]) -> Iterator[dict[str, Any]]:
-        """The executor's backend (Ray), one embedded model server per distinct local model, and
-        per LLM role what the shards' clients share, for this run; yields those role handles."""
+    def _services(self, todo: list[Stage]) -> Iterator[tuple[dict[str, Any], Any | None]]:
+        """The executor's backend (Ray), one embedded model server per distinct local model, per
+        LLM role what the shards' clients share, and the run's spend ledger (progress, budget);
+        yields (role handles, ledger). The ledger's spend is saved to the run directory at the end,
+        also when the run stops on the budget or an error."""
         roles = sorted({r for s in todo for r in s.roles})
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.executor.session())
@@ -204,7 +207,23 @@ class Runner:
                     self.cfg.set_local_url(role_cfg, url)
                     stack.callback(self.cfg.set_local_url, role_cfg, None)
             # After the servers: a role's shared handles are made from its config with the URL set.
-            yield stack.enter_context(self.executor.llm_handles(roles))
+            handles = stack.enter_context(self.executor.llm_handles(roles))
+            ledger = None
+            if roles:
+                ledger = stack.enter_context(self.executor.ledger(LedgerBook(Budget.of(self.cfg),
+                                                                             load_spend(self.run_dir))))
+                stack.callback(self._keep_spend, ledger)
+            yield handles, ledger
+
+    def _keep_spend(self, ledger: Any) -> None:
+        """Save the run directory's spend (before the ledger's actor stops) and keep it for the CLI."""
+        try:
+            self.spend = ledger.snapshot()
+        except Exception as e:  # noqa: BLE001 - Ray already gone (interrupted): nothing to read
+            log.warning("could not read this run's spend from the ledger: %s", e)
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_spend(self.run_dir, self.spend)
 
     def _shards(self, stage: Stage) -> list[ShardTask]:
         upstream = {name: dict(self.registry[name].outputs) for name in stage.inputs}
@@ -223,24 +242,19 @@ class Runner:
             tasks.append(ShardTask(stage, i // size, ids, str(self.run_dir), upstream, retry, parts, size))
         return tasks
 
-    def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any]) -> None:
+    def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None = None) -> None:
         sd = StageDir(self.run_dir, stage.name)
         sd.open_partial(fingerprint)
         done = sd.finished_shards()
         shards = self._shards(stage)
         pending = [t for t in shards if t.shard_idx not in done]
         started = time.time()
-        desc = f"{stage.name}"
-        # disable=None: bars on a terminal only, so piped output and logs carry just the results.
-        with tqdm(total=len(shards), initial=len(shards) - len(pending), desc=desc, unit="shard",
-                  disable=None) as bar:
-            try:
-                for stats in self.executor.run_shards(stage, pending, handles):
-                    done[stats["shard_idx"]] = stats
-                    bar.update(1)
-            except BaseException:
-                bar.leave = False  # erase the bar so the error is the last thing on screen
-                raise
+        progress = StageProgress(stage.name, len(shards), len(shards) - len(pending),
+                                 ledger if stage.roles else None, planned_calls(self.run_dir, stage.name, fingerprint))
+        with progress:
+            for stats in self.executor.run_shards(stage, pending, handles, ledger):
+                done[stats["shard_idx"]] = stats
+                progress.shard_done()
         markers = [done[i] for i in sorted(done)]
         rows: dict[str, int] = {}
         parts: dict[str, list[str]] | None = {}
@@ -276,6 +290,9 @@ class Runner:
             stats=_sum_stats(markers),
         )
         sd.publish(manifest)
+        progress.finish(end_text(stage.name, manifest.timings.wall_s, manifest.llm_usage, manifest.errors, manifest.rows),
+                        notable=any(u.structured_fallbacks or u.structured_invalid
+                                    for u in (manifest.llm_usage or {}).values()))
 
 
 @contextlib.contextmanager

@@ -59,15 +59,27 @@ def _group_by_episode(table: pa.Table) -> dict[str, Rows]:
     return groups
 
 
-def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any]) -> dict[str, Any]:
-    """One client per LLM role of the stage, on the job's shared cache and limiter of that role."""
+def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any], ledger: Any | None) -> dict[str, Any]:
+    """One client per LLM role of the stage, on the job's shared cache and limiter of that role,
+    counting its calls into the run's ledger (progress, budget) when there is one."""
     if not task.stage.roles:
         return {}
+    from pipeline.llm.ledger import StageTally
     from pipeline.llm.shared import make_client
 
     return {role: make_client(cfg.role(role), handles.get(role), section=f"roles.{role}",
-                              retry_samples=task.retry_samples)
+                              retry_samples=task.retry_samples,
+                              tally=None if ledger is None else StageTally(ledger, task.stage.name, role))
             for role in task.stage.roles}
+
+
+async def _let_in_flight_calls_land(timeout_s: float = 600.0) -> None:
+    """Wait for the loop's other tasks (rows whose siblings failed) before the shard stops: a
+    request already sent then lands in the cache, so a rerun never pays for it twice. Each such
+    task ends at its next call when the run is out of budget."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=timeout_s)
 
 
 async def _close(clients: dict[str, Any]) -> None:
@@ -124,14 +136,14 @@ def upstream_manifests(run_dir: Path, task: ShardTask) -> dict[str, Manifest]:
     return out
 
 
-def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[str, Any]:
+def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
     started = time.time()
     stage = task.stage
     run_dir = Path(task.run_dir)
     sd = StageDir(run_dir, stage.name)
     upstream_dirs = {name: run_dir / name for name in task.upstream}
     manifests = upstream_manifests(run_dir, task)  # before the clients, which `work` closes
-    clients = _make_clients(cfg, task, handles)
+    clients = _make_clients(cfg, task, handles, ledger)
     ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs,
                        upstream_manifests=manifests, clients=clients)
 
@@ -165,6 +177,9 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any]) -> dict[
                 for t, rows in res.items():
                     merged[t].extend(rows)
             return merged
+        except Exception:
+            await _let_in_flight_calls_land()
+            raise
         finally:
             await _close(clients)
 

@@ -164,7 +164,8 @@ class LLMClient:
     """Implements `ChatLLM` over any OpenAI-compatible endpoint."""
 
     def __init__(self, cfg: LLMConfig, *, cache: CallCache | None = None, limiter: RateLimiter | None = None,
-                 api_key: str | None = None, section: str = "llm", retry_samples: int = 0) -> None:
+                 api_key: str | None = None, section: str = "llm", retry_samples: int = 0,
+                 tally: Any | None = None) -> None:
         if cfg.provider == "local" and not cfg.base_url:
             raise ConfigError(f"{section}.base_url: not set; start the local server before creating the client")
         self.cfg = cfg
@@ -173,6 +174,7 @@ class LLMClient:
         self.usage = Usage()
         self.endpoint = endpoint_identity(cfg)
         self.retry_samples = retry_samples
+        self.tally = tally  # the run ledger's StageTally (progress, budget); None outside a run
         self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
         self._rng = random.Random()
@@ -210,6 +212,8 @@ class LLMClient:
 
     async def aclose(self) -> None:
         """Close the HTTP client of the running loop (asyncio.run's end closes it too)."""
+        if self.tally is not None:
+            self.tally.flush()
         st = self._states.pop(asyncio.get_running_loop(), None)
         if st is not None:
             await st.closer.aclose()
@@ -228,6 +232,36 @@ class LLMClient:
         u.cost_usd += cost
         if cached:
             u.cached_cost_usd += cost
+        if self.tally is not None:
+            self.tally.add(prompt_tokens=prompt, completion_tokens=completion, cost_usd=0.0 if cached else cost)
+
+    def _count_call(self, result: LLMResult | None) -> None:
+        """One answered (or failed) chat call, for the usage and the live progress line."""
+        if result is None:
+            self.usage.failed_calls += 1
+        else:
+            self.usage.calls += 1
+            self.usage.cached_calls += int(result.cached)
+        if self.tally is not None:
+            self.tally.add(calls=int(result is not None), cached_calls=int(bool(result and result.cached)),
+                           failed_calls=int(result is None))
+
+    def _budgeted(self) -> bool:
+        return self.tally is not None and self.tally.budgeted
+
+    async def _reserve(self, model: str, est_prompt_tokens: int, max_completion: int) -> float:
+        """Hold a fresh call's worst-case cost in the run's budget (BudgetExceeded when it does not
+        fit); returns the amount held, for `_settle`."""
+        if not self._budgeted():
+            return 0.0
+        worst = call_cost(self.cfg.prices, model, est_prompt_tokens, max_completion)
+        await self.tally.ledger.reserve(self.tally.role, worst)
+        return worst
+
+    async def _settle(self, held: float, model: str, prompt: int, completion: int) -> None:
+        if self._budgeted():
+            await self.tally.ledger.settle(self.tally.role, held, call_cost(self.cfg.prices, model, prompt, completion))
+
 
     # ------------------------------------------------------------ retry loop
 
@@ -312,10 +346,9 @@ class LLMClient:
             else:
                 result = await self._structured_samples(messages, schema, validate, sample, params)
         except LLMError:
-            self.usage.failed_calls += 1
+            self._count_call(None)
             raise
-        self.usage.calls += 1
-        self.usage.cached_calls += int(result.cached)
+        self._count_call(result)
         return result
 
     async def _structured_samples(self, messages: Messages, schema: type[BaseModel],
@@ -339,16 +372,21 @@ class LLMClient:
             try:
                 result = await self._ask_valid(model, messages, sampling, sample, schema, validate, mode)
             except InvalidAnswer:
+                # Counted too: a role whose every answer failed still says which mode it was in.
+                _bump(self.usage.structured_modes, mode)
+                _bump(self.usage.structured_invalid, mode)
                 raise
             except LLMError as e:
                 if self.cfg.structured_mode != "auto" or not rejects_response_format(e) or mode not in MODES_AFTER:
                     raise
-                mode = MODES_AFTER[mode]
+                rejected, mode = mode, MODES_AFTER[mode]
                 log.info("%s rejected the response format (%s); structured mode is now %s", self.endpoint,
                          e.reason, mode)
-                await self._remember_mode(model, mode)
+                why = f"the endpoint rejected {rejected}: {_short(e.reason, 160)}"
+                self.usage.structured_fallbacks[mode] = why
+                await self._remember_mode(model, mode, why)
                 continue
-            self.usage.structured_modes[mode] = self.usage.structured_modes.get(mode, 0) + 1
+            _bump(self.usage.structured_modes, mode)
             return result
 
     async def _ask_valid(self, model: str, messages: Messages, sampling: dict[str, Any], sample: int,
@@ -385,13 +423,16 @@ class LLMClient:
             return self.cfg.structured_mode
         if model not in self._modes:
             found = await self.cache.get(mode_cache_key(self.endpoint, model)) if self.cache is not None else None
-            self._modes[model] = (found or {}).get("structured_mode", "json_schema")
+            self._modes[model] = mode = (found or {}).get("structured_mode", "json_schema")
+            if mode != "json_schema":  # found by an earlier client: say why, as it did
+                self.usage.structured_fallbacks.setdefault(mode, (found or {}).get("why") or "found earlier")
         return self._modes[model]
 
-    async def _remember_mode(self, model: str, mode: str) -> None:
+    async def _remember_mode(self, model: str, mode: str, why: str) -> None:
         self._modes[model] = mode
         if self.cache is not None:
-            await self.cache.set(mode_cache_key(self.endpoint, model), {"structured_mode": mode, "model": model})
+            await self.cache.set(mode_cache_key(self.endpoint, model), {"structured_mode": mode, "model": model,
+                                                                         "why": why})
 
     async def _request(self, model: str, messages: Messages, sampling: dict[str, Any],
                        response_format: dict[str, Any] | None, sample: int) -> _Reply:
@@ -410,16 +451,22 @@ class LLMClient:
             if twin is not None:
                 self._add_tokens(model, twin.prompt_tokens, twin.completion_tokens, cached=True)
                 return twin
+        # Before the claim: a refused call leaves no twin waiting on it.
+        # 3 characters a token: a worst case for the prompt as max_tokens is for the answer.
+        held = await self._reserve(model, estimate_tokens(messages, 0) * 4 // 3 + 8,
+                                   int(sampling.get("max_tokens") or 0))
         pending = self._claim(key) if self.cache is not None else None
         try:
             reply = await self._fetch(model, messages, sampling, response_format, key)
         except BaseException as e:
+            await self._settle(held, model, 0, 0)
             if pending is not None:
                 pending.cancel() if isinstance(e, asyncio.CancelledError) else pending.set_exception(e)
             raise
         finally:
             if pending is not None:
                 self._in_flight[asyncio.get_running_loop()].pop(key, None)
+        await self._settle(held, model, reply.prompt_tokens, reply.completion_tokens)
         if pending is not None:
             pending.set_result(reply)
         return reply
@@ -483,6 +530,8 @@ class LLMClient:
                     out[i] = hit["embedding"]
                     self.usage.calls += 1
                     self.usage.cached_calls += 1
+                    if self.tally is not None:
+                        self.tally.add(calls=1, cached_calls=1)
                     self._add_tokens(model, int(hit.get("prompt_tokens", 0)), 0, cached=True)
         todo: dict[str, list[int]] = {}  # text -> positions, so duplicates are sent once
         for i, t in enumerate(texts):
@@ -504,17 +553,23 @@ class LLMClient:
                 vectors = [d.embedding for d in sorted(data, key=lambda d: d.index)]
                 return vectors, int(getattr(getattr(resp, "usage", None), "prompt_tokens", 0) or 0)
 
+            est = sum(len(t) for t in batch) // 4 + len(batch)
+            held = await self._reserve(model, est, 0)
             try:
-                vectors, total = await self._send(call, sum(len(t) for t in batch) // 4 + len(batch), read)
+                vectors, total = await self._send(call, est, read)
             except LLMError:
+                await self._settle(held, model, 0, 0)
                 self.usage.failed_calls += len(batch)
                 raise
+            await self._settle(held, model, total, 0)
             shares = _split_tokens(total, [len(t) for t in batch])
             for text, vec, tokens in zip(batch, vectors, shares):
                 vec = [float(x) for x in vec]
                 for i in todo[text]:
                     out[i] = vec
                 self.usage.calls += 1
+                if self.tally is not None:
+                    self.tally.add(calls=1)
                 self._add_tokens(model, tokens, 0, cached=False)
                 if self.cache is not None:
                     await self.cache.set(embed_cache_key(self.endpoint, model, text),
@@ -554,6 +609,10 @@ def _split_tokens(total: int, weights: list[int]) -> list[int]:
     if shares:
         shares[-1] += total - sum(shares)
     return shares
+
+
+def _bump(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 def _short(text: str, limit: int = 200) -> str:

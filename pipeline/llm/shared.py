@@ -25,6 +25,7 @@ from pipeline.hashing import canonical_json
 from pipeline.llm.cache import DiskCallCache
 from pipeline.llm.client import LLMClient
 from pipeline.llm.identity import endpoint_identity
+from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook
 from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
 
 # Threads let cache reads overlap SQLite writes; diskcache keeps one connection per thread.
@@ -72,6 +73,65 @@ class RateLimiterActor:
 
     def paused_for(self) -> float:
         return self._schedule.paused_for(self._clock())
+
+
+@ray.remote(num_cpus=0)
+class LedgerActor:
+    """The run's spend ledger (pipeline.llm.ledger) for every worker of a job; calls serialised."""
+
+    def __init__(self, budget: Budget, spent_before: dict[str, float]) -> None:
+        self._book = LedgerBook(budget, spent_before)
+
+    def reserve(self, role: str, worst_usd: float) -> tuple | None:
+        return self._book.reserve(role, worst_usd)
+
+    def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
+        self._book.settle(role, worst_usd, cost_usd)
+
+    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
+        self._book.record(deltas)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._book.snapshot()
+
+
+class ActorLedger:
+    """What a worker's clients hold of the job's `LedgerActor` (picklable: a handle and the caps)."""
+
+    def __init__(self, handle: Any, budget: Budget) -> None:
+        self.handle = handle
+        self.budget = budget
+
+    async def reserve(self, role: str, worst_usd: float) -> None:
+        refusal = await self.handle.reserve.remote(role, worst_usd)
+        if refusal:
+            raise BudgetExceeded(*refusal)
+
+    async def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
+        await self.handle.settle.remote(role, worst_usd, cost_usd)
+
+    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
+        self.handle.record.remote(deltas)  # fire and forget: counts for the progress line
+
+    def snapshot(self) -> dict[str, Any]:
+        return ray.get(self.handle.snapshot.remote())
+
+    def applies_to(self, role: str) -> bool:
+        return self.budget.applies_to(role)
+
+    @classmethod
+    def start(cls, book: LedgerBook, job_key: str) -> ActorLedger:
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        handle = LedgerActor.options(  # type: ignore[attr-defined]
+            name=f"mempipe-ledger-{job_key}", get_if_exists=True, scheduling_strategy=here,
+        ).remote(book.budget, book.spent_before)
+        return cls(handle, book.budget)
+
+    def close(self) -> None:
+        try:
+            ray.kill(self.handle)
+        except ray.exceptions.RayError:
+            pass
 
 
 class _Batcher:
@@ -224,17 +284,19 @@ class SharedLLMHandles:
 
 
 def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, section: str = "llm",
-                retry_samples: int = 0) -> LLMClient:
+                retry_samples: int = 0, tally: Any | None = None) -> LLMClient:
     """Build a client in this process.
 
     With handles: the job's shared cache and limiter. Without (inline runs, tests): the cache
-    directory opened here, and a limiter local to this process.
+    directory opened here, and a limiter local to this process. tally: the run ledger's
+    `StageTally` for this stage and role (progress, budget), when the runner keeps one.
     """
     if handles is None:
         cache = DiskCallCache(cfg.cache_dir) if cfg.cache_enabled else None
         return LLMClient(cfg, cache=cache, limiter=LocalRateLimiter(cfg.rpm, cfg.tpm), section=section,
-                         retry_samples=retry_samples)
+                         retry_samples=retry_samples, tally=tally)
     cache = ActorCallCache(handles.cache) if handles.cache is not None and cfg.cache_enabled else None
     # Without a shared limiter (no rpm/tpm) a local one still honours Retry-After within the worker.
     limiter = ActorRateLimiter(handles.limiter) if handles.limiter is not None else LocalRateLimiter()
-    return LLMClient(cfg, cache=cache, limiter=limiter, section=section, retry_samples=retry_samples)
+    return LLMClient(cfg, cache=cache, limiter=limiter, section=section, retry_samples=retry_samples,
+                     tally=tally)

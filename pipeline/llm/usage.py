@@ -22,7 +22,11 @@ class Usage:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     cached_cost_usd: float = 0.0
-    structured_modes: dict[str, int] = field(default_factory=dict)  # answers per structured mode used
+    # Structured conversations per mode they ended in, valid or not; of them, those all invalid;
+    # and why a role is in a mode other than json_schema (mode -> reason), when it stepped down.
+    structured_modes: dict[str, int] = field(default_factory=dict)
+    structured_invalid: dict[str, int] = field(default_factory=dict)
+    structured_fallbacks: dict[str, str] = field(default_factory=dict)
 
     def merge(self, other: Usage) -> Usage:
         """Add `other` into this one (in place) and return self."""
@@ -30,7 +34,7 @@ class Usage:
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, dict):
                 for k, v in theirs.items():
-                    mine[k] = mine.get(k, 0) + v
+                    mine[k] = v if isinstance(v, str) else mine.get(k, 0) + v
             else:
                 setattr(self, f.name, mine + theirs)
         return self
@@ -55,3 +59,20 @@ def call_cost(prices: Mapping[str, Mapping[str, float]], model: str, prompt_toke
     if not p:
         return 0.0
     return (prompt_tokens * p.get("input", 0.0) + completion_tokens * p.get("output", 0.0)) / 1_000_000
+
+
+def describe_structured(u: Usage) -> str | None:
+    """Which structured-output mode a role's answers came in and why, in a few words; None when
+    it made no structured call. E.g. "json_object (the endpoint rejected json_schema: HTTP 400 ...);
+    13 of 13 answers invalid"."""
+    if not u.structured_modes:
+        return None
+    parts = []
+    for mode, n in sorted(u.structured_modes.items(), key=lambda kv: -kv[1]):
+        why = u.structured_fallbacks.get(mode)
+        invalid = u.structured_invalid.get(mode, 0)
+        text = f"{mode} x{n}" + (f" ({why})" if why else "")
+        if invalid:
+            text += f", {invalid} of {n} all invalid"
+        parts.append(text)
+    return "; ".join(parts)

@@ -1,0 +1,206 @@
+"""The run's spend ledger: what every LLM call of a run cost, live, and the budget it must keep.
+
+One ledger per `mempipe run`: in the driver's process for inline runs, a named Ray actor shared by
+every worker otherwise (like the rate limiter). Clients report each answered call (fresh or cached)
+so the driver can draw progress while shards run, and, when a budget applies, reserve a fresh
+call's worst-case cost (prompt estimate + max_tokens) before sending it: a reservation that would
+take the spend past the budget raises `BudgetExceeded`, so the run stops before the call, never
+after. Spend is of fresh calls only (cached answers are free) and counts every invocation on the
+run directory (`_spend.json`), so a rerun with a higher budget continues from what was spent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from pipeline.errors import PipelineError
+
+SPEND_FILE = "_spend.json"
+_FLUSH_EVERY_S = 0.5  # a worker's counts reach the ledger at most this late
+
+
+class BudgetExceeded(PipelineError):
+    """The next call could take the run past `max_cost_usd`. Not an LLMError: no row catches it,
+    the stage stops, finished shards are kept, and the CLI exits with EXIT_CODE."""
+
+    EXIT_CODE = 3
+
+    def __init__(self, key: str, cap: float, spent: float, this_run: float) -> None:
+        self.key, self.cap, self.spent, self.this_run = key, cap, spent, this_run
+        super().__init__(
+            f"budget reached: {key} = ${cap:.4f}; ${spent:.4f} spent on this run directory (${this_run:.4f} by "
+            f"this command), and the next call could pass it. Finished work is kept: raise it (--set {key}=...) "
+            "and run the same command again to continue; no finished call is paid twice")
+
+    def with_spend(self, spent: float, this_run: float) -> BudgetExceeded:
+        """The same stop with the spend once the calls in flight landed (what the user paid)."""
+        return BudgetExceeded(self.key, self.cap, spent, this_run)
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.key, self.cap, self.spent, self.this_run))  # intact across Ray's pickling
+
+
+@dataclass
+class Budget:
+    """Caps in USD: `total` for the whole run (llm.max_cost_usd), `roles` per role
+    (roles.<name>.max_cost_usd)."""
+
+    total: float | None = None
+    roles: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg: Any) -> Budget:
+        roles = {name: over.max_cost_usd for name, over in cfg.roles.items() if over.max_cost_usd is not None}
+        return cls(total=cfg.llm.max_cost_usd, roles=roles)
+
+    def applies_to(self, role: str) -> bool:
+        return self.total is not None or role in self.roles
+
+
+def _zero() -> dict[str, float]:
+    return {"calls": 0, "cached_calls": 0, "failed_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+            "cost_usd": 0.0}
+
+
+class LedgerBook:
+    """The ledger's state and rules (no I/O, no Ray): counts per (stage, role), spend per role,
+    outstanding reservations. Owned by one thread or actor."""
+
+    def __init__(self, budget: Budget, spent_before: Mapping[str, float] | None = None) -> None:
+        self.budget = budget
+        self.spent_before = dict(spent_before or {})  # role -> USD of earlier invocations
+        self.spent: dict[str, float] = {}  # role -> USD of this invocation's fresh calls
+        self.reserved: dict[str, float] = {}  # role -> USD of calls sent and not yet answered
+        self.counts: dict[str, dict[str, dict[str, float]]] = {}  # stage -> role -> counters
+
+    def _role_spend(self, role: str) -> float:
+        return self.spent_before.get(role, 0.0) + self.spent.get(role, 0.0)
+
+    def total_spend(self) -> float:
+        return sum(self.spent_before.values()) + sum(self.spent.values())
+
+    def reserve(self, role: str, worst_usd: float) -> tuple | None:
+        """Hold `worst_usd` for one call of `role`; None when it fits every cap, else the
+        arguments of the `BudgetExceeded` that says which cap."""
+        if worst_usd <= 0:
+            return None
+        held = sum(self.reserved.values())
+        total_cap = self.budget.total
+        if total_cap is not None and self.total_spend() + held + worst_usd > total_cap:
+            return ("llm.max_cost_usd", total_cap, self.total_spend(), sum(self.spent.values()))
+        role_cap = self.budget.roles.get(role)
+        if role_cap is not None and self._role_spend(role) + self.reserved.get(role, 0.0) + worst_usd > role_cap:
+            return (f"roles.{role}.max_cost_usd", role_cap, self._role_spend(role), self.spent.get(role, 0.0))
+        self.reserved[role] = self.reserved.get(role, 0.0) + worst_usd
+        return None
+
+    def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
+        """A reserved call is over: release its hold and add what it really cost."""
+        if worst_usd > 0:
+            self.reserved[role] = max(0.0, self.reserved.get(role, 0.0) - worst_usd)
+        self.spent[role] = self.spent.get(role, 0.0) + cost_usd
+
+    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
+        """Add answered calls' counts: (stage, role, {calls, cached_calls, ..., cost_usd})."""
+        for stage, role, delta in deltas:
+            row = self.counts.setdefault(stage, {}).setdefault(role, _zero())
+            for k, v in delta.items():
+                row[k] = row.get(k, 0) + v
+            # A budgeted role's spend arrives exactly, call by call, through `settle`.
+            if not self.budget.applies_to(role):
+                self.spent[role] = self.spent.get(role, 0.0) + delta.get("cost_usd", 0.0)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": self.counts, "spent": dict(self.spent), "spent_before": dict(self.spent_before),
+                "total_usd": self.total_spend()}
+
+
+def stage_counts(snapshot: Mapping[str, Any], stage: str) -> dict[str, float]:
+    """One stage's counters summed over its roles."""
+    out = _zero()
+    for row in snapshot.get("counts", {}).get(stage, {}).values():
+        for k, v in row.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+# ---------------------------------------------------------------- spend on disk (driver only)
+
+def load_spend(run_dir: Path) -> dict[str, float]:
+    """USD per role spent by earlier invocations on this run directory ({} when none)."""
+    path = Path(run_dir) / SPEND_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {str(k): float(v) for k, v in data.get("roles", {}).items()}
+    except (OSError, ValueError, AttributeError) as e:
+        raise PipelineError(f"{path}: unreadable spend record ({e}); move it aside to start the count at zero") from e
+
+
+def save_spend(run_dir: Path, snapshot: Mapping[str, Any]) -> None:
+    from pipeline.artifacts import atomic_write_json
+
+    roles = dict(snapshot.get("spent_before", {}))
+    for role, usd in snapshot.get("spent", {}).items():
+        roles[role] = roles.get(role, 0.0) + usd
+    atomic_write_json(Path(run_dir) / SPEND_FILE,
+                      {"total_usd": round(sum(roles.values()), 8), "roles": {k: round(v, 8) for k, v in roles.items()}})
+
+
+# ---------------------------------------------------------------- what a client holds
+
+class LocalLedger:
+    """The ledger in this process (inline runs, tests)."""
+
+    def __init__(self, book: LedgerBook) -> None:
+        self.book = book
+
+    async def reserve(self, role: str, worst_usd: float) -> None:
+        refusal = self.book.reserve(role, worst_usd)
+        if refusal:
+            raise BudgetExceeded(*refusal)
+
+    async def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
+        self.book.settle(role, worst_usd, cost_usd)
+
+    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
+        self.book.record(deltas)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.book.snapshot()
+
+    def applies_to(self, role: str) -> bool:
+        return self.book.budget.applies_to(role)
+
+
+class StageTally:
+    """A client's view of the ledger: counts its calls under (stage, role) and sends them in
+    batches, so a busy worker costs the ledger one message per half second, not one per call."""
+
+    def __init__(self, ledger: Any, stage: str, role: str) -> None:
+        self.ledger = ledger
+        self.stage = stage
+        self.role = role
+        self.budgeted = ledger.applies_to(role)
+        self._pending = _zero()
+        self._dirty = False
+        self._last = time.monotonic()
+
+    def add(self, **delta: float) -> None:
+        for k, v in delta.items():
+            self._pending[k] = self._pending.get(k, 0) + v
+        self._dirty = True
+        if time.monotonic() - self._last >= _FLUSH_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._dirty:
+            self.ledger.record([(self.stage, self.role, self._pending)])
+            self._pending = _zero()
+            self._dirty = False
+        self._last = time.monotonic()
