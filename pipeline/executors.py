@@ -182,6 +182,7 @@ QUIET_WORKERS = {
     "TRANSFORMERS_VERBOSITY": "error",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "TQDM_DISABLE": "1",  # e.g. transformers' GGUF conversion bar; workers draw none of their own
 }
 
 
@@ -206,6 +207,9 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
         # cluster `ray start` last left running on this machine.
         kwargs["address"] = "local"
         kwargs["num_cpus"] = cfg.ray.num_cpus
+        # Ray's own default for a new local instance (token authentication), said explicitly so
+        # Ray does not print a warning about it over the progress lines; RAY_AUTH_MODE still wins.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
         # Ray keeps idle workers only up to one per CPU and stops the rest after a second; an LLM
         # stage with fractional-CPU tasks would start them again (imports: seconds each) every time.
         cpus = cfg.ray.num_cpus or os.cpu_count() or 1

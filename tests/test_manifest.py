@@ -11,17 +11,19 @@ from pipeline.artifacts import MANIFEST, StageDir
 from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest
 
-# What the runner wrote for an LLM stage before the manifest had a type (segment, two roles).
+# What the runner writes for an LLM stage (segment, two roles).
 WRITTEN = {
     "stage": "segment", "fingerprint": "0123456789abcdef", "upstream": {"guidance": "fedcba9876543210"},
     "code_version": "0.1.0", "config_section": "segment", "tables": {"segments": 7}, "rows": 7, "errors": 1,
     "shards": 2, "parts": {"part-00000.parquet": ["sample-01"], "part-00001.parquet": ["sample-02"]},
     "llm_usage": {
         "judge": {"calls": 2, "cached_calls": 0, "failed_calls": 0, "retries": 0, "reasks": 0, "prompt_tokens": 20,
-                  "completion_tokens": 4, "cost_usd": 0.1, "cached_cost_usd": 0.0, "structured_modes": {}},
+                  "completion_tokens": 4, "cost_usd": 0.1, "cached_cost_usd": 0.0, "structured_modes": {},
+                  "structured_invalid": {}, "structured_fallbacks": {}},
         "segmenter": {"calls": 3, "cached_calls": 1, "failed_calls": 1, "retries": 2, "reasks": 1,
                       "prompt_tokens": 300, "completion_tokens": 40, "cost_usd": 0.2, "cached_cost_usd": 0.05,
-                      "structured_modes": {"json_object": 3}},
+                      "structured_modes": {"json_object": 3}, "structured_invalid": {"json_object": 1},
+                      "structured_fallbacks": {"json_object": "the endpoint rejected json_schema: HTTP 400"}},
     },
     "roles": {"judge": "gpt-4o-mini", "segmenter": "SmolLM2-135M-Instruct"}, "retry_round": 1,
     "timings": {"finished_at": "2025-01-01T00:00:00+00:00", "wall_s": 1.5, "shard_s": 2.25, "resumed_shards": 1,
