@@ -16,6 +16,16 @@ sends: html (text/html page), badjson (application/json that is not JSON), nocho
     ... base_url=server.base_url ...
     server.stop()
 
+The Batch API too: POST /v1/files (multipart, purpose=batch), GET /v1/files/{id}/content, POST
+/v1/batches, GET /v1/batches/{id}. A batch is `validating` when created, `in_progress` until its
+`batch_polls`-th retrieve, then `completed`; its lines are answered as /v1/chat/completions would
+answer them (responder and reject_formats included; the fault knobs above do not apply). Knobs:
+`batch_fail_ids` (custom_ids that always fail), `batch_fail_fraction` (share of items failing,
+decided per request body and attempt, so a resubmitted item may pass), `batch_fail_in` ("error_file"
+or "output": where a failed line is written), `batch_fail_status`, `batch_fail_message`, and
+`batch_expire_next = n`: the next batch ends `expired` with only its first n items answered.
+`force` applies to the files / batches requests as well (429, 500, 400).
+
 Standalone, for benchmarks and manual runs (serves until SIGINT / SIGTERM; GET /stats gives the
 counters and chat arrival times, POST /reset clears them):
 
@@ -142,6 +152,14 @@ class FakeOpenAI:
         # response_format types answered with HTTP 400, as older OpenAI models do for json_schema
         self.reject_formats: set[str] = set()
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
+        # Batch API knobs (see the module docstring).
+        self.batch_polls = 2  # retrieves before a batch completes
+        self.batch_fail_ids: set[str] = set()
+        self.batch_fail_fraction = 0.0
+        self.batch_fail_in = "error_file"  # or "output"
+        self.batch_fail_status = 500
+        self.batch_fail_message = "fake batch item failure"
+        self.batch_expire_next: int | None = None
         self.host = "127.0.0.1"
         self.port = 0  # set before start() to bind a fixed port
         self._lock = threading.Lock()
@@ -165,6 +183,10 @@ class FakeOpenAI:
             self.in_flight = 0
             self.max_in_flight = 0
             self.force = []
+            self.files: dict[str, dict[str, Any]] = {}  # file id -> {"content": bytes, "purpose", "filename"}
+            self.batches: dict[str, dict[str, Any]] = {}  # batch id -> the batch object, plus "_polls"
+            self.batch_seen: Counter[str] = Counter()  # body hash -> batch attempts
+            self.batch_failed: list[str] = []  # custom_ids of the items written as failed
 
     @property
     def total(self) -> int:
@@ -172,6 +194,10 @@ class FakeOpenAI:
 
     def count(self, path: str = "/v1/chat/completions") -> int:
         return self.by_path[path]
+
+    def count_like(self, prefix: str) -> int:
+        """Requests to every path that starts with `prefix` (e.g. "/v1/batches/": the polls)."""
+        return sum(n for p, n in self.by_path.items() if p.startswith(prefix))
 
     @property
     def base_url(self) -> str:
@@ -215,6 +241,10 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/files", self._file_upload)
+        app.router.add_get("/v1/files/{file_id}/content", self._file_content)
+        app.router.add_post("/v1/batches", self._batch_create)
+        app.router.add_get("/v1/batches/{batch_id}", self._batch_retrieve)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/reset", self._reset)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
@@ -371,6 +401,9 @@ class FakeOpenAI:
         return web.json_response({"ok": True})
 
     def _chat_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
+        return web.json_response(self._chat_body(body, outcome))
+
+    def _chat_body(self, body: dict[str, Any], outcome: str | None) -> dict[str, Any]:
         messages = body.get("messages", [])
         h = _answer_hash(body)
         rf = body.get("response_format") or {}
@@ -390,14 +423,151 @@ class FakeOpenAI:
                 content = f"fake reply {h[:8]}"
         prompt = sum(_words(str(m.get("content") or "")) for m in messages)
         completion = max(1, _words(content))
-        return web.json_response({
+        return {
             "id": f"chatcmpl-fake-{h[:12]}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fake-model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                          "finish_reason": "stop", "logprobs": None}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion},
-        })
+        }
+
+    # ------------------------------------------------------------ Batch API
+
+    def _record(self, request: web.Request, body: dict[str, Any]) -> web.Response | None:
+        """Count a files / batches request; an error response when `force` says it fails (429,
+        500 or 400; other forced outcomes are used up and ignored here)."""
+        with self._lock:
+            outcome = self.force.pop(0) if self.force else None
+            self.requests.append({"path": request.path, "body": body, "t": time.time(), "outcome": outcome,
+                                  "auth": request.headers.get("Authorization"), "done": time.time()})
+            self.by_path[request.path] += 1
+        if outcome == "429":
+            headers = {} if self.retry_after_s is None else {"Retry-After": f"{self.retry_after_s:g}"}
+            return _error(429, "fake rate limit", headers, "rate_limit_exceeded")
+        if outcome == "500":
+            return _error(500, "fake internal error", None, "server_error")
+        if outcome == "400":
+            return _error(400, "fake bad request", None, "invalid_request_error")
+        return None
+
+    async def _file_upload(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        upload = form.get("file")
+        purpose = str(form.get("purpose") or "")
+        if not isinstance(upload, web.FileField):
+            return self._record(request, {"purpose": purpose}) or \
+                _error(400, "'file' is a required multipart field", None, "invalid_request_error")
+        content = upload.file.read()
+        fault = self._record(request, {"purpose": purpose, "bytes": len(content), "filename": upload.filename})
+        if fault is not None:
+            return fault
+        if purpose != "batch":
+            return _error(400, f"unsupported purpose {purpose!r} in this fake", None, "invalid_request_error")
+        with self._lock:
+            file_id = f"file-fake-{len(self.files) + 1}"
+            self.files[file_id] = {"content": content, "purpose": purpose, "filename": upload.filename}
+        return web.json_response(self._file_object(file_id))
+
+    def _file_object(self, file_id: str) -> dict[str, Any]:
+        f = self.files[file_id]
+        return {"id": file_id, "object": "file", "bytes": len(f["content"]), "created_at": int(time.time()),
+                "filename": f["filename"] or "file.jsonl", "purpose": f["purpose"], "status": "processed"}
+
+    async def _file_content(self, request: web.Request) -> web.StreamResponse:
+        fault = self._record(request, {})
+        if fault is not None:
+            return fault
+        f = self.files.get(request.match_info["file_id"])
+        if f is None:
+            return _error(404, "no such file", None, "not_found")
+        return web.Response(body=f["content"], content_type="application/octet-stream")
+
+    async def _batch_create(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return _error(400, "request body is not JSON")
+        fault = self._record(request, body)
+        if fault is not None:
+            return fault
+        if body.get("endpoint") != "/v1/chat/completions":
+            return _error(400, f"endpoint {body.get('endpoint')!r} is not served by this fake", None,
+                          "invalid_request_error")
+        if body.get("input_file_id") not in self.files:
+            return _error(404, "no such input file", None, "not_found")
+        with self._lock:
+            batch_id = f"batch_fake_{len(self.batches) + 1}"
+            expire, self.batch_expire_next = self.batch_expire_next, None
+            self.batches[batch_id] = {
+                "id": batch_id, "object": "batch", "endpoint": body["endpoint"], "errors": None,
+                "input_file_id": body["input_file_id"], "completion_window": body.get("completion_window"),
+                "status": "validating", "output_file_id": None, "error_file_id": None,
+                "created_at": int(time.time()), "request_counts": {"total": 0, "completed": 0, "failed": 0},
+                "metadata": body.get("metadata"), "_polls": 0, "_expire": expire}
+            return web.json_response(_public(self.batches[batch_id]))
+
+    async def _batch_retrieve(self, request: web.Request) -> web.StreamResponse:
+        fault = self._record(request, {})
+        if fault is not None:
+            return fault
+        with self._lock:
+            batch = self.batches.get(request.match_info["batch_id"])
+            if batch is None:
+                return _error(404, "no such batch", None, "not_found")
+            if batch["status"] in ("validating", "in_progress"):
+                batch["_polls"] += 1
+                if batch["_polls"] < self.batch_polls:
+                    batch["status"] = "in_progress"
+                else:
+                    self._finish_batch(batch)
+            return web.json_response(_public(batch))
+
+    def _finish_batch(self, batch: dict[str, Any]) -> None:
+        """Answer a batch's lines (under the lock) and write its output / error files."""
+        content = self.files[batch["input_file_id"]]["content"].decode()
+        lines = [json.loads(x) for x in content.splitlines() if x.strip()]
+        ids = [line.get("custom_id") for line in lines]
+        duplicate = next((i for i in ids if ids.count(i) > 1), None)
+        bad_url = next((line.get("url") for line in lines if line.get("url") != batch["endpoint"]), None)
+        if duplicate is not None or bad_url is not None:
+            message = (f"duplicate custom_id {duplicate!r}" if duplicate is not None
+                       else f"line url {bad_url!r} is not the batch's endpoint")
+            batch.update(status="failed", errors={"object": "list", "data": [
+                {"code": "invalid_request", "message": message, "line": None, "param": None}]})
+            return
+        answered = lines if batch["_expire"] is None else lines[: batch["_expire"]]
+        output, errors = [], []
+        for n, line in enumerate(answered):
+            cid, body = line["custom_id"], line.get("body") or {}
+            h = _hash(body)
+            attempt = self.batch_seen[h]
+            self.batch_seen[h] += 1
+            r = int(hashlib.sha256(f"batch:{self.fault_seed}:{h}:{attempt}".encode()).hexdigest()[:15], 16) / 16**15
+            rf_type = (body.get("response_format") or {}).get("type")
+            if cid in self.batch_fail_ids or r < self.batch_fail_fraction:
+                self.batch_failed.append(cid)
+                response = {"status_code": self.batch_fail_status,
+                            "body": {"error": {"message": self.batch_fail_message, "type": "server_error"}}}
+            elif rf_type in self.reject_formats:
+                response = {"status_code": 400, "body": {"error": {
+                    "message": f"Invalid parameter: 'response_format' of type '{rf_type}' is not supported with "
+                               "this model.", "type": "invalid_request_error"}}}
+            else:
+                response = {"status_code": 200, "body": self._chat_body(body, None)}
+            response["request_id"] = f"req_fake_{batch['id']}_{n}"
+            out = {"id": f"batch_req_{batch['id']}_{n}", "custom_id": cid, "response": response, "error": None}
+            ok = response["status_code"] == 200
+            (output if ok or self.batch_fail_in == "output" else errors).append(out)
+        counts = {"total": len(lines), "completed": sum(o["response"]["status_code"] == 200 for o in output),
+                  "failed": len(errors) + sum(o["response"]["status_code"] != 200 for o in output)}
+        for name, rows in (("output_file_id", output), ("error_file_id", errors)):
+            if rows:
+                file_id = f"file-fake-{len(self.files) + 1}"
+                content = "".join(json.dumps(o) + "\n" for o in rows).encode()
+                self.files[file_id] = {"content": content, "purpose": "batch_output", "filename": f"{name}.jsonl"}
+                batch[name] = file_id
+        batch.update(status="expired" if batch["_expire"] is not None else "completed", request_counts=counts)
 
     def _embed_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
         inputs = body.get("input", [])
@@ -424,6 +594,10 @@ class FakeOpenAI:
             out.extend((b - 127.5) / 127.5 for b in digest)
             counter += 1
         return [round(x, 6) for x in out[: self.embed_dim]]
+
+
+def _public(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in batch.items() if not k.startswith("_")}
 
 
 def request_path_is_chat(body: dict[str, Any]) -> bool:

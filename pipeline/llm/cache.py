@@ -6,12 +6,21 @@ key. Values are JSON text, so the store holds nothing but what the model said an
 
 Only one process should open a cache directory on a multi-node cluster (see `shared.py`); on one
 node diskcache is process-safe. Never put the directory on NFS (SQLite locking is unreliable there).
+
+A cache is never trusted blindly: a directory whose database SQLite cannot read (truncated,
+garbage) or whose marker names another cache format is set aside (renamed `<dir>.unusable-<time>`,
+with one warning naming both paths) and a new one is started; an entry that is not one of our
+values is a miss, never an answer; a read that fails mid-run turns the cache off for that process
+with one warning, and the run goes on without it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import sqlite3
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,8 +29,13 @@ import diskcache
 
 from pipeline.hashing import canonical_json, sha256
 
+log = logging.getLogger(__name__)
+
 # diskcache defaults to a 1 GB limit with eviction; a call cache must never silently drop answers.
 _SIZE_LIMIT = 2**50
+# The layout of keys and values; a cache written with another is set aside, not read.
+CACHE_FORMAT = 1
+MARKER = "mempipe-cache.json"
 
 
 class CallCache(Protocol):
@@ -61,29 +75,110 @@ def _open(directory: str | Path) -> diskcache.Cache:
     return diskcache.Cache(str(directory), size_limit=_SIZE_LIMIT, eviction_policy="none")
 
 
+def _set_aside(directory: Path, why: str) -> Path:
+    aside = directory.with_name(f"{directory.name}.unusable-{time.strftime('%Y%m%d-%H%M%S')}")
+    directory.rename(aside)
+    log.warning("LLM cache %s: %s; moved to %s and starting an empty cache (answers in it are not used)",
+                directory, why, aside)
+    return aside
+
+
+def open_checked(directory: str | Path) -> diskcache.Cache:
+    """Open a cache directory for our entries: one of another format or that SQLite cannot read is
+    set aside and replaced by an empty one (PipelineError only when even that fails)."""
+    from pipeline.errors import PipelineError
+
+    path = Path(directory)
+    marker = path / MARKER
+    if marker.exists():
+        try:
+            found = json.loads(marker.read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            found = "unreadable"
+        if found != CACHE_FORMAT:
+            _set_aside(path, f"written in cache format {found!r}, this version reads {CACHE_FORMAT}")
+    try:
+        cache = _open(path)
+        cache.get("\0probe")  # reads a page: a database that is not one fails here, not mid-run
+    except sqlite3.DatabaseError as e:
+        _set_aside(path, f"its database cannot be read ({e})")
+        try:
+            cache = _open(path)
+        except (sqlite3.Error, OSError) as e2:
+            raise PipelineError(f"LLM cache {path}: cannot start a new cache there: {e2}") from e2
+    if not marker.exists():
+        try:
+            marker.write_text(json.dumps({"format": CACHE_FORMAT}))
+        except OSError:
+            pass  # a read-only cache still answers
+    return cache
+
+
+def _our_value(raw: Any) -> str | None:
+    """The stored text when it is one of our values (a JSON object), else None: a miss."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return raw if isinstance(value, dict) else None
+
+
 class DiskCallCache:
     """diskcache-backed store. The sync methods are used by the cache actor; async ones by clients."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = str(directory)
-        self._cache = _open(directory)
+        self._cache: diskcache.Cache | None = open_checked(directory)
+        self.unreadable = 0  # entries that were not our values (served as misses)
+
+    def _fail(self, e: Exception) -> None:
+        """A read or write that fails mid-run: no answer from this cache again in this process, and
+        a damaged database is set aside so that no later process reads it either."""
+        if self._cache is None:
+            return
+        self._cache.close()
+        self._cache = None
+        damaged = not isinstance(e, sqlite3.OperationalError)  # malformed, not busy / full / read-only
+        log.warning("LLM cache %s failed (%s: %s); this worker goes on without it", self.directory,
+                    type(e).__name__, e)
+        if damaged:
+            try:
+                _set_aside(Path(self.directory), f"its database is damaged ({e})")
+            except OSError:
+                pass  # another worker set it aside first
 
     def get_sync(self, key: str) -> dict[str, Any] | None:
-        raw = self._cache.get(key)
+        raw = self.get_many_raw([key])[0]
         return None if raw is None else json.loads(raw)
 
     def set_sync(self, key: str, value: dict[str, Any]) -> None:
-        self._cache.set(key, canonical_json(value))
+        self.set_many_raw([(key, canonical_json(value))])
 
     def get_many_raw(self, keys: list[str]) -> list[str | None]:
         """Stored JSON texts (None for a miss), in key order; the caller parses them."""
-        return [self._cache.get(k) for k in keys]
+        if self._cache is None:
+            return [None] * len(keys)
+        try:
+            found = [self._cache.get(k) for k in keys]
+        except sqlite3.DatabaseError as e:
+            self._fail(e)
+            return [None] * len(keys)
+        out = [None if raw is None else _our_value(raw) for raw in found]
+        self.unreadable += sum(1 for raw, ok in zip(found, out) if raw is not None and ok is None)
+        return out
 
     def set_many_raw(self, items: list[tuple[str, str]]) -> None:
         """Store (key, JSON text) pairs in one SQLite transaction: one commit for the lot."""
-        with self._cache.transact():
-            for key, raw in items:
-                self._cache.set(key, raw)
+        if self._cache is None:
+            return
+        try:
+            with self._cache.transact():
+                for key, raw in items:
+                    self._cache.set(key, raw)
+        except sqlite3.DatabaseError as e:
+            self._fail(e)
 
     async def get(self, key: str) -> dict[str, Any] | None:
         # SQLite calls block; a thread keeps the event loop serving other in-flight requests.
@@ -93,7 +188,8 @@ class DiskCallCache:
         await asyncio.to_thread(self.set_sync, key, value)
 
     def close(self) -> None:
-        self._cache.close()
+        if self._cache is not None:
+            self._cache.close()
 
     def __repr__(self) -> str:
         return f"DiskCallCache({self.directory!r})"

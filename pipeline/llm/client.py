@@ -43,6 +43,8 @@ from pipeline.llm.ratelimit import RateLimiter, estimate_tokens
 from pipeline.llm.structured import (MODES_AFTER, describe_error, parse_structured, rejects_response_format,
                                      request_format, with_schema_in_prompt)
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
+from pipeline.llm.batch import BATCH_DISCOUNT
+from pipeline.llm.prices import prices_for
 from pipeline.llm.usage import Usage, call_cost
 
 if TYPE_CHECKING:
@@ -174,6 +176,7 @@ class LLMClient:
         self.usage = Usage()
         self.endpoint = endpoint_identity(cfg)
         self.retry_samples = retry_samples
+        self.prices = prices_for(cfg)  # the default table with the config's prices over it
         self.tally = tally  # the run ledger's StageTally (progress, budget); None outside a run
         self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
@@ -224,11 +227,18 @@ class LLMClient:
 
     # ------------------------------------------------------------ accounting
 
-    def _add_tokens(self, model: str, prompt: int, completion: int, cached: bool) -> None:
+    def _cost(self, model: str, prompt: int, completion: int, batch: bool = False) -> float:
+        """USD of one request at the role's prices (pipeline.llm.prices); `batch`: answered through
+        the Batch API now, billed at its discount. A cached replay (batch made or not) is costed at
+        the normal price: the cache value does not say how its answer was made."""
+        cost = call_cost(self.prices, model, prompt, completion)
+        return cost * BATCH_DISCOUNT if batch else cost
+
+    def _add_tokens(self, model: str, prompt: int, completion: int, cached: bool, batch: bool = False) -> None:
         u = self.usage
         u.prompt_tokens += prompt
         u.completion_tokens += completion
-        cost = call_cost(self.cfg.prices, model, prompt, completion)
+        cost = self._cost(model, prompt, completion, batch)
         u.cost_usd += cost
         if cached:
             u.cached_cost_usd += cost
@@ -249,18 +259,18 @@ class LLMClient:
     def _budgeted(self) -> bool:
         return self.tally is not None and self.tally.budgeted
 
-    async def _reserve(self, model: str, est_prompt_tokens: int, max_completion: int) -> float:
+    async def _reserve(self, model: str, est_prompt_tokens: int, max_completion: int, batch: bool = False) -> float:
         """Hold a fresh call's worst-case cost in the run's budget (BudgetExceeded when it does not
         fit); returns the amount held, for `_settle`."""
         if not self._budgeted():
             return 0.0
-        worst = call_cost(self.cfg.prices, model, est_prompt_tokens, max_completion)
+        worst = self._cost(model, est_prompt_tokens, max_completion, batch)
         await self.tally.ledger.reserve(self.tally.role, worst)
         return worst
 
-    async def _settle(self, held: float, model: str, prompt: int, completion: int) -> None:
+    async def _settle(self, held: float, model: str, prompt: int, completion: int, batch: bool = False) -> None:
         if self._budgeted():
-            await self.tally.ledger.settle(self.tally.role, held, call_cost(self.cfg.prices, model, prompt, completion))
+            await self.tally.ledger.settle(self.tally.role, held, self._cost(model, prompt, completion, batch))
 
 
     # ------------------------------------------------------------ retry loop
@@ -454,19 +464,19 @@ class LLMClient:
         # Before the claim: a refused call leaves no twin waiting on it.
         # 3 characters a token: a worst case for the prompt as max_tokens is for the answer.
         held = await self._reserve(model, estimate_tokens(messages, 0) * 4 // 3 + 8,
-                                   int(sampling.get("max_tokens") or 0))
+                                   int(sampling.get("max_tokens") or 0), self.cfg.batch)
         pending = self._claim(key) if self.cache is not None else None
         try:
             reply = await self._fetch(model, messages, sampling, response_format, key)
         except BaseException as e:
-            await self._settle(held, model, 0, 0)
+            await self._settle(held, model, 0, 0, self.cfg.batch)
             if pending is not None:
                 pending.cancel() if isinstance(e, asyncio.CancelledError) else pending.set_exception(e)
             raise
         finally:
             if pending is not None:
                 self._in_flight[asyncio.get_running_loop()].pop(key, None)
-        await self._settle(held, model, reply.prompt_tokens, reply.completion_tokens)
+        await self._settle(held, model, reply.prompt_tokens, reply.completion_tokens, self.cfg.batch)
         if pending is not None:
             pending.set_result(reply)
         return reply
@@ -508,9 +518,17 @@ class LLMClient:
             # at hundreds of requests/s cannot spare. The body is the same JSON either way.
             return await client.post("/chat/completions", cast_to=ChatCompletion, body=body)
 
-        text, pt, ct, resp_model = await self._send(call, estimate_tokens(messages, sampling.get("max_tokens")),
-                                                    _read_chat)
-        self._add_tokens(model, pt, ct, cached=False)
+        if self.cfg.batch:
+            from pipeline.llm.batch import queue_for
+
+            # Waits in this loop's Batch API queue, holding no `max_concurrency` slot; the custom_id
+            # is the cache key, and the reply is cached below exactly as a direct call's.
+            text, pt, ct, resp_model = await queue_for(self).submit(body, key)
+            self.usage.batch_calls += 1
+        else:
+            text, pt, ct, resp_model = await self._send(call, estimate_tokens(messages, sampling.get("max_tokens")),
+                                                        _read_chat)
+        self._add_tokens(model, pt, ct, cached=False, batch=self.cfg.batch)
         reply = _Reply(text, pt, ct, resp_model or model, cached=False)
         if self.cache is not None:
             await self.cache.set(key, {"text": text, "prompt_tokens": pt, "completion_tokens": ct,

@@ -18,6 +18,7 @@ class Usage:
     failed_calls: int = 0  # calls that ended in LLMError
     retries: int = 0  # transport retries (429, 5xx, timeouts, connection errors)
     reasks: int = 0  # structured-output re-asks after an invalid answer
+    batch_calls: int = 0  # requests answered fresh through the Batch API (llm.batch)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
@@ -43,6 +44,8 @@ class Usage:
         d = asdict(self)
         d["cost_usd"] = round(d["cost_usd"], 8)
         d["cached_cost_usd"] = round(d["cached_cost_usd"], 8)
+        if not d["batch_calls"]:  # written only by roles in batch mode: other manifests keep their layout
+            del d["batch_calls"]
         return d
 
     @classmethod
