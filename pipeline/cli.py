@@ -1,4 +1,4 @@
-"""`mempipe` command line: run, status, check, report, export, cache.
+"""`mempipe` command line: run, plan, status, check, report, export, cache.
 
 The framework's half: it knows no stage. The project's stages arrive as an `App` (what `stages/`
 exports), handed in by the entry point `stages/cli.py`.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pipeline.config import RunConfig, resolve_paths
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RunStopped
 from pipeline.llm.ledger import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -70,6 +70,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"report: {html}")
     if spent:
         print(spent)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Before any LLM call: the stages `mempipe run` would run with these selectors and why, and per
+    stage and role the expected calls, tokens and cost (pipeline/plan.py); also `<run_dir>/_plan.json`."""
+    from pipeline.plan import make_plan, render
+
+    cfg = _config(args)
+    plan = make_plan(cfg, args.app.registry, only=args.only or None, from_=args.from_stage,
+                     force=args.force or None, until=args.until, sample=args.sample, calibrate_k=args.calibrate,
+                     like=args.like, completion_fraction=args.assume_completion,
+                     say=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return 0
 
 
@@ -197,6 +211,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="rebuild this stage, re-asking rows whose answers were all invalid with a new sample")
     run.set_defaults(func=cmd_run)
 
+    plan = sub.add_parser("plan", help="before a run: the stages it would run and why, expected LLM calls, tokens, cost")
+    common(plan)
+    plan.add_argument("--only", action="append", default=[], metavar="STAGE", help="as `run --only`")
+    plan.add_argument("--from", dest="from_stage", default=None, metavar="STAGE", help="as `run --from`")
+    plan.add_argument("--force", action="append", default=[], metavar="STAGE", help="as `run --force`")
+    plan.add_argument("--until", default=None, metavar="STAGE", help="as `run --until`")
+    plan.add_argument("--sample", type=int, default=20, metavar="K",
+                      help="episodes the dry run reads (all when fewer); per-episode stages are scaled (default 20)")
+    plan.add_argument("--calibrate", type=int, default=None, metavar="K",
+                      help="calibrate on a real run of the first K episodes (<run>-calibrate-K; its calls are cached)")
+    plan.add_argument("--like", default=None, metavar="RUN_DIR", help="calibrate on the manifests of another run directory")
+    plan.add_argument("--assume-completion", type=float, default=0.5, metavar="F",
+                      help="without calibration, completions are F x max_tokens (default 0.5)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (stages, total, method)")
+    plan.set_defaults(func=cmd_plan)
+
     status = sub.add_parser("status", help="per stage: done / stale / partial / missing, rows, errors, LLM usage")
     common(status)
     status.set_defaults(func=cmd_status)
@@ -235,9 +265,9 @@ def main(app: App, argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except BudgetExceeded as e:
+    except RunStopped as e:  # budget reached, endpoint down: one line, finished work kept
         print(f"mempipe: {e}", file=sys.stderr)
-        return BudgetExceeded.EXIT_CODE
+        return e.EXIT_CODE
     except PipelineError as e:
         if args.debug:
             traceback.print_exc()

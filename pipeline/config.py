@@ -73,6 +73,9 @@ class LLMConfig(Section):
     tpm: int | None = None  # tokens per minute, shared by every worker of the job
     timeout_s: float = 120.0
     max_retries: int = 5  # transport retries (429, 5xx, timeouts, connection errors)
+    # An endpoint that answers nothing for this long stops the run (finished work kept); shorter
+    # outages pause every call (the shared circuit breaker) and cost no retries.
+    max_outage_s: float = Field(default=900.0, gt=0)
     structured_retries: int = 2  # re-asks after an invalid structured answer
     # auto: json_schema, falling back to json_object, then prompt, when the endpoint rejects it
     structured_mode: StructuredMode = "auto"
@@ -116,6 +119,7 @@ class RoleConfig(Section):
     tpm: int | None = None
     timeout_s: float | None = None
     max_retries: int | None = None
+    max_outage_s: float | None = None
     structured_retries: int | None = None
     structured_mode: StructuredMode | None = None
     backoff_base_s: float | None = None

@@ -7,6 +7,13 @@ class PipelineError(Exception):
     """Base class for errors the CLI reports without a traceback."""
 
 
+class RunStopped(PipelineError):
+    """The run stopped cleanly before its end (budget reached, endpoint down): finished work is
+    kept and the same command continues it. The CLI prints the one line and exits EXIT_CODE."""
+
+    EXIT_CODE = 1
+
+
 class InputError(PipelineError):
     """Bad corpus input: names the file, the record and the field."""
 

@@ -21,8 +21,8 @@ from typing import Any, Iterator
 
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
-from pipeline.errors import InputError, PipelineError
-from pipeline.llm.ledger import BudgetExceeded, LedgerBook, LocalLedger
+from pipeline.errors import InputError, PipelineError, RunStopped
+from pipeline.llm.ledger import LedgerBook, LocalLedger
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import Stage
 
@@ -135,9 +135,9 @@ class RayExecutor(Executor):
                 require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
             yield {**stats, "shard_idx": task.shard_idx}
         if failures:
-            over = [f for f in failures if isinstance(f, BudgetExceeded)]
-            first = over[0] if over else failures[0]
-            if isinstance(first, (InputError, BudgetExceeded)):
+            stops = [f for f in failures if isinstance(f, RunStopped)]
+            first = stops[0] if stops else failures[0]
+            if isinstance(first, (InputError, RunStopped)):
                 raise first  # names the file and field, or the budget and spend: the whole story
             raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {_explain(first)}")
 

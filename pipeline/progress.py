@@ -4,7 +4,9 @@ On a terminal: one live line per running stage (tqdm), with shards, calls done /
 spend so far and an ETA, redrawn from the run's ledger every second. Elsewhere (logs, CI, `ray job
 logs`): one line when a stage starts and one when it ends, with its wall time, calls and cost.
 Expected calls come from `mempipe plan`'s estimate (`_plan.json`, when its fingerprint matches);
-without one, from the calls per finished shard.
+without one, from the calls per finished shard. An endpoint the shared breaker finds down shows on
+the live line ("endpoint ... down since 12:01:03"), and in logs as a line when it goes down and
+one when it answers again.
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ def live_text(counts: dict[str, float], expected: int | None, shards: tuple[int,
     return " · ".join(parts)
 
 
+def down_text(down: dict[str, float]) -> str:
+    """`endpoint http://... down since 12:01:03 (62 s)` for each endpoint the breaker holds down."""
+    now = time.time()
+    return "; ".join(f"endpoint {e} down since {time.strftime('%H:%M:%S', time.localtime(t))} ({now - t:.0f} s)"
+                     for e, t in sorted(down.items()))
+
+
 def end_text(stage: str, wall_s: float, llm_usage: dict[str, Usage] | None, errors: int, rows: int) -> str:
     """The line a stage's end leaves in a log: wall time, rows, calls and cost, structured modes."""
     text = f"{stage}: done in {wall_s:.1f} s, {rows} rows" + (f", {errors} failed" if errors else "")
@@ -102,35 +111,48 @@ class StageProgress:
                         file=self.stream)
 
     def __enter__(self) -> StageProgress:
-        if self.live:
-            if self.ledger is not None:
-                self._thread = threading.Thread(target=self._redraw_loop, name=f"progress-{self.stage}", daemon=True)
-                self._thread.start()
-        else:
+        if not self.live:
             expect = f", ~{self.expected} calls expected" if self.expected else ""
             print(f"{self.stage}: started, {self.shards[1] - self.shards[0]} of {self.shards[1]} shards to run{expect}",
                   file=self.stream, flush=True)
+        if self.ledger is not None:
+            self._thread = threading.Thread(target=self._redraw_loop, name=f"progress-{self.stage}", daemon=True)
+            self._thread.start()
         return self
 
     def shard_done(self) -> None:
         self.shards[0] += 1
         self.bar.update(1)
 
-    def _counts(self) -> dict[str, float]:
+    def _snapshot(self) -> dict[str, Any]:
         try:
-            return stage_counts(self.ledger.snapshot(), self.stage)
+            return self.ledger.snapshot()
         except Exception:  # noqa: BLE001 - a missed redraw must never stop the run
             return {}
 
     def _redraw_loop(self) -> None:
+        was_down: dict[str, float] = {}
         while not self._stop.wait(_REDRAW_S):
-            self.redraw()
+            snap = self.redraw()
+            if self.live:
+                continue
+            down = snap.get("down", {})  # in a log: one line when an endpoint goes down, one when back
+            if down and down != was_down:
+                print(f"{self.stage}: {down_text(down)}; calls wait, probing it", file=self.stream, flush=True)
+            for endpoint in set(was_down) - set(down):
+                print(f"{self.stage}: endpoint {endpoint} answers again after {time.time() - was_down[endpoint]:.0f} s;"
+                      " calls resumed", file=self.stream, flush=True)
+            was_down = dict(down)
 
-    def redraw(self) -> None:
-        counts = self._counts()
-        if counts:
-            self.bar.set_postfix_str(live_text(counts, self.expected, (self.shards[0], self.shards[1]),
-                                               time.time() - self.started))
+    def redraw(self) -> dict[str, Any]:
+        snap = self._snapshot()
+        counts = stage_counts(snap, self.stage) if snap else {}
+        if counts and self.live:
+            text = live_text(counts, self.expected, (self.shards[0], self.shards[1]), time.time() - self.started)
+            if snap.get("down"):
+                text += " · " + down_text(snap["down"])
+            self.bar.set_postfix_str(text)
+        return snap
 
     def finish(self, line: str, notable: bool = False) -> None:
         """The stage is published: `line` in the log; on a terminal, whose bar already shows the

@@ -152,6 +152,7 @@ class FakeOpenAI:
         # response_format types answered with HTTP 400, as older OpenAI models do for json_schema
         self.reject_formats: set[str] = set()
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
+        self.outage_until = 0.0  # wall time: until then every chat / embeddings request gets a 500
         # Batch API knobs (see the module docstring).
         self.batch_polls = 2  # retrieves before a batch completes
         self.batch_fail_ids: set[str] = set()
@@ -247,6 +248,7 @@ class FakeOpenAI:
         app.router.add_get("/v1/batches/{batch_id}", self._batch_retrieve)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/reset", self._reset)
+        app.router.add_post("/outage", self._outage)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -294,6 +296,8 @@ class FakeOpenAI:
             self.seen[h] += 1
             if self.force:
                 return self.force.pop(0)
+            if time.time() < self.outage_until:
+                return "500"
         r = int(hashlib.sha256(f"{self.fault_seed}:{h}:{attempt}".encode()).hexdigest()[:15], 16) / 16**15
         acc = 0.0
         for name in FAULT_ORDER:
@@ -395,6 +399,13 @@ class FakeOpenAI:
                                       "outcomes": dict(self.outcomes), "max_in_flight": self.max_in_flight,
                                       "chat": chat, "chat_times": [c["t"] for c in chat],
                                       "plain_chat_times": [c["t"] for c in chat if not c["structured"]]})
+
+    async def _outage(self, request: web.Request) -> web.StreamResponse:
+        """POST /outage {"seconds": 60}: every chat / embeddings request fails with a 500 from now
+        for that long (an endpoint that is down)."""
+        seconds = float((await request.json()).get("seconds", 0))
+        self.outage_until = time.time() + seconds
+        return web.json_response({"outage_until": self.outage_until})
 
     async def _reset(self, request: web.Request) -> web.StreamResponse:
         self.reset()

@@ -28,6 +28,7 @@ import logging
 import os
 import random
 import ssl
+import time
 import weakref
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -44,6 +45,7 @@ from pipeline.llm.structured import (MODES_AFTER, describe_error, parse_structur
                                      request_format, with_schema_in_prompt)
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
 from pipeline.llm.batch import BATCH_DISCOUNT
+from pipeline.llm.breaker import DECIDE_S, EndpointDown
 from pipeline.llm.prices import prices_for
 from pipeline.llm.usage import Usage, call_cost
 
@@ -179,6 +181,8 @@ class LLMClient:
         self.prices = prices_for(cfg)  # the default table with the config's prices over it
         self.tally = tally  # the run ledger's StageTally (progress, budget); None outside a run
         self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
+        self._endpoint_failing = False  # a request failed and no answer came since: ask the breaker
+        self._endpoint_down = False
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
         self._rng = random.Random()
         # The SDK's HTTP pool and asyncio primitives belong to one event loop; stages may call
@@ -281,25 +285,30 @@ class LLMClient:
 
         A body that is not the expected JSON (a proxy's HTML page, JSON without `choices`) is
         transient like a 5xx: `read` raises MalformedResponse and the request is retried.
-        Raises LLMError when retries are exhausted.
+        Raises LLMError when retries are exhausted. While the run's breaker says the endpoint is
+        down (pipeline.llm.breaker), the request waits instead, and its failures cost no retry.
         """
         import openai
 
         st = await self._state()
         attempt = 0
+        first_failure: float | None = None
         while True:
+            probe = await self._wait_for_endpoint()
             retry_after: float | None = None
             fatal = False
+            outage = True  # no answer at all: a 5xx, a timeout, a refused connection, a broken body
             async with st.semaphore:
                 # Pace inside the slot so that the reserved send time is the actual send time.
                 if self.limiter is not None:
                     await self.limiter.acquire(est_tokens)
                 try:
-                    return read(await call(st.client))
+                    result = read(await call(st.client))
                 except openai.APIStatusError as e:
                     status = e.status_code
                     err = f"HTTP {status}: {_short(e.message, 400)}"
                     fatal = not _retryable_status(status)
+                    outage = status >= 500
                     if status in (429, 503):
                         retry_after = parse_retry_after(e.response.headers)
                 except openai.APITimeoutError:
@@ -312,11 +321,20 @@ class LLMClient:
                     err = f"malformed response: body is not JSON ({e.msg})"
                 except MalformedResponse as e:
                     err = f"malformed response: {e}"
+                else:
+                    await self._endpoint_answered(True, probe)
+                    return result
             # Raised here, outside the except blocks, so the SDK exception (whose request carries
             # the Authorization header) is not chained onto the LLMError.
             err = self._scrub(err)
+            down = await self._endpoint_answered(not outage, probe) if outage or probe else False
             if fatal:
                 raise LLMError(err, status=status)
+            if down:
+                continue  # no retry spent: the request waits for the endpoint with every other
+            first_failure = first_failure if first_failure is not None else time.monotonic()
+            if attempt >= self.cfg.max_retries and outage and await self._went_down_since(first_failure):
+                continue
             if attempt >= self.cfg.max_retries:
                 raise LLMError(f"{err} (gave up after {attempt + 1} attempts)")
             attempt += 1
@@ -330,6 +348,43 @@ class LLMClient:
                 delay = self._rng.uniform(0, cap)  # full jitter
             log.debug("LLM request failed (%s); retry %d in %.2f s", err, attempt, delay)
             await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------ the endpoint's breaker
+
+    async def _wait_for_endpoint(self) -> bool:
+        """Wait while the run's breaker says this endpoint is down; True when this request is
+        the probe. Raises EndpointDown after `llm.max_outage_s`. Free while it is up: no ledger
+        call until this client has seen a failure."""
+        if self.tally is None or not self._endpoint_failing:
+            return False
+        while True:
+            admission = await self.tally.ledger.admit(self.endpoint)
+            down_for = admission.down_for_s
+            if down_for is not None and down_for > self.cfg.max_outage_s:
+                raise EndpointDown(self.endpoint, down_for, self.cfg.max_outage_s)
+            if admission.wait_s <= 0:
+                return admission.probe
+            await asyncio.sleep(admission.wait_s)
+
+    async def _went_down_since(self, first_failure: float) -> bool:
+        """Retries ran out on outage-like failures: give the breaker until DECIDE_S after the first
+        of them to call it an outage (then the request waits instead of failing)."""
+        if self.tally is None:
+            return False
+        await asyncio.sleep(max(0.0, first_failure + DECIDE_S - time.monotonic()))
+        return await self.tally.ledger.is_down(self.endpoint)
+
+    async def _endpoint_answered(self, ok: bool, probe: bool) -> bool:
+        """Tell the breaker how a request went (failures, and the first answer after them);
+        True when the endpoint is down now."""
+        if self.tally is None or (ok and not self._endpoint_failing and not probe):
+            return False
+        down = await self.tally.ledger.report(self.endpoint, ok, probe)
+        if down and not self._endpoint_down:
+            log.warning("endpoint %s is not answering: calls wait and one probe at a time checks it", self.endpoint)
+        self._endpoint_down = down
+        self._endpoint_failing = not ok or down
+        return down
 
     # ------------------------------------------------------------ chat
 

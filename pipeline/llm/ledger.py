@@ -1,4 +1,5 @@
-"""The run's spend ledger: what every LLM call of a run cost, live, and the budget it must keep.
+"""The run's ledger: what every LLM call of a run cost, live; the budget it must keep; and whether
+each endpoint is answering (the shared circuit breaker of pipeline.llm.breaker).
 
 One ledger per `mempipe run`: in the driver's process for inline runs, a named Ray actor shared by
 every worker otherwise (like the rate limiter). Clients report each answered call (fresh or cached)
@@ -17,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RunStopped
+from pipeline.llm.breaker import Admission, EndpointHealth
 
 SPEND_FILE = "_spend.json"
 _FLUSH_EVERY_S = 0.5  # a worker's counts reach the ledger at most this late
 
 
-class BudgetExceeded(PipelineError):
+class BudgetExceeded(RunStopped):
     """The next call could take the run past `max_cost_usd`. Not an LLMError: no row catches it,
     the stage stops, finished shards are kept, and the CLI exits with EXIT_CODE."""
 
@@ -76,6 +78,7 @@ class LedgerBook:
         self.spent: dict[str, float] = {}  # role -> USD of this invocation's fresh calls
         self.reserved: dict[str, float] = {}  # role -> USD of calls sent and not yet answered
         self.counts: dict[str, dict[str, dict[str, float]]] = {}  # stage -> role -> counters
+        self.health: dict[str, EndpointHealth] = {}  # endpoint -> its breaker
 
     def _role_spend(self, role: str) -> float:
         return self.spent_before.get(role, 0.0) + self.spent.get(role, 0.0)
@@ -114,9 +117,21 @@ class LedgerBook:
             if not self.budget.applies_to(role):
                 self.spent[role] = self.spent.get(role, 0.0) + delta.get("cost_usd", 0.0)
 
+    def admit(self, endpoint: str) -> Admission:
+        return self.health.setdefault(endpoint, EndpointHealth()).admit(time.time())
+
+    def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
+        """One request's outcome for the endpoint's breaker; whether the endpoint is down now."""
+        return self.health.setdefault(endpoint, EndpointHealth()).report(ok, time.time(), probe)
+
+    def is_down(self, endpoint: str) -> bool:
+        return endpoint in self.health and self.health[endpoint].down
+
     def snapshot(self) -> dict[str, Any]:
         return {"counts": self.counts, "spent": dict(self.spent), "spent_before": dict(self.spent_before),
-                "total_usd": self.total_spend()}
+                "total_usd": self.total_spend(),
+                "down": {e: h.down_since for e, h in self.health.items() if h.down_since is not None},
+                "outages": {e: list(h.outages) for e, h in self.health.items() if h.outages}}
 
 
 def stage_counts(snapshot: Mapping[str, Any], stage: str) -> dict[str, float]:
@@ -170,6 +185,15 @@ class LocalLedger:
 
     def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
         self.book.record(deltas)
+
+    async def admit(self, endpoint: str) -> Admission:
+        return self.book.admit(endpoint)
+
+    async def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
+        return self.book.report(endpoint, ok, probe)
+
+    async def is_down(self, endpoint: str) -> bool:
+        return self.book.is_down(endpoint)
 
     def snapshot(self) -> dict[str, Any]:
         return self.book.snapshot()

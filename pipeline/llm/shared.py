@@ -25,6 +25,7 @@ from pipeline.hashing import canonical_json
 from pipeline.llm.cache import DiskCallCache
 from pipeline.llm.client import LLMClient
 from pipeline.llm.identity import endpoint_identity
+from pipeline.llm.breaker import Admission
 from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook
 from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
 
@@ -91,6 +92,15 @@ class LedgerActor:
     def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
         self._book.record(deltas)
 
+    def admit(self, endpoint: str) -> Admission:
+        return self._book.admit(endpoint)
+
+    def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
+        return self._book.report(endpoint, ok, probe)
+
+    def is_down(self, endpoint: str) -> bool:
+        return self._book.is_down(endpoint)
+
     def snapshot(self) -> dict[str, Any]:
         return self._book.snapshot()
 
@@ -112,6 +122,15 @@ class ActorLedger:
 
     def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
         self.handle.record.remote(deltas)  # fire and forget: counts for the progress line
+
+    async def admit(self, endpoint: str) -> Admission:
+        return await self.handle.admit.remote(endpoint)
+
+    async def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
+        return await self.handle.report.remote(endpoint, ok, probe)
+
+    async def is_down(self, endpoint: str) -> bool:
+        return await self.handle.is_down.remote(endpoint)
 
     def snapshot(self) -> dict[str, Any]:
         return ray.get(self.handle.snapshot.remote())
