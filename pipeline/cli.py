@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from pipeline.artifacts import run_lock
 from pipeline.config import RunConfig, resolve_paths
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.llm.ledger import BudgetExceeded
@@ -54,8 +55,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
     runner = _runner(args, cfg)
     try:
-        outcome = runner.run(only=args.only or None, from_=args.from_stage, force=args.force or None,
-                             until=args.until, retry_failed=args.retry_failed)
+        with run_lock(cfg.run_dir):
+            outcome = runner.run(only=args.only or None, from_=args.from_stage, force=args.force or None,
+                                 until=args.until, retry_failed=args.retry_failed)
     except BudgetExceeded as e:
         if runner.spend is None:
             raise

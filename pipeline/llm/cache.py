@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import diskcache
 
+from pipeline.errors import PipelineError
 from pipeline.hashing import canonical_json, sha256
 
 log = logging.getLogger(__name__)
@@ -83,11 +84,22 @@ def _set_aside(directory: Path, why: str) -> Path:
     return aside
 
 
+class CacheWriteError(PipelineError):
+    """The cache cannot store an answer (disk full, read-only): the run stops rather than pay for
+    answers it cannot keep."""
+
+    def __init__(self, directory: str, reason: str) -> None:
+        self.directory, self.reason = directory, reason
+        super().__init__(f"LLM cache {directory}: cannot store answers ({reason}); every answer stored so far "
+                         "is kept: free space (or make the folder writable) and run the same command again")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.directory, self.reason))
+
+
 def open_checked(directory: str | Path) -> diskcache.Cache:
     """Open a cache directory for our entries: one of another format or that SQLite cannot read is
     set aside and replaced by an empty one (PipelineError only when even that fails)."""
-    from pipeline.errors import PipelineError
-
     path = Path(directory)
     marker = path / MARKER
     if marker.exists():
@@ -100,6 +112,8 @@ def open_checked(directory: str | Path) -> diskcache.Cache:
     try:
         cache = _open(path)
         cache.get("\0probe")  # reads a page: a database that is not one fails here, not mid-run
+    except (sqlite3.OperationalError, OSError) as e:  # read-only, full, no permission: not damage
+        raise CacheWriteError(str(path), str(e)) from None
     except sqlite3.DatabaseError as e:
         _set_aside(path, f"its database cannot be read ({e})")
         try:
@@ -177,6 +191,8 @@ class DiskCallCache:
             with self._cache.transact():
                 for key, raw in items:
                     self._cache.set(key, raw)
+        except sqlite3.OperationalError as e:  # full, read-only, locked past its timeout
+            raise CacheWriteError(self.directory, str(e)) from None
         except sqlite3.DatabaseError as e:
             self._fail(e)
 
