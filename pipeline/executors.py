@@ -207,9 +207,9 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
         # cluster `ray start` last left running on this machine.
         kwargs["address"] = "local"
         kwargs["num_cpus"] = cfg.ray.num_cpus
-        # Ray's own default for a new local instance (token authentication), said explicitly so
-        # Ray does not print a warning about it over the progress lines; RAY_AUTH_MODE still wins.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        # Ray warns, for every new local instance, that it turned on its default (token
+        # authentication); that line would sit over the progress lines and say nothing to act on.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # Ray keeps idle workers only up to one per CPU and stops the rest after a second; an LLM
         # stage with fractional-CPU tasks would start them again (imports: seconds each) every time.
         cpus = cfg.ray.num_cpus or os.cpu_count() or 1

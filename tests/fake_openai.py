@@ -153,6 +153,7 @@ class FakeOpenAI:
         self.reject_formats: set[str] = set()
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
         self.outage_until = 0.0  # wall time: until then every chat / embeddings request gets a 500
+        self.echo_auth = False  # error bodies repeat the request's Authorization header (a careless proxy)
         # Batch API knobs (see the module docstring).
         self.batch_polls = 2  # retrieves before a batch completes
         self.batch_fail_ids: set[str] = set()
@@ -324,25 +325,28 @@ class FakeOpenAI:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             sem = self._semaphore()
+            auth = request.headers.get("Authorization") if self.echo_auth else None
             if sem is not None:
                 async with sem:
-                    return await self._respond(body, outcome, answer)
-            return await self._respond(body, outcome, answer)
+                    return await self._respond(body, outcome, answer, auth)
+            return await self._respond(body, outcome, answer, auth)
         finally:
             with self._lock:
                 self.in_flight -= 1
                 record["done"] = time.time()  # answered (or the client went away)
 
     async def _respond(self, body: dict[str, Any], outcome: str | None,
-                       answer: Callable[[dict[str, Any], str | None], web.Response]) -> web.StreamResponse:
+                       answer: Callable[[dict[str, Any], str | None], web.Response],
+                       auth: str | None = None) -> web.StreamResponse:
         await self._sleep(self.latency_s)
+        echo = f" (request sent with {auth})" if auth else ""
         if outcome == "429":
             headers = {} if self.retry_after_s is None else {"Retry-After": f"{self.retry_after_s:g}"}
-            return _error(429, "fake rate limit", headers, "rate_limit_exceeded")
+            return _error(429, "fake rate limit" + echo, headers, "rate_limit_exceeded")
         if outcome == "500":
-            return _error(500, "fake internal error", None, "server_error")
+            return _error(500, "fake internal error" + echo, None, "server_error")
         if outcome == "400":
-            return _error(400, "fake bad request", None, "invalid_request_error")
+            return _error(400, "fake bad request" + echo, None, "invalid_request_error")
         if outcome == "timeout":
             await self._sleep(self.timeout_sleep_s)
         if request_path_is_chat(body):
