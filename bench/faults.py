@@ -18,6 +18,13 @@ Three runs share the server (its fault draws go on, so a retried request can suc
   B  default retries (5 transport retries, 2 re-asks), fresh artifacts and cache: retries absorb
      the faults.
 
+Then an outage: run O, fresh artifacts and cache, default retries, against a second server with no
+random faults that goes down (every request a 500) for `--outage` seconds (default 60) once the run
+has had a few answers. The shared circuit breaker must pause every call and resume when the server
+answers again, with no second command: target 0 failed and 0 lost rows. Reported: rows, the
+requests the server refused during the outage (the first failures and the probes), and the longest
+pause between two answers.
+
 Per LLM stage: rows in (sessions or probes the stage must produce), answered, failed with a reason
 (top reasons), lost (expected minus present), and failures whose reason does not say retries ran
 out. Targets: 0 lost and 0 failures without a reason in every run; 0 failures with retries left;
@@ -31,9 +38,13 @@ fails there only after 6 faults in a row).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import tempfile
+import threading
+import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -261,6 +272,8 @@ def targets(runs: dict[str, dict[str, dict[str, Any]]], retry: dict[str, dict[st
                     sum(r["failed_no_reason"] for r in report.values())))
         out.append((f"run {label}: 0 failed rows with retries left", sum(r["retries_left"] for r in report.values())))
     out.append(("run A2: 0 requests A had answered re-sent", sum(r["resent_answered"] for r in retry.values())))
+    if "O" in runs:
+        out.append(("run O: 0 failed rows through the outage", sum(r["failed"] for r in runs["O"].values())))
     out.append(("run A: some rows failed (else A2 tests nothing)",
                 int(sum(r["failed_before"] for r in retry.values()) == 0)))
     return out
@@ -268,7 +281,8 @@ def targets(runs: dict[str, dict[str, dict[str, Any]]], retry: dict[str, dict[st
 
 RUN_TITLES = {"A": "few retries (llm.max_retries=2, llm.structured_retries=0)",
               "A2": "A's artifacts and cache after `--retry-failed segment` and a forced rerun of the other LLM stages",
-              "B": "default retries (llm.max_retries=5, llm.structured_retries=2), fresh artifacts and cache"}
+              "B": "default retries (llm.max_retries=5, llm.structured_retries=2), fresh artifacts and cache",
+              "O": "an endpoint outage mid-run (no random faults), default retries, fresh artifacts and cache"}
 RETRY_NOTE = ("Rows A2 changed beyond A's failed rows: (1) RSum's memory of the sessions after a retried one is "
               "built on it, and `respond_rsum` answers from that memory (new requests); (2) twins: rows with the same "
               "prompt share one request while it is in flight, but only within a worker's client; identical "
@@ -290,8 +304,40 @@ def render(a: argparse.Namespace, r: dict[str, Any], checks: list[tuple[str, int
             "5xx). Segment rows are sessions (a failed one falls back to fixed chunks and keeps the reason).\n\n"
             + "\n\n".join(sections)
             + "\n\n### Run A2 against A: only failed rows re-sent\n\n" + retry_table(r["retry"])
-            + "\n\n" + RETRY_NOTE + "\n\n### Targets\n\n"
+            + "\n\n" + RETRY_NOTE
+            + "\n\n### Run O: the outage\n\n" + table(
+                ["outage s", "requests during it", "refused (500)", "longest pause between answers s", "run wall s"],
+                [[r["outage"]["outage_s"], r["outage"]["requests_during"], r["outage"]["refused_during"],
+                  r["outage"]["longest_pause_s"], f"{r['walls']['O']:.0f}"]])
+            + "\n\n### Targets\n\n"
             + "\n".join(f"- {t}: {'met' if not n else f'MISSED by {n}'}" for t, n in checks))
+
+
+def outage_report(entries: list[dict[str, Any]], down: tuple[float, float]) -> dict[str, Any]:
+    """Requests refused while the server was down, and the longest gap between two answers."""
+    answered = sorted(e["t"] for e in entries if e["outcome"] is None)
+    gaps = [b - a for a, b in zip(answered, answered[1:])]
+    during = [e for e in entries if down[0] <= e["t"] < down[1]]
+    return {"outage_s": round(down[1] - down[0], 1), "requests_during": len(during),
+            "refused_during": sum(1 for e in during if e["outcome"] == "500"),
+            "longest_pause_s": round(max(gaps, default=0.0), 1)}
+
+
+def take_down_after(srv: FakeServer, answers: int, seconds: float, out: dict[str, float]) -> threading.Thread:
+    """Take the server down for `seconds` (POST /outage) once it has answered `answers` chat requests."""
+    def watch() -> None:
+        deadline = time.time() + 600
+        while len(srv.stats()["chat"]) < answers and time.time() < deadline:
+            time.sleep(0.2)
+        req = urllib.request.Request(srv.base_url.removesuffix("/v1") + "/outage", method="POST",
+                                     data=json.dumps({"seconds": seconds}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        out["until"] = json.loads(urllib.request.urlopen(req, timeout=30).read())["outage_until"]
+        out["since"] = out["until"] - seconds
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 def parse_args() -> argparse.Namespace:
@@ -306,6 +352,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--llm-timeout", type=float, default=1.0, help="llm.timeout_s (below --timeout-sleep)")
     ap.add_argument("--faults", default=FAULTS)
     ap.add_argument("--run-timeout", type=float, default=900, help="seconds before one mempipe run is abandoned")
+    ap.add_argument("--outage", type=float, default=60.0, help="seconds the server is down in run O")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     if a.llm_timeout >= a.timeout_sleep + a.latency:
@@ -317,8 +364,8 @@ def run_all(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Runs A, A2 and B against one faulty server: row reports, server logs, walls, A2 against A."""
     corpus = write_corpus(workdir / "corpus.jsonl", a.episodes, sessions=a.sessions, turns=a.turns,
                           questions=a.questions)
-    entries: dict[str, list[dict[str, Any]]] = {"A": [], "A2": [], "B": []}
-    walls = {"A": 0.0, "A2": 0.0, "B": 0.0}
+    entries: dict[str, list[dict[str, Any]]] = {"A": [], "A2": [], "B": [], "O": []}
+    walls = {"A": 0.0, "A2": 0.0, "B": 0.0, "O": 0.0}
     with FakeServer(latency=a.latency, faults=a.faults, retry_after=a.retry_after,
                     timeout_sleep=a.timeout_sleep) as srv:
         bench = Bench(srv, workdir, corpus, a.llm_timeout, a.run_timeout)
@@ -335,9 +382,17 @@ def run_all(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         a2_rows = {s: stage_rows(run_a, s) for s in LLM_STAGES}
         entries["B"], walls["B"] = bench.run(["run"], "default", DEFAULT_RETRIES)
         report_b = row_report(run_b, DEFAULT_RETRIES)
+    with FakeServer(latency=a.latency) as clean:
+        down: dict[str, float] = {}
+        watcher = take_down_after(clean, 20, a.outage, down)
+        outage = Bench(clean, workdir, corpus, a.llm_timeout, a.run_timeout)
+        entries["O"], walls["O"] = outage.run(["run"], "outage", DEFAULT_RETRIES)
+        watcher.join(timeout=5)
+        report_o = row_report(workdir / "artifacts" / "outage", DEFAULT_RETRIES)
     retry = retry_report(report_a, report_a2, entries["A"], entries["A2"], a_rows, a2_rows)
-    return {"runs": {"A": report_a, "A2": report_a2, "B": report_b}, "entries": entries, "walls": walls,
-            "retry": retry}
+    return {"runs": {"A": report_a, "A2": report_a2, "B": report_b, "O": report_o}, "entries": entries,
+            "walls": walls, "retry": retry,
+            "outage": outage_report(entries["O"], (down.get("since", 0.0), down.get("until", 0.0)))}
 
 
 def main() -> int:
@@ -356,6 +411,7 @@ def main() -> int:
               for k, e in r["entries"].items()}
     write_results("faults", "Faults: every row answered or failed with a reason; retries re-send only failures",
                   render(a, r, checks), {"args": vars(a), "runs": r["runs"], "retry": r["retry"], "walls": r["walls"],
+                                         "outage": r["outage"],
                                          "server": server, "targets": dict(checks), "target_met": not missed})
     return 1 if missed else 0
 

@@ -23,7 +23,7 @@ OPEN_AFTER_S = 1.0
 # failure for the breaker to decide, so it does not fail just before the breaker would open.
 DECIDE_S = 3 * OPEN_AFTER_S
 PROBE_FIRST_S = 1.0  # pause before the first probe, doubling up to PROBE_MAX_S
-PROBE_MAX_S = 30.0
+PROBE_MAX_S = 10.0  # a long outage costs one request per 10 s and ends at most 10 s late
 PROBE_TIMEOUT_S = 300.0  # a probe that never reports back frees its slot after this long
 
 
