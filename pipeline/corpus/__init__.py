@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from pipeline.corpus import cc, dialseg, locomo, longmtbench, msc, sample
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
-from pipeline.corpus.records import Checker, Episode, build_rows
+from pipeline.corpus.records import Checker, Episode, build_rows, shown
 from pipeline.errors import ConfigError, InputError
 from pipeline.schemas import EPISODES, QA, TURNS
 
@@ -61,10 +61,14 @@ def load_corpus(fmt: str, path: str | Path, limit: int | None = None) -> Corpus:
     try:
         for rec in records:
             chk = Checker(rec)
-            rows = build_rows(parse(rec, chk), chk)
+            episode = parse(rec, chk)
+            rows = build_rows(episode, chk)
             eid = rows.episode["episode_id"]
             if eid in seen:
-                raise InputError(chk.file, chk.record, "episode_id", f"duplicate episode id {eid!r} (first: {seen[eid]})")
+                # Named by the field the id came from (dataID, sample_id, ...); None when derived from
+                # the file name and position.
+                raise InputError(chk.file, chk.record, episode.id_field,
+                                 f"duplicate episode id {shown(eid)} (first: {seen[eid]})")
             seen[eid] = f"{chk.file} {rec.locator}"
             corpus.episodes.append(rows.episode)
             corpus.turns.extend(rows.turns)

@@ -41,6 +41,8 @@ def _session_keys(d: Mapping[str, Any], chk: Checker) -> dict[int, str]:
             n = _ORDINAL_NUM[m["ordinal"]]
         else:
             n = int(m["num"])
+            if n < 1:
+                chk.fail(key, "session numbers start at 1")
         if n in found:
             chk.fail(key, f"session {n} is given twice (also as {found[n]!r})")
         found[n] = key
@@ -91,6 +93,7 @@ def parse(rec: RawRecord, chk: Checker, dataset: str = DATASET) -> Episode:
         sessions=sessions,
         relationship=chk.opt(d, "relationship", str),
         sessions_path="first_session_dialogue",
+        id_field="dataID",
     )
 
 

@@ -13,7 +13,7 @@ scores are per session, so every dialogue is still segmented and scored on its o
 from __future__ import annotations
 
 from pipeline.corpus.reader import RawRecord
-from pipeline.corpus.records import Checker, Episode, Session, Turn, join
+from pipeline.corpus.records import Checker, Episode, Session, Turn, join, shown
 
 DATASET = "dialseg"
 ALTERNATING = ("A", "B")
@@ -24,18 +24,20 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     d = chk.obj(rec.data, "")
     if d.get(WRAPPER) is not None:
         return _released(d, chk)
-    episode_id = f"{DATASET}-{_source_id(d, rec, chk)}"
+    source_id, id_field = _source_id(d, rec, chk)
+    episode_id = f"{DATASET}-{source_id}"
     chk.name(episode_id)
     at = "turns" if d.get("utterances") is None and d.get("turns") is not None else "utterances"
-    return Episode(episode_id=episode_id, dataset=DATASET, sessions=[Session(_turns(d, chk, ""), at)])
+    return Episode(episode_id=episode_id, dataset=DATASET, sessions=[Session(_turns(d, chk, ""), at)],
+                   id_field=id_field)
 
 
 def _released(d: dict, chk: Checker) -> Episode:
     """{"dial_data": {name: [dialogue, ...]}}: one episode, one session per dialogue."""
     wrapped = chk.obj(d[WRAPPER], WRAPPER)
     if len(wrapped) != 1:
-        chk.fail(WRAPPER, f"expected one dataset name under {WRAPPER}, got {len(wrapped)}: {sorted(wrapped)}")
-    name = next(iter(wrapped))
+        chk.fail(WRAPPER, f"expected one dataset name under {WRAPPER}, got {len(wrapped)}: {shown(sorted(wrapped))}")
+    name = chk.text(next(iter(wrapped)), WRAPPER)  # a key, and the episode id
     episode_id = f"{DATASET}-{name}"
     chk.name(episode_id)
     at = join(WRAPPER, name)
@@ -44,7 +46,7 @@ def _released(d: dict, chk: Checker) -> Episode:
         d_at = join(at, i)
         turns = _turns(chk.obj(dialogue, d_at), chk, d_at)
         sessions.append(Session(turns, d_at))
-    return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, sessions_path=at)
+    return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, sessions_path=at, id_field=WRAPPER)
 
 
 def _turns(d: dict, chk: Checker, at: str) -> list[Turn]:
@@ -81,12 +83,13 @@ def _superdialseg(d: dict, chk: Checker, at: str) -> list[Turn]:
     return turns
 
 
-def _source_id(d: dict, rec: RawRecord, chk: Checker) -> str:
+def _source_id(d: dict, rec: RawRecord, chk: Checker) -> tuple[str, str | None]:
+    """(id, the field it came from); without one the file name (and position) make it, field None."""
     for key in ("dial_id", "id"):
         if d.get(key) is not None:
-            return chk.ident(d, key)
+            return chk.ident(d, key), key
     # One dialogue per file: the file names it.
-    return rec.file.stem if rec.single else f"{rec.file.stem}-{rec.index}"
+    return (rec.file.stem if rec.single else f"{rec.file.stem}-{rec.index}"), None
 
 
 def _boundaries(d: dict, n: int, chk: Checker, at: str = "") -> list[bool]:

@@ -10,6 +10,7 @@ from pipeline.corpus.records import Checker, Episode, Note, QAItem, Session, Tur
 DATASET = "locomo"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 _SESSION_RE = re.compile(r"^session_(\d+)$")
+_PACKED = re.compile(r"[;,\s]+")  # a few evidence entries pack several ids: "D8:6; D9:17"
 
 
 def parse(rec: RawRecord, chk: Checker) -> Episode:
@@ -25,6 +26,8 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
         if not m:
             continue
         n = int(m[1])
+        if n < 1:
+            chk.fail(join("conversation", key), "session numbers start at 1")
         if n in keys:
             chk.fail(join("conversation", key), f"session {n} is given twice (also as {keys[n]!r})")
         keys[n] = key
@@ -63,6 +66,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
         speakers=speakers,
         qa=_qa(d, episode_id, chk),
         sessions_path="conversation",
+        id_field="sample_id",
     )
 
 
@@ -84,13 +88,19 @@ def _qa(d: dict, episode_id: str, chk: Checker) -> list[QAItem]:
                 qa_id=f"{episode_id}-q{i}",
                 question=chk.req(q, "question", str, at),
                 answer=None if answer is None else str(answer),
-                evidence=[] if evidence is None else chk.str_list(evidence, join(at, "evidence")),
+                evidence=[] if evidence is None else _evidence_ids(chk.str_list(evidence, join(at, "evidence"))),
                 category=CATEGORIES[category],
                 path=at,
                 adversarial_answer=None if wrong is None else str(wrong),
             )
         )
     return items
+
+
+def _evidence_ids(evidence: list[str]) -> list[str]:
+    """Dialogue ids, one per entry: packed entries ("D8:6; D9:17") split (ids naming no turn are
+    dropped later, in build_rows)."""
+    return [part for item in evidence for part in _PACKED.split(item) if part]
 
 
 def _notes(d: dict, n: int, chk: Checker) -> list[Note]:
@@ -106,6 +116,7 @@ def _notes(d: dict, n: int, chk: Checker) -> list[Note]:
     if key in observations:
         at = join("observation", key)
         for speaker, items in chk.check(observations[key], dict, at).items():
+            chk.text(speaker, at)  # the speaker name is a key: it becomes the note's speaker
             for i, item in enumerate(chk.check(items, list, join(at, speaker))):
                 text = item[0] if isinstance(item, list) and item else item
                 notes.append(Note("observation", chk.check(text, str, join(join(at, speaker), i)), speaker))

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from pipeline.corpus.reader import RawRecord
-from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join
+from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join, shown
 
 DATASET = "longmtbench"
 SPEAKERS = ["user", "assistant"]
@@ -33,7 +33,8 @@ _TAG = re.compile(r"^\[(\w+)\]:\s?", re.MULTILINE)
 def parse(rec: RawRecord, chk: Checker) -> Episode:
     d = chk.obj(rec.data, "")
     key = "conversation_id" if d.get("conversation_id") is not None else "id"
-    source_id = chk.ident(d, key) if d.get(key) is not None else f"{rec.file.stem}-{rec.index}"
+    has_id = d.get(key) is not None
+    source_id = chk.ident(d, key) if has_id else f"{rec.file.stem}-{rec.index}"
     episode_id = f"{DATASET}-{source_id}"
     chk.name(episode_id)
 
@@ -47,12 +48,12 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
             if isinstance(item, str):
                 exchange_id = f"S{i + 1}:{j + 1}"
                 exchange_ids.append(exchange_id)
-                turns += _exchange_turns(item, t_at, exchange_id, chk)
+                turns += _exchange_turns(chk.check(item, str, t_at), t_at, exchange_id, chk)
             else:
                 t = chk.obj(item, t_at)
                 role = chk.req(t, "role", str, t_at)
                 if role not in SPEAKERS:
-                    chk.fail(join(t_at, "role"), f"role {role!r} is not one of {SPEAKERS}")
+                    chk.fail(join(t_at, "role"), f"role {shown(role)} is not one of {SPEAKERS}")
                 turns.append(Turn(speaker=role, text=chk.req(t, "content", str, t_at), path=t_at))
         sessions.append(Session(turns, at))
 
@@ -65,7 +66,8 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     evidence = _evidence(d.get("turns"), len(questions), exchange_ids)
     qa = [QAItem(f"{episode_id}-q{i}", q, str(a), evidence[i], None, join("questions", i))
           for i, (q, a) in enumerate(zip(questions, answers))]
-    return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, speakers=SPEAKERS, qa=qa)
+    return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, speakers=SPEAKERS, qa=qa,
+                   id_field=key if has_id else None)
 
 
 def _exchange_turns(text: str, at: str, exchange_id: str, chk: Checker) -> list[Turn]:
@@ -79,7 +81,7 @@ def _exchange_turns(text: str, at: str, exchange_id: str, chk: Checker) -> list[
     for k, m in enumerate(tags):
         role = ROLES.get(m.group(1).lower())
         if role is None:
-            chk.fail(at, f"unknown speaker tag [{m.group(1)}] (expected [human] or [bot])")
+            chk.fail(at, f"unknown speaker tag {shown('[' + m.group(1) + ']')} (expected [human] or [bot])")
         end = tags[k + 1].start() if k + 1 < len(tags) else len(body)
         turns.append(Turn(speaker=role, text=body[m.end():end].strip(), path=at, source_turn_id=exchange_id))
     return turns

@@ -22,7 +22,8 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     if cc.is_cc_record(d):
         return cc.parse(rec, chk, dataset=DATASET)
 
-    episode_id = f"{DATASET}-{_source_id(d, rec, chk)}"
+    source_id, id_field = _source_id(d, rec, chk)
+    episode_id = f"{DATASET}-{source_id}"
     chk.name(episode_id)
 
     previous = chk.opt(d, "previous_dialogs", list, default=[])
@@ -51,16 +52,18 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
         sessions=sessions,
         speakers=speakers,
         personas=_personas(d, chk),
+        id_field=id_field,
     )
 
 
-def _source_id(d: dict, rec: RawRecord, chk: Checker) -> str:
+def _source_id(d: dict, rec: RawRecord, chk: Checker) -> tuple[str, str | None]:
+    """(id, the field it came from); no id in the record: file stem + position, field None."""
     metadata = chk.opt(d, "metadata", dict, default={})
     if metadata.get("initial_data_id") is not None:
-        return chk.ident(metadata, "initial_data_id", "metadata")
+        return chk.ident(metadata, "initial_data_id", "metadata"), "metadata.initial_data_id"
     if d.get("initial_data_id") is not None:
-        return chk.ident(d, "initial_data_id")
-    return f"{rec.file.stem}-{rec.index}"
+        return chk.ident(d, "initial_data_id"), "initial_data_id"
+    return f"{rec.file.stem}-{rec.index}", None
 
 
 def _turns(raw_turns: list, at: str, speakers: list[str], chk: Checker) -> list[Turn]:

@@ -3,6 +3,7 @@ format-neutral episode structure, and its conversion to canonical episodes / tur
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -10,6 +11,8 @@ from typing import Any, NoReturn
 
 from pipeline.corpus.reader import RawRecord
 from pipeline.errors import InputError
+
+log = logging.getLogger(__name__)
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list", dict: "an object"}
 
@@ -24,6 +27,12 @@ def _json_type(value: Any) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "object"}.get(
         type(value), type(value).__name__
     )
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A value from the corpus as an error message quotes it: repr (so one line), cut to `limit`."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def join(at: str, key: str | int) -> str:
@@ -42,8 +51,10 @@ class Checker:
         self.record = rec.locator
 
     def name(self, episode_id: str) -> None:
-        """Once the episode id is known, errors name it next to the line / item number."""
-        self.record = f"{episode_id} ({self.locator})"
+        """Once the episode id is known, errors name it next to the line / item number (quoted when
+        it holds a line break or is very long, so the error stays one line)."""
+        plain = episode_id.isprintable() and len(episode_id) <= 80
+        self.record = f"{episode_id if plain else shown(episode_id, 80)} ({self.locator})"
 
     def fail(self, path: str | None, message: str) -> NoReturn:
         raise InputError(self.file, self.record, path or None, message)
@@ -54,6 +65,20 @@ class Checker:
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:
             self.fail(path, f"expected {_describe(types)}, got {_json_type(value)}")
+        if isinstance(value, str):
+            self.text(value, path)
+        return value
+
+    def text(self, value: str, path: str) -> str:
+        """A string Arrow can store: JSON's "\\ud800" escapes decode to lone surrogates, which
+        UTF-8 cannot encode (invalid UTF-8 written as an escape)."""
+        if value.isascii():  # the common case, and cheap
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            self.fail(path, f"not valid Unicode: a lone surrogate \\u{ord(value[e.start]):04x} at character "
+                            f"{e.start + 1} (invalid UTF-8 written as a JSON escape)")
         return value
 
     def obj(self, value: Any, path: str) -> dict:
@@ -89,8 +114,8 @@ class Checker:
         self.check(value, str, path)
         try:
             return parse_time(value)
-        except ValueError:
-            self.fail(path, f"unrecognised date/time {value!r} (expected ISO 8601 or like '1:56 pm on 8 May, 2023')")
+        except ValueError as e:
+            self.fail(path, f"{e} (expected ISO 8601 or like '1:56 pm on 8 May, 2023')")
 
 
 _LOCOMO_FORMATS = ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M %p on %d %B %Y", "%I:%M %p on %d %b %Y")
@@ -109,9 +134,12 @@ def parse_time(text: str) -> datetime:
             except ValueError:
                 continue
         else:
-            raise ValueError(f"unrecognised date/time {text!r}") from None
+            raise ValueError(f"unrecognised date/time {shown(text)}") from None
     if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+        try:
+            dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+        except OverflowError:  # e.g. 0001-01-01T00:00+05:00 is in year 0 in UTC
+            raise ValueError(f"date/time {shown(text)} is out of range in UTC") from None
     return dt.replace(microsecond=0)
 
 
@@ -167,6 +195,7 @@ class Episode:
     relationship: str | None = None
     qa: list[QAItem] = field(default_factory=list)
     sessions_path: str = "sessions"  # the field an "episode has no sessions" error names
+    id_field: str | None = "episode_id"  # the field the id came from (None: derived from file and position)
 
 
 @dataclass
@@ -185,7 +214,8 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
     if ep.personas is not None:
         for name in ep.personas:
             if name not in speakers:
-                chk.fail("personas", f"persona given for {name!r}, who is not a speaker of the episode {speakers}")
+                chk.fail("personas", f"persona given for {shown(name)}, who is not a speaker of the episode "
+                                     f"{shown(speakers)}")
         personas = [list(ep.personas.get(s, [])) for s in speakers]
 
     has_topics = any(t.topic_start is not None for s in ep.sessions for t in s.turns)
@@ -208,24 +238,39 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
                 }
             )
 
+    # Evidence that names no turn of the episode (a typo, a turn the release dropped) is dropped and
+    # the question kept: no retrieval could ever find it, so it would only cap recall. Evidence left
+    # empty that way becomes null (unknown), as Long-MT-Bench+ evidence of an unknown shape; a warning
+    # counts what was dropped.
+    turn_ids = {t["source_turn_id"] for t in turns}
+    dropped: list[str] = []
     qa: list[dict] = []
     seen: set[str] = set()
     for q in ep.qa:
         if q.qa_id in seen:
-            chk.fail(join(q.path, "qa_id"), f"duplicate qa_id {q.qa_id!r} in the episode")
+            chk.fail(join(q.path, "qa_id"), f"duplicate qa_id {shown(q.qa_id)} in the episode")
         seen.add(q.qa_id)
+        evidence = q.evidence
+        if evidence:
+            kept = [e for e in evidence if e in turn_ids]
+            dropped += [f"{join(q.path, 'evidence')} {shown(e)}" for e in evidence if e not in turn_ids]
+            evidence = kept or None
         qa.append(
             {
                 "episode_id": ep.episode_id,
                 "qa_id": q.qa_id,
                 "question": q.question,
                 "answer": q.answer,
-                "evidence": None if q.evidence is None else list(q.evidence),
+                "evidence": None if evidence is None else list(evidence),
                 "category": q.category,
                 "adversarial_answer": q.adversarial_answer,
                 "source": "dataset",
             }
         )
+
+    if dropped:
+        log.warning("file %s, record %s: dropped %d evidence id(s) that name no turn: %s", chk.file, chk.record,
+                    len(dropped), "; ".join(dropped[:5]) + ("; ..." if len(dropped) > 5 else ""))
 
     notes = [{"session_idx": s_idx, "kind": n.kind, "speaker": n.speaker, "text": n.text}
              for s_idx, session in enumerate(ep.sessions, start=1) for n in session.notes]
@@ -248,5 +293,6 @@ def _speakers(ep: Episode, chk: Checker) -> list[str]:
     for s in ep.sessions:
         for t in s.turns:
             if t.speaker not in ep.speakers:
-                chk.fail(join(t.path, "speaker"), f"speaker {t.speaker!r} is not one of the episode's speakers {ep.speakers}")
+                chk.fail(join(t.path, "speaker"),
+                         f"speaker {shown(t.speaker)} is not one of the episode's speakers {shown(ep.speakers)}")
     return list(ep.speakers)

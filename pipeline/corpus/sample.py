@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.corpus.reader import RawRecord
-from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join
+from pipeline.corpus.records import Checker, Episode, QAItem, Session, Turn, join, shown
 
 DATASET = "sample"
 
@@ -16,7 +16,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     if not speakers:
         chk.fail("speakers", "must name at least one speaker")
     if len(set(speakers)) != len(speakers):
-        chk.fail("speakers", f"names a speaker twice: {speakers}")
+        chk.fail("speakers", f"names a speaker twice: {shown(speakers)}")
 
     personas = chk.opt(d, "personas", dict)
     if personas is not None:
