@@ -183,6 +183,7 @@ QUIET_WORKERS = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "TQDM_DISABLE": "1",  # e.g. transformers' GGUF conversion bar; workers draw none of their own
+    "PYTHONWARNINGS": "ignore::FutureWarning",  # libraries' deprecation notes, printed per worker
 }
 
 

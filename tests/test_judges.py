@@ -206,6 +206,46 @@ def test_the_memory_judge_sees_the_dialogue_and_only_that_speakers_memory_cut_fr
     assert "closely tied to Ann, the participant of this conversation" in ann and "Evaluation steps:\n1. " in ann
 
 
+def test_per_call_all_rates_every_criterion_in_one_call_with_the_same_rows():
+    view = "[Ann] has a dog named Rex\n[Bob] works nights"
+    criteria = ["integration", "relevance", "diversity"]
+    sets = ["judge_memory.criteria=[integration,relevance,diversity]", "judge_memory.samples=2"]
+    one = FakeChat(responder=lambda m, s: {"score": 4})
+    per_criterion = run_memory(one, view, *sets)
+    every = FakeChat(responder=lambda m, s: {"scores": [2, 5, 3]})
+    rows = run_memory(every, view, *sets, "judge_memory.per_call=all")
+    assert len(one.calls) == 2 * 3 * 2 and len(every.calls) == 2 * 2  # speakers x samples
+    key = ("method", "speaker", "criterion", "group", "sample", "memory_lines", "dialogue_sessions_shown")
+    assert [tuple(r[k] for k in key) for r in rows] == [tuple(r[k] for k in key) for r in per_criterion]
+    assert {(r["criterion"], r["score"]) for r in rows} == {("integration", 2), ("relevance", 5), ("diversity", 3)}
+    assert all(r["error"] is None and r["judge_model"] == "fake" for r in rows)
+    call = every.calls[0]
+    assert call["params"]["max_tokens"] == 24 * 3
+    system, user = (m["content"] for m in call["messages"])
+    assert "rate the memory about that person on it" in system
+    # The dialogue and the numbered criteria (about "the person") first, the same for every call; then the memory.
+    prefix = user.split("The person is ")[0]
+    assert {c["messages"][1]["content"].split("The person is ")[0] for c in every.calls} == {prefix}
+    assert prefix.startswith("Dialogue:\n[Session 1]\nAnn: I adopted a dog called Rex") and "Ann" not in prefix.split(
+        "The criteria")[1]
+    assert all(f"{i}. Criterion. {judge_memory.memory_quality.CRITERIA[c][1].format(speaker='the person')}" in prefix
+               for i, c in enumerate(criteria, 1)) and prefix.count("Evaluation steps:\n1. ") == 3
+    assert user.index("[Ann] has a dog named Rex") > user.index("The person is Ann.")
+    assert user.endswith("3 scores from 1 to 5, one per criterion in the order above (integration, relevance, diversity).")
+    # Exactly one 1-5 score per criterion, or the call fails and so does each of its rows.
+    for bad in ({"scores": [2, 5]}, {"scores": [2, 5, 6]}, "not json"):
+        failed = run_memory(FakeChat(responder=lambda m, s, bad=bad: bad), view, *sets, "judge_memory.per_call=all")
+        assert len(failed) == 12 and all(r["score"] is None and r["error"] for r in failed)
+
+
+def test_every_paper_config_rates_memory_one_criterion_per_prompt_as_b2():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+    per_call = {p.stem: stages.load_config(p).judge_memory.per_call for p in configs}
+    assert per_call.pop("default") == "all" and set(per_call.values()) == {"criterion"}
+
+
 def test_memory_criteria_carry_b2s_elements_about_the_speaker_and_each_has_its_own_steps():
     from stages.judging import memory_quality as mq
 

@@ -16,8 +16,8 @@ from fake_chat import FakeChat
 from pipeline.llm.types import LLMError
 from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
 from stages.methods.ld_agent import (NO_TRAIT, LDAgent, LDAgentSettings, elapsed_words, gap_seconds,
-                                     no_memory_shares, persona_messages, retrieval_scores, session_times,
-                                     summary_messages, timeline, topic_overlap)
+                                     no_memory_shares, persona_messages, persona_turns, retrieval_scores,
+                                     session_times, summary_messages, timeline, topic_overlap)
 from stages.methods.ld_agent_base import LDAgentBase, LDAgentBaseSettings
 
 VOCAB = ["dog", "park", "leash", "car", "garden", "cello"]
@@ -296,6 +296,20 @@ def test_no_trait_is_dropped_and_persona_banks_stay_per_speaker():
     assert llm.calls[0]["messages"][1]["content"].count("I have a dog.") == 1  # deduplicated
 
 
+def test_persona_every_samples_each_speakers_utterances_per_session_and_max_tokens_caps_the_build_calls():
+    ep = dialogue([chats(7), [("Ann", "my dog"), ("Ann", "a"), ("Bob", "old car"), ("Ann", "b"), ("Ann", "c")]])
+    every, llm = build(ep)
+    assert len(every["personas"]) == 12 and all(c["params"] == {} for c in llm.calls)  # the paper: every utterance
+    out, llm = build(ep, persona_every=3, max_tokens=48)
+    # Each speaker's 1st and 4th utterance of a session: Ann's turns 0 and 6, Bob's 1 (session 1, 4 x Ann,
+    # 3 x Bob); Ann's turns 0 and 4 and Bob's 2 (session 2).
+    assert [(p["session_idx"], p["turn_idx"], p["speaker"]) for p in out["personas"]] == [
+        (1, 0, "Ann"), (1, 1, "Bob"), (1, 6, "Ann"), (2, 0, "Ann"), (2, 2, "Bob"), (2, 4, "Ann")]
+    assert {p["trait"] for p in out["personas"] if p["trait"]} == {"I have a dog.", "I restore old cars."}
+    assert len(out["events"]) == len(every["events"]) == 2  # event summaries stay one per flushed cache
+    assert len(llm.calls) == 6 + 2 and all(c["params"] == {"max_tokens": 48} for c in llm.calls)
+
+
 # ------------------------------------------------------------------------------- prompts (R-P)
 
 def test_the_summary_prompt_carries_every_instruction_of_d1():
@@ -410,6 +424,7 @@ def test_the_ldagent_config_runs_table_1_chatgpt_rows():
     ld, base = cfg.method.ld_agent, cfg.method.ld_agent_base
     assert (ld.scoring, ld.query, ld.tau_s, ld.beta_s, ld.top_n) == ("paper", "utterance", 1e7, 3600.0, 1)
     assert ld.events and ld.user_personas and ld.agent_personas
+    assert (ld.persona_every, ld.max_tokens) == (1, None)  # every utterance, the role's limit
     assert (ld.response_words, ld.short_term_turns) == (base.response_words, base.short_term_turns) == (30, 30)
 
 
@@ -427,7 +442,10 @@ def test_on_the_sample_corpus_ld_agent_and_its_baseline_answer_every_probe(run_c
     assert len(events) == sessions and all(e["nouns"] and e["error"] is None for e in events)
     assert memory.manifest().stats["summary_failures"] == 0 and memory.manifest().stats["events"] == sessions
     personas = memory.read_table("personas").to_pylist()
-    assert len(personas) == StageDir(cfg.run_dir, "ingest").read_table("turns").num_rows
+    turns = sorted(StageDir(cfg.run_dir, "ingest").read_table("turns").to_pylist(), key=lambda t: t["turn_idx"])
+    every = cfg.method.ld_agent.persona_every  # the default job samples the utterances it extracts traits from
+    assert every > 1 and len(personas) == sum(len(persona_turns([t for t in turns if t["session_idx"] == s], every))
+                                              for s in {t["session_idx"] for t in turns})
     assert all(p["snapshot_turn"] == p["turn_idx"] for p in personas)
     probes = StageDir(cfg.run_dir, "probes").manifest().rows
     for method in ("ld_agent", "ld_agent_base"):

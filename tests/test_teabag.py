@@ -353,7 +353,8 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
     summaries = pl.read_parquet(first / "summaries.parquet")
     assert summaries["session_idx"].to_list() == [1, 2, 3, 4, 5] and set(summaries["model"]) == {cfg.role("teabag").model}
     card = (first / "README.md").read_text()
-    assert "Counterfactual check (ours, not in the paper): on" in card and "Leak check (ours, not in the paper): on" in card
+    # The default job writes without our counterfactual check (as the paper) and keeps the leak check.
+    assert "Counterfactual check (ours, not in the paper): off" in card and "Leak check (ours, not in the paper): on" in card
     assert f"generator model(s): {cfg.role('teabag').model}; temperature: {cfg.role('teabag').temperature}" in card
     assert f"summariser model(s): {cfg.role('teabag').model}; temperature: {cfg.role('teabag').temperature}" in card
     assert "the generator's role since `roles.teabag_summary` was not set" in card and "- seed(s): 0" in card
@@ -406,6 +407,6 @@ def test_exporting_with_another_config_than_the_runs_is_refused_or_warned_and_th
         out = export_teabag(cfg.run_dir, tmp_path / "warned", shorter, on_mismatch="warn")
     assert run_fp in caplog.text and other_fp in caplog.text
     card = (out / "README.md").read_text()
-    assert "(about 4 turns)" in card and "(about 6 turns)" not in card  # the run's value (default.yaml), not the export's
+    assert "(about 2 turns)" in card and "(about 6 turns)" not in card  # the run's value (default.yaml), not the export's
     export_teabag(cfg.run_dir, tmp_path / "same", cfg)
     assert card == (tmp_path / "same" / "README.md").read_text()

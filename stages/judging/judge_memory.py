@@ -3,7 +3,11 @@ B.2), about each speaker, N samples per rating (paper: 20) averaged in the repor
 judge looks at the dialogue (every session, cut to `max_dialogue_tokens`, oldest sessions dropped
 first) and the memory; it sees only the rated speaker's memory lines (`speaker_lines`), cut to
 `max_memory_tokens` with the oldest lines dropped first. Each row records what was cut. Methods
-that keep no memory of their own (full / zero history) have nothing to rate."""
+that keep no memory of their own (full / zero history) have nothing to rate.
+
+`per_call: criterion` is B.2's protocol, one prompt per criterion; `per_call: all` (ours, for small
+runs) rates every criterion of a (memory, speaker, sample) in one call, the same rows coming out
+(a failed call fails each of its criteria's rows)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from pydantic import Field
 
 from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from stages.judging import memory_quality
 from stages.judging.base import JudgeSettings, JudgeStage, judged_row
 from stages.method_stages import memory_stage_name
@@ -55,6 +59,9 @@ class JudgeMemorySettings(JudgeSettings):
     max_memory_tokens: int | None = Field(default=3000, ge=1)  # the speaker's memory shown, oldest lines cut first
     max_dialogue_tokens: int | None = Field(default=6000, ge=1)  # the dialogue shown, oldest sessions cut first
     episodes: list[str] | None = None  # episode ids to rate; None = every episode (sizes the default job)
+    # criterion: one prompt per criterion with its own steps (B.2); all: one call rates every criterion
+    # (ours: a seventh of the calls; max_tokens then holds per criterion)
+    per_call: Literal["criterion", "all"] = "criterion"
 
 
 def speaker_lines(view: str, speaker: str, speakers: Sequence[str]) -> list[str]:
@@ -121,6 +128,26 @@ class JudgeMemoryStage(JudgeStage):
             return await judged_row(row, ("score",), memory_quality.rate_memory(
                 ctx.llm, criterion, speaker, memory, dialogue.text, sample=s, **params))
 
+        async def every(method: str, speaker: str, s: int) -> list[dict[str, Any]]:
+            memory, seen = memories[method, speaker]
+            rows = [{**stamp, "method": method, "speaker": speaker, "criterion": c,
+                     "group": memory_quality.CRITERIA[c][0], "sample": s, "score": None, **seen, **NO_FAILURE}
+                    for c in settings.criteria]
+            rated, failed = await attempt(memory_quality.rate_memory_all(
+                ctx.llm, settings.criteria, speaker, memory, dialogue.text, sample=s,
+                **{**params, "max_tokens": settings.max_tokens * len(settings.criteria)}))
+            if rated is None:
+                return [{**r, **failed} for r in rows]
+            scores, model = rated
+            return [{**r, "score": scores[r["criterion"]], "judge_model": model or r["judge_model"]} for r in rows]
+
+        if settings.per_call == "all":  # one call per (speaker, memory, sample): they share the criteria prefix
+            calls = [every(m, sp, s) for sp in speakers for m in views for s in range(settings.samples)]
+            by_call = await asyncio.gather(*calls)
+            order = {(m, sp): i for i, (m, sp) in enumerate((m, sp) for m in views for sp in speakers)}
+            rows = sorted((r for part in by_call for r in part), key=lambda r: (
+                order[r["method"], r["speaker"]], settings.criteria.index(r["criterion"]), r["sample"]))
+            return {"memory_judgments": rows}
         jobs = [one(m, sp, c, s) for m in views for sp in speakers for c in settings.criteria
                 for s in range(settings.samples)]
         return {"memory_judgments": list(await asyncio.gather(*jobs))}

@@ -5,13 +5,16 @@ conciseness); fundamental ones what it holds (relevance, concreteness, diversity
 
 Each definition carries every element of B.2's, reworded, about `{speaker}`. B.2 says each
 criterion's prompt has its own evaluation steps but does not print them: the steps below are ours
-(G-Eval style, 3-4 per criterion). The wording is ours throughout."""
+(G-Eval style, 3-4 per criterion). The wording is ours throughout.
+
+`build_messages` is B.2's one prompt per criterion; `build_all_messages` (ours, for small runs) asks
+for every criterion at once, each with its definition and steps, in one call."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, Messages
 
@@ -108,7 +111,15 @@ SYSTEM = ("You evaluate the long-term memory that a dialogue agent built from a 
           "people, to see how well the memory reflects the conversation. You are given the dialogue, the "
           "memory kept about one of the two people, one criterion and the steps to follow. Follow the steps, "
           "then rate the memory about that person on the criterion from 1 (very poor) to 5 (excellent).")
-PROMPTS = {"system": SYSTEM, **{f"criterion.{k}": v[1] for k, v in CRITERIA.items()},
+# Every criterion in one call (ours): the same definitions and steps, about "the person" so that the
+# criteria are a prompt prefix shared by every memory and speaker rated.
+ALL_SYSTEM = ("You evaluate the long-term memory that a dialogue agent built from a conversation between two "
+              "people, to see how well the memory reflects the conversation. You are given the dialogue, several "
+              "criteria with the steps to follow for each, and the memory kept about one of the two people. For "
+              "each criterion, follow its steps, then rate the memory about that person on it from 1 (very poor) "
+              "to 5 (excellent).")
+PERSON = "the person"
+PROMPTS = {"system": SYSTEM, "all_system": ALL_SYSTEM, **{f"criterion.{k}": v[1] for k, v in CRITERIA.items()},
            **{f"steps.{k}": "\n".join(v) for k, v in STEPS.items()}}
 
 
@@ -124,6 +135,44 @@ def build_messages(criterion: str, speaker: str, memory: str, dialogue: str) -> 
             f"{memory or '(empty)'}\n\nCriterion. {CRITERIA[criterion][1].format(speaker=speaker)}\n\n"
             f"Evaluation steps:\n{steps}\n\n" + 'Reply in JSON: {"score": 1-5}.')
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def criterion_text(criterion: str, speaker: str) -> str:
+    """One criterion's definition and its numbered evaluation steps, about `speaker`."""
+    steps = "\n".join(f"{i}. {s.format(speaker=speaker)}" for i, s in enumerate(STEPS[criterion], 1))
+    return f"Criterion. {CRITERIA[criterion][1].format(speaker=speaker)}\n\nEvaluation steps:\n{steps}"
+
+
+def build_all_messages(criteria: Sequence[str], speaker: str, memory: str, dialogue: str) -> Messages:
+    """Messages rating `speaker`'s memory on every criterion in `criteria` at once. The dialogue and
+    the criteria (about "the person", numbered) come first, so every rating of a run shares them as a
+    prompt prefix; then who the person is, the memory and the reply format: the scores as a list in
+    the criteria's order (half the tokens of named fields, which a small local model writes one
+    by one)."""
+    blocks = "\n\n".join(f"{i}. {criterion_text(c, PERSON)}" for i, c in enumerate(criteria, 1))
+    order = ", ".join(criteria)
+    user = (f"Dialogue:\n{dialogue or '(empty)'}\n\nThe criteria, each with its evaluation steps:\n\n{blocks}\n\n"
+            f"The person is {speaker}.\n\nMemory about {speaker}:\n{memory or '(empty)'}\n\n"
+            f'Reply in JSON: {{"scores": [...]}}, {len(criteria)} scores from 1 to 5, one per criterion in the '
+            f"order above ({order}).")
+    return [{"role": "system", "content": ALL_SYSTEM}, {"role": "user", "content": user}]
+
+
+Score = Literal[1, 2, 3, 4, 5]  # an enum, which a grammar-constrained endpoint keeps to (a bare range it may not)
+
+
+def ratings_schema(n: int) -> type[BaseModel]:
+    """Exactly `n` scores of 1-5."""
+    return create_model("Ratings", scores=(list[Score], Field(min_length=n, max_length=n)))  # type: ignore[call-overload]
+
+
+async def rate_memory_all(llm: ChatLLM, criteria: Sequence[str], speaker: str, memory: str, dialogue: str, *,
+                          sample: int = 0, **params: Any) -> tuple[dict[str, int], str]:
+    """One sample's 1-5 rating of `memory` on every criterion in one call: {criterion: score}, and the
+    judge model."""
+    result = await llm.chat(build_all_messages(criteria, speaker, memory, dialogue),
+                            schema=ratings_schema(len(criteria)), sample=sample, **params)
+    return dict(zip(criteria, result.parsed.scores)), result.model
 
 
 async def rate_memory(llm: ChatLLM, criterion: str, speaker: str, memory: str, dialogue: str, *, sample: int = 0,

@@ -21,7 +21,9 @@ response frame this module extends.
 - Personas (App. D.2, with two examples of our own): one call per utterance extracts its speaker's
   traits, or NO_TRAIT. Rows are keyed by (session, turn), so a probe at turn t sees the traits of
   turns before t, its own session's included: the user's just-said utterance, not the agent's gold
-  turn (as the reference code updates its banks).
+  turn (as the reference code updates its banks). `persona_every` k > 1 (ours, to size small runs)
+  sends only each speaker's 1st, (k+1)th, ... utterance of a session to the extractor; the others get
+  no row.
 - Generator (App. D.3 Prompt 4): the agent's traits in the system prompt; the short-term context (the
   last `short_term_turns` cached utterances), the memories with their age in words, the user's
   traits, what the user just said; at most `response_words` words.
@@ -110,6 +112,9 @@ class LDAgentSettings(LDAgentBaseSettings):  # short_term_turns, response_words:
     turn_gap_s: float = Field(default=60.0, ge=0)  # between utterances of a session
     summary_words: int = Field(default=20, ge=5)
     persona_words: int = Field(default=20, ge=5)
+    # Ours, to size small runs; the defaults are the paper's (every utterance, the role's limit).
+    persona_every: int = Field(default=1, ge=1)  # each speaker's every k-th utterance of a session
+    max_tokens: int | None = Field(default=None, ge=16)  # summary and persona calls; None = the role's
     events: bool = True  # the event memory (Table 2's "Mem")
     user_personas: bool = True  # the user's persona bank
     agent_personas: bool = True  # the agent's persona bank
@@ -310,6 +315,22 @@ def reply_messages(agent: str, user: str, agent_traits: list[str] | None, user_t
     return frame_messages(agent, user, context, request, words, system_extra, blocks)
 
 
+def persona_turns(turns: Sequence[dict], every: int) -> list[dict]:
+    """The utterances of one session whose traits are extracted: each speaker's 1st, (every+1)th, ...
+    (all of them with every = 1, the paper)."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for t in turns:
+        if seen[t["speaker"]] % every == 0:
+            out.append(t)
+        seen[t["speaker"]] += 1
+    return out
+
+
+def _params(settings: LDAgentSettings) -> dict[str, Any]:
+    return {"max_tokens": settings.max_tokens} if settings.max_tokens else {}
+
+
 _LABEL = re.compile(r"^\s*(?:SUMMARY|Summary|Extracted Traits|EXTRACTED TRAITS)\s*:\s*")
 
 
@@ -340,7 +361,8 @@ class LDAgent(Method):
                 for i, cache in enumerate(caches(timeline(episode.sessions, settings), settings.beta_s)))))
         if settings.user_personas or settings.agent_personas:  # who is the agent is known only per probe
             out["personas"] = list(await asyncio.gather(*(self.trait(ctx.llm, eid, s, t, settings)
-                                                          for s, turns in episode.sessions.items() for t in turns)))
+                                                          for s, turns in episode.sessions.items()
+                                                          for t in persona_turns(turns, settings.persona_every))))
         return out
 
     async def event(self, ctx: BuildContext, eid: str, event_id: str, cache: list[Stamped], speakers: Sequence[str],
@@ -354,7 +376,8 @@ class LDAgent(Method):
                "nouns": self.nouns(format_unit(turns)), "vector": [], "turns": len(turns)}
 
         async def summarised() -> dict[str, Any]:
-            raw = (await ctx.llm.chat(summary_messages(turns, speakers, settings.summary_words))).text
+            raw = (await ctx.llm.chat(summary_messages(turns, speakers, settings.summary_words),
+                                      **_params(settings))).text
             summary = cleaned(raw)
             if not summary:
                 raise LLMError("empty event summary", raw=raw)
@@ -368,8 +391,8 @@ class LDAgent(Method):
                "session_idx": s, "turn_idx": turn["turn_idx"], "trait": None}
 
         async def extracted() -> dict[str, Any]:
-            text = cleaned((await llm.chat(persona_messages(turn["text"], turn["speaker"],
-                                                            settings.persona_words))).text)
+            text = cleaned((await llm.chat(persona_messages(turn["text"], turn["speaker"], settings.persona_words),
+                                           **_params(settings))).text)
             return {"trait": None if not text or NO_TRAIT in text.upper().replace(" ", "_") else text}
 
         return await row_or_failure(row, extracted())
