@@ -124,13 +124,16 @@ class Runner:
             result.append(StageStatus(stage.name, state, fp, manifest, shards))
         return result
 
-    # --- execution --------------------------------------------------------------------------
-    def run(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None,
-            until: str | None = None, retry_failed: str | None = None) -> dict[str, str]:
-        """Run what is not done. only: just these stages (their upstream must be done); from_:
-        this stage and everything downstream, rebuilt; until: this stage and whatever it needs that
-        is not done; force: rebuild these too; retry_failed: rebuild this stage (and its downstream)
-        re-asking only requests whose answers were all invalid, with new sample indexes."""
+    # --- selection --------------------------------------------------------------------------
+    def select(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None,
+               until: str | None = None, retry_failed: str | None = None) -> list[tuple[Stage, str]]:
+        """The stages the selectors pick, in pipeline order, each with why it would run: `new` (no
+        output yet), `stale` (an output of another fingerprint), `partial` (an interrupted run of
+        this fingerprint: its finished shards are kept), `forced` (--force, --from, --retry-failed),
+        or `done` (up to date: skipped). `run` executes exactly the ones not `done`, and `mempipe
+        plan` estimates them, so the two never disagree. Reads only: nothing is invalidated here.
+        Raises PipelineError for an unknown stage, two exclusive selectors, or a stage to run whose
+        input is neither done nor to run."""
         names = {s.name for s in self.plan}
         for n in [*(only or []), *(force or []), *([from_] if from_ else []), *([until] if until else []),
                   *([retry_failed] if retry_failed else [])]:
@@ -149,28 +152,27 @@ class Runner:
         else:
             selected = names
         fps = self.fingerprints()
-        outcome: dict[str, str] = {}
-        todo: list[Stage] = []
-        self._retry_round = {}
+        out: list[tuple[Stage, str]] = []
         for stage in self.plan:
             if stage.name not in selected:
                 continue
             sd = StageDir(self.run_dir, stage.name)
             manifest = sd.manifest()
-            # A forced rerun of the same config keeps the retry rounds it had (so it replays the
-            # same answers from the cache); --retry-failed adds one.
-            same = manifest is not None and manifest.fingerprint == fps[stage.name]
-            rounds = manifest.retry_round if manifest is not None and same else 0
-            self._retry_round[stage.name] = rounds + (stage.name == retry_failed)
             if stage.name in forced:
-                sd.invalidate()
-                manifest = None
-            if manifest is not None and manifest.fingerprint == fps[stage.name]:
-                outcome[stage.name] = "skipped"
+                reason = "forced"
+            elif manifest is not None and manifest.fingerprint == fps[stage.name]:
+                reason = "done"
+            elif sd.partial_fingerprint() == fps[stage.name]:
+                reason = "partial"
+            elif manifest is not None:
+                reason = "stale"
+            else:
+                reason = "new"
+            out.append((stage, reason))
+        todo_names = {s.name for s, reason in out if reason != "done"}
+        for stage, reason in out:
+            if reason == "done":
                 continue
-            todo.append(stage)
-        todo_names = {s.name for s in todo}
-        for stage in todo:
             for up in stage.inputs:
                 up_manifest = StageDir(self.run_dir, up).manifest()
                 if up not in todo_names and (up_manifest is None or up_manifest.fingerprint != fps[up]):
@@ -178,6 +180,35 @@ class Runner:
                         f"stage {stage.name!r} needs {up!r}, which is not done for this config; "
                         f"run it first (--until {stage.name} runs both)"
                     )
+        return out
+
+    # --- execution --------------------------------------------------------------------------
+    def run(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None,
+            until: str | None = None, retry_failed: str | None = None) -> dict[str, str]:
+        """Run what is not done. only: just these stages (their upstream must be done); from_:
+        this stage and everything downstream, rebuilt; until: this stage and whatever it needs that
+        is not done; force: rebuild these too; retry_failed: rebuild this stage (and its downstream)
+        re-asking only requests whose answers were all invalid, with new sample indexes. Which
+        stages run, and why, is `select`'s answer."""
+        selection = self.select(only, from_, force, until, retry_failed)
+        fps = self.fingerprints()
+        outcome: dict[str, str] = {}
+        todo: list[Stage] = []
+        self._retry_round = {}
+        for stage, reason in selection:
+            sd = StageDir(self.run_dir, stage.name)
+            manifest = sd.manifest()
+            # A forced rerun of the same config keeps the retry rounds it had (so it replays the
+            # same answers from the cache); --retry-failed adds one.
+            same = manifest is not None and manifest.fingerprint == fps[stage.name]
+            rounds = manifest.retry_round if manifest is not None and same else 0
+            self._retry_round[stage.name] = rounds + (stage.name == retry_failed)
+            if reason == "done":
+                outcome[stage.name] = "skipped"
+                continue
+            if reason == "forced":
+                sd.invalidate()
+            todo.append(stage)
         if not todo:
             return outcome
         with self._services(todo) as (handles, ledger):

