@@ -4,9 +4,10 @@
     the three judges on, against the fake server (`python -m tests.fake_openai`, its own process). In
     order: `plan --json` with no calibration source, `plan --json --calibrate 1` (a real run of the
     first episode against the fake, into <run>-calibrate-1, sharing the LLM cache), then the real run.
-(b) default job: configs/default.yaml (the embedded SmolLM2-135M through llama.cpp) on the first 2
-    episodes of the sample corpus (corpus.limit=2, so a 1-episode calibration is a smaller run):
-    `plan --json` with no calibration source, `plan --json --calibrate 1`, then the real run.
+(b) default job: configs/default.yaml (the embedded SmolLM2-135M through llama.cpp) scaled up to
+    `--episodes` episodes of the sample corpus (2: corpus.limit=2), `plan --json` with no calibration
+    source, `plan --json --calibrate K` (`--calibrate`, 1: a real run of the first episode), then the
+    real run (whose first K episodes' calls the calibration run already cached).
 
 For each stage with an LLM role, estimated against real (the manifests: calls + failed calls,
 prompt and completion tokens over the roles), and the relative error (estimate - real) / real;
@@ -14,7 +15,7 @@ the target is |error| < 15% on the run's totals. Fresh artifacts and LLM caches 
 
     python bench/plan_accuracy.py              # (a) and (b): about 40 minutes on 2 cores
     python bench/plan_accuracy.py --part a     # the stub run only (about 15 minutes)
-    python bench/plan_accuracy.py --part b     # the default job only (about 25 minutes)
+    python bench/plan_accuracy.py --part b     # the default job only (about 15 minutes)
 
 Most of a plan's time is its dry run, which does the run's own CPU work (LLMLingua compression,
 MiniLM embeddings) in one process; the stub run's every-method dry run is the slowest part of (a).
@@ -161,7 +162,7 @@ def part(label: str, sets: list[str], run_dir: Path, calibrate: int) -> dict[str
     print(f"[{label}] the real run ...", flush=True)
     _, t_run = mempipe_out(["run"], sets)
     real = real_usage(run_dir)
-    plans = {"uncalibrated": plain, f"calibrated (1 episode)": calibrated}
+    plans = {"uncalibrated": plain, f"calibrated ({calibrate} episode{'s' if calibrate > 1 else ''})": calibrated}
     text, data = compare(plans, real)
     verdict, met = verdicts(data, list(plans))
     return {"table": text, "data": data, "verdict": verdict, "met": met,
@@ -184,16 +185,20 @@ def stub(workdir: Path) -> dict[str, Any]:
     return result
 
 
-def default_job(workdir: Path) -> dict[str, Any]:
-    sets = ["run_name=default2", f"artifacts_dir={workdir / 'artifacts'}", "corpus.limit=2",
+def default_job(workdir: Path, episodes: int, calibrate: int) -> dict[str, Any]:
+    sets = ["run_name=default_scaled", f"artifacts_dir={workdir / 'artifacts'}", f"corpus.limit={episodes}",
             f"llm.cache_dir={workdir / 'llm-cache-default'}"]
-    return part("b: default job", sets, workdir / "artifacts" / "default2", 1)
+    result = part("b: default job", sets, workdir / "artifacts" / "default_scaled", calibrate)
+    result["episodes_run"], result["episodes_calibrated"] = episodes, calibrate
+    return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["a", "b", "both"], default="both")
     ap.add_argument("--keep", action="store_true", help="keep the runs' folders")
+    ap.add_argument("--episodes", type=int, default=2, help="(b): episodes of the sample corpus in the run (default 2; 4 is all)")
+    ap.add_argument("--calibrate", type=int, default=1, help="(b): episodes of the calibration run (default 1)")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mempipe-plan-bench-"))
     results: dict[str, Any] = {}
@@ -201,7 +206,7 @@ def main() -> None:
         if args.part in ("a", "both"):
             results["stub"] = stub(workdir)
         if args.part in ("b", "both"):
-            results["default_job"] = default_job(workdir)
+            results["default_job"] = default_job(workdir, args.episodes, args.calibrate)
     finally:
         if args.keep:
             print(f"kept {workdir}")
@@ -215,8 +220,9 @@ def main() -> None:
         results = {k: results[k] for k in ("stub", "default_job") if k in results}
     body = []
     names = {"stub": f"(a) stub run of every method ({len(METHODS)}) on 2 episodes of the sample corpus, fake server, calibrated on 1",
-             "default_job": "(b) default job on 2 episodes (embedded SmolLM2-135M), calibrated on 1"}
+             "default_job": "(b) default job on {run} episodes (embedded SmolLM2-135M), calibrated on {cal}"}
     for key, r in results.items():
+        names[key] = names[key].format(run=r.get("episodes_run", 2), cal=r.get("episodes_calibrated", 1))
         cal = r.get("calibration_run") or {}
         body.append(f"## {names[key]}\n\nestimated (error against real) per stage; real = the run's manifests "
                     "(calls answered + failed)\n\n" + r["table"] + "\n\nTotals against the 15% target:\n" + r["verdict"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -203,22 +204,25 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
         sp.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
 
+    def selectors(sp: argparse.ArgumentParser) -> None:  # which stages: `run` and `plan` take the same
+        sp.add_argument("--only", action="append", default=[], metavar="STAGE", help="run only this stage")
+        sp.add_argument("--from", dest="from_stage", default=None, metavar="STAGE",
+                        help="rebuild this stage and all after it")
+        sp.add_argument("--force", action="append", default=[], metavar="STAGE",
+                        help="rebuild this stage even if up to date")
+        sp.add_argument("--until", default=None, metavar="STAGE",
+                        help="run this stage and whatever it needs that is not done")
+
     run = sub.add_parser("run", help="run the pipeline (skips stages whose fingerprint matches)")
     common(run)
-    run.add_argument("--only", action="append", default=[], metavar="STAGE", help="run only this stage")
-    run.add_argument("--from", dest="from_stage", default=None, metavar="STAGE", help="rebuild this stage and all after it")
-    run.add_argument("--force", action="append", default=[], metavar="STAGE", help="rebuild this stage even if up to date")
-    run.add_argument("--until", default=None, metavar="STAGE", help="run this stage and whatever it needs that is not done")
+    selectors(run)
     run.add_argument("--retry-failed", default=None, metavar="STAGE",
                      help="rebuild this stage, re-asking rows whose answers were all invalid with a new sample")
     run.set_defaults(func=cmd_run)
 
     plan = sub.add_parser("plan", help="before a run: the stages it would run and why, expected LLM calls, tokens, cost")
     common(plan)
-    plan.add_argument("--only", action="append", default=[], metavar="STAGE", help="as `run --only`")
-    plan.add_argument("--from", dest="from_stage", default=None, metavar="STAGE", help="as `run --from`")
-    plan.add_argument("--force", action="append", default=[], metavar="STAGE", help="as `run --force`")
-    plan.add_argument("--until", default=None, metavar="STAGE", help="as `run --until`")
+    selectors(plan)
     plan.add_argument("--sample", type=int, default=20, metavar="K",
                       help="episodes the dry run reads (all when fewer); per-episode stages are scaled (default 20)")
     plan.add_argument("--calibrate", type=int, default=None, metavar="K",
@@ -278,3 +282,6 @@ def main(app: App, argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mempipe: interrupted; finished shards are kept and a rerun resumes", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mempipe status | head`: the reader left; nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
+        return 141

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Literal, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, model_validator
 
 from pipeline.corpus import FORMATS
 from pipeline.errors import ConfigError
@@ -165,11 +165,13 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
-        key = _dotted(e["loc"]) or "<root>"
+        key = _dotted(e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key")
+        elif not key and e["type"] == "value_error":  # a check across sections names its own keys
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  {key}: {e['msg']}")
+            lines.append(f"  {key or '<root>'}: {e['msg']}")
     return "\n".join(lines)
 
 
@@ -247,6 +249,18 @@ class RunConfig(Section):
     known_methods: ClassVar[frozenset[str]] = frozenset()
     # Addresses of embedded servers started for this run (runtime only: never fingerprinted).
     _local_urls: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _batch_needs_openai(self) -> "RunConfig":
+        """The embedded server has no Batch API: say so at load time, not after an hour of waiting."""
+        merged = {"llm": self.llm.model_dump()}
+        merged |= {f"roles.{n}": _deep_merge(merged["llm"], o.model_dump(exclude_unset=True))
+                   for n, o in self.roles.items()}
+        for where, cfg in merged.items():
+            if cfg["provider"] == "local" and cfg["batch"]:
+                raise ValueError(f"{where}: batch: true needs an endpoint with OpenAI's Batch API (provider: "
+                                 "openai); the embedded server (provider: local) has none")
+        return self
 
     @property
     def run_dir(self) -> Path:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from pipeline.llm.usage import Usage
 
 # What a report sums over stages and roles (Manifest.usage_total).
-USAGE_TOTAL_KEYS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd")
+USAGE_TOTAL_KEYS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "batch_calls")
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,7 +90,8 @@ class Manifest:
 
     def usage_total(self) -> dict[str, float]:
         """LLM usage summed over the roles: calls, cached_calls, prompt_tokens, completion_tokens,
-        cost_usd (zeros for a stage without LLM roles)."""
+        cost_usd, batch_calls (those answered through the Batch API, at its discount; zeros for a stage
+        without LLM roles)."""
         total = Usage()
         for u in (self.llm_usage or {}).values():
             total.merge(u)

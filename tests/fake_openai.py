@@ -39,7 +39,6 @@ import base64
 import hashlib
 import json
 import re
-import socket
 import struct
 import threading
 import time
@@ -48,7 +47,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from pipeline.llm.simulated import SchemaInstance  # schema-valid answers, shared with `mempipe plan`'s dry run
+from pipeline.llm.simulated import LoopbackServer, SchemaInstance  # shared with `mempipe plan`'s dry run
 
 FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
 _HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
@@ -71,10 +70,13 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
+    thread_name = "fake-openai"
+
     def __init__(self, *, latency_s: float = 0.0, max_concurrency: int | None = None,
                  faults: dict[str, float] | None = None, fault_seed: int = 0,
                  retry_after_s: float | None = 1, timeout_sleep_s: float = 3.0, embed_dim: int = 16) -> None:
+        super().__init__()  # port 0; set .port before start() to bind a fixed one
         self.latency_s = latency_s
         self.max_concurrency = max_concurrency
         self.faults: dict[str, float] = dict(faults or {})
@@ -96,13 +98,7 @@ class FakeOpenAI:
         self.batch_fail_status = 500
         self.batch_fail_message = "fake batch item failure"
         self.batch_expire_next: int | None = None
-        self.host = "127.0.0.1"
-        self.port = 0  # set before start() to bind a fixed port
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._stopping: asyncio.Event | None = None
         self._sem: asyncio.Semaphore | None = None
         self._sem_size: int | None = None
         self.reset()
@@ -120,6 +116,7 @@ class FakeOpenAI:
             self.max_in_flight = 0
             self.force = []
             self.files: dict[str, dict[str, Any]] = {}  # file id -> {"content": bytes, "purpose", "filename"}
+            self.files_made = 0  # ids are never reused, also after a DELETE
             self.batches: dict[str, dict[str, Any]] = {}  # batch id -> the batch object, plus "_polls"
             self.batch_seen: Counter[str] = Counter()  # body hash -> batch attempts
             self.batch_failed: list[str] = []  # custom_ids of the items written as failed
@@ -141,71 +138,18 @@ class FakeOpenAI:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> FakeOpenAI:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._serve(sock))
-            except BaseException as e:  # surfaced to start()
-                errors.append(e)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fake-openai", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if errors:
-            raise errors[0]
-        return self
-
-    async def _serve(self, sock: socket.socket) -> None:
-        self._stopping = asyncio.Event()
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/files", self._file_upload)
         app.router.add_get("/v1/files/{file_id}/content", self._file_content)
+        app.router.add_delete("/v1/files/{file_id}", self._file_delete)
         app.router.add_post("/v1/batches", self._batch_create)
         app.router.add_get("/v1/batches/{batch_id}", self._batch_retrieve)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/reset", self._reset)
         app.router.add_post("/outage", self._outage)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-
-    async def _cleanup(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    def stop(self) -> None:
-        if self._loop is None or self._thread is None:
-            return
-        loop = self._loop
-        loop.call_soon_threadsafe(self._stopping.set)  # type: ignore[union-attr]
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(10)
-        self._loop = self._thread = None
-
-    def __enter__(self) -> FakeOpenAI:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     # ------------------------------------------------------------ request handling
 
@@ -414,9 +358,23 @@ class FakeOpenAI:
         if purpose != "batch":
             return _error(400, f"unsupported purpose {purpose!r} in this fake", None, "invalid_request_error")
         with self._lock:
-            file_id = f"file-fake-{len(self.files) + 1}"
+            file_id = self._new_file_id()
             self.files[file_id] = {"content": content, "purpose": purpose, "filename": upload.filename}
         return web.json_response(self._file_object(file_id))
+
+    def _new_file_id(self) -> str:
+        self.files_made += 1
+        return f"file-fake-{self.files_made}"
+
+    async def _file_delete(self, request: web.Request) -> web.StreamResponse:
+        fault = self._record(request, {})
+        if fault is not None:
+            return fault
+        file_id = request.match_info["file_id"]
+        with self._lock:
+            if self.files.pop(file_id, None) is None:
+                return _error(404, "no such file", None, "not_found")
+        return web.json_response({"id": file_id, "object": "file", "deleted": True})
 
     def _file_object(self, file_id: str) -> dict[str, Any]:
         f = self.files[file_id]
@@ -512,7 +470,7 @@ class FakeOpenAI:
                   "failed": len(errors) + sum(o["response"]["status_code"] != 200 for o in output)}
         for name, rows in (("output_file_id", output), ("error_file_id", errors)):
             if rows:
-                file_id = f"file-fake-{len(self.files) + 1}"
+                file_id = self._new_file_id()
                 content = "".join(json.dumps(o) + "\n" for o in rows).encode()
                 self.files[file_id] = {"content": content, "purpose": "batch_output", "filename": f"{name}.jsonl"}
                 batch[name] = file_id

@@ -84,6 +84,8 @@ def test_independent_calls_go_out_as_one_batch_and_answer_as_direct_calls(fake_l
     assert fake_llm.count_like("/v1/batches/") >= fake_llm.batch_polls
     assert client.usage.batch_calls == 20 and client.usage.calls == 20 and client.usage.retries == 0
     assert client.usage.structured_modes == {"json_schema": 10}
+    assert fake_llm.files_made == 2 and fake_llm.files == {}  # input and output read, then deleted
+    assert fake_llm.count_like("/v1/files/") == 3  # the output's content, then two deletes
     assert all(isinstance(r.parsed, Answer) for r in batched[1::2])
 
     direct = run(ask_all(client_for(fake_llm, tmp_path / "direct-cache", batch=False), PROMPTS))

@@ -20,6 +20,15 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "corpora"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_batch_mode_on_the_embedded_server_is_refused_at_load_naming_the_role():
+    with pytest.raises(ConfigError, match=r"roles\.judge: batch: true needs .*Batch API.*provider: local"):
+        load_config(None, ["roles.judge.batch=true"])
+    with pytest.raises(ConfigError, match=r"\n  llm: batch: true"):
+        load_config(None, ["llm.batch=true"])
+    cfg = load_config(None, ["roles.judge.batch=true", "roles.judge.provider=openai", "roles.judge.model=gpt-4o"])
+    assert cfg.role("judge").batch and not cfg.role("generator").batch
+
+
 def test_unknown_and_invalid_config_keys_are_named():
     with pytest.raises(ConfigError, match=r"llm\.temprature: unknown key"):
         load_config(None, ["llm.temprature=0.5"])

@@ -183,12 +183,23 @@ class BatchQueue:
             batch = await self._call(lambda c: c.batches.retrieve(batch_id), _read_batch)
         log.info("batch %s: %s", batch.id, batch.status)
         found: dict[str, _Outcome] = {}
-        for file_id in (getattr(batch, "output_file_id", None), getattr(batch, "error_file_id", None)):
-            if file_id:
-                text = await self._call(lambda c, f=file_id: c.files.content(f), _read_text)
-                found.update(self._read_results(text))
+        results = [f for f in (getattr(batch, "output_file_id", None), getattr(batch, "error_file_id", None)) if f]
+        for file_id in results:
+            text = await self._call(lambda c, f=file_id: c.files.content(f), _read_text)
+            found.update(self._read_results(text))
+        await self._delete_files([uploaded, *results])
         missing = _missing_reason(batch)
         return {item.key: found.get(item.key) or _Outcome(reason=missing) for item in items}
+
+    async def _delete_files(self, file_ids: list[str]) -> None:
+        """Remove the batch's files from the account once read: they hold every prompt and answer, and
+        count against the account's storage. Best effort: the answers are already in hand."""
+        for file_id in file_ids:
+            try:
+                await self._call(lambda c, f=file_id: c.files.delete(f), lambda resp: resp)
+            except Exception as e:  # noqa: BLE001 - a file left behind costs storage, not answers
+                log.warning("batch file %s was not deleted (%s); delete it from the account's files", file_id,
+                            self._scrub(str(e))[:200])
 
     async def _call(self, call: Callable[[Any], Any], read: Callable[[Any], Any]) -> Any:
         return await self.client._send(call, 0, read)

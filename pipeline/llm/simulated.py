@@ -153,39 +153,26 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return int(body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS)
 
 
-class SimulatedEndpoint:
-    """The endpoint; `with SimulatedEndpoint() as sim: ... sim.base_url ... sim.counts`."""
+class LoopbackServer:
+    """An aiohttp app served from a daemon thread on 127.0.0.1 (port 0 = a free one): `start()`
+    returns once it listens, `stop()` ends it; also a context manager. Subclasses add their routes
+    in `routes(app)` and may set `_stopping` to wake their handlers at stop."""
 
-    def __init__(self, *, completion_fraction: float = 0.5, embed_dim: int = 16) -> None:
-        self.completion_fraction = completion_fraction
-        self.embed_dim = embed_dim
-        self.host = "127.0.0.1"
+    host = "127.0.0.1"
+    thread_name = "loopback-server"
+    max_body = 64 * 1024 * 1024
+
+    def __init__(self) -> None:
         self.port = 0
-        self.stage: str | None = None  # the tag new requests are counted under
-        # (stage, kind, model) -> {"requests", "prompt_tokens", "completion_tokens", "texts", "max_tokens"}
-        self.counts: dict[tuple[str | None, str, str], dict[str, int]] = {}
-        self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
 
-    @property
-    def requests(self) -> int:
-        with self._lock:
-            return sum(c["requests"] for c in self.counts.values())
-
-    def stage_counts(self, stage: str) -> dict[tuple[str, str], dict[str, int]]:
-        """(kind, model) -> counts of the requests made under the tag `stage`."""
-        with self._lock:
-            return {(kind, model): dict(c) for (s, kind, model), c in self.counts.items() if s == stage}
-
-    # ------------------------------------------------------------ lifecycle
-
-    def start(self) -> SimulatedEndpoint:
+    def start(self) -> Any:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
@@ -205,10 +192,11 @@ class SimulatedEndpoint:
                 return
             ready.set()
             loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
+            if self._runner is not None:
+                loop.run_until_complete(self._runner.cleanup())
             loop.close()
 
-        self._thread = threading.Thread(target=run, name="simulated-llm", daemon=True)
+        self._thread = threading.Thread(target=run, name=self.thread_name, daemon=True)
         self._thread.start()
         ready.wait(10)
         if errors:
@@ -216,10 +204,9 @@ class SimulatedEndpoint:
         return self
 
     async def _serve(self, sock: socket.socket) -> None:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/embeddings", self._embeddings)
-        app.router.add_get("/v1/models", self._models)
+        self._stopping = asyncio.Event()
+        app = web.Application(client_max_size=self.max_body)
+        self.routes(app)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
@@ -227,15 +214,55 @@ class SimulatedEndpoint:
     def stop(self) -> None:
         if self._loop is None or self._thread is None:
             return
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        loop = self._loop
+        if self._stopping is not None:
+            loop.call_soon_threadsafe(self._stopping.set)
+        loop.call_soon_threadsafe(loop.stop)
         self._thread.join(10)
         self._loop = self._thread = None
 
-    def __enter__(self) -> SimulatedEndpoint:
+    def __enter__(self) -> Any:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class SimulatedEndpoint(LoopbackServer):
+    """The endpoint; `with SimulatedEndpoint() as sim: ... sim.base_url ... sim.counts`."""
+
+    thread_name = "simulated-llm"
+    max_body = 256 * 1024 * 1024
+
+    def __init__(self, *, completion_fraction: float = 0.5, embed_dim: int = 16) -> None:
+        super().__init__()
+        self.completion_fraction = completion_fraction
+        self.embed_dim = embed_dim
+        self.stage: str | None = None  # the tag new requests are counted under
+        # (stage, kind, model) -> {"requests", "prompt_tokens", "completion_tokens", "texts", "max_tokens"}
+        self.counts: dict[tuple[str | None, str, str], dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def requests(self) -> int:
+        with self._lock:
+            return sum(c["requests"] for c in self.counts.values())
+
+    def stage_counts(self, stage: str) -> dict[tuple[str, str], dict[str, int]]:
+        """(kind, model) -> counts of the requests made under the tag `stage`."""
+        with self._lock:
+            return {(kind, model): dict(c) for (s, kind, model), c in self.counts.items() if s == stage}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
 
     # ------------------------------------------------------------ answers
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.manifest import Manifest
+from pipeline.manifest import USAGE_TOTAL_KEYS, Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
 from stages.report import plots, render, tables
@@ -26,7 +26,6 @@ from stages.methods.base import Method, ReportPanel
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
-_USAGE_KEYS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd")
 
 
 class ReportSettings(Section):
@@ -88,7 +87,7 @@ def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
 def stage_usage(manifests: dict[str, Manifest], stages: list[str]) -> dict[str, float]:
     """LLM usage summed over the roles of the given stages' manifests."""
     totals = [manifests[s].usage_total() for s in stages if s in manifests]
-    return {k: sum(t.get(k, 0) or 0 for t in totals) for k in _USAGE_KEYS}
+    return {k: sum(t.get(k, 0) or 0 for t in totals) for k in USAGE_TOTAL_KEYS}
 
 
 def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame, metrics: pl.DataFrame,

@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from pipeline.manifest import USAGE_TOTAL_KEYS
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
 from stages.metrics.segmentation import segment_score
 from stages.metrics.significance import (bootstrap_mean_interval, majority, pair_outcome, wilson_interval, win_rates,
@@ -52,7 +53,8 @@ METHOD_SUMMARY = pa.schema(
         pa.field("cached_calls", pa.int64()),
         pa.field("prompt_tokens", pa.int64()),
         pa.field("completion_tokens", pa.int64()),
-        pa.field("cost_usd", pa.float64()),
+        pa.field("cost_usd", pa.float64()),  # batch answers at the Batch API's discount
+        pa.field("batch_calls", pa.int64()),  # of llm_calls, sent through the Batch API
         pa.field("mean_context_tokens", pa.float64()),
         pa.field("mean_context_turns", pa.float64()),
         pa.field("mean_response_words", pa.float64()),
@@ -539,11 +541,10 @@ def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], 
         pl.col("context_turns").cast(pl.Float64).mean().alias("mean_context_turns"),
         pl.col("response").str.split(" ").list.len().cast(pl.Float64).mean().alias("mean_response_words"),
     )
-    cost = pl.DataFrame([{"method": m, **{k: u.get(k, 0) for k in ("calls", "cached_calls", "prompt_tokens",
-                                                                   "completion_tokens", "cost_usd")}}
-                         for m, u in usage.items()],
+    cost = pl.DataFrame([{"method": m, **{k: u.get(k, 0) for k in USAGE_TOTAL_KEYS}} for m, u in usage.items()],
                         schema={"method": pl.String, "calls": pl.Int64, "cached_calls": pl.Int64,
-                                "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "cost_usd": pl.Float64})
+                                "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "cost_usd": pl.Float64,
+                                "batch_calls": pl.Int64})
     out = out.join(cost.rename({"calls": "llm_calls"}), on="method", how="left")
     if not answers.is_empty():
         judged = answers.group_by("method").agg(
