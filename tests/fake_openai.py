@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from pipeline.llm.simulated import LoopbackServer, SchemaInstance  # shared with `mempipe plan`'s dry run
+from pipeline.llm.simulated import LoopbackServer, SchemaInstance, hashed_vector  # shared with `mempipe plan`'s dry run
 
 FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
 _HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
@@ -494,13 +494,7 @@ class FakeOpenAI(LoopbackServer):
 
     def vector(self, text: str) -> list[float]:
         """The deterministic embedding of `text` (tests compare against it)."""
-        out: list[float] = []
-        counter = 0
-        while len(out) < self.embed_dim:
-            digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
-            out.extend((b - 127.5) / 127.5 for b in digest)
-            counter += 1
-        return [round(x, 6) for x in out[: self.embed_dim]]
+        return [round(x, 6) for x in hashed_vector(text, self.embed_dim)]
 
 
 def _public(batch: dict[str, Any]) -> dict[str, Any]:

@@ -153,6 +153,17 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return int(body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS)
 
 
+def hashed_vector(text: str, dim: int) -> list[float]:
+    """A deterministic `dim`-dimensional vector of `text` (values in [-1, 1]) from its sha256."""
+    out: list[float] = []
+    counter = 0
+    while len(out) < dim:
+        digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+        out.extend((b - 127.5) / 127.5 for b in digest)
+        counter += 1
+    return out[:dim]
+
+
 class LoopbackServer:
     """An aiohttp app served from a daemon thread on 127.0.0.1 (port 0 = a free one): `start()`
     returns once it listens, `stop()` ends it; also a context manager. Subclasses add their routes
@@ -304,13 +315,7 @@ class SimulatedEndpoint(LoopbackServer):
         })
 
     def vector(self, text: str) -> list[float]:
-        out: list[float] = []
-        counter = 0
-        while len(out) < self.embed_dim:
-            digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
-            out.extend((b - 127.5) / 127.5 for b in digest)
-            counter += 1
-        return out[: self.embed_dim]
+        return hashed_vector(text, self.embed_dim)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
