@@ -43,9 +43,10 @@ def test_a_written_manifest_reads_into_fields_and_writes_back_unchanged():
 
 def test_usage_total_sums_the_roles():
     assert Manifest.from_json(WRITTEN).usage_total() == {
-        "calls": 5, "cached_calls": 1, "prompt_tokens": 320, "completion_tokens": 44, "cost_usd": pytest.approx(0.3)}
+        "calls": 5, "cached_calls": 1, "prompt_tokens": 320, "completion_tokens": 44, "cost_usd": pytest.approx(0.3),
+        "batch_calls": 0}
     assert Manifest("ingest", "f").usage_total() == dict.fromkeys(
-        ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd"), 0)
+        ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "batch_calls"), 0)
 
 
 def test_an_older_manifest_loads_with_defaults_and_keeps_unknown_keys():

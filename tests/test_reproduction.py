@@ -67,7 +67,7 @@ def test_a_role_setting_falls_back_to_llm_and_a_method_setting_is_read_from_its_
     assert effective(cfg, "roles.generator.temperature") == 0.7
     assert effective(cfg, "roles.generator.model") == "SmolLM2-135M-Instruct"
     assert effective(cfg, "method.theanine.j") == 2
-    assert effective(cfg, "method.creem")["update_every"] == 6  # a whole section, as JSON
+    assert effective(cfg, "method.creem")["update_every"] == 12  # a whole section, as JSON
     with pytest.raises(KeyError, match="method.theanine.nope"):
         effective(cfg, "method.theanine.nope")
 

@@ -301,7 +301,8 @@ def teafarm_run(run_cfg):
     from pipeline.runner import Runner
     from stages import registry
 
-    cfg = run_cfg("corpus.limit=1", "teabag.enabled=true", "methods=[theanine,memory_retrieval,full_history]",
+    cfg = run_cfg("corpus.limit=1", "teabag.enabled=true", "teabag.questions_per_episode=2",  # both speakers ask
+                  "methods=[theanine,memory_retrieval,full_history]",
                   "stages=null", "judge_pairwise.enabled=false", "judge_memory.enabled=false")
     Runner(cfg, registry(cfg)).run()
     return cfg
@@ -368,7 +369,7 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
     run_sets = [f"artifacts_dir={cfg.artifacts_dir}", "llm.provider=openai", f"llm.base_url={cfg.llm.base_url}",
                 f"llm.api_key_env={cfg.llm.api_key_env}", f"llm.cache_dir={cfg.llm.cache_dir}",
                 f"embedding.cache_dir={cfg.embedding.cache_dir}", "llm.backoff_base_s=0.01",
-                "ray.episodes_per_shard=1", "corpus.limit=1", "teabag.enabled=true",
+                "ray.episodes_per_shard=1", "corpus.limit=1", "teabag.enabled=true", "teabag.questions_per_episode=2",
                 "methods=[theanine,memory_retrieval,full_history]", "stages=null",
                 "judge_pairwise.enabled=false", "judge_memory.enabled=false"]
     same = ["-c", str(ROOT / "configs" / "default.yaml"), *(a for s in run_sets for a in ("--set", s))]
@@ -386,7 +387,8 @@ def test_exporting_with_another_config_than_the_runs_is_refused_or_warned_and_th
     cfg = teafarm_run
     run_fp = StageDir(cfg.run_dir, "teabag").manifest().fingerprint
     assert teabag_fingerprint(cfg) == run_fp  # the export check computes what the runner did
-    sets = ("corpus.limit=1", "teabag.enabled=true", "methods=[theanine,memory_retrieval,full_history]", "stages=null")
+    sets = ("corpus.limit=1", "teabag.enabled=true", "teabag.questions_per_episode=2",
+            "methods=[theanine,memory_retrieval,full_history]", "stages=null")
     shorter = run_cfg(*sets, "teabag.session_turns=6")
     assert shorter.run_dir == cfg.run_dir
     other_fp = teabag_fingerprint(shorter)
