@@ -141,6 +141,11 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def _role_fields(llm: LLMConfig, over: RoleConfig) -> dict[str, Any]:
+    """A role's LLM settings as plain fields: `llm`, overridden field by field by the role."""
+    return _deep_merge(llm.model_dump(), over.model_dump(exclude_unset=True))
+
+
 def local_server_key(cfg: LLMConfig) -> str:
     """One embedded server per distinct local model set-up."""
     return cfg.local.model_dump_json()
@@ -253,9 +258,7 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _batch_needs_openai(self) -> "RunConfig":
         """The embedded server has no Batch API: say so at load time, not after an hour of waiting."""
-        merged = {"llm": self.llm.model_dump()}
-        merged |= {f"roles.{n}": _deep_merge(merged["llm"], o.model_dump(exclude_unset=True))
-                   for n, o in self.roles.items()}
+        merged = {"llm": self.llm.model_dump(), **{f"roles.{n}": _role_fields(self.llm, o) for n, o in self.roles.items()}}
         for where, cfg in merged.items():
             if cfg["provider"] == "local" and cfg["batch"]:
                 raise ValueError(f"{where}: batch: true needs an endpoint with OpenAI's Batch API (provider: "
@@ -271,8 +274,7 @@ class RunConfig(Section):
         over = self.roles.get(name)
         cfg = self.llm
         if over is not None:
-            merged = _deep_merge(cfg.model_dump(), over.model_dump(exclude_unset=True))
-            cfg = LLMConfig.model_validate(merged)
+            cfg = LLMConfig.model_validate(_role_fields(cfg, over))
         if cfg.provider == "local" and not cfg.base_url:
             url = self._local_urls.get(local_server_key(cfg))
             if url:
