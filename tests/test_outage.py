@@ -84,6 +84,18 @@ def test_an_outage_longer_than_max_outage_stops_the_run_and_the_same_command_res
     assert manifest["llm_usage"]["segmenter"]["failed_calls"] == 0
 
 
+def test_the_breaker_opens_when_failures_persist_even_if_no_new_failure_arrives_to_report_it():
+    h = EndpointHealth()
+    for _ in range(OPEN_AFTER_FAILURES):  # every request failed at once, then all wait out their last retry
+        h.report(False, 1000.0)
+    assert not h.down and not h.check(1000.0 + OPEN_AFTER_S / 2)
+    assert h.check(1000.0 + OPEN_AFTER_S) and h.down_since == 1000.0
+    ok = EndpointHealth()
+    ok.report(False, 1000.0)
+    ok.report(False, 1000.0)
+    assert not ok.check(1010.0)  # two failures are not an outage
+
+
 def test_the_breaker_opens_on_consecutive_failures_probes_one_at_a_time_and_closes_on_an_answer():
     h = EndpointHealth()
     t = 1000.0

@@ -79,11 +79,20 @@ class EndpointHealth:
         self.failures += 1
         if self.first_failure is None:
             self.first_failure = now
-        if self.down_since is None and self.failures >= OPEN_AFTER_FAILURES and now - self.first_failure >= OPEN_AFTER_S:
-            self.down_since = self.first_failure
-            self.probe_at = now + self.probe_pause
-        elif self.down_since is not None and probe:
+        if self.down_since is None:
+            self.check(now)
+        elif probe:
             self.probe_pause = min(self.probe_pause * 2, PROBE_MAX_S)
+            self.probe_at = now + self.probe_pause
+        return self.down
+
+    def check(self, now: float) -> bool:
+        """Open when enough requests in a row failed over long enough, also when no new failure
+        arrives to say so (every request of the run may be waiting out its last retry); returns
+        whether the endpoint is down."""
+        if (self.down_since is None and self.failures >= OPEN_AFTER_FAILURES and self.first_failure is not None
+                and now - self.first_failure >= OPEN_AFTER_S):
+            self.down_since = self.first_failure
             self.probe_at = now + self.probe_pause
         return self.down
 

@@ -45,7 +45,7 @@ from pipeline.llm.structured import (MODES_AFTER, describe_error, parse_structur
                                      request_format, with_schema_in_prompt)
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
 from pipeline.llm.batch import BATCH_DISCOUNT
-from pipeline.llm.breaker import DECIDE_S, EndpointDown
+from pipeline.llm.breaker import DECIDE_S, OPEN_AFTER_S, EndpointDown
 from pipeline.llm.prices import prices_for
 from pipeline.llm.usage import Usage, call_cost
 
@@ -368,11 +368,18 @@ class LLMClient:
 
     async def _went_down_since(self, first_failure: float) -> bool:
         """Retries ran out on outage-like failures: give the breaker until DECIDE_S after the first
-        of them to call it an outage (then the request waits instead of failing)."""
+        of them, and at least OPEN_AFTER_S from now (a busy machine stretches the failures other
+        rows report), to call it an outage; then the request waits instead of failing."""
         if self.tally is None:
             return False
-        await asyncio.sleep(max(0.0, first_failure + DECIDE_S - time.monotonic()))
-        return await self.tally.ledger.is_down(self.endpoint)
+        deadline = max(first_failure + DECIDE_S, time.monotonic() + OPEN_AFTER_S)
+        while True:
+            if await self.tally.ledger.is_down(self.endpoint):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(0.25, left))
 
     async def _endpoint_answered(self, ok: bool, probe: bool) -> bool:
         """Tell the breaker how a request went (failures, and the first answer after them);

@@ -125,7 +125,7 @@ class LedgerBook:
         return self.health.setdefault(endpoint, EndpointHealth()).report(ok, time.time(), probe)
 
     def is_down(self, endpoint: str) -> bool:
-        return endpoint in self.health and self.health[endpoint].down
+        return endpoint in self.health and self.health[endpoint].check(time.time())
 
     def snapshot(self) -> dict[str, Any]:
         return {"counts": self.counts, "spent": dict(self.spent), "spent_before": dict(self.spent_before),
