@@ -57,6 +57,9 @@ def test_a_recognisable_key_is_found_nowhere_after_a_run_that_works_and_one_that
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert works.returncode == 0, works.stderr
     outputs += [works.stdout, works.stderr]
+    # What the endpoint said on a rejected request is kept on the failed row, with the key blotted
+    # out (checked now: the forced run below replaces the stage).
+    assert fake_llm.outcomes["400"] and _files_holding(tmp_path / "a", b"***")
     # A run that fails: the endpoint goes down for good and the run stops on llm.max_outage_s.
     fake_llm.faults = {"500": 1.0}
     fails = subprocess.run([sys.executable, "-m", "stages.cli", "run", "--force", "segment", *common,
@@ -74,6 +77,3 @@ def test_a_recognisable_key_is_found_nowhere_after_a_run_that_works_and_one_that
         assert _files_holding(root, needle) == [], root
     for text in outputs:
         assert key not in text
-    # What the endpoint said is kept, with the key blotted out.
-    failed = [r for r in fake_llm.requests if r["outcome"] == "400"]
-    assert failed and _files_holding(tmp_path / "a", b"***")
