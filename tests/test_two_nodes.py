@@ -13,12 +13,12 @@ from pathlib import Path
 from fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
-RPM = 240
+RPM = 120
 
 
 def test_two_node_run_shares_the_cache_and_the_limiter(fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "two_node_run.py"), fake_llm.base_url, str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "two_node_run.py"), fake_llm.base_url, str(tmp_path), str(RPM)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -36,6 +36,8 @@ def test_two_node_run_shares_the_cache_and_the_limiter(fake_llm: FakeOpenAI, tmp
     # One limiter for the job: at most RPM requests in any 60 s window (+1 for both ends of a window).
     chat.sort()
     assert max(sum(1 for u in chat if t <= u <= t + 60) for t in chat) <= RPM + 1
-    # ... and it paced them: spacing of one per 60/RPM s, not a burst from each node (a burst spans
-    # ~0 s; the slack covers timer jitter on a loaded 2-core machine, where 0.9 missed by 5 ms).
-    assert chat[-1] - chat[0] >= (len(chat) - 1) * 60 / RPM * 0.8
+    # ... and it paced them: slots one per 60/RPM s for the whole job. No request leaves before its
+    # slot, but a worker that gets its slot back late sends late, so the span shrinks by how late
+    # the first one left (0.4 s seen on a loaded 2-core machine). A limiter per node would span
+    # about half of this and none at all ~0 s, so 0.7 of the full span still tells them apart.
+    assert chat[-1] - chat[0] >= (len(chat) - 1) * 60 / RPM * 0.7

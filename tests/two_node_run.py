@@ -3,7 +3,7 @@ and prints one JSON line: the nodes, where each stage's shards ran, and each run
 
 Its own process, because the test session already holds a local Ray.
 
-    python tests/two_node_run.py BASE_URL WORKDIR
+    python tests/two_node_run.py BASE_URL WORKDIR RPM
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGE = "respond_full_history"
 
 
-def mempipe_run(address: str, base_url: str, workdir: Path, run_name: str) -> int:
+def mempipe_run(address: str, base_url: str, workdir: Path, run_name: str, rpm: int) -> int:
     """`mempipe run` as a driver on the cluster (how `ray job submit` starts it: RAY_ADDRESS set)."""
     sets = [f"run_name={run_name}", f"artifacts_dir={workdir / 'artifacts'}", f"llm.cache_dir={workdir / 'llm-cache'}",
             "llm.provider=openai", f"llm.base_url={base_url}", "llm.model=fake-model",
-            "llm.api_key_env=MEMPIPE_TEST_KEY", "llm.rpm=240", "llm.max_concurrency=4", "corpus.limit=null",
+            "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.rpm={rpm}", "llm.max_concurrency=4", "corpus.limit=null",
             "methods=[full_history]", f"stages=[ingest,probes,{STAGE}]", "teabag.enabled=false",
             "ray.episodes_per_shard=1"]
     cmd = [sys.executable, "-m", "stages.cli", "run", "-c", "configs/default.yaml"]
@@ -36,7 +36,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    base_url, workdir = sys.argv[1], Path(sys.argv[2])
+    base_url, workdir, rpm = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         cluster.add_node(num_cpus=2)
@@ -44,9 +44,9 @@ def main() -> None:
         ray.init(address=cluster.address)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         ray.shutdown()
-        first = mempipe_run(cluster.address, base_url, workdir, "first")
+        first = mempipe_run(cluster.address, base_url, workdir, "first", rpm)
         manifest = json.loads((workdir / "artifacts" / "first" / STAGE / "_manifest.json").read_text())
-        again = mempipe_run(cluster.address, base_url, workdir, "again")  # same cache, new run name
+        again = mempipe_run(cluster.address, base_url, workdir, "again", rpm)  # same cache, new run name
     finally:
         cluster.shutdown()
     print(json.dumps({"nodes": nodes, "first_rc": first, "again_rc": again,
