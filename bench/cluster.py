@@ -247,8 +247,9 @@ def retried_shards(url: str, submission_id: str) -> int:
     from ray.util.state import list_tasks
 
     job_id = JobSubmissionClient(url).get_job_info(submission_id).job_id
-    tasks = list_tasks(address=url, filters=[("job_id", "=", job_id), ("name", "=", "_run_or_explain")],
-                       limit=10000, detail=True, timeout=60)
+    tasks = [t for name in ("_run_or_explain", "LLMWorker.run")  # a CPU stage's task, an LLM stage's shard
+             for t in list_tasks(address=url, filters=[("job_id", "=", job_id), ("name", "=", name)],
+                                 limit=10000, detail=True, timeout=60)]
     return len({t.task_id for t in tasks if (t.attempt_number or 0) > 0})
 
 
@@ -281,14 +282,16 @@ def partial_markers(run_dir: Path, stage: str) -> int:
 
 
 def busy_workers(cluster: LocalCluster, node: str) -> set[int]:
-    """Worker processes of `node` running a shard task now: Ray titles a worker by the task it runs
-    (`ray::_run_or_explain`; `ray::IDLE` between tasks)."""
+    """Worker processes of `node` running shards now: Ray titles a worker by the task it runs
+    (`ray::_run_or_explain`; `ray::IDLE` between tasks), an LLM stage's worker by its actor
+    (`ray::LLMWorker`, kept for the run: the caller checks that the stage is in progress)."""
     import psutil
 
     busy = set()
     for p in cluster.tree(node):
         try:
-            if "ray::_run_or_explain" in " ".join(p.cmdline()):
+            title = " ".join(p.cmdline())
+            if "ray::_run_or_explain" in title or "ray::LLMWorker" in title:
                 busy.add(p.pid)
         except psutil.Error:
             continue

@@ -30,13 +30,14 @@ from make_corpus import write_corpus
 STAGES = "stages=[ingest,guidance,segment,compress,banks,probes,respond_turn]"
 
 
-def served_rate(stats: dict, cap: int, structured: bool = False) -> dict:
-    """Completed chat requests (plain ones: the responses; segmentation asks for JSON), their rate
+def served_rate(stats: dict, cap: int, structured: bool | None = False) -> dict:
+    """Completed chat requests (plain ones: the responses; segmentation asks for JSON; None: all), their rate
     from the first arrival to the last completion, and the share of that span in which the endpoint
     held fewer than `cap` of them (served or queued): time its capacity went unused."""
-    chat = [c for c in stats["chat"] if c["structured"] == structured and c["done"] is not None]
+    chat = [c for c in stats["chat"] if structured in (None, c["structured"]) and c["done"] is not None]
     if len(chat) < 2:
-        return {"calls": len(chat), "span_s": float("nan"), "rate": float("nan"), "under_cap": float("nan")}
+        return {"calls": len(chat), "span_s": float("nan"), "rate": float("nan"), "under_cap": float("nan"),
+                "start": float("nan"), "end": float("nan")}
     start, end = min(c["t"] for c in chat), max(c["done"] for c in chat)
     events = sorted([(c["t"], 1) for c in chat] + [(c["done"], -1) for c in chat])
     held, last, under = 0, start, 0.0
@@ -45,21 +46,33 @@ def served_rate(stats: dict, cap: int, structured: bool = False) -> dict:
             under += t - last
         held, last = held + step, t
     return {"calls": len(chat), "span_s": end - start, "rate": len(chat) / (end - start),
-            "under_cap": under / (end - start)}
+            "under_cap": under / (end - start), "start": start, "end": end}
 
 
 class CpuSampler:
-    """The machine's CPU busy share every 0.25 s, to tell whether a run was bound by the cores."""
+    """Every 0.25 s: the machine's CPU busy share, its cumulative busy CPU-seconds and those of the
+    fake server's process, to tell whether a run was bound by the cores and what each call cost in
+    CPU outside the endpoint."""
 
-    def __init__(self) -> None:
+    def __init__(self, server_pid: int | None = None) -> None:
         self.samples: list[tuple[float, float]] = []  # (time.time() at the end of the interval, busy %)
+        self.seconds: list[tuple[float, float, float]] = []  # (time, machine busy CPU-s, server CPU-s)
+        self._server = psutil.Process(server_pid) if server_pid else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        t = psutil.cpu_times()
+        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        server = sum(self._server.cpu_times()[:4]) if self._server else 0.0
+        self.seconds.append((time.time(), busy, server))
+
     def _run(self) -> None:
         psutil.cpu_percent()
+        self._sample()
         while not self._stop.wait(0.25):
             self.samples.append((time.time(), psutil.cpu_percent()))
+            self._sample()
 
     def __enter__(self) -> "CpuSampler":
         self._thread.start()
@@ -73,23 +86,34 @@ class CpuSampler:
         inside = [busy for t, busy in self.samples if start + 0.25 <= t <= end]
         return sum(inside) / len(inside) / 100 if inside else float("nan")
 
+    def client_cpu_s_between(self, start: float, end: float) -> float:
+        """CPU-seconds the machine spent outside the fake server from `start` to `end` (the samples
+        around them: within 0.25 s at each end)."""
+        before = [s for s in self.seconds if s[0] <= start] or self.seconds[:1]
+        after = [s for s in self.seconds if s[0] >= end] or self.seconds[-1:]
+        (_, b0, s0), (_, b1, s1) = before[-1], after[0]
+        return (b1 - b0) - (s1 - s0)
 
-def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int, extra: list[str]) -> dict:
+
+def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int, extra: list[str],
+              stage: str = "respond_turn", structured: bool | None = False) -> dict:
     sets = fake_sets(workdir, srv.base_url, corpus, run_name=name) + [
         "methods=[turn]", STAGES, "compress.method=none", "compress.granularities=[turn]",
         "banks.granularities=[turn]", "probes.next_response=false", "probes.max_qa_per_episode=null",
-        # One shard task per core (ray.llm_task_cpus=1, the default), each with `cap` requests in
+        # One LLM worker per core (ray.llm_task_cpus=1, the default), each with `cap` requests in
         # flight: twice the endpoint's cap, so it stays saturated while a shard starts or ends.
         f"llm.max_concurrency={cap}", "ray.episodes_per_shard=4", *extra]
     srv.reset()
-    with CpuSampler() as cpu:
-        wall, _ = mempipe(["run"], sets)  # one run as a user starts it; workers are warm by the respond stage
+    with CpuSampler(srv.proc.pid) as cpu:
+        wall, _ = mempipe(["run"], sets)  # one run as a user starts it
     stats = srv.stats()
-    m = manifest(workdir / "artifacts" / name, "respond_turn")
-    served = [c for c in stats["chat"] if not c["structured"] and c["done"] is not None]
-    busy = cpu.busy_between(min(c["t"] for c in served), max(c["done"] for c in served)) if served else float("nan")
-    return {**served_rate(stats, cap), "cpu_busy": busy, "stage_wall_s": m["timings"]["wall_s"], "command_wall_s": wall,
-            "max_in_flight": stats["max_in_flight"], "errors": m["errors"], "rows": m["rows"]}
+    m = manifest(workdir / "artifacts" / name, stage)
+    rate = served_rate(stats, cap, structured)
+    busy = cpu.busy_between(rate["start"], rate["end"])
+    cpu_s = cpu.client_cpu_s_between(rate["start"], rate["end"])
+    return {**rate, "cpu_busy": busy, "cpu_s_per_call": cpu_s / rate["calls"] if rate["calls"] else float("nan"),
+            "stage_wall_s": m["timings"]["wall_s"], "command_wall_s": wall, "max_in_flight": stats["max_in_flight"],
+            "errors": m["errors"], "rows": m["rows"]}
 
 
 def bare_client(base_url: str, calls: int, in_flight: int) -> float:
@@ -114,35 +138,66 @@ def bare_client(base_url: str, calls: int, in_flight: int) -> float:
     return asyncio.run(go())
 
 
+def latency_for(cap: int, base: float, max_ideal: float) -> float:
+    """The endpoint's latency at `cap`: `base`, longer where cap / base would ask more requests per
+    second than this machine's cores can send and serve (what is measured is the pipeline's
+    concurrency, not the fake server's CPU)."""
+    return max(base, cap / max_ideal)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=120)
     ap.add_argument("--questions", type=int, default=30)
     ap.add_argument("--latency", type=float, default=0.2)
-    ap.add_argument("--caps", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--max-ideal", type=float, default=160.0,
+                    help="longest ideal rate (req/s) to ask of this machine; larger caps get a longer latency")
+    ap.add_argument("--caps", type=int, nargs="+", default=[32, 64, 256])
+    ap.add_argument("--waves", type=int, default=28,
+                    help="at least this many times cap calls per run (more episodes for a large cap), so that "
+                         "the last, partial wave is a small share of the span")
+    ap.add_argument("--memory-cap", type=int, default=64, help="cap of the memory_rsum run (0: none)")
+    ap.add_argument("--memory-latency", type=float, default=0.5,
+                    help="latency of the memory_rsum run: its per-call CPU (the method's own) binds 2 cores sooner")
     ap.add_argument("--sequential-episodes", type=int, default=2, help="episodes for the one-at-a-time run")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mempipe-throughput-"))
     results: dict[str, dict] = {}
+    latency = {cap: latency_for(cap, a.latency, a.max_ideal) for cap in a.caps}
+    memory_latency = a.memory_latency
     try:
         corpus = write_corpus(workdir / "corpus.jsonl", a.episodes, sessions=3, turns=8, questions=a.questions)
+        episodes = {cap: max(a.episodes, -(-cap * a.waves // a.questions)) for cap in a.caps}
         for cap in a.caps:
-            with FakeServer(latency=a.latency, max_concurrency=cap) as srv:
+            corpus_cap = corpus if episodes[cap] == a.episodes else write_corpus(
+                workdir / f"corpus-{cap}.jsonl", episodes[cap], sessions=3, turns=8, questions=a.questions)
+            with FakeServer(latency=latency[cap], max_concurrency=cap) as srv:
                 srv.reset()
-                with CpuSampler() as cpu:
+                with CpuSampler(srv.proc.pid) as cpu:
                     started = time.time()
-                    rate = bare_client(srv.base_url, a.episodes * a.questions, 2 * cap)
-                results[f"bare_{cap}"] = {"rate": rate, "cpu_busy": cpu.busy_between(started, time.time()),
+                    rate = bare_client(srv.base_url, episodes[cap] * a.questions, 2 * cap)
+                    ended = time.time()
+                results[f"bare_{cap}"] = {"rate": rate, "cpu_busy": cpu.busy_between(started, ended),
+                                          "cpu_s_per_call": cpu.client_cpu_s_between(started, ended)
+                                          / (episodes[cap] * a.questions),
                                           "under_cap": served_rate(srv.stats(), cap)["under_cap"]}
-                results[f"cache_{cap}"] = run_stage(srv, workdir, corpus, f"cache{cap}", cap, [])
-                results[f"nocache_{cap}"] = run_stage(srv, workdir, corpus, f"nocache{cap}", cap,
+                results[f"cache_{cap}"] = run_stage(srv, workdir, corpus_cap, f"cache{cap}", cap, [])
+                results[f"nocache_{cap}"] = run_stage(srv, workdir, corpus_cap, f"nocache{cap}", cap,
                                                       ["llm.cache_enabled=false"])
-                results[f"half_{cap}"] = run_stage(srv, workdir, corpus, f"half{cap}", cap,
-                                                   ["ray.llm_task_cpus=0.5"])
                 if cap == a.caps[0]:
                     results["sequential"] = run_stage(srv, workdir, corpus, "sequential", cap, [
                         f"corpus.limit={a.sequential_episodes}", "ray.executor=inline", "llm.max_concurrency=1"])
+        if a.memory_cap:
+            cap = a.memory_cap
+            # RSum's memory: each session's summary is made from the last one, so the calls of an
+            # episode go one at a time and only episodes overlap (10 sessions: 10 calls each).
+            sessions = write_corpus(workdir / "sessions.jsonl", a.episodes, sessions=10, turns=4, questions=1)
+            with FakeServer(latency=memory_latency, max_concurrency=cap) as srv:
+                results["memory_rsum"] = run_stage(
+                    srv, workdir, sessions, "rsum", cap,
+                    ["methods=[rsum]", "stages=[ingest,guidance,probes,memory_rsum]"],
+                    stage="memory_rsum", structured=None)
     finally:
         if a.keep:
             print(f"kept {workdir}")
@@ -150,52 +205,64 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     rows, verdicts = [], []
     seq = results["sequential"]
+
+    def row(label: str, cap: int, r: dict, bare: dict, lat: float | None = None) -> list:
+        lat = lat or latency[cap]
+        ideal = cap / lat
+        return [label, cap, f"{lat:g}", f"{ideal:.0f}", r["calls"], f"{r['span_s']:.1f}", f"{r['rate']:.1f}",
+                f"{r['rate'] / ideal:.2f}", f"{r['rate'] / bare['rate']:.2f}", f"{r['stage_wall_s']:.1f}",
+                r["max_in_flight"], f"{r['under_cap']:.0%}", f"{r['cpu_busy']:.0%}",
+                f"{r['cpu_s_per_call'] * 1000:.2f}", f"{r['cpu_s_per_call'] / bare['cpu_s_per_call']:.2f}", r["errors"]]
+
     for cap in a.caps:
-        ideal = cap / a.latency
-        bare = results[f"bare_{cap}"]["rate"]
-        rows.append([f"bare `openai` client, {2 * cap} in flight (reference)", cap, f"{ideal:.0f}", "-", "-",
-                     f"{bare:.1f}", f"{bare / ideal:.2f}", "1.00", "-", "-",
-                     f"{results[f'bare_{cap}']['under_cap']:.0%}", f"{results[f'bare_{cap}']['cpu_busy']:.0%}", "-"])
-        for key, label in ((f"cache_{cap}", "pipeline, cache on (default)"), (f"nocache_{cap}", "pipeline, cache off"),
-                           (f"half_{cap}", "pipeline, cache on, two shard tasks per core (`ray.llm_task_cpus=0.5`)")):
-            r = results[key]
-            rows.append([label, cap, f"{ideal:.0f}", r["calls"], f"{r['span_s']:.1f}", f"{r['rate']:.1f}",
-                         f"{r['rate'] / ideal:.2f}", f"{r['rate'] / bare:.2f}", f"{r['stage_wall_s']:.1f}",
-                         r["max_in_flight"], f"{r['under_cap']:.0%}", f"{r['cpu_busy']:.0%}", r["errors"]])
+        ideal = cap / latency[cap]
+        bare = results[f"bare_{cap}"]
+        rows.append([f"bare `openai` client, {2 * cap} in flight (reference)", cap, f"{latency[cap]:g}", f"{ideal:.0f}",
+                     "-", "-", f"{bare['rate']:.1f}", f"{bare['rate'] / ideal:.2f}", "1.00", "-", "-",
+                     f"{bare['under_cap']:.0%}", f"{bare['cpu_busy']:.0%}", f"{bare['cpu_s_per_call'] * 1000:.2f}",
+                     "1.00", "-"])
+        rows.append(row("pipeline, cache on (default)", cap, results[f"cache_{cap}"], bare))
+        rows.append(row("pipeline, cache off", cap, results[f"nocache_{cap}"], bare))
         share = results[f"cache_{cap}"]["rate"] / ideal
+        ratio = results[f"cache_{cap}"]["cpu_s_per_call"] / bare["cpu_s_per_call"]
         verdicts.append(f"cap {cap}: {share:.0%} of ideal with the cache on, "
-                        + ("target met" if share >= 0.9 else f"target MISSED by {0.9 - share:.0%}")
-                        + f" (the bare client on this machine: {bare / ideal:.0%}; two shard tasks per core: "
-                        f"{results[f'half_{cap}']['rate'] / ideal:.0%})")
-    rows.append(["one call at a time (inline, concurrency 1)", a.caps[0], f"{a.caps[0] / a.latency:.0f}", seq["calls"],
-                 f"{seq['span_s']:.1f}", f"{seq['rate']:.1f}", f"{seq['rate'] * a.latency / a.caps[0]:.2f}",
-                 f"{seq['rate'] / results[f'bare_{a.caps[0]}']['rate']:.2f}", f"{seq['stage_wall_s']:.1f}",
-                 seq["max_in_flight"], f"{seq['under_cap']:.0%}", f"{seq['cpu_busy']:.0%}", seq["errors"]])
-    met = all(results[f"cache_{cap}"]["rate"] >= 0.9 * cap / a.latency for cap in a.caps)
-    body = (f"Stage `respond_turn` over {a.episodes} synthetic episodes x {a.questions} questions "
-            f"({a.episodes * a.questions} calls), cold cache; endpoint latency {a.latency} s and at most `cap` requests "
+                        + ("target met" if share >= 0.95 else f"target MISSED by {0.95 - share:.0%}")
+                        + f" (the bare client on this machine: {bare['rate'] / ideal:.0%}); CPU per call "
+                        f"{ratio:.2f}x the bare client's (target 1.3x: {'met' if ratio <= 1.3 else 'MISSED'})")
+    if "memory_rsum" in results:
+        cap = a.memory_cap
+        r = results["memory_rsum"]
+        bare = results.get(f"bare_{cap}") or results[f"bare_{a.caps[-1]}"]
+        rows.append(row(f"`memory_rsum` over {a.episodes} episodes x 10 sessions (calls of an episode one after "
+                        "another), cache on", cap, r, bare, memory_latency))
+        share = r["rate"] * memory_latency / cap
+        verdicts.append(f"memory_rsum at cap {cap}: {share:.0%} of ideal, "
+                        + ("target met" if share >= 0.95 else f"target MISSED by {0.95 - share:.0%}"))
+    rows.append(row("one call at a time (inline, concurrency 1)", a.caps[0], seq, results[f"bare_{a.caps[0]}"]))
+    met = all(results[f"cache_{cap}"]["rate"] >= 0.95 * cap / latency[cap] for cap in a.caps)
+    body = (f"Stage `respond_turn` over synthetic episodes of {a.questions} questions (chat calls column: "
+            f"{a.episodes} episodes, more where {a.waves} x cap calls need them), cold cache; endpoint latency as "
+            f"listed (longer for caps whose ideal would pass {a.max_ideal:g} req/s: past that the 2 cores that send "
+            "and serve the requests, not the pipeline's concurrency, set the rate) and at most `cap` requests "
             "served at once (more wait in its queue): ideal = cap / latency. Rate = responses completed / (last "
             "completion - first arrival). Endpoint under cap: share of that span in which the endpoint held fewer "
             "than `cap` requests (served or queued), i.e. capacity the client left unused. CPU busy: the whole "
             "machine's (fake server, driver, Ray and its workers), averaged over that span; near 100% the run "
-            "is bound by the cores, not by the pipeline's "
-            "concurrency.\n\n"
-            + "Settings: `llm.max_concurrency` = cap per shard task, `ray.episodes_per_shard=4`, default "
-            "`ray.llm_task_cpus` (one task per core).\n\n"
-            + table(["run", "cap", "ideal req/s", "chat calls", "span s", "requests/s", "share of ideal",
+            "is bound by the cores, not by the pipeline's concurrency. CPU ms per call: CPU-seconds the machine "
+            "spent outside the fake server's process over that span, per completed call (for the pipeline: "
+            "driver, Ray and workers; for the bare client: the benchmark's process).\n\n"
+            + "Settings: `llm.max_concurrency` = cap per LLM worker, `ray.episodes_per_shard=4`, defaults otherwise "
+            "(one LLM worker per core, `ray.llm_shards_per_worker` shards at once on each).\n\n"
+            + table(["run", "cap", "latency s", "ideal req/s", "chat calls", "span s", "requests/s", "share of ideal",
                      "share of bare client", "stage wall s", "max in flight", "endpoint under cap", "CPU busy",
-                     "failed rows"], rows)
+                     "CPU ms per call", "CPU per call vs bare", "failed rows"], rows)
             + f"\n\nSpeed-up over one call at a time (cap {a.caps[0]}): "
-            f"{results[f'cache_{a.caps[0]}']['rate'] / seq['rate']:.1f}x. Target (>= 90% of ideal): "
-            + "; ".join(verdicts) + ".\n\nWhere the rest goes: a shard task's requests leave in waves of "
-            "`llm.max_concurrency`, and a worker starts its next shard only after the last reply of the current "
-            "one, so the endpoint runs under its cap part of the time (column above) although the CPU is not "
-            "saturated. Two shard tasks per core overlap one shard's last wave with another's first, but start "
-            "twice the worker processes, and the span above begins once they have started: compare the stage "
-            "wall times. Worth it for long stages against an endpoint that serves many requests at once; a cost "
-            "(worker start-up, seconds on 2 cores) on short or cached stages (bench/warm_rerun.py).")
+            f"{results[f'cache_{a.caps[0]}']['rate'] / seq['rate']:.1f}x. Targets (>= 95% of ideal, CPU per call "
+            "<= 1.3x the bare client's): " + "; ".join(verdicts) + ".")
     write_results("throughput", "Throughput against the ideal rate", body,
-                  {"results": results, "target_met": met, "args": vars(a)})
+                  {"results": results, "target_met": met, "latency": latency, "episodes": episodes,
+                   "memory_latency": memory_latency,
+                   "args": vars(a)})
     return 0 if met else 1
 
 

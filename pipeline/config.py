@@ -158,6 +158,9 @@ class EmbeddingConfig(Section):
     cache_dir: str = PathField(".cache/models")  # packaged models (embeddings, compression scorer) unpack here once
     batch_size: int = 32
     device: str = "cpu"
+    # Vectors by content (model, settings, text), shared by runs and workers on this machine: a rerun
+    # with other segments embeds only the new units. None: off. (provider=openai: the LLM cache.)
+    vector_cache_dir: str | None = PathField(".cache/embeddings")
     # Unit-length vectors (cosine). Off for dot-product models such as multi-qa-mpnet-base-dot-v1,
     # whose vector lengths carry meaning (SeCom's MPNet retriever scores by dot product).
     normalize: bool = True
@@ -230,6 +233,9 @@ class RayConfig(Section):
     # LLM-bound stages wait on I/O, but their concurrency comes from llm.max_concurrency inside a
     # worker: more worker processes per core only add start-up and CPU contention (bench/throughput.py).
     llm_task_cpus: float = Field(default=1.0, gt=0)
+    # Shards an LLM worker runs at once (None: enough episodes to fill llm.max_concurrency, plus one
+    # shard): the next shards' requests fill the slots while one shard awaits its last replies.
+    llm_shards_per_worker: int | None = Field(default=None, ge=1)
     # Reruns of a shard whose worker process or node died (system failures only: an exception the
     # stage raises is never retried). Shards are idempotent and their finished calls are cached.
     max_task_retries: int = Field(default=3, ge=0)

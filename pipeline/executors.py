@@ -23,6 +23,7 @@ from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.errors import InputError, PipelineError, RunStopped
 from pipeline.llm.ledger import LedgerBook, LocalLedger
+from pipeline.llm_workers import LLMWorkers
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import Stage
 
@@ -70,10 +71,35 @@ class InlineExecutor(Executor):
 
 
 class RayExecutor(Executor):
-    """`ray.executor: ray`: one Ray task per shard; a shard whose worker or node is lost runs again."""
+    """`ray.executor: ray`: a stage without LLM roles runs one Ray task per shard; an LLM stage's
+    shards go to a pool of LLM workers (`LLMWorkers`) that keep requests flowing across shard
+    boundaries. A shard whose worker or node is lost runs again."""
 
-    def session(self) -> AbstractContextManager[None]:
-        return ray_session(self.cfg)
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self._workers: LLMWorkers | None = None
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        with ray_session(self.cfg):
+            try:
+                yield
+            finally:
+                self._stop_workers()
+
+    def _shards_per_worker(self, stage: Stage) -> int:
+        """`ray.llm_shards_per_worker`, or enough shards that their episodes alone could fill the
+        stage's `llm.max_concurrency` slots, plus one: a stage whose calls within an episode wait on
+        each other (a session-by-session memory) has one request in flight per episode."""
+        if self.cfg.ray.llm_shards_per_worker:
+            return self.cfg.ray.llm_shards_per_worker
+        slots = max(self.cfg.role(r).max_concurrency for r in stage.roles)
+        return math.ceil(slots / self.cfg.ray.episodes_per_shard) + 1
+
+    def _stop_workers(self) -> None:
+        if self._workers is not None:
+            self._workers.stop()
+            self._workers = None
 
     @contextlib.contextmanager
     def llm_handles(self, roles: list[str]) -> Iterator[dict[str, Any]]:
@@ -113,20 +139,23 @@ class RayExecutor(Executor):
 
         from pipeline.cluster import require_visible
 
-        cpus = self.cfg.ray.llm_task_cpus if stage.roles else self.cfg.ray.task_cpus
         retries = self.cfg.ray.max_task_retries
-        # A shard whose worker or node dies is run again elsewhere: parts and markers are written
-        # atomically and finished LLM calls come from the cache. Exceptions are never retried.
-        remote = ray.remote(_run_or_explain).options(num_cpus=cpus, max_retries=retries, retry_exceptions=False)
-        refs = {remote.remote(t, self.cfg, handles, ledger): t for t in tasks}
+        if stage.roles:
+            if self._workers is None:
+                self._workers = LLMWorkers(self.cfg)
+            finished = self._workers.run(tasks, handles, ledger, self._shards_per_worker(stage))
+        else:
+            # A shard whose worker or node dies is run again elsewhere: parts and markers are
+            # written atomically. Exceptions are never retried.
+            remote = ray.remote(_run_or_explain).options(num_cpus=self.cfg.ray.task_cpus, max_retries=retries,
+                                                         retry_exceptions=False)
+            finished = _as_finished({remote.remote(t, self.cfg, handles, ledger): t for t in tasks})
         here = ray.get_runtime_context().get_node_id()
         sd = StageDir(self.cfg.run_dir, stage.name)
         failures: list[BaseException] = []
-        while refs:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            task = refs.pop(ready[0])
+        for task, ref in finished:
             try:
-                stats = ray.get(ready[0])
+                stats = ray.get(ref)
             except Exception as e:  # finish the other shards so a rerun resumes from them
                 failures.append(task_error(e, retries))
                 continue
@@ -135,11 +164,22 @@ class RayExecutor(Executor):
                 require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
             yield {**stats, "shard_idx": task.shard_idx}
         if failures:
+            if stage.roles and any(isinstance(f, WorkerLost) for f in failures):
+                self._stop_workers()  # a worker out of restarts: the next LLM stage starts a new pool
             stops = [f for f in failures if isinstance(f, RunStopped)]
             first = stops[0] if stops else failures[0]
             if isinstance(first, (InputError, RunStopped)):
                 raise first  # names the file and field, or the budget and spend: the whole story
             raise PipelineError(f"stage {stage.name}: {len(failures)} shard(s) failed: {_explain(first)}")
+
+
+def _as_finished(refs: dict[Any, ShardTask]) -> Iterator[tuple[ShardTask, Any]]:
+    """(task, its result's ref) in the order they finish."""
+    import ray
+
+    while refs:
+        ready, _ = ray.wait(list(refs), num_returns=1)
+        yield refs.pop(ready[0]), ready[0]
 
 
 def make_executor(cfg: RunConfig) -> Executor:
@@ -157,6 +197,10 @@ def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], le
     return stats
 
 
+class WorkerLost(PipelineError):
+    """A shard's worker process or node died more often than `ray.max_task_retries` allows."""
+
+
 def task_error(e: BaseException, retries: int = 0) -> BaseException:
     """The exception the task raised, unwrapped from Ray's RayTaskError; a lost worker or node (after
     `retries` reruns) becomes a PipelineError saying so."""
@@ -166,7 +210,7 @@ def task_error(e: BaseException, retries: int = 0) -> BaseException:
     ray = sys.modules.get("ray")
     if ray is not None and isinstance(e, ray.exceptions.RayError) and not isinstance(e, ray.exceptions.RayTaskError):
         first_line = (str(e).strip().splitlines() or [""])[0]
-        return PipelineError(f"a shard's worker process or node was lost {retries + 1} time(s) "
+        return WorkerLost(f"a shard's worker process or node was lost {retries + 1} time(s) "
                              f"(ray.max_task_retries={retries}): {type(e).__name__}: {first_line}; finished "
                              "shards are kept and a rerun resumes")
     return e

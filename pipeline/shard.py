@@ -8,7 +8,9 @@ record that makes the shard skippable after a crash.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,13 +75,38 @@ def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any], ledg
             for role in task.stage.roles}
 
 
+# The tasks each running shard started (episodes, and whatever they spawn), so that a shard that
+# fails waits for its own stragglers, not for other shards sharing the worker's event loop.
+_SHARD_TASKS: contextvars.ContextVar["weakref.WeakSet[asyncio.Task] | None"] = \
+    contextvars.ContextVar("mempipe_shard_tasks", default=None)
+
+
+def _track_shard_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Make the loop file every new task under the shard whose code created it (the creator's
+    context is current when the factory runs)."""
+    base = loop.get_task_factory()
+    if getattr(base, "files_shard_tasks", False):
+        return
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future:
+        task = base(loop, coro, **kwargs) if base else asyncio.Task(coro, loop=loop, **kwargs)
+        owned = _SHARD_TASKS.get()
+        if owned is not None:
+            owned.add(task)
+        return task
+
+    factory.files_shard_tasks = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)
+
+
 async def _let_in_flight_calls_land(timeout_s: float = 600.0) -> None:
-    """Wait for the loop's other tasks (rows whose siblings failed) before the shard stops: a
+    """Wait for this shard's other tasks (rows whose siblings failed) before the shard stops: a
     request already sent then lands in the cache, so a rerun never pays for it twice. Each such
     task ends at its next call when the run is out of budget."""
-    others = asyncio.all_tasks() - {asyncio.current_task()}
-    if others:
-        await asyncio.wait(others, timeout=timeout_s)
+    others = set(_SHARD_TASKS.get() or ()) - {asyncio.current_task()}
+    pending = {t for t in others if not t.done()}
+    if pending:
+        await asyncio.wait(pending, timeout=timeout_s)
 
 
 async def _close(clients: dict[str, Any]) -> None:
@@ -137,53 +164,78 @@ def upstream_manifests(run_dir: Path, task: ShardTask) -> dict[str, Manifest]:
 
 
 def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
+    """One shard on an event loop of its own (a Ray task, or the inline executor)."""
+    return asyncio.run(run_shard_async(task, cfg, handles, ledger))
+
+
+async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, Any],
+                          ledger: Any | None = None) -> dict[str, Any]:
+    """One shard on the running loop, which may run other shards meanwhile (an LLM worker of the
+    Ray executor): reads and writes go to a thread so that their requests keep flowing."""
     started = time.time()
     stage = task.stage
     run_dir = Path(task.run_dir)
     sd = StageDir(run_dir, stage.name)
-    upstream_dirs = {name: run_dir / name for name in task.upstream}
     manifests = upstream_manifests(run_dir, task)  # before the clients, which `work` closes
     clients = _make_clients(cfg, task, handles, ledger)
-    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs=upstream_dirs,
+    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs={n: run_dir / n for n in task.upstream},
                        upstream_manifests=manifests, clients=clients)
+    inputs = await asyncio.to_thread(_read_inputs, run_dir, task)
+    extra_stats: dict[str, Any] = {}
+    _track_shard_tasks(asyncio.get_running_loop())
+    _SHARD_TASKS.set(weakref.WeakSet())  # this coroutine's context: the tasks it creates are the shard's
+    try:
+        produced = await _produce(stage, ctx, task, inputs, clients, extra_stats)
+    except Exception:
+        await _let_in_flight_calls_land()
+        raise
+    finally:
+        await _close(clients)
+    stats = await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
+    stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
+    stats["extra"] = extra_stats
+    stats["wall_s"] = round(time.time() - started, 3)
+    await asyncio.to_thread(atomic_write_json, sd.shard_marker(task.shard_idx), stats)
+    return stats
 
-    inputs: dict[str, pa.Table] = {}  # "<stage>.<table>" -> this shard's rows
+
+def _read_inputs(run_dir: Path, task: ShardTask) -> dict[str, pa.Table]:
+    """"<stage>.<table>" -> this shard's rows of each upstream table."""
+    inputs: dict[str, pa.Table] = {}
     for name, tables in task.upstream.items():
         for table, schema in tables.items():
             parts = task.upstream_parts.get(name) if "episode_id" in schema.names else None
             inputs[f"{name}.{table}"] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema, parts)
-    extra_stats: dict[str, Any] = {}
+    return inputs
 
-    async def work() -> dict[str, Rows] | dict[str, pa.Table]:
-        try:
-            if isinstance(stage, GlobalStage):
-                return await stage.run(ctx, inputs)
-            assert isinstance(stage, EpisodeStage)
-            grouped = {t: _group_by_episode(tbl) for t, tbl in inputs.items()}
-            # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
-            whole = {t: tbl.to_pylist() for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
-            jobs, counters = [], []
-            for ep in task.episode_ids or []:
-                ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
-                counting = {role: EpisodeUsage(c) for role, c in clients.items()}
-                counters.append(counting)
-                jobs.append(stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs))
-            results = await asyncio.gather(*jobs)
-            merged: dict[str, Rows] = {t: [] for t in stage.outputs}
-            for ep, res, counting in zip(task.episode_ids or [], results, counters):
-                add_stats(extra_stats, stage.shard_stats(res))
-                if counting:
-                    add_stats(extra_stats, {"llm_per_episode": {ep: EpisodeUsage.total(counting.values())}})
-                for t, rows in res.items():
-                    merged[t].extend(rows)
-            return merged
-        except Exception:
-            await _let_in_flight_calls_land()
-            raise
-        finally:
-            await _close(clients)
 
-    produced = asyncio.run(work())
+async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dict[str, pa.Table],
+                   clients: dict[str, Any], extra_stats: dict[str, Any]) -> dict[str, Rows] | dict[str, pa.Table]:
+    if isinstance(stage, GlobalStage):
+        return await stage.run(ctx, inputs)
+    assert isinstance(stage, EpisodeStage)
+    grouped = {t: _group_by_episode(tbl) for t, tbl in inputs.items()}
+    # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
+    whole = {t: tbl.to_pylist() for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
+    jobs, counters = [], []
+    for ep in task.episode_ids or []:
+        ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
+        counting = {role: EpisodeUsage(c) for role, c in clients.items()}
+        counters.append(counting)
+        jobs.append(stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs))
+    results = await asyncio.gather(*jobs)
+    merged: dict[str, Rows] = {t: [] for t in stage.outputs}
+    for ep, res, counting in zip(task.episode_ids or [], results, counters):
+        add_stats(extra_stats, stage.shard_stats(res))
+        if counting:
+            add_stats(extra_stats, {"llm_per_episode": {ep: EpisodeUsage.total(counting.values())}})
+        for t, rows in res.items():
+            merged[t].extend(rows)
+    return merged
+
+
+def _write_outputs(stage: Stage, sd: StageDir, task: ShardTask, produced: dict[str, Any]) -> dict[str, Any]:
+    """Each output table as the shard's Parquet part(s); the stats of what was written."""
     stats: dict[str, Any] = {"rows": {}, "errors": 0, "episodes": len(task.episode_ids or [])}
     tables: dict[str, pa.Table] = {}
     for table, schema in stage.outputs.items():
@@ -200,10 +252,6 @@ def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: 
         for table, tbl in tables.items():
             atomic_write_parquet(sd.partial / table / part_name(task.shard_idx), tbl)
         stats["parts"] = {part_name(task.shard_idx): list(task.episode_ids or [])}
-    stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
-    stats["extra"] = extra_stats
-    stats["wall_s"] = round(time.time() - started, 3)
-    atomic_write_json(sd.shard_marker(task.shard_idx), stats)
     return stats
 
 

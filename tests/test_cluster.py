@@ -61,6 +61,39 @@ class BadInput(EpisodeStage):
         return {"counts": [{"episode_id": episode_id, "n_turns": 1, "error": None}]}
 
 
+class DieOnceAsking(EpisodeStage):
+    """An LLM stage (its shards go to the LLM workers): ep01's first attempt asks the endpoint and
+    then kills its worker process."""
+
+    name = "die_once_asking"
+    inputs = ("ingest",)
+    outputs = {"counts": COUNTS}
+    roles = ("toy",)
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
+        log_work(self.name, episode_id)
+        answer = await ctx.clients["toy"].chat([{"role": "user", "content": f"count the turns of {episode_id}"}])
+        if episode_id == "ep01" and attempts(self.name, episode_id) == 1:
+            os._exit(1)
+        return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["ingest.turns"]),
+                            "error": None if answer.text else "empty answer"}]}
+
+
+class AskOnce(EpisodeStage):
+    """An LLM stage with one call per episode: a worker that ran one shard at a time would hold
+    one request per shard (episode) in flight."""
+
+    name = "ask_once"
+    inputs = ("ingest",)
+    outputs = {"counts": COUNTS}
+    roles = ("toy",)
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
+        answer = await ctx.clients["toy"].chat([{"role": "user", "content": f"how long is {episode_id}?"}])
+        return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["ingest.turns"]),
+                            "error": None if answer.text else "empty answer"}]}
+
+
 @pytest.fixture
 def runner(tmp_path: Path, ray_local, toy_dir: Path):
     (toy_dir / "work.log").unlink(missing_ok=True)
@@ -71,7 +104,7 @@ def runner(tmp_path: Path, ray_local, toy_dir: Path):
     def make(*sets: str) -> Runner:
         cfg = load_config(None, [f"artifacts_dir={tmp_path / 'artifacts'}", f"corpus.path={corpus}",
                                  "ray.episodes_per_shard=2", *sets], toy_stages.config_model())
-        return Runner(cfg, {s.name: s for s in [ToyIngest(), DieOnce(), BadInput()]})
+        return Runner(cfg, {s.name: s for s in [ToyIngest(), DieOnce(), BadInput(), DieOnceAsking(), AskOnce()]})
 
     yield make
     (toy_dir / "control.json").unlink(missing_ok=True)
@@ -94,6 +127,39 @@ def test_shard_whose_worker_dies_is_rerun_over_a_stale_part(runner, tmp_path):
     counts = sd.read_table("counts").sort_by("episode_id").to_pylist()
     assert counts == [{"episode_id": f"ep{i:02d}", "n_turns": 3, "error": None} for i in range(5)]
     assert sd.manifest().rows == 5
+
+
+def test_an_llm_stage_whose_worker_dies_is_rerun_and_the_next_llm_stage_still_runs(runner, fake_llm, monkeypatch):
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    r = runner("stages=[ingest,die_once_asking]", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
+               "llm.model=fake-model", "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={fake_llm.cache_dir}")
+    assert r.run() == {"ingest": "ran", "die_once_asking": "ran"}
+    assert attempts("die_once_asking", "ep01") == 2  # the dead attempt, then the restarted worker's
+    # Shards the dead worker held beside ep01's ran again; none was lost or written twice.
+    assert all(attempts("die_once_asking", f"ep{i:02d}") in (1, 2) for i in (0, 2, 3, 4))
+    counts = StageDir(r.run_dir, "die_once_asking").read_table("counts").sort_by("episode_id").to_pylist()
+    assert counts == [{"episode_id": f"ep{i:02d}", "n_turns": 3, "error": None} for i in range(5)]
+    assert StageDir(r.run_dir, "die_once_asking").manifest().llm_usage["toy"].failed_calls == 0
+
+
+def test_an_llm_worker_runs_several_shards_at_once_within_its_concurrency(runner, fake_llm, monkeypatch):
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    fake_llm.latency_s = 1.0
+    llm = ["llm.provider=openai", f"llm.base_url={fake_llm.base_url}", "llm.model=fake-model",
+           "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={fake_llm.cache_dir}", "ray.episodes_per_shard=1"]
+    r = runner("stages=[ingest,ask_once]", *llm, "llm.max_concurrency=4")
+    assert r.run() == {"ingest": "ran", "ask_once": "ran"}
+    # Five one-episode shards on two workers of 4 slots, three on the first: at least its three
+    # requests at once, all five when the workers start together (a shard at a time per worker: 2).
+    assert 3 <= fake_llm.max_in_flight <= 5
+    assert StageDir(r.run_dir, "ask_once").manifest().tables == {"counts": 5}
+    # The slots are the worker's, shared by its shards: one slot each, two workers, at most 2 at a
+    # time (slots per shard would let five go).
+    fake_llm.reset()
+    one = runner("stages=[ingest,ask_once]", *llm, "llm.max_concurrency=1", "run_name=one_slot",
+                 f"llm.cache_dir={fake_llm.cache_dir}-again")
+    one.run()
+    assert fake_llm.max_in_flight <= 2 and fake_llm.count() == 5
 
 
 def test_no_retries_configured_fails_the_stage_and_says_why(runner):

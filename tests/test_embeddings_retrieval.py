@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import EmbeddingConfig
-from pipeline.embeddings import LocalEmbedder, OpenAIEmbedder, make_embedder
+from pipeline.embeddings import CachedEmbedder, LocalEmbedder, OpenAIEmbedder, VectorCache, make_embedder
 from pipeline.errors import ConfigError
 from pipeline.lance_store import open_bank, search_bank, write_bank
 from pipeline.models import minilm_model_dir
@@ -36,8 +36,8 @@ MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
 # ------------------------------------------------------------------ embeddings
 
 def test_packaged_minilm_encodes_offline(no_network: None) -> None:
-    emb = make_embedder(EmbeddingConfig(model="all-MiniLM-L6-v2", cache_dir=str(MODEL_CACHE)))
-    assert isinstance(emb, LocalEmbedder)
+    emb = make_embedder(EmbeddingConfig(model="all-MiniLM-L6-v2", cache_dir=str(MODEL_CACHE), vector_cache_dir=None))
+    assert isinstance(emb, CachedEmbedder) and isinstance(emb.inner, LocalEmbedder) and emb.cache is None
     vecs = emb.encode([
         "My dog loves running on the beach.",
         "Our puppy enjoys playing by the sea.",
@@ -52,9 +52,57 @@ def test_packaged_minilm_encodes_offline(no_network: None) -> None:
     # Same model object for a second embedder in this process (Ray workers reuse it).
     again = LocalEmbedder(EmbeddingConfig(model="sentence-transformers/all-MiniLM-L6-v2",
                                           cache_dir=str(MODEL_CACHE)))
-    assert again.model is emb.model
+    assert again.model is emb.inner.model
     assert np.allclose(pickle.loads(pickle.dumps(emb)).encode(["My dog loves running on the beach."]),
                        vecs[:1], atol=1e-5)  # embedders travel to Ray workers
+
+
+class CountingEmbedder:
+    """A stand-in model that records what it was asked to encode (the cache is what is tested)."""
+
+    name = "counting"
+    dim = 4
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.asked.append(list(texts))
+        return np.array([[len(t), t.count("a"), 1.0, 0.0] for t in texts], dtype=np.float32).reshape(-1, 4)
+
+
+def test_vector_cache_embeds_each_text_once_across_calls_processes_and_runs(tmp_path: Path) -> None:
+    inner = CountingEmbedder()
+    emb = CachedEmbedder(inner, VectorCache(tmp_path / "vectors", "counting|v1"))  # type: ignore[arg-type]
+    first = emb.encode(["a cat", "a dog", "a cat"])
+    assert inner.asked == [["a cat", "a dog"]]  # duplicates within a call once
+    assert np.array_equal(first[0], first[2])
+    # Another worker (a pickled copy opens the same files) asks for old and new texts: only the new go.
+    other = pickle.loads(pickle.dumps(emb))
+    other.inner = inner
+    again = other.encode(["a dog", "an emu"])
+    assert inner.asked[1:] == [["an emu"]]
+    assert np.array_equal(again[0], first[1]) and again.dtype == np.float32
+    # Another model or setting shares nothing.
+    changed = CachedEmbedder(inner, VectorCache(tmp_path / "vectors", "counting|v2"))  # type: ignore[arg-type]
+    changed.encode(["a cat"])
+    assert inner.asked[-1] == ["a cat"]
+
+
+def test_a_damaged_vector_cache_is_set_aside_and_never_served(tmp_path: Path, caplog) -> None:
+    inner = CountingEmbedder()
+    cache = VectorCache(tmp_path / "vectors", "counting|v1")
+    CachedEmbedder(inner, cache).encode(["a cat"])
+    cache._open().set(cache._key("a cat"), b"\x01\x02\x03")  # not a whole float32 vector
+    assert cache.get_many(["a cat"]) == [None]
+    db = tmp_path / "garbage"
+    db.mkdir()
+    (db / "cache.db").write_bytes(b"this is not a SQLite database" * 100)
+    broken = CachedEmbedder(inner, VectorCache(db, "counting|v1"))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING"):
+        out = broken.encode(["a cat", "a dog"])
+    assert out.shape == (2, 4) and inner.asked[-1] == ["a cat", "a dog"]
+    assert "set aside" in caplog.text
 
 
 def test_minilm_extraction_is_idempotent_under_a_race(tmp_path: Path) -> None:

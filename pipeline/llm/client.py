@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -125,6 +126,12 @@ class _LoopState:
     closer: AsyncGenerator[None, None]
 
 
+# The SDK's HTTP pool and asyncio primitives belong to one event loop (stages may call asyncio.run
+# once per batch): per loop, the state each (role, endpoint, key) shares; see LLMClient._state.
+_LOOP_STATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _LoopState]] = \
+    weakref.WeakKeyDictionary()
+
+
 async def _close_at_loop_end(client: openai.AsyncOpenAI) -> AsyncGenerator[None, None]:
     """Suspended at its yield until asyncio.run's shutdown_asyncgens closes it.
 
@@ -185,10 +192,7 @@ class LLMClient:
         self._endpoint_down = False
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
         self._rng = random.Random()
-        # The SDK's HTTP pool and asyncio primitives belong to one event loop; stages may call
-        # asyncio.run once per batch, so each loop gets its own.
-        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = \
-            weakref.WeakKeyDictionary()
+        self._section = section  # the role: its clients on one loop share slots (see _state)
         # Cache key -> the reply of that exact request, while it is being sent (per loop).
         self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future]] = \
             weakref.WeakKeyDictionary()
@@ -202,8 +206,14 @@ class LLMClient:
         raise TypeError("LLMClient is not picklable; pass (cfg, handles) and call make_client in the task")
 
     async def _state(self) -> _LoopState:
+        """This loop's HTTP client and concurrency slots. Shared by every client of one role and
+        endpoint on the loop: a worker running several shards at once (pipeline.executors) keeps
+        `max_concurrency` requests in flight across them, on one connection pool."""
         loop = asyncio.get_running_loop()
-        st = self._states.get(loop)
+        shared = _LOOP_STATES.setdefault(loop, {})
+        key = (self._section, self.cfg.base_url or OPENAI_BASE_URL, self.cfg.timeout_s, self.cfg.max_concurrency,
+               hashlib.sha256((self.__key or "").encode()).hexdigest())
+        st = shared.get(key)
         if st is None:
             import openai  # here: a run answered from the cache never pays for importing the SDK
 
@@ -214,16 +224,14 @@ class LLMClient:
             closer = _close_at_loop_end(client)
             await closer.__anext__()  # registers it with this loop's async-generator hooks
             st = _LoopState(client, asyncio.Semaphore(self.cfg.max_concurrency), closer)
-            self._states[loop] = st
+            shared[key] = st
         return st
 
     async def aclose(self) -> None:
-        """Close the HTTP client of the running loop (asyncio.run's end closes it too)."""
+        """Count this client's calls into the run's ledger. The loop's HTTP client stays for the
+        other clients on it; asyncio.run's end (or the worker's exit) closes it."""
         if self.tally is not None:
             self.tally.flush()
-        st = self._states.pop(asyncio.get_running_loop(), None)
-        if st is not None:
-            await st.closer.aclose()
 
     def _scrub(self, text: str) -> str:
         key = self.__key

@@ -220,7 +220,8 @@ class LoopbackServer:
         self.routes(app)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        # A deep accept queue: a benchmark opens hundreds of connections at once.
+        await web.SockSite(self._runner, sock, backlog=2048).start()
 
     def stop(self) -> None:
         if self._loop is None or self._thread is None:

@@ -55,8 +55,9 @@ class BanksStage(EpisodeStage):
         units = [u for u in inputs["compress.units"] if u["granularity"] in wanted]
         if not units:
             return {"memory_units": []}
-        keys = ctx.embedder.encode([retrieval_key(u) for u in units])
-        originals = ctx.embedder.encode([u["text"] for u in units])
+        # One call: where a unit's key is its own text (no compression), it is embedded once.
+        both = ctx.embedder.encode([retrieval_key(u) for u in units] + [u["text"] for u in units])
+        keys, originals = both[:len(units)], both[len(units):]
         rows: Rows = []
         for unit, vec, raw_vec in zip(units, keys, originals):
             row = {k: unit[k] for k in MEMORY_UNITS.names if k in unit}
