@@ -75,17 +75,8 @@ class RayExecutor(Executor):
     shards go to a pool of LLM workers (`LLMWorkers`) that keep requests flowing across shard
     boundaries. A shard whose worker or node is lost runs again."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self._workers: LLMWorkers | None = None
-
-    @contextlib.contextmanager
-    def session(self) -> Iterator[None]:
-        with ray_session(self.cfg):
-            try:
-                yield
-            finally:
-                self._stop_workers()
+    def session(self) -> AbstractContextManager[None]:
+        return ray_session(self.cfg)
 
     def _shards_per_worker(self, stage: Stage) -> int:
         """`ray.llm_shards_per_worker`, or enough shards that their episodes alone could fill the
@@ -93,13 +84,9 @@ class RayExecutor(Executor):
         each other (a session-by-session memory) has one request in flight per episode."""
         if self.cfg.ray.llm_shards_per_worker:
             return self.cfg.ray.llm_shards_per_worker
-        slots = max(self.cfg.role(r).max_concurrency for r in stage.roles)
+        slots = max(self.cfg.role(r).max_concurrency for r in stage.llm_roles(self.cfg))
         return math.ceil(slots / self.cfg.ray.episodes_per_shard) + 1
 
-    def _stop_workers(self) -> None:
-        if self._workers is not None:
-            self._workers.stop()
-            self._workers = None
 
     @contextlib.contextmanager
     def llm_handles(self, roles: list[str]) -> Iterator[dict[str, Any]]:
@@ -140,10 +127,9 @@ class RayExecutor(Executor):
         from pipeline.cluster import require_visible
 
         retries = self.cfg.ray.max_task_retries
-        if stage.roles:
-            if self._workers is None:
-                self._workers = LLMWorkers(self.cfg)
-            finished = self._workers.run(tasks, handles, ledger, self._shards_per_worker(stage))
+        llm = bool(stage.llm_roles(self.cfg))
+        if llm:
+            finished = LLMWorkers.of(self.cfg).run(tasks, self.cfg, handles, ledger, self._shards_per_worker(stage))
         else:
             # A shard whose worker or node dies is run again elsewhere: parts and markers are
             # written atomically. Exceptions are never retried.
@@ -164,8 +150,8 @@ class RayExecutor(Executor):
                 require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
             yield {**stats, "shard_idx": task.shard_idx}
         if failures:
-            if stage.roles and any(isinstance(f, WorkerLost) for f in failures):
-                self._stop_workers()  # a worker out of restarts: the next LLM stage starts a new pool
+            if llm and any(isinstance(f, WorkerLost) for f in failures):
+                LLMWorkers.discard(self.cfg)  # a worker out of restarts: the next LLM stage starts a new pool
             stops = [f for f in failures if isinstance(f, RunStopped)]
             first = stops[0] if stops else failures[0]
             if isinstance(first, (InputError, RunStopped)):

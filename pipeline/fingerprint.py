@@ -28,7 +28,7 @@ def fingerprint_inputs(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str
         "prompts": {k: sha256(v) for k, v in sorted(stage.prompts.items())},
         "upstream": dict(sorted(upstream.items())),
         "extra": stage.extra_fingerprint(cfg),
-        "roles": {role: answer_identity(cfg.role(role)) for role in stage.roles},
+        "roles": {role: answer_identity(cfg.role(role)) for role in stage.llm_roles(cfg)},
     }
     if stage.uses_embedder:
         inputs["embedding"] = cfg.embedding.model_dump(mode="json", include={"provider", "model", "normalize"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from pipeline.config import RunConfig
 from pipeline.shard import ShardTask, run_shard_async
@@ -25,42 +25,97 @@ class LLMWorker:
 
 
 class LLMWorkers:
-    """The run's pool of `LLMWorker` actors: one per `ray.llm_task_cpus` of each node's CPUs when
-    the first LLM stage starts, kept until the run ends (imports and loaded
-    models are paid once, not per stage). They reserve no CPU: stages run one at a time, and a
-    reservation would starve the CPU stages' tasks between LLM stages. A worker that dies restarts
-    and reruns its shards."""
+    """A pool of `LLMWorker` actors: one per `ray.llm_task_cpus` of each node's CPUs when the first
+    LLM stage starts, kept as long as Ray runs: to the end of a run, and across runs of one
+    process on one Ray (a notebook, the tests), so imports and loaded models are paid once. They
+    reserve no CPU: stages run one at a time, and a reservation would starve the CPU stages'
+    tasks between LLM stages. A worker that dies restarts and reruns its shards."""
+
+    _pools: ClassVar[dict[tuple, "LLMWorkers"]] = {}
+
+    @classmethod
+    def _key(cls, cfg: RunConfig) -> tuple:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        # The driver's node id tells one Ray instance from the next (job ids repeat across them).
+        return ((ctx.get_job_id(), ctx.get_node_id()), cfg.ray.max_task_retries, cfg.ray.llm_task_cpus)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "LLMWorkers":
+        """This Ray job's pool for these settings, started on first use (actors end with Ray)."""
+        key = cls._key(cfg)
+        if key not in cls._pools:
+            cls._pools = {k: v for k, v in cls._pools.items() if k[0] == key[0]}  # an earlier Ray's are gone
+            cls._pools[key] = cls(cfg)
+        return cls._pools[key]
+
+    @classmethod
+    def discard(cls, cfg: RunConfig) -> None:
+        pool = cls._pools.pop(cls._key(cfg), None)
+        if pool is not None:
+            pool.stop()
 
     def __init__(self, cfg: RunConfig) -> None:
         import ray
+
+        self.retries = cfg.ray.max_task_retries
+        self.per_cpu = cfg.ray.llm_task_cpus
+        per_node = [[node] * max(1, int(cpus // self.per_cpu)) for node, cpus in self._live_nodes().items()]
+        # Interleaved by node, so that even a few shards spread over the nodes.
+        self.nodes = [n for group in itertools.zip_longest(*per_node) for n in group if n is not None]
+        self.actors = [self._start(n) for n in self.nodes]
+        self._lost = (ray.exceptions.RayActorError,)
+
+    @staticmethod
+    def _live_nodes() -> dict[str, float]:
+        import ray
+
+        return {n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")}
+
+    def _start(self, node: str) -> Any:
+        """A worker pinned to `node` (Ray places a CPU-less actor anywhere under a soft affinity);
+        one whose process dies restarts there, one whose node is lost is replaced (`_replace`)."""
+        import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        retries = cfg.ray.max_task_retries
-        actor = ray.remote(LLMWorker)
         # Ray's default for an async actor: up to 1000 calls at once; run() decides how many.
-        options = {"num_cpus": 0, "max_restarts": retries, "max_task_retries": retries}
-        per_node = []
-        for node in ray.nodes():
-            cpus = node["Resources"].get("CPU", 0.0) if node["Alive"] else 0.0
-            if cpus > 0:
-                # Soft: a worker whose node is lost restarts on another one.
-                where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=True)
-                per_node.append([actor.options(**options, scheduling_strategy=where).remote()
-                                 for _ in range(max(1, int(cpus // cfg.ray.llm_task_cpus)))])
-        # Interleaved by node, so that even a few shards spread over the nodes.
-        self.actors = [a for group in itertools.zip_longest(*per_node) for a in group if a is not None]
-        self.cfg = cfg
+        return ray.remote(LLMWorker).options(
+            num_cpus=0, max_restarts=self.retries, max_task_retries=self.retries,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
 
-    def run(self, tasks: list[ShardTask], handles: dict[str, Any], ledger: Any | None,
+    def _replace(self, i: int) -> None:
+        """Worker `i` is gone for good (its node, or its restarts): a new one on the live node with
+        the fewest workers for its CPUs."""
+        live = self._live_nodes()
+        if not live:
+            return
+        node = min(live, key=lambda n: self.nodes.count(n) * self.per_cpu / live[n])
+        self.nodes[i], self.actors[i] = node, self._start(node)
+
+    def _worker_lost(self, ref: Any) -> bool:
+        try:
+            import ray
+
+            ray.get(ref, timeout=0)
+        except self._lost:
+            return True
+        except Exception:  # noqa: BLE001 - the shard's own failure: the caller reports it
+            return False
+        return False
+
+    def run(self, tasks: list[ShardTask], cfg: RunConfig, handles: dict[str, Any], ledger: Any | None,
             per_worker: int) -> Iterator[tuple[ShardTask, Any]]:
         """Feed the workers, least loaded first, up to `per_worker` shards each, and yield (task,
         result ref) as shards finish; a worker gets its next shard before the driver looks at the
-        last one's result."""
+        last one's result. A shard whose worker was lost for good (its node died) goes to a new
+        worker, up to `ray.max_task_retries` times; after that its error is yielded."""
         import ray
 
         queue = deque(tasks)
         load = [0] * len(self.actors)
-        running: dict[Any, tuple[ShardTask, int]] = {}
+        reruns: dict[int, int] = {}
+        running: dict[Any, tuple[ShardTask, int, Any]] = {}
 
         def fill() -> None:
             while queue:
@@ -69,13 +124,20 @@ class LLMWorkers:
                     return
                 task = queue.popleft()
                 load[i] += 1
-                running[self.actors[i].run.remote(task, self.cfg, handles, ledger)] = (task, i)
+                running[self.actors[i].run.remote(task, cfg, handles, ledger)] = (task, i, self.actors[i])
 
         fill()
         while running:
             ready, _ = ray.wait(list(running), num_returns=1)
-            task, i = running.pop(ready[0])
+            task, i, actor = running.pop(ready[0])
             load[i] -= 1
+            if self._worker_lost(ready[0]) and reruns.get(task.shard_idx, 0) < self.retries:
+                reruns[task.shard_idx] = reruns.get(task.shard_idx, 0) + 1
+                if self.actors[i] is actor:  # its other shards come back lost too: replace it once
+                    self._replace(i)
+                queue.appendleft(task)
+                fill()
+                continue
             fill()
             yield task, ready[0]
 

@@ -223,7 +223,7 @@ class Runner:
         LLM role what the shards' clients share, and the run's spend ledger (progress, budget);
         yields (role handles, ledger). The ledger's spend is saved to the run directory at the end,
         also when the run stops on the budget or an error."""
-        roles = sorted({r for s in todo for r in s.roles})
+        roles = sorted({r for s in todo for r in s.llm_roles(self.cfg)})
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.executor.session())
             started: set[str] = set()
@@ -281,7 +281,7 @@ class Runner:
         pending = [t for t in shards if t.shard_idx not in done]
         started = time.time()
         progress = StageProgress(stage.name, len(shards), len(shards) - len(pending),
-                                 ledger if stage.roles else None, planned_calls(self.run_dir, stage.name, fingerprint))
+                                 ledger if stage.llm_roles(self.cfg) else None, planned_calls(self.run_dir, stage.name, fingerprint))
         with progress:
             for stats in self.executor.run_shards(stage, pending, handles, ledger):
                 done[stats["shard_idx"]] = stats
@@ -308,7 +308,7 @@ class Runner:
             shards=len(markers),
             parts=parts,
             llm_usage=_sum_usage([m.get("llm_usage") for m in markers]),
-            roles={r: self.cfg.role(r).model for r in stage.roles},
+            roles={r: self.cfg.role(r).model for r in stage.llm_roles(self.cfg)},
             retry_round=self._retry_round.get(stage.name, 0),
             timings=Timings(
                 finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -64,7 +64,8 @@ def _group_by_episode(table: pa.Table) -> dict[str, Rows]:
 def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any], ledger: Any | None) -> dict[str, Any]:
     """One client per LLM role of the stage, on the job's shared cache and limiter of that role,
     counting its calls into the run's ledger (progress, budget) when there is one."""
-    if not task.stage.roles:
+    roles = task.stage.llm_roles(cfg)
+    if not roles:
         return {}
     from pipeline.llm.ledger import StageTally
     from pipeline.llm.shared import make_client
@@ -72,7 +73,7 @@ def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any], ledg
     return {role: make_client(cfg.role(role), handles.get(role), section=f"roles.{role}",
                               retry_samples=task.retry_samples,
                               tally=None if ledger is None else StageTally(ledger, task.stage.name, role))
-            for role in task.stage.roles}
+            for role in roles}
 
 
 # The tasks each running shard started (episodes, and whatever they spawn), so that a shard that

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 Rows = list[dict[str, Any]]
 
+# The LLM role of embedding requests when `embedding.provider` is openai: shared cache, limiter
+# and ledger like any role, its endpoint overridable under `roles.embedder`.
+EMBEDDER_ROLE = "embedder"
+
 
 @dataclass
 class StageContext:
@@ -59,7 +63,8 @@ class StageContext:
         if "embedder" not in self._models:
             from pipeline.embeddings import make_embedder
 
-            embed_fn = getattr(self.llm, "embed", None)
+            client = self.clients.get(EMBEDDER_ROLE) or self.llm
+            embed_fn = getattr(client, "embed", None)
             self._models["embedder"] = make_embedder(self.cfg.embedding, llm_embed=embed_fn)
         return self._models["embedder"]
 
@@ -82,6 +87,13 @@ class Stage:
     version: ClassVar[str] = "1"  # bump when behaviour changes in a way the source hash misses
     prompts: dict[str, str] = {}  # prompt texts; a change re-runs the stage
     uses_embedder: bool = False
+
+    def llm_roles(self, cfg: "RunConfig") -> tuple[str, ...]:
+        """The roles whose clients its shards get: its own, and `embedder` when it embeds through
+        an OpenAI-compatible endpoint (`embedding.provider: openai`; `roles.embedder.*` sets it)."""
+        if self.uses_embedder and cfg.embedding.provider == "openai" and EMBEDDER_ROLE not in self.roles:
+            return (*self.roles, EMBEDDER_ROLE)
+        return self.roles
 
     def settings_of(self, cfg: "RunConfig") -> Any:
         return getattr(cfg, self.section) if self.section else None

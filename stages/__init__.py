@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.config import load_config as _load_config
-from pipeline.stage import Stage
+from pipeline.stage import EMBEDDER_ROLE, Stage
 from stages.memory_units.banks import BanksStage
 from stages.memory_units.compress import CompressStage
 from stages.memory_units.guidance import GuidanceStage
@@ -85,6 +85,7 @@ def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:
             sections[cls.section] = cls.settings
     for m in methods.values():
         roles.update((m.build_role, m.answer_role) if m.memory else (m.answer_role,))
+    roles.add(EMBEDDER_ROLE)  # stages that embed, when embedding.provider is openai
     return compose_config(sections, {name: m.Settings for name, m in methods.items()}, roles)
 
 

@@ -79,6 +79,24 @@ class DieOnceAsking(EpisodeStage):
                             "error": None if answer.text else "empty answer"}]}
 
 
+class LoseWorkerOnce(EpisodeStage):
+    """An LLM stage whose worker is gone for good on ep01's first attempt (the actor exits, as when
+    its node is lost: Ray does not restart it)."""
+
+    name = "lose_worker_once"
+    inputs = ("ingest",)
+    outputs = {"counts": COUNTS}
+    roles = ("toy",)
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
+        import ray
+
+        log_work(self.name, episode_id)
+        if episode_id == "ep01" and attempts(self.name, episode_id) == 1:
+            ray.actor.exit_actor()
+        return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["ingest.turns"]), "error": None}]}
+
+
 class AskOnce(EpisodeStage):
     """An LLM stage with one call per episode: a worker that ran one shard at a time would hold
     one request per shard (episode) in flight."""
@@ -104,7 +122,7 @@ def runner(tmp_path: Path, ray_local, toy_dir: Path):
     def make(*sets: str) -> Runner:
         cfg = load_config(None, [f"artifacts_dir={tmp_path / 'artifacts'}", f"corpus.path={corpus}",
                                  "ray.episodes_per_shard=2", *sets], toy_stages.config_model())
-        return Runner(cfg, {s.name: s for s in [ToyIngest(), DieOnce(), BadInput(), DieOnceAsking(), AskOnce()]})
+        return Runner(cfg, {s.name: s for s in [ToyIngest(), DieOnce(), BadInput(), DieOnceAsking(), AskOnce(), LoseWorkerOnce()]})
 
     yield make
     (toy_dir / "control.json").unlink(missing_ok=True)
@@ -140,6 +158,16 @@ def test_an_llm_stage_whose_worker_dies_is_rerun_and_the_next_llm_stage_still_ru
     counts = StageDir(r.run_dir, "die_once_asking").read_table("counts").sort_by("episode_id").to_pylist()
     assert counts == [{"episode_id": f"ep{i:02d}", "n_turns": 3, "error": None} for i in range(5)]
     assert StageDir(r.run_dir, "die_once_asking").manifest().llm_usage["toy"].failed_calls == 0
+
+
+def test_a_shard_whose_llm_worker_is_gone_for_good_runs_on_a_new_worker(runner, fake_llm, monkeypatch):
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    r = runner("stages=[ingest,lose_worker_once]", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
+               "llm.model=fake-model", "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={fake_llm.cache_dir}")
+    assert r.run() == {"ingest": "ran", "lose_worker_once": "ran"}
+    assert attempts("lose_worker_once", "ep01") == 2
+    counts = StageDir(r.run_dir, "lose_worker_once").read_table("counts").sort_by("episode_id").to_pylist()
+    assert [c["episode_id"] for c in counts] == [f"ep{i:02d}" for i in range(5)]
 
 
 def test_an_llm_worker_runs_several_shards_at_once_within_its_concurrency(runner, fake_llm, monkeypatch):

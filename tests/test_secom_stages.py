@@ -211,3 +211,29 @@ def test_segment_manifest_counts_model_normalised_and_fallback_sessions(run_cfg,
     turns = StageDir(starts.run_dir, "ingest").read_table("turns").num_rows
     assert sum(r["turn_end"] - r["turn_start"] + 1 for r in seg) == turns
     assert all(r["normalised"] and r["summary"] is None for r in seg)
+
+
+def test_banks_embed_through_the_endpoint_with_provider_openai(run_cfg, fake_llm):
+    """`embedding.provider: openai`: `banks` (a stage with no LLM role of its own) gets the
+    `embedder` role's client: batched requests through the shared cache, limiter and ledger."""
+    cfg = run_cfg("corpus.limit=2", "compress.method=none", "compress.granularities=[turn,session]",
+                  "banks.granularities=[turn,session]", "stages=[ingest,guidance,segment,compress,banks]",
+                  "embedding.provider=openai", "embedding.model=text-embedding-3-small", "llm.max_concurrency=4")
+    assert Runner(cfg, registry(cfg)).run()["banks"] == "ran"
+    units = StageDir(cfg.run_dir, "banks").read_table("memory_units").to_pylist()
+    texts = {u["text"] for u in units}
+    assert units and all(len(u["vector"]) == fake_llm.embed_dim for u in units)
+    # Each distinct text embedded once, many to a request.
+    sent = [t for r in fake_llm.requests if r["path"] == "/v1/embeddings" for t in r["body"]["input"]]
+    assert sorted(sent) == sorted(texts)
+    assert fake_llm.count("/v1/embeddings") < len(texts)
+    manifest = StageDir(cfg.run_dir, "banks").manifest()
+    assert set(manifest.roles) == {"embedder"}
+    assert manifest.llm_usage["embedder"].calls == len(texts)
+    # A rerun under another name embeds nothing: every vector comes from the call cache.
+    fake_llm.reset()
+    again = run_cfg("corpus.limit=2", "compress.method=none", "compress.granularities=[turn,session]",
+                    "banks.granularities=[turn,session]", "stages=[ingest,guidance,segment,compress,banks]",
+                    "embedding.provider=openai", "embedding.model=text-embedding-3-small", "run_name=again")
+    Runner(again, registry(again)).run()
+    assert fake_llm.count("/v1/embeddings") == 0

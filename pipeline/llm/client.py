@@ -626,10 +626,9 @@ class LLMClient:
             if out[i] is None:
                 todo.setdefault(t, []).append(i)
         pending = list(todo)
-        for start in range(0, len(pending), EMBED_BATCH):
-            batch = pending[start:start + EMBED_BATCH]
 
-            async def call(client: openai.AsyncOpenAI, batch: list[str] = batch) -> Any:
+        async def one_batch(batch: list[str]) -> None:
+            async def call(client: openai.AsyncOpenAI) -> Any:
                 return await client.embeddings.create(model=model, input=batch, encoding_format="float")
 
             def read(resp: Any, n: int = len(batch)) -> tuple[list[Any], int]:
@@ -662,6 +661,13 @@ class LLMClient:
                 if self.cache is not None:
                     await self.cache.set(embed_cache_key(self.endpoint, model, text),
                                          {"embedding": vec, "prompt_tokens": tokens, "model": model})
+
+        # The batches go at once, each taking a `max_concurrency` slot (and the limiter's pace) in _send.
+        results = await asyncio.gather(*(one_batch(pending[i:i + EMBED_BATCH])
+                                         for i in range(0, len(pending), EMBED_BATCH)), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
         return out  # type: ignore[return-value]
 
 
