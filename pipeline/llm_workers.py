@@ -57,15 +57,12 @@ class LLMWorkers:
             pool.stop()
 
     def __init__(self, cfg: RunConfig) -> None:
-        import ray
-
         self.retries = cfg.ray.max_task_retries
         self.per_cpu = cfg.ray.llm_task_cpus
         per_node = [[node] * max(1, int(cpus // self.per_cpu)) for node, cpus in self._live_nodes().items()]
         # Interleaved by node, so that even a few shards spread over the nodes.
         self.nodes = [n for group in itertools.zip_longest(*per_node) for n in group if n is not None]
         self.actors = [self._start(n) for n in self.nodes]
-        self._lost = (ray.exceptions.RayActorError,)
 
     @staticmethod
     def _live_nodes() -> dict[str, float]:
@@ -93,12 +90,14 @@ class LLMWorkers:
         node = min(live, key=lambda n: self.nodes.count(n) * self.per_cpu / live[n])
         self.nodes[i], self.actors[i] = node, self._start(node)
 
-    def _worker_lost(self, ref: Any) -> bool:
-        try:
-            import ray
+    @staticmethod
+    def _worker_lost(ref: Any) -> bool:
+        """Did the shard end because its worker is gone (not because the shard raised)?"""
+        import ray
 
+        try:
             ray.get(ref, timeout=0)
-        except self._lost:
+        except ray.exceptions.RayActorError:
             return True
         except Exception:  # noqa: BLE001 - the shard's own failure: the caller reports it
             return False
