@@ -5,7 +5,9 @@ artifacts/<run>/<stage>/_manifest.json
 artifacts/<run>/<stage>.partial/                      stage in progress: finished shards + markers
 
 A stage directory is only ever produced by renaming a complete `.partial` folder, so a crash
-never leaves something that looks finished. A write the filesystem refuses (disk full, read-only,
+never leaves something that looks finished. On an object store (`artifacts_dir: s3://...`, see
+pipeline/storage.py), which cannot rename, the same holds by order: a stage is finished when its
+manifest exists, and publishing removes the old manifest first and writes the new one last. A write the filesystem refuses (disk full, read-only,
 no permission) becomes one `ArtifactWriteError` naming the path; the temp file is removed, the
 stage is not published, and the next run resumes from the finished shards.
 """
@@ -27,8 +29,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from pipeline import storage
 from pipeline.errors import PipelineError
 from pipeline.manifest import Manifest
+from pipeline.storage import Location, is_remote
 
 MANIFEST = "_manifest.json"
 LOCK_FILE = "_lock"
@@ -59,7 +63,9 @@ def writing(path: Path) -> Iterator[None]:
         raise ArtifactWriteError(str(path), e.strerror or str(e)) from None
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Location, data: bytes) -> None:
+    if is_remote(path):
+        return storage.write_bytes(path, data)  # one PUT is already all or nothing
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -74,11 +80,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             raise
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
+def atomic_write_json(path: Location, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
 
-def atomic_write_parquet(path: Path, table: pa.Table) -> None:
+def atomic_write_parquet(path: Location, table: pa.Table) -> None:
+    if is_remote(path):
+        return storage.write_parquet(path, table)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -91,16 +99,34 @@ def atomic_write_parquet(path: Path, table: pa.Table) -> None:
             raise
 
 
+def read_text(path: Location) -> str:
+    """A file's or an object's text; FileNotFoundError when there is none."""
+    return storage.read_bytes(path).decode() if is_remote(path) else Path(path).read_text()
+
+
+def exists(path: Location) -> bool:
+    return storage.exists(path) if is_remote(path) else Path(path).exists()
+
+
+def make_dirs(path: Location) -> None:
+    """Create a local folder (an object store has none to create)."""
+    if not is_remote(path):
+        with writing(Path(path)):
+            Path(path).mkdir(parents=True, exist_ok=True)
+
+
 class RunDirBusy(PipelineError):
     """Another `mempipe run` holds the run directory."""
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: Path) -> Iterator[None]:
+def run_lock(where: Location) -> Iterator[None]:
     """Hold the run directory for one `mempipe run` at a time (two terminals, or a job resubmitted
     while the first still runs), so their artifacts never interleave. An OS lock (flock) on
-    `<run_dir>/_lock`: it dies with its process, so a killed run leaves no stale lock behind."""
-    run_dir = Path(run_dir)
+    `<run_dir>/_lock`: it dies with its process, so a killed run leaves no stale lock behind. An
+    object store has no such lock: a run there is held by a lock file on this machine (two
+    drivers on different machines are not told apart)."""
+    run_dir = storage.local_scratch(where, "locks") if is_remote(where) else Path(where)
     with writing(run_dir / LOCK_FILE):
         run_dir.mkdir(parents=True, exist_ok=True)
         handle = open(run_dir / LOCK_FILE, "a+")
@@ -110,7 +136,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
-            raise RunDirBusy(f"run directory {run_dir} is in use by {holder}; wait for it to finish, "
+            raise RunDirBusy(f"run directory {where} is in use by {holder}; wait for it to finish, "
                              "or give this run another name (--set run_name=...)") from None
         handle.seek(0)
         handle.truncate()
@@ -127,44 +153,59 @@ def part_name(shard_idx: int) -> str:
 
 
 class StageDir:
-    """Paths and state of one stage inside one run directory."""
+    """Paths and state of one stage inside one run directory (a folder, or a prefix on an object
+    store: then `final` and `partial` are URIs)."""
 
-    def __init__(self, run_dir: Path, stage: str) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Location, stage: str) -> None:
+        self.remote = is_remote(run_dir)
+        self.run_dir = storage.location(run_dir)
         self.stage = stage
-        self.final = self.run_dir / stage
-        self.partial = self.run_dir / f"{stage}.partial"
+        self.final = storage.join(self.run_dir, stage)
+        self.partial = storage.join(self.run_dir, f"{stage}.partial")
 
     # --- finished stage -------------------------------------------------------------------
     def manifest(self) -> Manifest | None:
-        path = self.final / MANIFEST
-        if not path.exists():
-            return None
         try:
-            return Manifest.from_json(json.loads(path.read_text()))
+            return Manifest.from_json(json.loads(read_text(storage.join(self.final, MANIFEST))))
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
             return None  # unreadable manifest = not finished
 
-    def table_dir(self, table: str) -> Path:
-        return self.final / table
+    def table_dir(self, table: str) -> Location:
+        return storage.join(self.final, table)
 
     def read_table(self, table: str, episode_ids: list[str] | None = None, schema: pa.Schema | None = None,
                    parts: list[str] | None = None) -> pa.Table:
         """Read a finished table, optionally only the rows of some episodes, and only from the part
         files `parts` (None: every part; see `episode_parts`)."""
-        path = self.table_dir(table)
-        if parts is not None:
-            files = [f for f in (path / p for p in parts) if f.exists()]
-        else:
-            files = sorted(path.glob("part-*.parquet")) if path.exists() else []
+        files = self._part_files(self.table_dir(table), parts)
         if not files:
             if schema is None:
                 raise FileNotFoundError(f"no table {table!r} in stage {self.stage}")
             return schema.empty_table()
-        dataset = ds.dataset([str(f) for f in files], format="parquet", schema=schema)
+        if self.remote:
+            dataset = storage.dataset([str(f) for f in files], schema)
+        else:
+            dataset = ds.dataset([str(f) for f in files], format="parquet", schema=schema)
         if episode_ids is not None and "episode_id" in dataset.schema.names:
             return dataset.to_table(filter=ds.field("episode_id").isin(episode_ids))
         return dataset.to_table()
+
+    def _part_files(self, path: Location, parts: list[str] | None) -> list[Location]:
+        if self.remote:
+            present = [f for f in storage.list_files(str(path)) if storage.name_of(f).startswith("part-")
+                       and f.endswith(".parquet")]
+            return present if parts is None else [f for f in present if storage.name_of(f) in set(parts)]
+        path = Path(path)
+        if parts is not None:
+            return [f for f in (path / p for p in parts) if f.exists()]
+        return sorted(path.glob("part-*.parquet")) if path.exists() else []
+
+    def read_file(self, name: str) -> bytes:
+        """A side file the finished stage wrote beside its tables (FileNotFoundError if none)."""
+        where = storage.join(self.final, name)
+        return storage.read_bytes(where) if self.remote else Path(where).read_bytes()
 
     def episode_parts(self) -> dict[str, str] | None:
         """Episode id -> the part file holding its rows, from the manifest (None when the stage
@@ -175,48 +216,71 @@ class StageDir:
     # --- in-progress stage ----------------------------------------------------------------
     def open_partial(self, fingerprint: str) -> None:
         """Reuse finished shards of an interrupted run with the same fingerprint, else start clean."""
-        marker = self.partial / FINGERPRINT_FILE
-        if self.partial.exists():
-            if not marker.exists() or marker.read_text().strip() != fingerprint:
-                shutil.rmtree(self.partial)
-        if not self.partial.exists():
-            with writing(self.partial):
-                self.partial.mkdir(parents=True)
-            atomic_write_bytes(marker, fingerprint.encode())
+        if self.partial_fingerprint() != fingerprint:
+            self._remove(self.partial)
+            if not self.remote:
+                with writing(self.partial):
+                    Path(self.partial).mkdir(parents=True)
+            atomic_write_bytes(storage.join(self.partial, FINGERPRINT_FILE), fingerprint.encode())
 
     def partial_fingerprint(self) -> str | None:
-        marker = self.partial / FINGERPRINT_FILE
-        return marker.read_text().strip() if marker.exists() else None
+        try:
+            return read_text(storage.join(self.partial, FINGERPRINT_FILE)).strip()
+        except FileNotFoundError:
+            return None
 
-    def shard_marker(self, shard_idx: int) -> Path:
-        return self.partial / SHARD_MARKERS / f"{shard_idx:05d}.json"
+    def shard_marker(self, shard_idx: int) -> Location:
+        return storage.join(self.partial, SHARD_MARKERS, f"{shard_idx:05d}.json")
 
     def finished_shards(self) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        folder = self.partial / SHARD_MARKERS
-        if folder.exists():
-            for f in sorted(folder.glob("*.json")):
-                out[int(f.stem)] = json.loads(f.read_text())
-        return out
+        folder = storage.join(self.partial, SHARD_MARKERS)
+        if self.remote:
+            files: list[Location] = [f for f in storage.list_files(str(folder)) if f.endswith(".json")]
+        else:
+            files = sorted(Path(folder).glob("*.json")) if Path(folder).exists() else []
+        return {int(storage.name_of(f)[:-len(".json")]): json.loads(read_text(f)) for f in files}
 
     def publish(self, manifest: Manifest) -> None:
         """Write the manifest last, then swap the partial folder in place of the old stage. The
         shard markers go only once the manifest is written: a write that fails keeps them, so the
         next run resumes from them."""
-        atomic_write_json(self.partial / MANIFEST, manifest.to_json())
-        shutil.rmtree(self.partial / SHARD_MARKERS, ignore_errors=True)
-        (self.partial / FINGERPRINT_FILE).unlink(missing_ok=True)
-        old = self.run_dir / f"{self.stage}.old"
-        with writing(self.final):
+        if self.remote:
+            return self._publish_by_order(manifest)
+        partial, final = Path(self.partial), Path(self.final)
+        atomic_write_json(partial / MANIFEST, manifest.to_json())
+        shutil.rmtree(partial / SHARD_MARKERS, ignore_errors=True)
+        (partial / FINGERPRINT_FILE).unlink(missing_ok=True)
+        old = Path(self.run_dir) / f"{self.stage}.old"
+        with writing(final):
             if old.exists():
                 shutil.rmtree(old)
-            if self.final.exists():
-                os.replace(self.final, old)
-            os.replace(self.partial, self.final)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(partial, final)
         shutil.rmtree(old, ignore_errors=True)
+
+    def _publish_by_order(self, manifest: Manifest) -> None:
+        """Object store: the old stage stops being finished (its manifest goes first), its objects
+        go, the new ones are copied in, the manifest is written last, and only then is the partial
+        prefix dropped. A crash anywhere leaves no manifest over a half stage, and the partial
+        prefix with its shard markers is still there to publish from on the next run."""
+        final, partial = str(self.final), str(self.partial)
+        storage.delete_tree(f"{final}/{MANIFEST}")
+        storage.delete_tree(final)
+        storage.copy_tree(partial, final, skip=(SHARD_MARKERS, FINGERPRINT_FILE, MANIFEST))
+        storage.write_bytes(f"{final}/{MANIFEST}",
+                            json.dumps(manifest.to_json(), indent=2, sort_keys=True, default=str).encode())
+        storage.delete_tree(partial)
 
     def invalidate(self) -> None:
         """Forget a finished stage (used by --force); partial shards are dropped too."""
+        if self.remote:
+            storage.delete_tree(f"{self.final}/{MANIFEST}")  # first: never a manifest over a half-deleted stage
         for p in (self.final, self.partial):
-            if p.exists():
-                shutil.rmtree(p)
+            self._remove(p)
+
+    def _remove(self, where: Location) -> None:
+        if self.remote:
+            storage.delete_tree(str(where))
+        elif Path(where).exists():
+            shutil.rmtree(where)

@@ -15,7 +15,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from pipeline.artifacts import run_lock
+from pipeline import storage
+from pipeline.artifacts import exists, run_lock
 from pipeline.config import RunConfig, resolve_paths
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.llm.ledger import BudgetExceeded
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{name:{width}s} {what}")
     print(f"artifacts: {cfg.run_dir}")
     html, _ = args.app.report_files(cfg)
-    if html.exists():
+    if exists(html):
         print(f"report: {html}")
     if spent:
         print(spent)
@@ -157,8 +158,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     cfg = _config(args)
     html, md = args.app.report_files(cfg)
-    if not html.exists():
+    if not exists(html):
         raise PipelineError(f"no report at {html} yet: run `mempipe run{' -c ' + args.config if args.config else ''}` first")
+    if storage.is_remote(html):  # a browser opens local files: the report's folder, copied down
+        local = Path(args.out or Path("reports") / cfg.run_name).resolve()
+        storage.download_dir(str(html).rsplit("/", 1)[0], local)
+        print(f"copied from {str(html).rsplit('/', 1)[0]}")
+        html, md = local / storage.name_of(html), local / storage.name_of(md)
     print(f"report: {html}\nmarkdown: {md}")
     if args.open:
         import webbrowser
@@ -244,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="where the run's HTML and Markdown report are; --open opens it")
     common(report)
     report.add_argument("--open", action="store_true", help="open the HTML report in a browser")
+    report.add_argument("--out", help="for a run on an object store: the local folder to copy the report into "
+                                      "(default reports/<run_name>)")
     report.set_defaults(func=cmd_report)
 
     export = sub.add_parser("export", help="copy a stage's Parquet tables with a README (teabag: the TeaBag dataset with its card)")

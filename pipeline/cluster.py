@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
+from pipeline.storage import Location, is_remote
 
 log = logging.getLogger("mempipe")
 
@@ -35,7 +36,7 @@ def working_dir_warnings(cfg: RunConfig, working_dir: Path) -> list[str]:
     """Warnings for run paths inside a submitted job's uploaded working directory (`working_dir`):
     Ray unpacks a fresh copy per checkout content and deletes old ones when it needs the space."""
     out = []
-    if Path(cfg.artifacts_dir).is_relative_to(working_dir):
+    if not is_remote(cfg.artifacts_dir) and Path(cfg.artifacts_dir).is_relative_to(working_dir):
         out.append(f"artifacts_dir {cfg.artifacts_dir} is inside this job's uploaded working directory, "
                    "a temporary copy on the head that Ray deletes when it needs the space, and that no "
                    "other node sees; set --set artifacts_dir=/shared/artifacts (storage every node mounts)")
@@ -97,7 +98,7 @@ def check_cluster_paths(cfg: RunConfig) -> None:
             log.warning(warning)
     here = ctx.get_node_id()
     others = [n for n in ray.nodes() if n.get("Alive") and n.get("NodeID") != here]
-    if not others:
+    if not others or is_remote(cfg.artifacts_dir):  # an object store is the same for every node
         return
     missing = nodes_not_seeing(Path(cfg.artifacts_dir), others)
     if missing is None:
@@ -107,9 +108,12 @@ def check_cluster_paths(cfg: RunConfig) -> None:
         raise PipelineError(not_shared_message(cfg.artifacts_dir, missing))
 
 
-def require_visible(marker: Path, node_id: str, artifacts_dir: str) -> None:
+def require_visible(marker: Location, node_id: str, artifacts_dir: str) -> None:
     """A shard that ran on another node reported its marker at `marker`: fail clearly when this
     driver cannot see it (the node wrote to its own disk), after a short grace for NFS caches."""
+    if is_remote(marker):
+        return  # an object store is the same for every node
+    marker = Path(marker)
     deadline = time.monotonic() + MARKER_GRACE_S
     while not marker.exists():
         if time.monotonic() > deadline:

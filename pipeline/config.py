@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pipeline.corpus import FORMATS
 from pipeline.errors import ConfigError
 from pipeline.reproduction import PaperSheet
+from pipeline.storage import Location, is_remote, join, location
 
 M = TypeVar("M", bound=BaseModel)
 CorpusFormat = Literal[FORMATS]  # type: ignore[valid-type]
@@ -39,7 +40,8 @@ def resolve_paths(model: "M", base: Path | None = None) -> "M":
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         extra = info.json_schema_extra
-        if isinstance(extra, dict) and extra.get("is_path") and isinstance(value, str) and value:
+        if isinstance(extra, dict) and extra.get("is_path") and isinstance(value, str) and value \
+                and not is_remote(value):  # s3://... names the same place from every node already
             setattr(model, name, str(((base or Path.cwd()) / Path(value).expanduser()).resolve()))
         elif isinstance(value, BaseModel):
             resolve_paths(value, base)
@@ -272,8 +274,9 @@ class RunConfig(Section):
         return self
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.artifacts_dir) / self.run_name
+    def run_dir(self) -> "Location":
+        """The run's folder, or its prefix (a URI) when artifacts_dir is on an object store."""
+        return join(location(self.artifacts_dir), self.run_name)
 
     def role(self, name: str) -> LLMConfig:
         """The LLM settings of a role: `llm`, overridden field by field by `roles.<name>`."""

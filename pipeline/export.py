@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
+from pipeline import storage
 from pipeline.artifacts import StageDir, atomic_write_parquet
 from pipeline.errors import PipelineError
 
@@ -14,7 +14,7 @@ def export_stage(sd: StageDir, out: Path) -> Path:
     if manifest is None:
         raise PipelineError(f"stage {sd.stage!r} has no finished artifacts under {sd.run_dir}; run it first")
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# {sd.stage} tables", "", f"Exported from run `{sd.run_dir.name}`, stage fingerprint "
+    lines = [f"# {sd.stage} tables", "", f"Exported from run `{storage.name_of(sd.run_dir)}`, stage fingerprint "
              f"`{manifest.fingerprint}` (mempipe {manifest.code_version}).", ""]
     for table in manifest.tables:
         data = sd.read_table(table)

@@ -62,7 +62,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from pipeline.artifacts import MANIFEST, StageDir, atomic_write_json
+from pipeline import storage
+from pipeline.artifacts import MANIFEST, StageDir, atomic_write_json, make_dirs, read_text
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.llm.prices import BATCH_DISCOUNT, cost_usd, prices_for, role_prices
@@ -70,6 +71,7 @@ from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest
 from pipeline.progress import PLAN_FILE
 from pipeline.stage import GlobalStage, Stage
+from pipeline.storage import Location, is_remote, join
 
 log = logging.getLogger("mempipe")
 
@@ -259,8 +261,8 @@ class CalibrationSource:
     """Manifests of real runs to calibrate against: another run directory, the calibration run, or
     this run's own directory (any fingerprint)."""
 
-    def __init__(self, run_dir: Path, label: str) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Location, label: str) -> None:
+        self.run_dir = storage.location(run_dir)
         self.label = label
 
     def manifest(self, stage: str) -> Manifest | None:
@@ -340,15 +342,18 @@ def _quiet() -> Iterator[io.StringIO]:
         yield buf
 
 
-def _link_stage(real_dir: Path, scratch_dir: Path, name: str, fingerprint: str, upstream: dict[str, str]) -> None:
+def _link_stage(real_dir: Location, scratch_dir: Path, name: str, fingerprint: str, upstream: dict[str, str]) -> None:
     """A finished stage of the real run, seen in the scratch run as done for its fingerprint there:
-    its files linked, its manifest re-stamped."""
-    src, dst = real_dir / name, scratch_dir / name
+    its files linked (copied down from an object store), its manifest re-stamped."""
+    src, dst = join(real_dir, name), scratch_dir / name
     dst.mkdir(parents=True)
-    for entry in src.iterdir():
-        if entry.name != MANIFEST:
-            (dst / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-    data = json.loads((src / MANIFEST).read_text())
+    if is_remote(src):
+        storage.download_dir(src, dst)
+    else:
+        for entry in Path(src).iterdir():
+            if entry.name != MANIFEST:
+                (dst / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    data = json.loads(read_text(join(src, MANIFEST)))
     data.update(fingerprint=fingerprint, upstream=upstream)
     atomic_write_json(dst / MANIFEST, data)
 
@@ -499,7 +504,7 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
             say(f"plan: calibration run of {calibrate_k} episode(s) into {ccfg.run_dir} (real calls, cached for the run)")
             crunner = Runner(ccfg, dict(registry_of(ccfg)))
             crunner.run()
-            source = CalibrationSource(ccfg.run_dir, f"calibration run {ccfg.run_dir.name}")
+            source = CalibrationSource(ccfg.run_dir, f"calibration run {ccfg.run_name}")
             calibration_run = _calibration_cost(ccfg, crunner)
         else:
             source = CalibrationSource(cfg.run_dir, "this run's manifests")
@@ -549,8 +554,8 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
         stages.append(StageEstimate(s.name, state, why, fps[s.name], runs, roles))
     plan = Plan(cfg.run_name, str(cfg.run_dir), stages, method, calibration_run)
     if write:
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cfg.run_dir / PLAN_FILE, plan.plan_file())
+        make_dirs(cfg.run_dir)
+        atomic_write_json(join(cfg.run_dir, PLAN_FILE), plan.plan_file())
     return plan
 
 

@@ -15,22 +15,24 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
 from tqdm import tqdm
 
 from pipeline.llm.ledger import stage_counts
 from pipeline.llm.usage import Usage, describe_structured
+from pipeline.storage import Location, join
 
 PLAN_FILE = "_plan.json"
 _REDRAW_S = 1.0
 
 
-def planned_calls(run_dir: Path, stage: str, fingerprint: str) -> int | None:
+def planned_calls(run_dir: Location, stage: str, fingerprint: str) -> int | None:
     """`mempipe plan`'s expected calls for this stage, when the plan was made for this fingerprint."""
+    from pipeline.artifacts import read_text
+
     try:
-        entry = json.loads((Path(run_dir) / PLAN_FILE).read_text())["stages"][stage]
+        entry = json.loads(read_text(join(run_dir, PLAN_FILE)))["stages"][stage]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline import __version__
-from pipeline.artifacts import StageDir
+from pipeline.artifacts import StageDir, make_dirs
 from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError
 from pipeline.executors import make_executor
@@ -23,6 +23,7 @@ from pipeline.manifest import Manifest, Timings
 from pipeline.progress import StageProgress, end_text, planned_calls
 from pipeline.schemas import EPISODES
 from pipeline.shard import ShardTask, add_stats
+from pipeline.storage import Location, is_remote, local_scratch
 from pipeline.stage import GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
@@ -253,7 +254,7 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - Ray already gone (interrupted): nothing to read
             log.warning("could not read this run's spend from the ledger: %s", e)
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.run_dir)
         save_spend(self.run_dir, self.spend)
 
     def _shards(self, stage: Stage) -> list[ShardTask]:
@@ -327,8 +328,10 @@ class Runner:
 
 
 @contextlib.contextmanager
-def local_server(cfg: Any, run_dir: Path, log_name: str) -> Iterator[str]:
+def local_server(cfg: Any, run_dir: Location, log_name: str) -> Iterator[str]:
     from pipeline.llm.local_server import LocalLLMServer
 
-    with LocalLLMServer(cfg, log_path=run_dir / "_logs" / log_name) as server:
+    # The server writes its log as a local file (for an object-store run, a folder on this machine).
+    logs = local_scratch(run_dir, "logs") if is_remote(run_dir) else Path(run_dir) / "_logs"
+    with LocalLLMServer(cfg, log_path=logs / log_name) as server:
         yield server.base_url

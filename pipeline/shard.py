@@ -8,7 +8,9 @@ record that makes the shard skippable after a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import tempfile
 import time
 import weakref
 from collections import defaultdict
@@ -18,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline import storage
 from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, part_name
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
@@ -151,7 +154,7 @@ class EpisodeUsage:
         return out
 
 
-def upstream_manifests(run_dir: Path, task: ShardTask) -> dict[str, Manifest]:
+def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, Manifest]:
     """The manifests of the shard's finished input stages (the runner checked they are done).
     Read here, beside the upstream tables, rather than shipped in the task: a manifest grows with
     the episodes (parts, per-episode stats) and every task's arguments are pickled."""
@@ -175,13 +178,30 @@ async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, An
     Ray executor): reads and writes go to a thread so that their requests keep flowing."""
     started = time.time()
     stage = task.stage
-    run_dir = Path(task.run_dir)
+    run_dir = storage.location(task.run_dir)
     sd = StageDir(run_dir, stage.name)
     manifests = upstream_manifests(run_dir, task)  # before the clients, which `work` closes
     clients = _make_clients(cfg, task, handles, ledger)
-    ctx = StageContext(cfg=cfg, stage=stage, out_dir=sd.partial, upstream_dirs={n: run_dir / n for n in task.upstream},
-                       upstream_manifests=manifests, clients=clients)
-    inputs = await asyncio.to_thread(_read_inputs, run_dir, task)
+    with contextlib.ExitStack() as stack:
+        # Side files (Lance banks, JSON, the report's pages) are written by libraries that want a
+        # local folder: on an object store, a scratch folder uploaded before the shard's marker.
+        out_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mempipe-shard-"))) if sd.remote \
+            else Path(sd.partial)
+        ctx = StageContext(cfg=cfg, stage=stage, out_dir=out_dir,
+                           upstream_dirs={n: storage.join(run_dir, n) for n in task.upstream},
+                           upstream_manifests=manifests, clients=clients)
+        stats = await _run_shard_in(ctx, task, sd, inputs_from=run_dir, clients=clients)
+        if sd.remote:
+            await asyncio.to_thread(storage.upload_dir, out_dir, str(sd.partial))
+    stats["wall_s"] = round(time.time() - started, 3)
+    await asyncio.to_thread(atomic_write_json, sd.shard_marker(task.shard_idx), stats)
+    return stats
+
+
+async def _run_shard_in(ctx: StageContext, task: ShardTask, sd: StageDir, inputs_from: storage.Location,
+                        clients: dict[str, Any]) -> dict[str, Any]:
+    stage = task.stage
+    inputs = await asyncio.to_thread(_read_inputs, inputs_from, task)
     extra_stats: dict[str, Any] = {}
     _track_shard_tasks(asyncio.get_running_loop())
     _SHARD_TASKS.set(weakref.WeakSet())  # this coroutine's context: the tasks it creates are the shard's
@@ -195,12 +215,10 @@ async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, An
     stats = await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
     stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
     stats["extra"] = extra_stats
-    stats["wall_s"] = round(time.time() - started, 3)
-    await asyncio.to_thread(atomic_write_json, sd.shard_marker(task.shard_idx), stats)
     return stats
 
 
-def _read_inputs(run_dir: Path, task: ShardTask) -> dict[str, pa.Table]:
+def _read_inputs(run_dir: storage.Location, task: ShardTask) -> dict[str, pa.Table]:
     """"<stage>.<table>" -> this shard's rows of each upstream table."""
     inputs: dict[str, pa.Table] = {}
     for name, tables in task.upstream.items():
@@ -251,12 +269,12 @@ def _write_outputs(stage: Stage, sd: StageDir, task: ShardTask, produced: dict[s
         stats["parts"] = _write_global_parts(sd.partial, tables, task.episodes_per_part)
     else:
         for table, tbl in tables.items():
-            atomic_write_parquet(sd.partial / table / part_name(task.shard_idx), tbl)
+            atomic_write_parquet(storage.join(sd.partial, table, part_name(task.shard_idx)), tbl)
         stats["parts"] = {part_name(task.shard_idx): list(task.episode_ids or [])}
     return stats
 
 
-def _write_global_parts(out_dir: Path, tables: dict[str, pa.Table], episodes_per_part: int) -> dict[str, list[str]]:
+def _write_global_parts(out_dir: storage.Location, tables: dict[str, pa.Table], episodes_per_part: int) -> dict[str, list[str]]:
     """Write a global stage's tables, those with an `episode_id` split into parts of
     `episodes_per_part` episodes (in order of first appearance), so that the episode shards of a
     later stage each read one small part instead of filtering the whole table. Returns the layout,
@@ -276,12 +294,12 @@ def _write_global_parts(out_dir: Path, tables: dict[str, pa.Table], episodes_per
     layout = {part_name(i): order[i * episodes_per_part:(i + 1) * episodes_per_part] for i in range(n_parts)}
     for table, tbl in tables.items():
         if "episode_id" not in tbl.column_names or n_parts == 1:
-            atomic_write_parquet(out_dir / table / part_name(0), tbl)
+            atomic_write_parquet(storage.join(out_dir, table, part_name(0)), tbl)
             continue
         position = pc.index_in(tbl.column("episode_id"), value_set=pa.array(order, pa.string()))
         part_of = np.asarray(pc.fill_null(position, 0), dtype=np.int64) // episodes_per_part
         rows = np.argsort(part_of, kind="stable")  # rows keep their order within a part
         bounds = np.searchsorted(part_of[rows], np.arange(n_parts + 1))
         for i in range(n_parts):
-            atomic_write_parquet(out_dir / table / part_name(i), tbl.take(rows[bounds[i]:bounds[i + 1]]))
+            atomic_write_parquet(storage.join(out_dir, table, part_name(i)), tbl.take(rows[bounds[i]:bounds[i + 1]]))
     return layout

@@ -22,6 +22,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pipeline.config import RunConfig, Section
     from pipeline.manifest import Manifest
+    from pipeline.storage import Location
 
 Rows = list[dict[str, Any]]
 
@@ -34,8 +35,10 @@ EMBEDDER_ROLE = "embedder"
 class StageContext:
     cfg: "RunConfig"
     stage: "Stage"
-    out_dir: Path  # where side artifacts (Lance banks, JSON) of this stage go; renamed atomically
-    upstream_dirs: dict[str, Path] = field(default_factory=dict)
+    # Where side artifacts (Lance banks, JSON) of this stage go: a local folder, renamed (or, on an
+    # object store, uploaded) atomically with the stage.
+    out_dir: Path
+    upstream_dirs: dict[str, "Location"] = field(default_factory=dict)  # a folder, or a URI on an object store
     # Finished input stage -> its manifest (counts, LLM usage), so a stage never reads another's files.
     upstream_manifests: dict[str, "Manifest"] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)  # role -> ChatLLM, one per stage.roles

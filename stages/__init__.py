@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.config import load_config as _load_config
 from pipeline.stage import EMBEDDER_ROLE, Stage
+from pipeline.storage import Location, join
 from stages.memory_units.banks import BanksStage
 from stages.memory_units.compress import CompressStage
 from stages.memory_units.guidance import GuidanceStage
@@ -63,14 +64,14 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
 def exporter(name: str) -> Callable[[RunConfig, Path], Path] | None:
     """The dataset export of a stage that has one (`mempipe export teabag`), else None."""
     if name == TeabagStage.name:
-        return lambda cfg, out: export_teabag(Path(cfg.run_dir), out, cfg)  # checked against the run's fingerprint
+        return lambda cfg, out: export_teabag(cfg.run_dir, out, cfg)  # checked against the run's fingerprint
     return None
 
 
-def report_files(cfg: RunConfig) -> tuple[Path, Path]:
-    """The run's HTML and Markdown report."""
-    out = Path(cfg.run_dir) / ReportStage.name
-    return out / REPORT_HTML, out / REPORT_MD
+def report_files(cfg: RunConfig) -> tuple[Location, Location]:
+    """The run's HTML and Markdown report (URIs when the run is on an object store)."""
+    out = join(cfg.run_dir, ReportStage.name)
+    return join(out, REPORT_HTML), join(out, REPORT_MD)
 
 
 def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.errors import PipelineError, RunStopped
+from pipeline.storage import Location, join
 from pipeline.llm.breaker import Admission, EndpointHealth
 
 SPEND_FILE = "_spend.json"
@@ -145,25 +145,27 @@ def stage_counts(snapshot: Mapping[str, Any], stage: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------- spend on disk (driver only)
 
-def load_spend(run_dir: Path) -> dict[str, float]:
+def load_spend(run_dir: Location) -> dict[str, float]:
     """USD per role spent by earlier invocations on this run directory ({} when none)."""
-    path = Path(run_dir) / SPEND_FILE
-    if not path.exists():
-        return {}
+    from pipeline.artifacts import read_text
+
+    path = join(run_dir, SPEND_FILE)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
         return {str(k): float(v) for k, v in data.get("roles", {}).items()}
+    except FileNotFoundError:
+        return {}
     except (OSError, ValueError, AttributeError) as e:
         raise PipelineError(f"{path}: unreadable spend record ({e}); move it aside to start the count at zero") from e
 
 
-def save_spend(run_dir: Path, snapshot: Mapping[str, Any]) -> None:
+def save_spend(run_dir: Location, snapshot: Mapping[str, Any]) -> None:
     from pipeline.artifacts import atomic_write_json
 
     roles = dict(snapshot.get("spent_before", {}))
     for role, usd in snapshot.get("spent", {}).items():
         roles[role] = roles.get(role, 0.0) + usd
-    atomic_write_json(Path(run_dir) / SPEND_FILE,
+    atomic_write_json(join(run_dir, SPEND_FILE),
                       {"total_usd": round(sum(roles.values()), 8), "roles": {k: round(v, 8) for k, v in roles.items()}})
 
 

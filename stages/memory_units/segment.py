@@ -9,7 +9,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.artifacts import read_text
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.storage import join
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.methods.dialogue import sessions_of
 from stages.methods.secom import segmentation
@@ -94,8 +96,9 @@ def load_guidance(ctx: StageContext) -> SegmentationGuidance | None:
     cfg = ctx.section
     if cfg.mode != "reflection":
         return None
-    path = stored_guidance(cfg) or ctx.upstream_dirs.get("guidance", Path("-")) / GUIDANCE_FILE
-    if not path.is_file():
+    path = stored_guidance(cfg) or join(ctx.upstream_dirs.get("guidance", Path("-")), GUIDANCE_FILE)
+    try:
+        return SegmentationGuidance.from_dict(json.loads(read_text(path)))
+    except (FileNotFoundError, IsADirectoryError):
         raise PipelineError(f"segment.mode is reflection but the guidance stage left no {GUIDANCE_FILE} "
-                            f"(looked for {path})")
-    return SegmentationGuidance.from_dict(json.loads(path.read_text()))
+                            f"(looked for {path})") from None

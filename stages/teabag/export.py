@@ -24,6 +24,7 @@ from pipeline.errors import PipelineError
 from pipeline.fingerprint import compute_fingerprint
 from pipeline.hashing import canonical_json, sha256
 from pipeline.manifest import Manifest
+from pipeline.storage import Location, join
 from stages.teabag import SETTINGS_FILE, TeabagConfig, TeabagStage
 
 log = logging.getLogger(__name__)
@@ -81,12 +82,12 @@ def teabag_tables(ingest: StageDir, teabag: StageDir) -> dict[str, pa.Table]:
 
 def recorded_settings(teabag: StageDir) -> dict[str, Any]:
     """What the run's teabag stage recorded it was made with (`stages.teabag.recorded_settings`)."""
-    path = teabag.final / SETTINGS_FILE
-    if not path.exists():
-        raise PipelineError(f"{path} is missing: the teabag stage under {teabag.run_dir} recorded no settings (an "
-                            "older version made it, or no episode reached the stage); regenerate it with "
-                            "`mempipe run -c CONFIG --force teabag`")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(teabag.read_file(SETTINGS_FILE))
+    except FileNotFoundError:
+        raise PipelineError(f"{join(teabag.final, SETTINGS_FILE)} is missing: the teabag stage under {teabag.run_dir} "
+                            "recorded no settings (an older version made it, or no episode reached the stage); "
+                            "regenerate it with `mempipe run -c CONFIG --force teabag`") from None
 
 
 def teabag_fingerprint(cfg: RunConfig) -> str:
@@ -110,7 +111,7 @@ def section_fingerprint(section: dict[str, Any]) -> str:
     return sha256(canonical_json(section))[:16]
 
 
-def check_config(run_dir: Path, manifest: Manifest, recorded: dict[str, Any], config: RunConfig | TeabagConfig,
+def check_config(run_dir: Location, manifest: Manifest, recorded: dict[str, Any], config: RunConfig | TeabagConfig,
                  on_mismatch: Literal["error", "warn"] = "error") -> None:
     """Refuse (or warn) when the export config is not the one the run's TeaBag was made with. A whole
     run config is compared by the teabag stage fingerprint (settings, roles, prompts, code, corpus)
@@ -123,7 +124,7 @@ def check_config(run_dir: Path, manifest: Manifest, recorded: dict[str, Any], co
         export_fp = section_fingerprint(config.model_dump(mode="json"))
     if run_fp == export_fp:
         return
-    message = (f"the TeaBag under {run_dir / TeabagStage.name} was made with {what} {run_fp}, but the export config "
+    message = (f"the TeaBag under {join(run_dir, TeabagStage.name)} was made with {what} {run_fp}, but the export config "
                f"gives {export_fp}: its card would describe settings the data was not made with. Export with the "
                "config (and --set overrides) the run was made with, or regenerate TeaBag for this config first: "
                "`mempipe run -c CONFIG --until teabag` with the same --set overrides, then export again")
@@ -208,7 +209,7 @@ def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, recorded: dict
     return "\n".join(lines)
 
 
-def export_teabag(run_dir: Path, out: Path, config: RunConfig | TeabagConfig,
+def export_teabag(run_dir: Location, out: Path, config: RunConfig | TeabagConfig,
                   on_mismatch: Literal["error", "warn"] = "error") -> Path:
     """Write the TeaBag dataset of `run_dir` into `out`: the tables and a card rendered from the run's
     recorded settings. `config` is the export command's config (a whole run config is checked by the
