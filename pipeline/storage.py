@@ -92,11 +92,6 @@ def exists(uri: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def is_file(uri: str) -> bool:
-    fs, path = filesystem(uri)
-    return fs.get_file_info(path).type == pafs.FileType.File
-
-
 def read_bytes(uri: str) -> bytes:
     """The object's content; FileNotFoundError when there is none."""
     fs, path = filesystem(uri)
