@@ -73,6 +73,8 @@ def test_a_topic_shift_writes_a_memo_of_the_finished_topic_with_its_span():
     # A probe at turn 4 sees the camping memo only; one after the session sees both.
     assert [m["memo_id"] for m in visible_memory(memos, 1, 4, "log")] == ["1:0"]
     assert [m["memo_id"] for m in visible_memory(memos, 2, 0, "log")] == ["1:0", "1:3"]
+    assert MemoChat().memory_view(episode({1: CAMPING + JOB}), {"memos": memos}, MemoChatSettings()).splitlines() == [
+        "[session 1, turns 0-2] camping: camping from line 1", "[session 1, turns 3-5] new job: new job from line 1"]
 
 
 def test_without_a_topic_shift_nothing_is_written_until_the_session_ends():

@@ -252,8 +252,10 @@ class MemoChat(Method):
         chosen: list[dict] = []
         details: dict[str, Any] = {"memos": len(memos), "chosen": [], **NO_FAILURE}
         if memos:
-            dialogue = format_unit([t for t in last_turns(probe.current, settings.query_turns)
-                                    if t.get("text") != probe.request])
+            before = probe.current
+            if before and before[-1].get("text") == probe.request:  # the request is shown on its own
+                before = before[:-1]
+            dialogue = format_unit(last_turns(before, settings.query_turns))
             result, failed = await attempt(llm.chat(
                 retrieve_messages(memos, dialogue, probe.request, settings.max_retrieved, question),
                 schema=choice_schema(len(memos)), validate=lambda out: check_choice(out, len(memos)),
