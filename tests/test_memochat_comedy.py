@@ -36,7 +36,7 @@ def probe(session: int, turn: int | None, current: list[dict], request: str, kin
 
 def lines(prompt: str) -> dict[int, str]:
     """The numbered dialogue lines of a memorization prompt."""
-    return {int(n): text for n, text in re.findall(r"^\((\d+)\) (.*)$", prompt, re.M)}
+    return {int(n): text for n, text in re.findall(r"^\((\d+)\) (.*)$", prompt, re.MULTILINE)}
 
 
 # ------------------------------------------------------------------------------- MemoChat
@@ -89,7 +89,7 @@ def test_a_failed_memorization_keeps_its_turns_for_the_next_one():
     llm = FakeChat([LLMError("down", "garbled"), memo_writer])
     out = asyncio.run(MemoChat().build(BuildContext(llm=llm, settings=MemoChatSettings(write_every=4)),
                                        episode({1: CAMPING + JOB})))
-    failed, ok = out["writes"]
+    failed, _ = out["writes"]
     assert failed["error"] == "down" and failed["raw"] == "garbled" and failed["pending_from"] == 0
     assert [(m["topic"], m["turn_start"], m["turn_end"]) for m in out["memos"]] == [("camping", 0, 2), ("new job", 3, 5)]
     assert MemoChat().build_stats(out) == {"memo_writes": 2, "failed_writes": 1, "memos": 2,
