@@ -6,12 +6,14 @@ Add a method by writing its module (see `base.py` and the README) and listing it
 from __future__ import annotations
 
 from stages.methods.base import Method
+from stages.methods.comedy import Comedy
 from stages.methods.creem import Creem, CreemNoPreblend, CreemNoRefine
 from stages.methods.gold_memory import GoldMemory
 from stages.methods.golden import Golden
 from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
 from stages.methods.ld_agent import LDAgent
 from stages.methods.ld_agent_base import LDAgentBase
+from stages.methods.memochat import MemoChat
 from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
@@ -22,4 +24,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
     AllContext(), PartContext(), LDAgent(), LDAgentBase(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
+    MemoChat(), Comedy(),
 ]}

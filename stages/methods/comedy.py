@@ -1,0 +1,220 @@
+"""COMEDY (Chen et al. 2024, "Compress to Impress: Unleashing the Potential of Compressive Memory in
+Real-World Long-Term Conversations"; a baseline of Theanine's Table 1, seed 000 Sec. 3.2): one model
+does all three tasks, and there is no retrieval.
+
+1. Session-level memory (`summary_messages`): after each session, what is worth remembering from it:
+   the events, what each speaker showed of themselves, how they get along.
+2. Compressive memory (`compress_messages`): every session summary so far compressed into three
+   parts: a profile of each speaker (personality, habits, preferences, moods), the relationship
+   between the two, and the events, as short sentences. Rebuilt from all the summaries after each
+   session, not from the previous compressed memory.
+3. Response (`reply_messages`): the latest compressed memory plus the current session -> the next
+   utterance.
+
+"One model": `build_role` is the generator role, so the memory tasks run on the model that
+responds (COMEDY trains one model for all three). Theanine ran COMEDY with its original prompts;
+ours carry each element in our own words.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel, Field
+
+from pipeline.failures import FAILURE_FIELDS, attempt
+from pipeline.llm.types import ChatLLM, Messages
+from pipeline.retrieval import count_tokens
+from stages.methods import response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+                                 ProbeInput, after_session)
+from stages.methods.dialogue import format_unit
+from stages.methods.memory_response import ResponseStyle
+from stages.methods.session_memories import session_time, when
+
+# Both tables are logs keyed by the end of the session they were written after: a probe sees the
+# summaries and compressed memories of the sessions before its own.
+SUMMARIES = pa.schema([
+    *SNAPSHOT_FIELDS,
+    pa.field("session_idx", pa.int32(), nullable=False),
+    pa.field("summary", pa.string()),  # null when the call failed (the session is left out)
+    pa.field("tokens", pa.int32()),
+    *FAILURE_FIELDS,
+])
+COMPRESSED = pa.schema([
+    *SNAPSHOT_FIELDS,
+    pa.field("sessions", pa.list_(pa.int32())),  # the sessions whose summaries it compresses
+    pa.field("profiles", pa.list_(pa.struct([pa.field("speaker", pa.string()), pa.field("profile", pa.string())]))),
+    pa.field("relationship", pa.string()),
+    pa.field("events", pa.list_(pa.string())),
+    pa.field("memory", pa.string()),  # the three parts as the response sees them; null when the call failed
+    pa.field("tokens", pa.int32()),
+    *FAILURE_FIELDS,
+])
+
+
+class ComedySettings(MethodSettings):
+    summary_words: int | None = Field(default=None, ge=10)  # a length cap on session summaries; COMEDY states none
+    max_events: int | None = Field(default=None, ge=1)  # a cap on the compressed events; None: none asked
+    temperature: float | None = Field(default=None, ge=0)  # None = the role's llm.temperature
+    response_style: ResponseStyle = "short"  # short: the memory baselines' "a short, natural reply"
+
+
+# ------------------------------------------------------------------------------- prompts
+
+def summary_messages(turns: list[dict], session_idx: int, words: int | None) -> Messages:
+    """Task 1, session-level memory: one session -> what to remember of it (plain text)."""
+    limit = f" Use at most {words} words." if words else ""
+    system = ("You keep the memory of a long relationship between two people who talk from time to time. Read "
+              "one of their conversation sessions and write down what is worth remembering from it: what "
+              "happened or is planned, what each person revealed about themselves (character, habits, likes, "
+              "moods), and how the two of them get along. Name the speakers. If nothing in the session is "
+              "worth remembering, write only: nothing." + limit)
+    user = (f"Session ({when(session_idx, session_time(turns))}):\n{format_unit(turns)}\n\n"
+            "What to remember, as a few short sentences:")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+@lru_cache(maxsize=64)
+def compress_model(speakers: tuple[str, ...]) -> type[BaseModel]:
+    """The compressed memory: one profile per speaker, in the order given, the relationship, the events."""
+    n = len(speakers)
+
+    class Compressed(BaseModel):
+        profiles: list[str] = Field(min_length=n, max_length=n,
+                                    description=f"one profile per speaker, in this order: {', '.join(speakers)}")
+        relationship: str
+        events: list[str]
+
+    return Compressed
+
+
+def compress_messages(summaries: list[dict], speakers: tuple[str, ...], max_events: int | None) -> Messages:
+    """Task 2, compression: every session summary so far -> profiles, relationship, events."""
+    cap = f" Keep at most {max_events} events, the ones that matter most later." if max_events else ""
+    system = ("You compress the memories of many conversation sessions between two people into one short "
+              "memory with three parts. Profiles: for each person, what they are like: personality, behaviour "
+              "patterns, habits, preferences, emotional state, and how these changed. Relationship: how the two "
+              "relate to each other and how that has developed. Events: what happened to them and what they "
+              "plan, each as one short sentence, with its session when known. Merge what repeats, keep the "
+              "newest where things changed, and drop what does not matter." + cap)
+    shown = "\n\n".join(f"[{when(s['session_idx'])}] {s['summary']}" for s in summaries)
+    user = (f"Session memories, oldest first:\n{shown}\n\nThe people, in order: {', '.join(speakers)}.\n\n"
+            'Reply in JSON: {"profiles": ["<profile of ' + '>", "<profile of '.join(speakers) + '>"], '
+            '"relationship": "...", "events": ["...", "..."]}.')
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def memory_text(row: dict) -> str:
+    """A compressed memory row as the response reads it."""
+    profiles = "\n".join(f"- {p['speaker']}: {p['profile']}" for p in row["profiles"])
+    events = "\n".join(f"- {e}" for e in row["events"]) or "- (none)"
+    return f"Profiles:\n{profiles}\nRelationship: {row['relationship']}\nEvents:\n{events}"
+
+
+def reply_messages(memory: str, current: list[dict], request: str, respondent: str, question: bool,
+                   style: ResponseStyle) -> Messages:
+    """Task 3, response: the compressed memory and the current session -> the next utterance."""
+    turns = list(current)
+    if turns and turns[-1].get("text") == request:
+        turns = turns[:-1]
+    system = (f"You are {respondent}, talking again with someone you know from earlier conversations. What you "
+              "remember of them is compressed into profiles of you both, your relationship and past events. "
+              "Let it shape your reply: bring up past events where they fit, match what you know of the other "
+              "person, and speak in the tone of your relationship; never contradict it.")
+    reply = f": {response.SHORT_REPLY}," if style == "short" else ","
+    task = ("Answer the question in a short phrase." if question
+            else f"Write {respondent}'s next utterance only{reply} without a speaker label.")
+    user = (f"Memory:\n{memory or '(empty: this is your first conversation)'}\n\n"
+            f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
+            f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# ------------------------------------------------------------------------------- the method
+
+def speakers_of(episode: EpisodeInput) -> tuple[str, ...]:
+    """The episode's speakers, else the turns' speakers in order of first appearance."""
+    named = episode.episode.get("speakers") or []
+    if named:
+        return tuple(named)
+    return tuple(dict.fromkeys(t["speaker"] for turns in episode.sessions.values() for t in turns))
+
+
+def kept(summary: str) -> bool:
+    """A summary that says something (the prompt's "nothing" leaves the session out)."""
+    return bool(summary) and summary.strip().strip(".").lower() != "nothing"
+
+
+def latest_memory(memory: dict[str, list[dict]]) -> dict | None:
+    """The newest compressed memory that succeeded (a failed one leaves the previous in force)."""
+    ok = [r for r in memory.get("compressed", []) if r["memory"] is not None]
+    return max(ok, key=lambda r: r["snapshot_session"], default=None)
+
+
+class Comedy(Method):
+    name = "comedy"
+    Settings = ComedySettings
+    memory = {"summaries": SUMMARIES, "compressed": COMPRESSED}
+    memory_kind = "log"
+    build_role = "generator"  # one model for every task (COMEDY Sec. 3)
+
+    def params(self, settings: ComedySettings) -> dict[str, Any]:
+        return {} if settings.temperature is None else {"temperature": settings.temperature}
+
+    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+        eid = episode.episode["episode_id"]
+        settings: ComedySettings = ctx.settings
+        speakers = speakers_of(episode)
+        schema = compress_model(speakers)
+        summaries: list[dict] = []
+        compressed: list[dict] = []
+        for s, turns in episode.sessions.items():
+            key = after_session(eid, s)
+            result, failed = await attempt(ctx.llm.chat(summary_messages(turns, s, settings.summary_words),
+                                                        **self.params(settings)))
+            text = result.text.strip() if result is not None else None
+            summaries.append({**key, "session_idx": s, "summary": text,
+                              "tokens": count_tokens(text) if text else None, **failed})
+            if text is None or not kept(text):  # nothing new to compress: the previous memory stays
+                continue
+            usable = [r for r in summaries if r["summary"] is not None and kept(r["summary"])]
+            out, failed = await attempt(ctx.llm.chat(compress_messages(usable, speakers, settings.max_events),
+                                                     schema=schema, **self.params(settings)))
+            row: dict[str, Any] = {**key, "sessions": [r["session_idx"] for r in usable], "profiles": None,
+                                   "relationship": None, "events": None, "memory": None, "tokens": None, **failed}
+            if out is not None:
+                parsed = out.parsed
+                row.update(profiles=[{"speaker": sp, "profile": p.strip()} for sp, p in zip(speakers, parsed.profiles)],
+                           relationship=parsed.relationship.strip(),
+                           events=[e.strip() for e in parsed.events if e.strip()][:settings.max_events])
+                row["memory"] = memory_text(row)
+                row["tokens"] = count_tokens(row["memory"])
+            compressed.append(row)
+        return {"summaries": summaries, "compressed": compressed}
+
+    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+        latest = latest_memory(memory)
+        text = latest["memory"] if latest else ""
+        question = probe.probe["kind"] == "qa"
+        out = await llm.chat(reply_messages(text, probe.current, probe.request, probe.probe["respondent"], question,
+                                            settings.response_style), **self.params(settings))
+        return Answer(text=response.one_turn(out.text, probe.episode.get("speakers") or []),
+                      used_ids=[f"compressed:{latest['snapshot_session']}"] if latest else [],
+                      context_tokens=count_tokens(text) if text else 0, model=out.model,
+                      details={"memory_after_session": latest["snapshot_session"] if latest else None,
+                               "sessions": list(latest["sessions"]) if latest else []})
+
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+        latest = latest_memory(memory)
+        return latest["memory"] if latest else None
+
+    def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
+        summaries, compressed = produced.get("summaries", []), produced.get("compressed", [])
+        if not summaries:
+            return {}
+        return {"summary_calls": len(summaries), "failed_summaries": sum(r["error"] is not None for r in summaries),
+                "compress_calls": len(compressed), "failed_compressions": sum(r["error"] is not None for r in compressed),
+                "memory_calls_per_episode": {summaries[0]["episode_id"]: len(summaries) + len(compressed)}}
