@@ -1,4 +1,4 @@
-"""LongMemEval's correctness judge (Wu et al. 2024, Sec. 5 / App.: GPT-4o answers yes or no), as the
+"""LongMemEval's correctness judge (Wu et al. 2024: GPT-4o answers yes or no), as the
 `longmemeval` judge of judge_answers.
 
 One yes/no verdict per answer, with a prompt chosen by the question's type:
