@@ -204,8 +204,9 @@ def test_the_pipeline_judges_each_type_with_its_prompt_and_reports_accuracy_per_
     judged = [r["body"]["messages"] for r in fake_llm.requests
               if r["path"] == "/v1/chat/completions" and r["body"]["messages"][0]["content"] in KIND_OF_SYSTEM]
     seen = {(KIND_OF_SYSTEM[m[0]["content"]], m[1]["content"].split("\n")[0]) for m in judged}
-    assert ("temporal", "Question: [Current date: 2023/04/30 (Sun) 12:00] How many days passed between my dentist "
-                        "appointment and my haircut?") in seen
+    temporal = ("Question: [Current date: 2023/04/30 (Sun) 12:00] How many days passed between my dentist "
+                "appointment and my haircut?")
+    assert ("temporal", temporal) in seen
     assert {k for k, _ in seen} == set(expected.values())
 
     summary = StageDir(run, "report").read_table("answer_summary").to_pylist()
