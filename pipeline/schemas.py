@@ -47,6 +47,9 @@ QA = pa.schema(
         pa.field("evidence", pa.list_(pa.string())),  # source_turn_ids
         pa.field("category", pa.string()),
         pa.field("adversarial_answer", pa.string()),  # LoCoMo category 5's tempting wrong answer
+        pa.field("asked_at", pa.timestamp("s")),  # when the question is asked (LongMemEval); null: after the history
+        pa.field("abstention", pa.bool_()),  # the history cannot answer it (LongMemEval "_abs"); null: not said
+        pa.field("evidence_sessions", pa.list_(pa.string())),  # the dataset's ids of the answer's sessions
         pa.field("source", pa.string(), nullable=False),  # "dataset" | "teabag"
     ]
 )

@@ -50,6 +50,7 @@ PROBES = pa.schema(
         pa.field("context", pa.list_(pa.struct([pa.field("speaker", pa.string()), pa.field("text", pa.string())]))),
         pa.field("false_premise", pa.string()),  # TeaFarm: what the question wrongly assumes; null otherwise
         pa.field("adversarial_answer", pa.string()),  # LoCoMo category 5: the tempting wrong option
+        pa.field("abstention", pa.bool_()),  # the history cannot answer it (LongMemEval "_abs"); null: not said
     ]
 )
 
@@ -89,16 +90,24 @@ def next_response_probes(episode: dict[str, Any], sessions: dict[int, Rows], cfg
 
 
 def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
+    """One probe per question. A question asked at a known time (LongMemEval's question_date) carries
+    that date in its request, so relative questions ("how many days ago") can be answered."""
     return [
         {
             "episode_id": episode["episode_id"], "probe_id": f"qa:{q['qa_id']}", "kind": "qa",
             "session_idx": episode["n_sessions"] + 1, "turn_idx": None,
-            "respondent": episode["speakers"][-1], "request": q["question"], "gold": q["answer"],
+            "respondent": episode["speakers"][-1], "request": dated_question(q), "gold": q["answer"],
             "qa_id": q["qa_id"], "evidence": q["evidence"], "category": q["category"],
-            "adversarial_answer": q.get("adversarial_answer"),
+            "adversarial_answer": q.get("adversarial_answer"), "abstention": q.get("abstention"),
         }
         for q in qa
     ]
+
+
+def dated_question(q: dict[str, Any]) -> str:
+    """The question, after "[Current date: 2023/05/30 (Tue) 23:40]" when it has an `asked_at`."""
+    when = q.get("asked_at")
+    return q["question"] if when is None else f"[Current date: {when:%Y/%m/%d (%a) %H:%M}] {q['question']}"
 
 
 def teafarm_probes(questions: Rows, sessions: Rows) -> Rows:

@@ -38,6 +38,7 @@ FUZZ_FIXTURES = [
     ("locomo", CORPORA / "locomo" / "locomo_mini.json"),
     ("longmtbench", CORPORA / "longmtbench" / "longmt_mini.json"),  # role/content
     ("longmtbench", CORPORA / "longmtbench" / "longmt_released.jsonl"),  # "[human]: ..." exchanges
+    ("longmemeval", CORPORA / "longmemeval" / "longmemeval_mini.json"),  # has_answer turns as evidence
     ("dialseg", CORPORA / "dialseg" / "dialseg711_mini.json"),  # utterances + segments
     ("dialseg", CORPORA / "superdialseg" / "superdialseg_mini.json"),  # turns + segmentation_label
     ("dialseg", CORPORA / "tiage_dir" / "dlg_001.json"),  # one object per file, shift_labels
@@ -53,7 +54,7 @@ DEFAULT_EXAMPLES = 10
 
 # Formats whose records declare their speakers: a turn by anyone else is an error there. Elsewhere
 # the turns' own labels are the speaker list, so a new name is one more speaker.
-DECLARES_SPEAKERS = {"sample", "locomo", "longmtbench"}
+DECLARES_SPEAKERS = {"sample", "locomo", "longmtbench", "longmemeval"}
 
 BIG = "lorem ipsum " * 87_382  # just over 1 MiB
 BAD_UTF8 = [b"\xff", b"\xfe\xfe", b"\x80", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80",
@@ -561,6 +562,9 @@ def _corrupt(fmt: str, tmp_path: Path) -> tuple[Path, str, str]:
     elif fmt == "longmtbench":
         recs[0]["sessions"][1][2]["role"] = "narrator"
         record, field = "longmtbench-lm-a (item 0)", "sessions[1][2].role"
+    elif fmt == "longmemeval":
+        recs[2]["haystack_dates"][1] = "last Tuesday"
+        record, field = "longmemeval-tr_0003 (item 2)", "haystack_dates[1]"
     else:
         recs[1]["segments"] = [2, 3, 3]
         record, field = "dialseg-711-2 (item 1)", "segments"
@@ -569,7 +573,7 @@ def _corrupt(fmt: str, tmp_path: Path) -> tuple[Path, str, str]:
     return path, record, field
 
 
-@pytest.mark.parametrize("fmt", ["sample", "msc", "cc", "locomo", "longmtbench", "dialseg"])
+@pytest.mark.parametrize("fmt", ["sample", "msc", "cc", "locomo", "longmtbench", "longmemeval", "dialseg"])
 def test_cli_exits_1_with_one_line_and_publishes_nothing(fmt, tmp_path, capsys, monkeypatch):
     from stages.cli import main
 

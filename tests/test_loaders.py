@@ -21,6 +21,7 @@ FIXTURES = {
     "locomo": CORPORA / "locomo" / "locomo_mini.json",
     "longmtbench": CORPORA / "longmtbench" / "longmt_mini.json",
     "dialseg": CORPORA / "dialseg" / "dialseg711_mini.json",
+    "longmemeval": CORPORA / "longmemeval" / "longmemeval_mini.json",
 }
 
 

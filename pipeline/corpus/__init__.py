@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus import cc, dialseg, locomo, longmtbench, msc, sample
+from pipeline.corpus import cc, dialseg, locomo, longmemeval, longmtbench, msc, sample
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
 from pipeline.corpus.records import Checker, Episode, build_rows, shown
 from pipeline.errors import ConfigError, InputError
@@ -25,6 +25,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "locomo": locomo.parse,
     "longmtbench": longmtbench.parse,
     "dialseg": dialseg.parse,
+    "longmemeval": longmemeval.parse,
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 

@@ -180,6 +180,9 @@ class QAItem:
     category: str | None
     path: str
     adversarial_answer: str | None = None  # LoCoMo category 5: the tempting wrong answer
+    asked_at: datetime | None = None  # when the question is asked (LongMemEval's question_date)
+    abstention: bool | None = None  # the history cannot answer it (LongMemEval "_abs"); None: not said
+    evidence_sessions: list[str] | None = None  # the dataset's ids of the sessions holding the answer
 
 
 @dataclass
@@ -264,6 +267,9 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
                 "evidence": None if evidence is None else list(evidence),
                 "category": q.category,
                 "adversarial_answer": q.adversarial_answer,
+                "asked_at": q.asked_at,
+                "abstention": q.abstention,
+                "evidence_sessions": q.evidence_sessions,
                 "source": "dataset",
             }
         )

@@ -21,7 +21,7 @@ All wording is ours; MemoChat's judge keeps every element of the original.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -149,7 +149,7 @@ async def judge_memochat(llm: ChatLLM, history: str, question: str, response: st
     return float(parsed.rating), parsed.explanation, result.model
 
 
-def judges_for(kind: str, correctness: list[Literal["strict", "lenient"]], score_0_100: bool) -> list[str]:
+def judges_for(kind: str, correctness: list[str], score_0_100: bool) -> list[str]:
     """Which judges a probe of this kind gets: TeaFarm questions get TeaFarm correctness."""
     if kind == "teafarm":
         return ["teafarm"]

@@ -1,11 +1,14 @@
 """judge_answers: every method's answer to a probe, judged alone: SeCom's GPT4Score (against the
 reference answer, or MemoChat's evidence-based judge), correct / incorrect in a strict and a lenient
-wording, and TeaFarm correctness for TeaFarm's counterfactual questions (Theanine Table 3).
+wording, LongMemEval's yes/no judge with a prompt per question type (`correctness: [longmemeval]`,
+stages/judging/longmemeval.py), and TeaFarm correctness for TeaFarm's counterfactual questions
+(Theanine Table 3).
 
 Every (probe, method, judge) of the judged kinds gets a row. A question without a reference answer
 (LoCoMo's adversarial category) is judged against "Not mentioned in the conversation" by the
 reference-based judges (`unanswerable: not_mentioned`), or written as a row with `skipped` saying why
 (`unanswerable: skip`); MemoChat's judge needs no reference and judges it like any other question.
+LongMemEval's judge asks whether such a question, and any question flagged `abstention`, was declined.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pydantic import Field
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.stage import Rows, StageContext
-from stages.judging import answers
+from stages.judging import answers, longmemeval
 from stages.judging.base import JudgeSettings, JudgeStage, judged_row
 from stages.methods.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
@@ -28,7 +31,7 @@ from stages.probes import PROBE_KEY_FIELDS, sample
 ANSWER_JUDGMENTS = pa.schema(
     [
         *PROBE_KEY_FIELDS,
-        pa.field("judge", pa.string(), nullable=False),  # gpt4score | strict | lenient | teafarm
+        pa.field("judge", pa.string(), nullable=False),  # gpt4score | strict | lenient | longmemeval | teafarm
         pa.field("score", pa.float64()),  # 0-100 (1-100 memochat) for gpt4score; 1 correct / 0 incorrect otherwise
         pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation)
         # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
@@ -37,6 +40,10 @@ ANSWER_JUDGMENTS = pa.schema(
         # turns the response had in its context) | history (every turn before the probe); null otherwise
         pa.field("history_source", pa.string()),
         pa.field("skipped", pa.string()),  # why the item was not judged (by design, not a failure); null: judged
+        # longmemeval: the prompt the question type chose (standard | temporal | knowledge_update |
+        # preference | abstention); null for the other judges
+        pa.field("judge_prompt", pa.string()),
+        pa.field("abstention", pa.bool_()),  # the probe's flag (LongMemEval "_abs"), for the report's own row
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
         *FAILURE_FIELDS,
@@ -56,7 +63,8 @@ class JudgeAnswersSettings(JudgeSettings):
     # related history + question + response, faithfulness, explanation then [[1-100]]
     gpt4score_mode: Literal["reference", "memochat"] = "reference"
     memochat_max_tokens: int = Field(default=512, ge=16)  # room for the explanation before the [[rating]]
-    correctness: list[Literal["strict", "lenient"]] = ["strict", "lenient"]
+    # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type
+    correctness: list[Literal["strict", "lenient", "longmemeval"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged against "Not mentioned in the conversation", or skipped (rows with `skipped` set).
     unanswerable: Literal["not_mentioned", "skip"] = "not_mentioned"
@@ -117,7 +125,7 @@ class JudgeAnswersStage(JudgeStage):
     name = section = "judge_answers"
     settings = JudgeAnswersSettings
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
-    module_prompts = answers.PROMPTS
+    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS}
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         settings: JudgeAnswersSettings = ctx.section
@@ -135,7 +143,8 @@ class JudgeAnswersStage(JudgeStage):
             memochat = judge == "gpt4score" and settings.gpt4score_mode == "memochat"
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
                    "method": method, "judge": judge, "score": None, "reason": None, "reference_source": None,
-                   "history_source": None, "skipped": None, **NO_FAILURE}
+                   "history_source": None, "skipped": None, "judge_prompt": None,
+                   "abstention": probe.get("abstention"), **NO_FAILURE}
             gold = probe["gold"]
             if not memochat:
                 if gold is not None:
@@ -149,6 +158,13 @@ class JudgeAnswersStage(JudgeStage):
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
                 return {**row, "error": f"no response from {method}"}
+            if judge == longmemeval.JUDGE:
+                # An unanswerable question without a reference is an abstention question explained by
+                # "not mentioned"; an `_abs` question's reference is its explanation.
+                kind = longmemeval.prompt_kind(probe["category"], bool(probe.get("abstention")) or gold is None)
+                reference = gold if gold is not None else answers.NOT_MENTIONED
+                judgment = longmemeval.judge(ctx.llm, kind, probe["request"], reference, resp["response"], **params)
+                return await judged_row(row, ("score", "judge_prompt"), judgment)
             if memochat:
                 history, row["history_source"] = related_history(probe, resp, turns)
                 judgment = answers.judge_memochat(ctx.llm, history, probe["request"], resp["response"],

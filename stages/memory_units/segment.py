@@ -46,12 +46,16 @@ class SegmentStage(EpisodeStage):
 
     def extra_fingerprint(self, cfg: Any) -> dict[str, Any]:
         path = stored_guidance(cfg.segment)  # checked when the run is planned, before any call
-        return {"guidance": path.read_text() if path else None}
+        return {"guidance": path.read_text() if path else None, "segment_units": segment_units(cfg)}
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section
-        guidance = load_guidance(ctx)
         sessions = sessions_of(inputs["ingest.turns"])
+        if not segment_units(ctx.cfg):
+            # Segments feed segment-level units and the scores against gold topic boundaries; with
+            # neither (LongMemEval: rounds and sessions only) no session is worth a segmenter call.
+            sessions = {s: ts for s, ts in sessions.items() if any(t["gold_topic_boundary"] is not None for t in ts)}
+        guidance = load_guidance(ctx)
 
         async def one(session_idx: int, turns: Rows) -> Rows:
             result = await segmentation.segment_session(ctx.llm, turns, guidance=guidance, **cfg.options())
@@ -76,6 +80,11 @@ class SegmentStage(EpisodeStage):
         normalised = sum(n and not f for f, n in sessions.values())
         return {"sessions": len(sessions), "model_sessions": len(sessions) - fallback - normalised,
                 "normalised_sessions": normalised, "fallback_sessions": fallback}
+
+
+def segment_units(cfg: Any) -> bool:
+    """Whether the run builds segment-level memory units (`compress.granularities`)."""
+    return "segment" in cfg.compress.granularities
 
 
 def stored_guidance(cfg: SegmentConfig) -> Path | None:

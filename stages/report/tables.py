@@ -353,7 +353,8 @@ def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
 
 _QUESTION_KEY = ("dataset", "episode_id", "probe_id")
 _JUDGMENT_COLUMNS = {"episode_id": pl.String, "probe_id": pl.String, "category": pl.String, "skipped": pl.String,
-                     "history_source": pl.String, "judge_model": pl.String, "prompt_fingerprint": pl.String}
+                     "history_source": pl.String, "judge_model": pl.String, "prompt_fingerprint": pl.String,
+                     "abstention": pl.Boolean}
 
 
 def _judgment_columns(judgments: pl.DataFrame) -> pl.DataFrame:
@@ -395,6 +396,10 @@ def _dataset_scopes(judgments: pl.DataFrame) -> list[tuple[dict[str, Any], pl.Da
         for (category,), sub in part.filter(pl.col("category").is_not_null()).group_by(["category"],
                                                                                        maintain_order=True):
             scopes.append(({"dataset": dataset, "category": category}, sub))
+        # LongMemEval reports abstention questions (also counted in their own type) as a row of their own.
+        abstaining = part.filter(pl.col("abstention").fill_null(False)) if "abstention" in part.columns else part.clear()
+        if abstaining.height:
+            scopes.append(({"dataset": dataset, "category": "abstention"}, abstaining))
     scopes.append(({"dataset": "all", "category": None}, judgments))
     return scopes
 

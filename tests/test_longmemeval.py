@@ -1,0 +1,226 @@
+"""LongMemEval: the loader (one episode per question, has_answer turns as evidence, abstention flagged,
+asked at question_date, strict errors), its yes/no judge with a prompt per question type, and the
+pipeline on the fixture, judged by the fake server, reported per question type."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from fake_chat import FakeChat
+
+from pipeline.artifacts import StageDir
+from pipeline.corpus import load_corpus
+from pipeline.corpus.longmemeval import parse_date
+from pipeline.errors import InputError
+from pipeline.llm.types import LLMError
+from pipeline.runner import Runner
+from stages import registry
+from stages.judging import longmemeval as lme
+from stages.probes import qa_probes
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "corpora" / "longmemeval" / "longmemeval_mini.json"
+RECORDS = json.loads(FIXTURE.read_text())
+TYPES = {"single-session-user", "single-session-assistant", "single-session-preference", "multi-session",
+         "temporal-reasoning", "knowledge-update"}
+
+
+def _write(tmp_path: Path, records: list) -> Path:
+    p = tmp_path / "lme.json"
+    p.write_text(json.dumps(records))
+    return p
+
+
+# --- the loader -------------------------------------------------------------------------------------
+
+def test_each_question_is_an_episode_of_its_haystack_sessions_dated_by_haystack_dates():
+    corpus = load_corpus("longmemeval", FIXTURE)
+    assert [e["episode_id"] for e in corpus.episodes] == [f"longmemeval-{r['question_id']}" for r in RECORDS]
+    assert all(e["speakers"] == ["user", "assistant"] and e["dataset"] == "longmemeval" for e in corpus.episodes)
+    tr = [t for t in corpus.turns if t["episode_id"] == "longmemeval-tr_0003"]
+    assert [(t["session_idx"], t["turn_idx"], t["speaker"]) for t in tr] == \
+        [(s, i, sp) for s in (1, 2, 3) for i, sp in enumerate(["user", "assistant"])]
+    assert sorted({t["session_time"] for t in tr}) == [datetime(2023, 4, 3, 8, 15), datetime(2023, 4, 6, 19, 45),
+                                                        datetime(2023, 4, 10, 17, 30)]
+    # A turn's source id is its haystack session id and its number in the session.
+    assert [t["source_turn_id"] for t in tr][:2] == ["answer_tr_0003_1:1", "answer_tr_0003_1:2"]
+    assert {e["episode_id"]: e["n_sessions"] for e in corpus.episodes}["longmemeval-tr_0003"] == 3
+
+
+def test_the_question_is_asked_at_question_date_with_its_type_and_has_answer_turns_as_evidence():
+    qa = {q["qa_id"]: q for q in load_corpus("longmemeval", FIXTURE).qa}
+    assert {q["category"] for q in qa.values()} == TYPES
+    tr = qa["tr_0003"]
+    assert tr["asked_at"] == datetime(2023, 4, 30, 12, 0) and tr["abstention"] is False
+    assert tr["evidence"] == ["answer_tr_0003_1:1", "answer_tr_0003_2:1"]
+    assert tr["evidence_sessions"] == ["answer_tr_0003_1", "answer_tr_0003_2"]
+    assert qa["ssa_0002"]["evidence"] == ["answer_ssa_0002:2"]  # an assistant turn holds that answer
+    abstain = qa["ms_0006_abs"]
+    assert abstain["abstention"] is True and abstain["category"] == "multi-session"
+    assert abstain["evidence"] is None and abstain["answer"].startswith("The information provided is not enough")
+    assert sum(q["abstention"] for q in qa.values()) == 1
+
+
+def test_the_probe_carries_the_question_date_and_the_abstention_flag():
+    corpus = load_corpus("longmemeval", FIXTURE)
+    episode = next(e for e in corpus.episodes if e["episode_id"] == "longmemeval-ms_0006_abs")
+    [probe] = qa_probes(episode, [q for q in corpus.qa if q["episode_id"] == episode["episode_id"]])
+    assert probe["request"] == "[Current date: 2023/12/01 (Fri) 10:00] How many concerts did I go to with my sister?"
+    assert probe["abstention"] is True and probe["respondent"] == "assistant" and probe["session_idx"] == 3
+
+
+def test_longmemeval_dates_parse_and_iso_too():
+    assert parse_date("2023/05/20 (Sat) 02:21") == datetime(2023, 5, 20, 2, 21)
+    assert parse_date("2023-05-20T02:21:00") == datetime(2023, 5, 20, 2, 21)
+    with pytest.raises(ValueError):
+        parse_date("20 May")
+
+
+@pytest.mark.parametrize("mutate, record, field, words", [
+    (lambda r: r[2]["haystack_sessions"][1][0].update(role="narrator"), "longmemeval-tr_0003 (item 2)",
+     "haystack_sessions[1][0].role", "not one of"),
+    (lambda r: r[0]["haystack_dates"].__setitem__(1, "yesterday"), "longmemeval-ssu_0001 (item 0)",
+     "haystack_dates[1]", "unrecognised date"),
+    (lambda r: r[3]["haystack_dates"].pop(), "longmemeval-ku_0004 (item 3)", "haystack_dates",
+     "1 entries for 2 haystack sessions"),
+    (lambda r: r[1].update(question_type="open-domain"), "longmemeval-ssa_0002 (item 1)", "question_type",
+     "unknown question type"),
+    (lambda r: r[4]["haystack_sessions"][0][0].update(has_answer="yes"), "longmemeval-ssp_0005 (item 4)",
+     "haystack_sessions[0][0].has_answer", "expected a boolean"),
+    (lambda r: r[5]["haystack_session_ids"].__setitem__(1, "sharegpt_c3_0"), "longmemeval-ms_0006_abs (item 5)",
+     "haystack_session_ids[1]", "given twice"),
+    (lambda r: r[0].pop("answer"), "longmemeval-ssu_0001 (item 0)", "answer", "missing"),
+    (lambda r: r[4].pop("question_id"), "item 4", "question_id", "missing"),
+])
+def test_a_malformed_record_names_file_record_and_field(tmp_path, mutate, record, field, words):
+    records = copy.deepcopy(RECORDS)
+    mutate(records)
+    path = _write(tmp_path, records)
+    with pytest.raises(InputError) as caught:
+        load_corpus("longmemeval", path)
+    err = caught.value
+    assert (err.file, err.record, err.field) == (str(path), record, field), str(err)
+    assert words in err.message and str(err).startswith(f"file {path}, record {record}, field '{field}'")
+
+
+def test_an_empty_haystack_session_is_skipped_and_the_others_keep_their_ids(tmp_path):
+    records = copy.deepcopy(RECORDS[2:3])
+    records[0]["haystack_sessions"][1] = []
+    corpus = load_corpus("longmemeval", _write(tmp_path, records))
+    assert corpus.episodes[0]["n_sessions"] == 2
+    assert corpus.qa[0]["evidence"] == ["answer_tr_0003_1:1", "answer_tr_0003_2:1"]
+
+
+# --- the judge ----------------------------------------------------------------------------------------
+
+def test_each_question_type_gets_its_own_prompt_and_abstention_comes_first():
+    assert lme.prompt_kind("temporal-reasoning", False) == "temporal"
+    assert lme.prompt_kind("knowledge-update", False) == "knowledge_update"
+    assert lme.prompt_kind("single-session-preference", False) == "preference"
+    for other in ("single-session-user", "single-session-assistant", "multi-session", "single-hop", None):
+        assert lme.prompt_kind(other, False) == "standard"
+    assert lme.prompt_kind("temporal-reasoning", True) == "abstention"
+
+
+def test_the_prompts_say_what_each_type_forgives():
+    s = lme.SYSTEMS
+    assert "off by one" in s["temporal"] and "off by one" not in s["standard"]
+    assert "earlier information" in s["knowledge_update"] and "updated" in s["knowledge_update"]
+    assert "rubric" in s["preference"] and "every point" in s["preference"] and "personal information" in s["preference"]
+    assert "cannot be answered" in s["abstention"] and "missing or" in s["abstention"]
+    assert "intermediate step" in s["standard"] and "only part" in s["standard"]
+    assert all(v.endswith("Reply with yes or no only.") for v in s.values())
+    user = lme.build_messages("preference", "Suggest a hobby?", "likes climbing", "Try bouldering")[1]["content"]
+    assert "Question: Suggest a hobby?\nRubric: likes climbing\nModel response: Try bouldering" in user
+    assert "Explanation: not said" in lme.build_messages("abstention", "q", "not said", "r")[1]["content"]
+
+
+def test_the_verdict_is_the_first_yes_or_no_and_a_reply_without_one_fails_with_the_raw_text():
+    assert lme.parse_verdict("Yes.") is True and lme.parse_verdict("no, it says 18") is False
+    assert lme.parse_verdict("The answer is correct: yes") is True
+    assert lme.parse_verdict("yesterday was wrong; no") is False  # words, not prefixes
+    with pytest.raises(LLMError) as failed:
+        asyncio.run(lme.judge(FakeChat(["Correct."]), "standard", "q", "a", "r"))
+    assert failed.value.raw == "Correct."
+    assert asyncio.run(lme.judge(FakeChat(["yes"]), "temporal", "q", "a", "r")) == (1.0, "temporal", "fake")
+
+
+# --- the pipeline on the fixture, judged by the fake server ----------------------------------------
+
+ABSTAINS = "I can't tell: that was not mentioned in our conversations."
+KIND_OF_SYSTEM = {text: kind for kind, text in lme.SYSTEMS.items()}
+
+
+def _responder(body: dict) -> str | None:
+    """A judge that reads the prompt: the abstention prompt says yes to a declined answer; the others
+    say yes only when the reference appears in the response. Every method declines."""
+    messages = body["messages"]
+    kind = KIND_OF_SYSTEM.get(messages[0]["content"]) if messages[0]["role"] == "system" else None
+    if kind is None:
+        return None if "response_format" in body else ABSTAINS
+    user = messages[1]["content"]
+    reference = re.search(r"\n(?:Correct answer|Rubric|Explanation): (.*)\n", user)[1]
+    response = user.split("Model response: ", 1)[1]
+    if kind == "abstention":
+        return "Yes" if "not mentioned" in response else "No"
+    return "yes" if reference.lower() in response.lower() else "no"
+
+
+def test_the_pipeline_judges_each_type_with_its_prompt_and_reports_accuracy_per_type(run_cfg, fake_llm):
+    cfg = run_cfg("corpus.format=longmemeval", f"corpus.path={FIXTURE}", "corpus.limit=null",
+                  "methods=[zero_history,turn]", "compress.method=none", "compress.granularities=[turn,session]",
+                  "banks.granularities=[turn,session]", "score.retrievers=[bm25]", "probes.next_response=false",
+                  "probes.max_qa_per_episode=null", "judge_answers.score_0_100=false",
+                  "judge_answers.correctness=[longmemeval]", "judge_pairwise.enabled=false",
+                  "judge_memory.enabled=false", "response_metrics.bertscore=false")
+    fake_llm.responder = _responder
+    out = Runner(cfg, registry(cfg)).run()
+    assert set(out.values()) == {"ran"}
+    run = cfg.run_dir
+    for stage in out:
+        assert StageDir(run, stage).manifest().errors == 0, stage  # no failed row anywhere
+
+    # No segment units and no gold boundaries: the segmenter is never called.
+    assert StageDir(run, "segment").manifest().tables["segments"] == 0
+
+    rows = StageDir(run, "judge_answers").read_table("answer_judgments").to_pylist()
+    assert len(rows) == len(RECORDS) * 2 and {r["judge"] for r in rows} == {"longmemeval"}
+    by_qa = {(r["probe_id"], r["method"]): r for r in rows}
+    expected = {"ssu_0001": "standard", "ssa_0002": "standard", "tr_0003": "temporal",
+                "ku_0004": "knowledge_update", "ssp_0005": "preference", "ms_0006_abs": "abstention"}
+    for qid, kind in expected.items():
+        for method in ("zero_history", "turn"):
+            row = by_qa[(f"qa:{qid}", method)]
+            assert row["judge_prompt"] == kind and row["error"] is None and row["skipped"] is None
+            # Every method declines: right only for the abstention question.
+            assert row["score"] == (1.0 if kind == "abstention" else 0.0), (qid, method, row)
+            assert row["abstention"] is (kind == "abstention")
+    # The server saw each question under the prompt of its type, with the question date.
+    judged = [r["body"]["messages"] for r in fake_llm.requests
+              if r["path"] == "/v1/chat/completions" and r["body"]["messages"][0]["content"] in KIND_OF_SYSTEM]
+    seen = {(KIND_OF_SYSTEM[m[0]["content"]], m[1]["content"].split("\n")[0]) for m in judged}
+    temporal = ("Question: [Current date: 2023/04/30 (Sun) 12:00] How many days passed between my dentist "
+                "appointment and my haircut?")
+    assert ("temporal", temporal) in seen
+    assert {k for k, _ in seen} == set(expected.values())
+
+    summary = StageDir(run, "report").read_table("answer_summary").to_pylist()
+    per_type = {(r["category"], r["method"]): r for r in summary if r["dataset"] == "longmemeval"}
+    for category in TYPES | {"abstention"}:
+        for method in ("zero_history", "turn"):
+            r = per_type[(category, method)]
+            assert r["judged"] == 1 and r["failed"] == 0
+            # The one multi-session question is the abstention question.
+            assert r["score"] == (1.0 if category in ("abstention", "multi-session") else 0.0), (category, method)
+    overall = per_type[(None, "zero_history")]
+    assert overall["judged"] == len(RECORDS) and overall["correct"] == 1
+
+    # Evidence recall runs on the has_answer turns (the abstention question has none to score).
+    scores = StageDir(run, "score").read_table("retrieval_scores").to_pylist()
+    assert {r["qa_id"] for r in scores} == set(expected) - {"ms_0006_abs"}
+    assert all(0.0 <= r["recall"] <= 1.0 for r in scores)
