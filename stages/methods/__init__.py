@@ -12,6 +12,7 @@ from stages.methods.golden import Golden
 from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHistory
 from stages.methods.ld_agent import LDAgent
 from stages.methods.ld_agent_base import LDAgentBase
+from stages.methods.mem0_style import Mem0Style
 from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
@@ -22,4 +23,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
     AllContext(), PartContext(), LDAgent(), LDAgentBase(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
+    Mem0Style(),
 ]}
