@@ -219,8 +219,7 @@ class ReportStage(GlobalStage):
         self.inputs = (*scoring, *(respond_stage_name(m) for m in self.methods),
                        *(memory_stage_name(m) for m in self.memory_methods))
         # The report's own tables, then the tables of the methods' panels (CREEM's label shares).
-        self.outputs = {**tables.SUMMARY_TABLES, "memory_accuracy_summary": memory_accuracy.MEMORY_ACCURACY,
-                        **dict(m.report_table for m in methods if m.report_table)}
+        self.outputs = {**tables.SUMMARY_TABLES, **dict(m.report_table for m in methods if m.report_table)}
 
     def extra_fingerprint(self, cfg: Any) -> dict[str, Any]:
         """The `paper:` blocks of the compared configs: editing one re-renders the report."""
