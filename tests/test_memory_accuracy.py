@@ -108,8 +108,11 @@ def test_an_msc_run_reports_memory_accuracy_for_rsum_and_mem0_style(run_cfg, fak
              for r in StageDir(cfg.run_dir, "memory_rsum").read_table("summary").to_pylist()}
     gold = "I grow tomatoes in my garden.\nI play the cello."
     assert rsum[0]["mem_f1"] == pytest.approx(token_prf(built[1], gold)[2])
-    assert {r["method"] for r in table} <= {"rsum", "mem0_style"}
+    assert {r["method"] for r in table} == {"rsum", "mem0_style"}
     assert StageDir(cfg.run_dir, "memory_mem0_style").read_table("extractions").num_rows > 0
+    for m in ("rsum", "mem0_style"):
+        responses = StageDir(cfg.run_dir, f"respond_{m}").read_table("responses").to_pylist()
+        assert responses and all(r["error"] is None for r in responses), m
     assert "Memory accuracy against gold persona summaries" in (Path(cfg.run_dir) / "report" / "report.md").read_text()
 
 
