@@ -1,8 +1,11 @@
 """A mem0-style fact memory, after the public descriptions of mem0: Chhikara et al. 2025, "Mem0:
-Building Production-Ready AI Agents with Scalable Long-Term Memory" (arXiv:2504.19413, Section 2.1:
-extraction phase and update phase), and mem0's documentation (docs.mem0.ai, "Memory operations":
-add / search; the ADD / UPDATE / DELETE / NONE events its `add` returns). None of mem0's code or
-prompt text is used: every prompt here is our own wording of what those sources describe.
+Building Production-Ready AI Agents with Scalable Long-Term Memory" (arXiv:2504.19413, Section 2:
+the extraction phase over the latest message pair with m recent messages, the update phase that
+compares each fact with the s most similar memories and lets the LLM pick ADD / UPDATE / DELETE /
+NOOP), and mem0's documentation (docs.mem0.ai: memories scoped per user, `add` reporting ADD /
+UPDATE / DELETE / NONE events, `search` by similarity). We follow the paper's two-phase pipeline
+(mem0's library later moved to add-only extraction) and call NOOP "NONE" as mem0's events do. None
+of mem0's code or prompt text is used: every prompt here is our own wording.
 
 1. Extraction: after each unit of conversation (`extract_every`: a whole session, or every turn with
    the `recent_turns` before it as context, as the paper reads the latest exchange beside the
