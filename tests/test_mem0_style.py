@@ -68,7 +68,8 @@ def test_an_update_rewrites_the_fact_in_place_and_logs_old_and_new_text():
     assert "Ann plays the cello." not in {f["text"] for f in store_after(built, 2)}
     update = [r for r in built["operations"] if r["op"] == "UPDATE"]
     assert len(update) == 1 and update[0]["fact_id"] == "f1" and update[0]["snapshot_session"] == 2
-    assert update[0]["old_text"] == "Ann plays the cello." and update[0]["new_text"] == "Ann plays the cello in an orchestra."
+    assert (update[0]["old_text"], update[0]["new_text"]) == ("Ann plays the cello.",
+                                                              "Ann plays the cello in an orchestra.")
     assert update[0]["similar_ids"] == ["f1"] and update[0]["decided"]
 
 

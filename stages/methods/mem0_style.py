@@ -111,7 +111,8 @@ def extract_messages(speaker: str, dialogue: str, focus: str | None) -> Messages
               "plans, and what has happened to them. Skip greetings, small talk and anything about the other "
               "speaker. Each fact is one short sentence that can be read on its own and names the person.")
     where = (f"Conversation:\n{dialogue}" if focus is None
-             else f"Earlier lines, for context only:\n{dialogue or '(none)'}\n\nRead the facts from this line:\n{focus}")
+             else (f"Earlier lines, for context only:\n{dialogue or '(none)'}\n\n"
+                   f"Read the facts from this line:\n{focus}"))
     user = (f"{where}\n\nList the facts about {speaker} (an empty list when there are none). "
             'Reply in JSON: {"facts": ["...", "..."]}.')
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
