@@ -55,7 +55,9 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
                             JudgeAnswersStage(names),
                             JudgeMemoryStage(tuple(m.name for m in chosen if m.has_memory_stage))]
     # The report reads the scoring stages the run includes (a Theanine run needs no SeCom scores).
-    read = ("probes", *(["teabag"] if teafarm else []), *(s.name for s in scoring))
+    # MSC's gold persona summaries (in `ingest`) score the memories (RSum Table 2).
+    gold = ["ingest"] if any(c.format == "msc" for c in cfg.corpus.sources()) and memory else []
+    read = ("probes", *(["teabag"] if teafarm else []), *(s.name for s in scoring), *gold)
     in_run = tuple(n for n in read if not cfg.stages or n in cfg.stages)
     stages += [*scoring, ReportStage(chosen, in_run)]
     return {s.name: s for s in stages}

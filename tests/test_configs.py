@@ -59,7 +59,15 @@ def test_creem_config_runs_algorithm_1_as_section_3_1_sets_it():
     assert cfg.method.creem.refine and not cfg.method.creem_no_refine.refine
     assert cfg.method.creem.preblend and not cfg.method.creem_no_preblend.preblend
     assert (cfg.corpus.limit, cfg.probes.from_session, cfg.probes.max_per_episode) == (50, 5, 5)
-    assert cfg.methods == ["creem", "creem_no_refine", "creem_no_preblend", "all_memories"]
+    # all_memories and ld_agent (persona banks only) are the stand-ins for Table 3's REBOT_CC and SumMem_MSC
+    assert cfg.methods == ["creem", "creem_no_refine", "creem_no_preblend", "all_memories", "ld_agent"]
+    assert not cfg.method.ld_agent.events and cfg.method.ld_agent.persona_every == 1
+
+
+def test_creem_sheet_compares_each_table_3_baseline_with_its_stand_in():
+    others = {r.name.split(" (")[0]: r.where["other"] for r in config("creem_msc").paper.results
+              if r.table == "pairwise_summary" and "vs" in r.name and r.where["other"] in ("all_memories", "ld_agent")}
+    assert others == {"CREEM vs REBOT_CC": "all_memories", "CREEM vs SumMem_MSC": "ld_agent"}
 
 
 @pytest.mark.parametrize("name", ["theanine_msc", "theanine_cc"])

@@ -14,6 +14,7 @@ from stages.methods.history import AllContext, FullHistory, PartContext, ZeroHis
 from stages.methods.ld_agent import LDAgent
 from stages.methods.ld_agent_base import LDAgentBase
 from stages.methods.memochat import MemoChat
+from stages.methods.mem0_style import Mem0Style
 from stages.methods.memory_baselines import AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemoryRetrievalUpdate
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
@@ -25,4 +26,5 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
     AllContext(), PartContext(), LDAgent(), LDAgentBase(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
     MemoChat(), Comedy(),
+    Mem0Style(),
 ]}

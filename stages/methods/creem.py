@@ -465,8 +465,9 @@ class Creem(Method):
             "Insights per label of the self-refining memory; `share` is the share among New, Redundant and "
             "Updated, as CREEM Table 5 counts them (MSC: 55.81% New, 24.61% Redundant, 19.59% Updated). First-"
             "session insights are Blended, counted apart with no share. CREEM's baselines REBOT_CC and SumMem_MSC "
-            "are not implemented: where a run compares CREEM with `all_memories`, that method (LLM session "
-            "summaries, the entire memory given to the response) is an LLM stand-in for them."), rows)
+            "are fine-tuned models we do not have; configs/creem_msc.yaml runs LLM stand-ins: `all_memories` "
+            "(session memories of both speakers) for REBOT_CC, `ld_agent` with persona banks only (each "
+            "utterance's traits, per speaker) for SumMem_MSC, each given its entire memory."), rows)
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         evolution = produced.get("evolution", [])

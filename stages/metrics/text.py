@@ -96,14 +96,19 @@ def normalise_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
-def token_f1(prediction: str, reference: str) -> float:
-    """Harmonic mean of precision and recall of the normalised tokens (multiset overlap)."""
+def token_prf(prediction: str, reference: str) -> tuple[float, float, float]:
+    """Precision, recall and F1 of the normalised tokens (multiset overlap); all 0 without overlap."""
     pred, gold = normalise_answer(prediction).split(), normalise_answer(reference).split()
     same = sum((Counter(pred) & Counter(gold)).values())
     if same == 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     p, r = same / len(pred), same / len(gold)
-    return 2 * p * r / (p + r)
+    return p, r, 2 * p * r / (p + r)
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """Harmonic mean of precision and recall of the normalised tokens (multiset overlap)."""
+    return token_prf(prediction, reference)[2]
 
 
 def ngrams(tokens: Sequence[str], n: int) -> list[tuple[str, ...]]:

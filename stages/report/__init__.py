@@ -18,7 +18,7 @@ from pipeline.config import Section
 from pipeline.manifest import USAGE_TOTAL_KEYS, Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
-from stages.report import plots, render, tables
+from stages.report import memory_accuracy, plots, render, tables
 from stages.judging.base import JUDGE_ROLE
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.method_stages.respond import RESPONSES
@@ -255,6 +255,7 @@ class ReportStage(GlobalStage):
             "metric_summary": tables.metric_summary(metrics_raw, _frame(inputs, "response_metrics.corpus_metrics")),
             "method_summary": tables.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
                                                        memory_raw),
+            "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
         }
         panels = self.method_panels(inputs, responses)
         for name, schema in self.outputs.items():
@@ -273,6 +274,17 @@ class ReportStage(GlobalStage):
         written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],
                                                           tables.REPRODUCTION_SUMMARY)
         return written
+
+    def memory_accuracy(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> pl.DataFrame:
+        """RSum Table 2: every memory method's memory after each session against the corpus's gold
+        persona summaries (the report reads `ingest` only in runs whose corpus has them: MSC)."""
+        if "ingest.episodes" not in inputs:
+            return memory_accuracy.memory_accuracy_summary([])
+        chosen = [(m, getattr(ctx.cfg.method, m.name)) for m in self.method_objects if m.memory]
+        memory = {m.name: {t: inputs[f"{memory_stage_name(m.name)}.{t}"].to_pylist() for t in m.memory
+                           if f"{memory_stage_name(m.name)}.{t}" in inputs} for m, _ in chosen}
+        return memory_accuracy.memory_accuracy_summary(memory_accuracy.memory_accuracy_rows(
+            chosen, inputs["ingest.episodes"].to_pylist(), memory))
 
     def method_panels(self, inputs: dict[str, pa.Table], responses: pl.DataFrame
                       ) -> list[tuple[Method, ReportPanel]]:
@@ -350,6 +362,13 @@ class ReportStage(GlobalStage):
                           [("", t["metric_summary"]), ("Implementations", implementations)]),
             render.Section("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
                           fig("memory_quality.png", "memory quality")),
+            *([render.Section("Memory accuracy against gold persona summaries (RSum Table 2)",
+                              "Each method's memory after session k-1 (what session k reads) against the corpus's "
+                              "persona summaries of sessions 1..k-1: token precision, recall and F1 (`mem_f1`, 95% "
+                              "bootstrap interval over episodes), sentence BLEU-1/2 (means) and corpus BLEU-1/2; "
+                              "`memory_tokens` / `gold_tokens`: mean lengths.",
+                              [("", t["memory_accuracy_summary"])])]
+              if not t["memory_accuracy_summary"].is_empty() else []),
             *(self.panel_section(m, p, out) for m, p in panels),
             render.Section("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
             render.Section("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],

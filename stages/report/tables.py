@@ -14,6 +14,7 @@ import pyarrow as pa
 from pipeline.manifest import USAGE_TOTAL_KEYS
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
 from stages.metrics.segmentation import segment_score
+from stages.report.memory_accuracy import MEMORY_ACCURACY
 from stages.metrics.significance import (bootstrap_mean_interval, majority, pair_outcome, wilson_interval, win_rates,
                                          win_share)
 
@@ -252,6 +253,7 @@ SUMMARY_TABLES = {
     "memory_summary": MEMORY_SUMMARY,
     "metric_summary": METRIC_SUMMARY,
     "teafarm_summary": TEAFARM_SUMMARY,
+    "memory_accuracy_summary": MEMORY_ACCURACY,  # RSum Table 2 (stages/report/memory_accuracy.py)
     "reproduction_summary": REPRODUCTION_SUMMARY,
 }
 

@@ -1,0 +1,116 @@
+"""Memory accuracy (RSum, seed 002, Section 6 and Table 2): each method's generated memory scored
+against the corpus's gold memory, MSC's per-session persona summaries.
+
+RSum's "Session k" row scores the memory a response in session k reads, the memory after session
+k-1, against the gold memory of the same point: the persona summaries of sessions 1..k-1
+(MSC's `previous_dialogs[j].personas`, which ingest keeps as the "persona" notes of session j+1; a
+line repeated by a later summary counted once, as gold memory shows it). Table 2's metrics: token
+precision, recall and F1 (`Mem_F1`, the SQuAD-normalised overlap of `stages/metrics/text.py`) and
+BLEU-1/2 (nltk sentence BLEU there, memory as the hypothesis, gold as the reference), plus corpus
+BLEU-1/2 over the episodes. A method's memory at a point is its `memory_view` of the rows visible
+there (`visible_memory`), so every method with memory tables is scored the same way: RSum's summary,
+the memory pools, CREEM's and mem0_style's stores. Only points the gold covers (a session with
+persona summaries at or before it) are scored; a corpus without per-session summaries gives no rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from pipeline.retrieval import count_tokens
+from stages.methods.base import EpisodeInput, Method, visible_memory
+from stages.metrics.significance import bootstrap_mean_interval
+from stages.metrics.text import bleu, corpus_bleu, token_prf
+
+MEMORY_ACCURACY = pa.schema([
+    pa.field("dataset", pa.string()),
+    pa.field("method", pa.string()),
+    pa.field("session_idx", pa.int32()),  # RSum's "Session k": the memory used in session k
+    pa.field("memory_after_session", pa.int32()),  # = k - 1
+    pa.field("episodes", pa.int64()),
+    pa.field("precision", pa.float64()),
+    pa.field("recall", pa.float64()),
+    pa.field("mem_f1", pa.float64()),
+    pa.field("mem_f1_low", pa.float64()),
+    pa.field("mem_f1_high", pa.float64()),
+    pa.field("bleu1", pa.float64()),
+    pa.field("bleu2", pa.float64()),
+    pa.field("corpus_bleu1", pa.float64()),
+    pa.field("corpus_bleu2", pa.float64()),
+    pa.field("memory_tokens", pa.float64()),  # mean cl100k tokens of the generated memory
+    pa.field("gold_tokens", pa.float64()),  # ... of the gold memory (RSum: ~70 in early sessions)
+])
+
+
+def gold_persona_memory(episode: Mapping[str, Any], upto_session: int) -> str | None:
+    """The gold memory after `upto_session`: its persona summary lines and earlier ones, in order,
+    each line once; None when no session up to it has a summary."""
+    lines: list[str] = []
+    for note in episode.get("notes") or []:
+        if note["kind"] == "persona" and note["session_idx"] <= upto_session and note["text"] not in lines:
+            lines.append(note["text"])
+    return "\n".join(lines) or None
+
+
+def memory_points(episode: Mapping[str, Any]) -> list[int]:
+    """The sessions after which the gold memory can be compared: 1 .. the last summarised session."""
+    summarised = [n["session_idx"] for n in episode.get("notes") or [] if n["kind"] == "persona"]
+    return list(range(1, max(summarised) + 1)) if summarised else []
+
+
+def memory_at(method: Method, episode: Mapping[str, Any], tables: Mapping[str, list[dict]], session: int,
+              settings: Any) -> str | None:
+    """The method's memory as built up to the end of `session` (what session + 1 reads), as text."""
+    visible = {t: visible_memory(rows, session + 1, 0, method.memory_kind) for t, rows in tables.items()}
+    view = EpisodeInput(episode=dict(episode), sessions={s: [] for s in range(1, session + 1)})
+    return method.memory_view(view, visible, settings)
+
+
+def memory_accuracy_rows(methods: Sequence[tuple[Method, Any]], episodes: Sequence[Mapping[str, Any]],
+                         memory: Mapping[str, Mapping[str, list[dict]]]) -> list[dict[str, Any]]:
+    """One row per (episode, method, session k) with the memory after k-1 and the gold of that point:
+    the texts and their Table 2 scores. `methods`: (method, its settings); `memory`: method name ->
+    table -> rows of every episode."""
+    rows = []
+    for ep in episodes:
+        points = memory_points(ep)
+        for method, settings in methods:
+            tables = {t: [r for r in rs if r["episode_id"] == ep["episode_id"]]
+                      for t, rs in memory.get(method.name, {}).items()}
+            if not any(tables.values()):
+                continue
+            for s in points:
+                gold, built = gold_persona_memory(ep, s), memory_at(method, ep, tables, s, settings)
+                if gold is None or built is None:  # nothing built yet: no memory to score
+                    continue
+                p, r, f1 = token_prf(built, gold)
+                rows.append({"dataset": ep.get("dataset") or "", "episode_id": ep["episode_id"],
+                             "method": method.name, "session_idx": s + 1, "memory_after_session": s,
+                             "memory": built, "gold": gold, "precision": p, "recall": r, "mem_f1": f1,
+                             "bleu1": bleu(built, gold, 1), "bleu2": bleu(built, gold, 2),
+                             "memory_tokens": count_tokens(built), "gold_tokens": count_tokens(gold)})
+    return rows
+
+
+def memory_accuracy_summary(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    """MEMORY_ACCURACY: per dataset, method and session, the means over episodes (a 95% bootstrap
+    interval on Mem_F1) and corpus BLEU-1/2 over the episodes' memories."""
+    if not rows:
+        return pl.from_arrow(MEMORY_ACCURACY.empty_table())  # type: ignore[return-value]
+    out = []
+    df = pl.DataFrame(list(rows))
+    for (dataset, method, session), g in df.group_by(["dataset", "method", "session_idx"], maintain_order=True):
+        low, high = bootstrap_mean_interval(g["mem_f1"].to_list())
+        out.append({"dataset": dataset, "method": method, "session_idx": session,
+                    "memory_after_session": session - 1, "episodes": g.height,
+                    **{c: float(g[c].mean()) for c in ("precision", "recall", "mem_f1", "bleu1", "bleu2")},
+                    "mem_f1_low": low, "mem_f1_high": high,
+                    "corpus_bleu1": corpus_bleu(g["memory"].to_list(), g["gold"].to_list(), 1),
+                    "corpus_bleu2": corpus_bleu(g["memory"].to_list(), g["gold"].to_list(), 2),
+                    "memory_tokens": float(g["memory_tokens"].mean()), "gold_tokens": float(g["gold_tokens"].mean())})
+    table = pa.Table.from_pylist(out, MEMORY_ACCURACY)
+    return pl.from_arrow(table).sort(["dataset", "method", "session_idx"])  # type: ignore[union-attr]
