@@ -1,0 +1,46 @@
+"""Every registered method, together in one run, on the bundled sample and on a LongMemEval-shaped
+corpus, against the fake server: nothing fails, every probe is answered by every method."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifacts import StageDir
+from pipeline.runner import Runner
+from stages import registry
+from conftest import segmenting_responder
+from stages.methods import METHODS
+
+LONGMEMEVAL = Path(__file__).resolve().parent / "fixtures" / "corpora" / "longmemeval" / "longmemeval_mini.json"
+
+
+def answering_validly(body: dict) -> str | None:
+    """The memory-pool update asks for exactly one operation per new memory, which a schema cannot
+    say and the fake server's schema instances miss: answer it as a model would (append each)."""
+    prompt = body["messages"][-1]["content"]
+    if "New memories from the latest session:" in prompt:
+        new = prompt.split("New memories from the latest session:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        return json.dumps({"operations": [{"new": i + 1, "op": "append", "target": None} for i in range(len(new))]})
+    return segmenting_responder(body)
+
+
+@pytest.mark.parametrize("corpus", ["sample", "longmemeval"])
+def test_every_method_runs_with_no_failed_rows(run_cfg, fake_llm, corpus):
+    sets = [f"methods={json.dumps(list(METHODS))}", "corpus.limit=2", "judge_memory.samples=1",
+            "judge_pairwise.samples=1"]
+    if corpus == "longmemeval":
+        sets += ["corpus.format=longmemeval", f"corpus.path={LONGMEMEVAL}", "corpus.limit=3"]
+    cfg = run_cfg(*sets)
+    fake_llm.responder = answering_validly
+    out = Runner(cfg, registry(cfg)).run()
+    assert set(out.values()) == {"ran"}
+    failed = {name: m.errors for name in out if (m := StageDir(cfg.run_dir, name).manifest()).errors}
+    assert failed == {}
+    probes = StageDir(cfg.run_dir, "probes").read_table("probes").num_rows
+    responses = StageDir(cfg.run_dir, "respond_mem0_style").read_table("responses").num_rows
+    assert probes and responses == probes
+    answered = {name[len("respond_"):] for name in out if name.startswith("respond_")}
+    assert answered == set(METHODS)
