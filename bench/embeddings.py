@@ -1,6 +1,9 @@
 """Benchmark: the `banks` stage (embedding every memory unit) on a LoCoMo-sized corpus: without
 the vector cache, with it cold, and warm (another run on the same cache, as a rerun whose upstream
-settings changed); against the code before the change, with retrieval recall@5 of each.
+settings changed); against the code before the change, with retrieval recall@5 of each (part
+`local`). Part `api`: the same stage with `embedding.provider: openai` against the fake
+OpenAI-compatible server with a fixed latency and concurrency cap, its embedding throughput against
+the endpoint's ideal (cap / latency requests per second, each carrying a full batch of texts).
 
 A synthetic corpus the size of LoCoMo's units (4,857 turn, session and segment units): 19
 conversations x 20 sessions of 12 exchanges, 4,940 exchange ("turn") and session units. Each configuration is one `mempipe run` on local Ray (2 workers); the stage's
@@ -11,11 +14,14 @@ question's evidence turn among the 5 turn units nearest to it, with the vectors 
     python bench/embeddings.py
     git worktree add --detach /tmp/mempipe-before <commit>
     python bench/embeddings.py --baseline-checkout /tmp/mempipe-before
+    python bench/embeddings.py --part api     # the local part's table is kept from the last run
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -26,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from harness import KEY_ENV, ROOT, FakeServer, fake_sets, manifest, table, write_results
+from harness import KEY_ENV, RESULTS, ROOT, FakeServer, fake_sets, manifest, mempipe, table, write_results
 from make_corpus import write_corpus
 
 STAGES = "stages=[ingest,guidance,segment,compress,banks]"
@@ -74,15 +80,8 @@ def recall_at_5(run_dir: Path) -> tuple[float, np.ndarray]:
     return (float(np.mean(scores)) if scores else float("nan")), stored
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--episodes", type=int, default=19)
-    ap.add_argument("--sessions", type=int, default=20)
-    ap.add_argument("--turns", type=int, default=24)
-    ap.add_argument("--questions", type=int, default=200)
-    ap.add_argument("--baseline-checkout", type=Path, default=None)
-    ap.add_argument("--keep", action="store_true")
-    a = ap.parse_args()
+def local_part(a: argparse.Namespace) -> dict:
+    """The packaged MiniLM: before / no cache / cold / warm, with recall@5."""
     workdir = Path(tempfile.mkdtemp(prefix="mempipe-embeddings-"))
     results: dict[str, dict] = {}
     vectors = ["embedding.vector_cache_dir=" + str(workdir / "vectors")]
@@ -110,24 +109,165 @@ def main() -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     reference = results.get("before", results["nocache"])["wall_s"]
-    rows = [[r["label"], r["units"], f"{r['wall_s']:.1f}", f"{reference / r['wall_s']:.1f}x", f"{r['recall_at_5']:.3f}",
-             f"{same[name]:.1e}", r["errors"]] for name, r in results.items()]
     cold = reference / results["cold"]["wall_s"]
-    warm = reference / results["warm"]["wall_s"]
     drop = max(results["before" if "before" in results else "nocache"]["recall_at_5"] - r["recall_at_5"]
                for r in results.values())
-    body = (f"`banks` over a synthetic LoCoMo-sized corpus ({a.episodes} conversations x {a.sessions} sessions x "
-            f"{a.turns} turns; turn and session units, no compression) on local Ray, 2 workers; wall time of the "
+    return {"results": results, "max_vector_difference": same, "reference_wall_s": reference,
+            "cold_speedup": cold, "warm_speedup": reference / results["warm"]["wall_s"], "recall_drop": drop,
+            "met": cold >= 5 and drop <= 0.01,
+            "args": {k: getattr(a, k) for k in ("episodes", "sessions", "turns", "questions")},
+            "baseline": "before" in results}
+
+
+def local_body(part: dict) -> str:
+    results, same, a = part["results"], part["max_vector_difference"], part["args"]
+    reference = part["reference_wall_s"]
+    rows = [[r["label"], r["units"], f"{r['wall_s']:.1f}", f"{reference / r['wall_s']:.1f}x", f"{r['recall_at_5']:.3f}",
+             f"{same[name]:.1e}", r["errors"]] for name, r in results.items()]
+    cold, warm, drop = part["cold_speedup"], part["warm_speedup"], part["recall_drop"]
+    return (f"`banks` over a synthetic LoCoMo-sized corpus ({a['episodes']} conversations x {a['sessions']} sessions x "
+            f"{a['turns']} turns; turn and session units, no compression) on local Ray, 2 workers; wall time of the "
             "stage from its manifest. Speed-up against "
-            + ("the checkout before this change" if "before" in results else "the run without the vector cache")
+            + ("the checkout before this change" if part["baseline"] else "the run without the vector cache")
             + "; largest |difference| of the stored vectors from those of the run without the cache.\n\n"
             + table(["run", "units", "banks wall s", "speed-up", "recall@5", "vectors vs no cache", "failed rows"], rows)
             + f"\n\nTargets: banks at least 5x faster: cold {cold:.1f}x ({'met' if cold >= 5 else 'MISSED'}), "
             f"warm {warm:.1f}x ({'met' if warm >= 5 else 'MISSED'}); recall@5 within 0.01: largest drop "
             f"{drop:+.3f} ({'met' if drop <= 0.01 else 'MISSED'}).")
-    write_results("embeddings", "Embeddings: banks on a LoCoMo-sized corpus", body,
-                  {"results": results, "max_vector_difference": same, "args": vars(a)})
-    return 0 if cold >= 5 and drop <= 0.01 else 1
+
+
+def served_embeddings(stats: dict) -> dict:
+    """Embedding requests answered (200s), the texts they carried, and the span from the first
+    arrival to the last completion."""
+    done = [e for e in stats["embeddings"] if e["done"] is not None and e["outcome"] is None]
+    if not done:
+        return {"requests": 0, "texts": 0, "span_s": float("nan")}
+    start, end = min(e["t"] for e in done), max(e["done"] for e in done)
+    arrivals = sorted(e["t"] - start for e in done)
+    return {"requests": len(done), "texts": sum(e["inputs"] for e in done), "span_s": end - start,
+            # When the requests came, from the first: a late tail means the client, not the endpoint, set the pace.
+            "arrival_s": {q: round(arrivals[int(q * (len(arrivals) - 1))], 3) for q in (0.5, 0.9, 1.0)},
+            # Requests at the endpoint on average (served or queued): at most cap are served at once.
+            "mean_at_endpoint": sum(e["done"] - e["t"] for e in done) / (end - start)}
+
+
+def api_part(a: argparse.Namespace) -> dict:
+    """`banks` through the `embedder` role against a capped fake endpoint with fixed latency."""
+    from pipeline.llm.client import EMBED_BATCH
+
+    workdir = Path(tempfile.mkdtemp(prefix="mempipe-embeddings-api-"))
+    results: dict[str, dict] = {}
+    try:
+        corpus = write_corpus(workdir / "corpus.jsonl", a.api_episodes, sessions=a.sessions, turns=a.turns, questions=1)
+        # Upstream stages talk to an uncapped server that lives through every run, so their
+        # fingerprints stay put and only `banks` (whose embedder endpoint changes) runs again.
+        with FakeServer() as upstream:
+            sets = fake_sets(workdir, upstream.base_url, corpus, run_name="api") + [
+                STAGES, "compress.method=none", "compress.granularities=[turn,session]",
+                "banks.granularities=[turn,session]", "embedding.provider=openai", "embedding.model=fake-embed"]
+            mempipe(["run"], sets + ["stages=[ingest,guidance,segment,compress]"])
+            for cap in a.caps:
+                latency = max(a.latency, cap / a.max_ideal)
+                with FakeServer(latency=latency, max_concurrency=cap) as srv:
+                    wall, _ = mempipe(["run"], sets + [f"roles.embedder.base_url={srv.base_url}",
+                                                       f"roles.embedder.max_concurrency={cap}"])
+                    served = served_embeddings(srv.stats())
+                m = manifest(workdir / "artifacts" / "api", "banks")
+                ideal = cap / latency
+                rate = served["requests"] / served["span_s"]
+                results[str(cap)] = {
+                    **served, "cap": cap, "latency_s": latency, "ideal_requests_per_s": ideal,
+                    "requests_per_s": rate, "share_of_ideal": rate / ideal,
+                    "min_requests": math.ceil(served["texts"] / EMBED_BATCH),
+                    "texts_per_s": served["texts"] / served["span_s"],
+                    "share_of_ideal_texts": served["texts"] / served["span_s"] / (ideal * EMBED_BATCH),
+                    "stage_wall_s": m["timings"]["wall_s"], "command_wall_s": wall,
+                    "units": m["tables"]["memory_units"], "errors": m["errors"]}
+    finally:
+        if a.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {"results": results, "batch": EMBED_BATCH, "met": all(r["share_of_ideal"] >= 0.9 for r in results.values()),
+            "args": {"episodes": a.api_episodes, "sessions": a.sessions, "turns": a.turns, "caps": a.caps,
+                     "latency": a.latency, "max_ideal": a.max_ideal}}
+
+
+def api_body(part: dict) -> str:
+    a, batch = part["args"], part["batch"]
+    rows = [[r["cap"], f"{r['latency_s']:g}", f"{r['ideal_requests_per_s']:.0f}", r["texts"], r["requests"],
+             r["min_requests"], f"{r['span_s']:.2f}", f"{r['requests_per_s']:.1f}", f"{r['share_of_ideal']:.0%}",
+             f"{r['texts_per_s']:.0f}", f"{r['share_of_ideal_texts']:.0%}", f"{r['stage_wall_s']:.1f}", r["errors"]]
+            for r in part["results"].values()]
+    verdicts = [f"cap {r['cap']}: {r['share_of_ideal']:.0%} ({'met' if r['share_of_ideal'] >= 0.9 else 'MISSED'})"
+                for r in part["results"].values()]
+    return (f"`banks` with `embedding.provider: openai` (the `embedder` role) over {a['episodes']} synthetic "
+            f"conversations x {a['sessions']} sessions x {a['turns']} turns (turn and session units, no compression), "
+            "cold LLM cache, local Ray, against the fake server with the latency listed (longer for caps whose "
+            f"ideal would pass {a['max_ideal']:g} requests/s: past that the 2 cores that send and serve them set the "
+            "rate) and at most `cap` requests served at once; `roles.embedder.max_concurrency` = cap per LLM worker. "
+            f"Ideal = cap / latency requests/s; a request carries up to {batch} texts. Rate = requests answered / "
+            "(last completion - first arrival). Fewest requests = distinct texts / batch, rounded up; text share = "
+            f"texts/s over (ideal x {batch}), which also counts batches sent less than full.\n\n"
+            + table(["cap", "latency s", "ideal req/s", "texts", "requests", "fewest requests", "span s", "requests/s",
+                     "share of ideal", "texts/s", "text share of ideal", "banks wall s", "failed rows"], rows)
+            + "\n\nTarget: embedding throughput at least 90% of the endpoint's ideal: " + "; ".join(verdicts) + ".")
+
+
+def previous(part: str) -> dict | None:
+    """A part's figures from the last results file (older files hold the local part at the top level)."""
+    try:
+        old = json.loads((RESULTS / "embeddings.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if part in old:  # a part run that time has no "when" of its own: the file's
+        return {**old[part], "when": old[part].get("when") or old.get("when")}
+    if part == "local" and "results" in old:  # the file before parts existed
+        res = old["results"]
+        reference = res.get("before", res["nocache"])["wall_s"]
+        drop = max(res["before" if "before" in res else "nocache"]["recall_at_5"] - r["recall_at_5"] for r in res.values())
+        cold = reference / res["cold"]["wall_s"]
+        return {"results": res, "max_vector_difference": old["max_vector_difference"], "reference_wall_s": reference,
+                "cold_speedup": cold, "warm_speedup": reference / res["warm"]["wall_s"], "recall_drop": drop,
+                "met": cold >= 5 and drop <= 0.01, "baseline": "before" in res,
+                "args": {k: old["args"][k] for k in ("episodes", "sessions", "turns", "questions")}, "when": old["when"]}
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", nargs="+", choices=["local", "api"], default=["local", "api"])
+    ap.add_argument("--episodes", type=int, default=19)
+    ap.add_argument("--sessions", type=int, default=20)
+    ap.add_argument("--turns", type=int, default=24)
+    ap.add_argument("--questions", type=int, default=200)
+    ap.add_argument("--baseline-checkout", type=Path, default=None)
+    ap.add_argument("--api-episodes", type=int, default=160, help="conversations of the api part")
+    ap.add_argument("--caps", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--latency", type=float, default=0.2)
+    ap.add_argument("--max-ideal", type=float, default=160.0,
+                    help="highest ideal rate (requests/s) to ask of this machine; larger caps get a longer latency")
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    parts: dict[str, dict] = {}
+    for name, run in (("local", local_part), ("api", api_part)):
+        if name in a.part:
+            parts[name] = run(a)
+        elif (old := previous(name)) is not None:
+            parts[name] = old
+    sections = []
+    if "local" in parts:
+        when = parts["local"].get("when")
+        sections.append("## Local model (packaged MiniLM)\n\n"
+                        + (f"(Figures from the previous run, {when}; `--part local` reruns it.)\n\n" if when else "")
+                        + local_body(parts["local"]))
+    if "api" in parts:
+        when = parts["api"].get("when")
+        sections.append("## OpenAI-compatible endpoint\n\n"
+                        + (f"(Figures from the previous run, {when}; `--part api` reruns it.)\n\n" if when else "")
+                        + api_body(parts["api"]))
+    write_results("embeddings", "Embeddings: banks on a LoCoMo-sized corpus", "\n\n".join(sections), parts)
+    return 0 if all(p["met"] for name, p in parts.items() if name in a.part) else 1
 
 
 if __name__ == "__main__":
