@@ -43,7 +43,10 @@ reads (calls done / expected, `pipeline.progress.planned_calls`) when a stage's 
      "total": {"calls", "prompt_tokens", "completion_tokens", "cost_usd"}}
 
 `calls` counts every call the stage's clients make, answered or failed, embeddings one per text (as
-the manifests' `calls + failed_calls` and the run's ledger count them).
+the manifests' `calls + failed_calls` and the run's ledger count them). With `embedding.provider:
+openai` the stages that embed (`banks`, `score`, methods that retrieve densely) have a row for the
+`embedder` role: texts counted by the dry run, the requests they go in (up to 128 texts each), their
+cl100k tokens, and the embedding model's input price ("no price" where the table has none).
 """
 
 from __future__ import annotations

@@ -210,7 +210,8 @@ class DiskCallCache:
 
     async def set_many(self, items: list[tuple[str, dict[str, Any]]]) -> None:
         """`set` of many (key, value) pairs in one thread hop and one SQLite transaction."""
-        await asyncio.to_thread(self.set_many_raw, [(k, canonical_json(v)) for k, v in items])
+        # Serialised in the thread too: a batch of vectors is enough JSON to hold up the event loop.
+        await asyncio.to_thread(lambda: self.set_many_raw([(k, canonical_json(v)) for k, v in items]))
 
     def close(self) -> None:
         if self._cache is not None:

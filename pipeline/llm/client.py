@@ -616,14 +616,20 @@ class LLMClient:
         out: list[list[float] | None] = [None] * len(texts)
         if self.cache is not None:
             hits = await _cache_get_many(self.cache, keys)
+            found = tokens_found = 0
             for i, hit in enumerate(hits):
                 if hit is not None:
                     out[i] = hit["embedding"]
-                    self.usage.calls += 1
-                    self.usage.cached_calls += 1
-                    if self.tally is not None:
-                        self.tally.add(calls=1, cached_calls=1)
-                    self._add_tokens(model, int(hit.get("prompt_tokens", 0)), 0, cached=True)
+                    found += 1
+                    tokens_found += int(hit.get("prompt_tokens", 0))
+            # Counted once for the lot (a call per text), not per text: thousands of texts per call.
+            if found:
+                self.usage.calls += found
+                self.usage.cached_calls += found
+                if self.tally is not None:
+                    self.tally.add(calls=found, cached_calls=found)
+                self._add_tokens(model, tokens_found, 0, cached=True)
+        key_of = dict(zip(texts, keys))
         todo: dict[str, list[int]] = {}  # text -> positions, so duplicates are sent once
         for i, t in enumerate(texts):
             if out[i] is None:
@@ -650,19 +656,21 @@ class LLMClient:
                 await self._settle(held, model, 0, 0)
                 self.usage.failed_calls += len(batch)
                 raise
+            # The slot just freed wakes a waiting batch: let it go out before this one's bookkeeping.
+            await asyncio.sleep(0)
             await self._settle(held, model, total, 0)
             shares = _split_tokens(total, [len(t) for t in batch])
-            for text, vec, tokens in zip(batch, vectors, shares):
+            for text, vec in zip(batch, vectors):
                 for i in todo[text]:
                     out[i] = vec
-                self.usage.calls += 1
-                if self.tally is not None:
-                    self.tally.add(calls=1)
-                self._add_tokens(model, tokens, 0, cached=False)
+            self.usage.calls += len(batch)
+            if self.tally is not None:
+                self.tally.add(calls=len(batch))
+            self._add_tokens(model, total, 0, cached=False)
             if self.cache is not None:
                 # The batch's vectors in one write: one by one, each waited for its own round trip.
                 await _cache_set_many(self.cache, [
-                    (embed_cache_key(self.endpoint, model, text), {"embedding": vec, "prompt_tokens": tokens, "model": model})
+                    (key_of[text], {"embedding": vec, "prompt_tokens": tokens, "model": model})
                     for text, vec, tokens in zip(batch, vectors, shares)])
 
         # The batches go at once, each taking a `max_concurrency` slot (and the limiter's pace) in _send.

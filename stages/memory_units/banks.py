@@ -6,9 +6,8 @@ tables under `<run>/banks/lance/` are for users to open and query (`lancedb.conn
 
 from __future__ import annotations
 
-from typing import Any
-
 import asyncio
+from typing import Any
 
 import pyarrow as pa
 from pydantic import Field
