@@ -241,6 +241,16 @@ class VectorCache:
         self.__init__(state["directory"], state["identity"])  # type: ignore[misc]
 
 
+async def aencode(embedder: Embedder, texts: list[str]) -> np.ndarray:
+    """`embedder.encode(texts)` from async code without stalling the running event loop: an
+    endpoint's requests go out on this loop (its connection pool, slots and limiter, beside the
+    other episodes' requests), a local model runs in a thread."""
+    native = getattr(embedder, "aencode", None)
+    if native is not None:
+        return await native(texts)
+    return await asyncio.to_thread(embedder.encode, texts)
+
+
 def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None) -> Embedder:
     """The embedder the config asks for; `llm_embed` is the LLM client's `embed` for provider=openai
     (cached with the LLM calls)."""

@@ -43,7 +43,10 @@ reads (calls done / expected, `pipeline.progress.planned_calls`) when a stage's 
      "total": {"calls", "prompt_tokens", "completion_tokens", "cost_usd"}}
 
 `calls` counts every call the stage's clients make, answered or failed, embeddings one per text (as
-the manifests' `calls + failed_calls` and the run's ledger count them).
+the manifests' `calls + failed_calls` and the run's ledger count them). With `embedding.provider:
+openai` the stages that embed (`banks`, `score`, methods that retrieve densely) have a row for the
+`embedder` role: texts counted by the dry run, the requests they go in (up to 128 texts each), their
+cl100k tokens, and the embedding model's input price ("no price" where the table has none).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from pipeline.llm.prices import BATCH_DISCOUNT, cost_usd, prices_for, role_price
 from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest
 from pipeline.progress import PLAN_FILE
-from pipeline.stage import GlobalStage, Stage
+from pipeline.stage import EMBEDDER_ROLE, GlobalStage, Stage
 from pipeline.storage import Location, is_remote, join
 
 log = logging.getLogger("mempipe")
@@ -88,7 +91,7 @@ Registry = Callable[[RunConfig], Mapping[str, Stage]]
 
 @dataclass
 class RoleEstimate:
-    role: str  # the LLM role; "<role> embeddings" for embedding calls made through it
+    role: str  # the LLM role (`embedder`: the embedding requests of `embedding.provider: openai`)
     model: str
     calls: float = 0.0
     prompt_tokens: float = 0.0
@@ -361,7 +364,7 @@ def _link_stage(real_dir: Location, scratch_dir: Path, name: str, fingerprint: s
 @dataclass
 class DryRun:
     manifests: dict[str, Manifest]  # simulated stage -> its dry-run manifest
-    embeddings: dict[str, dict[str, float]]  # stage -> {"model", "calls", "prompt_tokens"}
+    embeddings: dict[str, dict[str, float]]  # stage -> {"model", "calls" (texts), "requests", "prompt_tokens"}
     max_tokens: dict[str, float]  # stage -> mean max_tokens of its chat requests
     episodes: int  # episodes the dry run covered
     linked: list[str]  # stages linked from the real run
@@ -401,8 +404,10 @@ def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set
                 manifests[stage.name] = m
             for (kind, model), c in sim.stage_counts(stage.name).items():
                 if kind == "embeddings":
-                    e = embeddings.setdefault(stage.name, {"model": model, "calls": 0.0, "prompt_tokens": 0.0})
+                    e = embeddings.setdefault(stage.name, {"model": model, "calls": 0.0, "requests": 0.0,
+                                                           "prompt_tokens": 0.0})
                     e["calls"] += c["texts"]
+                    e["requests"] += c["requests"]
                     e["prompt_tokens"] += c["prompt_tokens"]
             chat = [c for (kind, _), c in sim.stage_counts(stage.name).items() if kind == "chat"]
             if chat:
@@ -457,7 +462,8 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
     fps = runner.fingerprints()
     manifests = {st.name: st.manifest for st in runner.status()}
     to_run = [s for s in runner.plan if selection.get(s.name, "done") != "done"]
-    llm_run = [s for s in to_run if s.roles]
+    # With `embedding.provider: openai`, stages that only embed (banks) call the `embedder` role too.
+    llm_run = [s for s in to_run if s.llm_roles(cfg)]
 
     counts = _count_episodes(cfg) if llm_run else [0]
     n_episodes = sum(counts)
@@ -549,7 +555,7 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
         why = _why(state, s, manifests.get(s.name), fps, partial) if reason else "not picked by the selectors"
         runs = reason is not None and reason != "done"
         roles = estimates.get(s.name, []) if runs else []
-        if runs and not s.roles:
+        if runs and not s.llm_roles(cfg):
             why += "; no LLM role"
         stages.append(StageEstimate(s.name, state, why, fps[s.name], runs, roles))
     plan = Plan(cfg.run_name, str(cfg.run_dir), stages, method, calibration_run)
@@ -582,29 +588,20 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
     scaled = ("counted" if scale == 1.0 else
               f"counted on {dry.episodes} episode(s) x {scale:.3g} ({remaining} to run)")
     out: list[RoleEstimate] = []
-    for i, role in enumerate(stage.roles):
+    for role in stage.roles:
         role_cfg = cfg.role(role)
         price = role_prices(role_cfg)
         u = (m.llm_usage or {}).get(role) if m is not None else None
         u = u or Usage()
-        e_calls = emb["calls"] if emb and i == 0 else 0.0
-        e_tokens = emb["prompt_tokens"] if emb and i == 0 else 0.0
-        chat_calls = max(_sent(u) - e_calls, 0.0)
-        chat_prompt = max(u.prompt_tokens - e_tokens, 0.0)
+        chat_calls, chat_prompt = _sent(u), u.prompt_tokens
         est = RoleEstimate(role, role_cfg.model, price=price,
                            counted={"calls": chat_calls, "prompt_tokens": chat_prompt, "episodes": dry.episodes})
         calls, prompt = chat_calls * scale, chat_prompt * scale
         est.method = {"calls": scaled, "prompt_tokens": scaled + " (cl100k, OpenAI's chat framing)"}
         cal = None
         if source is not None and m is not None:
-            # the source's embedding calls of this role, estimated per episode from the dry run
-            src_embeds = (0.0, 0.0)
-            if e_calls:
-                real_m = source.manifest(stage.name)
-                n_src = len(_per_episode(real_m)) if real_m is not None else 0
-                per = max(dry.episodes, 1)
-                src_embeds = (e_calls / per * n_src, e_tokens / per * n_src)
-            cal = calibrate(stage, role, m, (chat_calls, chat_prompt), dry.episodes, source, src_embeds)
+            # Embeddings go through the `embedder` role, never through this one: nothing to leave out.
+            cal = calibrate(stage, role, m, (chat_calls, chat_prompt), dry.episodes, source, (0.0, 0.0))
         if cal is not None:
             if cal.rate is not None:  # the dry run made no call where the real one did
                 episodes_to_run = 1 if isinstance(stage, GlobalStage) else remaining
@@ -628,17 +625,31 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
         est.calls, est.prompt_tokens, est.completion_tokens = calls, prompt, completion
         est.cost_usd = None if price is None else cost_usd(price, prompt, completion)
         out.append(est)
-        if e_calls:
-            model = str(emb["model"])  # type: ignore[index]
-            p = prices_for(role_cfg).get(model)
-            eprice = None if p is None else {"input": p.get("input", 0.0), "output": 0.0}
-            ee = RoleEstimate(f"{role} embeddings", model, e_calls * scale, e_tokens * scale, 0.0,
-                              None if eprice is None else cost_usd(eprice, e_tokens * scale, 0), eprice,
-                              {"calls": scaled + " (one per text)", "prompt_tokens": scaled + " (cl100k)",
-                               "completion_tokens": "none"},
-                              {"calls": e_calls, "prompt_tokens": e_tokens, "episodes": dry.episodes})
-            out.append(ee)
+    if EMBEDDER_ROLE in stage.llm_roles(cfg):
+        out.append(_embedding_estimate(cfg.role(EMBEDDER_ROLE), emb, scale, scaled, dry.episodes))
     return out
+
+
+def _embedding_estimate(role_cfg: Any, emb: dict[str, float] | None, scale: float, scaled: str,
+                        episodes: int) -> RoleEstimate:
+    """The `embedder` role of a stage that embeds through an endpoint: calls one per text (as the
+    manifests and the run's ledger count them), sent in requests of up to `EMBED_BATCH` texts;
+    tokens are the texts' (cl100k, as OpenAI's embedding models count them); cost at the embedding
+    model's input price, None where the price table has no such model."""
+    from pipeline.llm.client import EMBED_BATCH
+
+    emb = emb or {}
+    model = str(emb.get("model") or role_cfg.model)
+    texts, tokens = float(emb.get("calls", 0.0)) * scale, float(emb.get("prompt_tokens", 0.0)) * scale
+    requests = float(emb.get("requests", 0.0)) * scale
+    p = prices_for(role_cfg).get(model)
+    price = None if p is None else {"input": p.get("input", 0.0), "output": 0.0}
+    return RoleEstimate(
+        EMBEDDER_ROLE, model, texts, tokens, 0.0, None if price is None else cost_usd(price, tokens, 0), price,
+        {"calls": f"{scaled} (one per text; {requests:,.0f} requests of up to {EMBED_BATCH} texts)",
+         "prompt_tokens": scaled + " (cl100k)", "completion_tokens": "none (embeddings)"},
+        {"calls": float(emb.get("calls", 0.0)), "requests": float(emb.get("requests", 0.0)),
+         "prompt_tokens": float(emb.get("prompt_tokens", 0.0)), "episodes": episodes})
 
 
 # ---------------------------------------------------------------------------------------------

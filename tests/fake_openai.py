@@ -266,7 +266,8 @@ class FakeOpenAI(LoopbackServer):
         characters // 4 + max_tokens, what its tpm pacing budgeted for the request) and `head`
         (the first 120 characters of the first message: which prompt, hence which stage, sent it) and
         `answer` (the id in the reply text, "fake reply <answer>" for a plain call: finds the reply in a
-        call cache)."""
+        call cache). `embeddings`: one entry per embeddings request: `t`, `done`, `outcome` and
+        `inputs` (how many texts it carried)."""
         with self._lock:
             chat = [{"t": r["t"], "done": r["done"], "key": _hash(r["body"])[:16], "outcome": r["outcome"],
                      "structured": bool(r["body"].get("response_format")),
@@ -277,9 +278,13 @@ class FakeOpenAI(LoopbackServer):
                      "head": str((r["body"].get("messages") or [{}])[0].get("content") or "")[:120],
                      "answer": _answer_id(r["body"])}
                     for r in self.requests if r["path"] == "/v1/chat/completions"]
+            embeddings = [{"t": r["t"], "done": r["done"], "outcome": r["outcome"],
+                           "inputs": len(r["body"].get("input") or []) if isinstance(r["body"].get("input"), list)
+                           else 1}
+                          for r in self.requests if r["path"] == "/v1/embeddings"]
             return web.json_response({"total": len(self.requests), "by_path": dict(self.by_path),
                                       "outcomes": dict(self.outcomes), "max_in_flight": self.max_in_flight,
-                                      "chat": chat, "chat_times": [c["t"] for c in chat],
+                                      "chat": chat, "embeddings": embeddings, "chat_times": [c["t"] for c in chat],
                                       "plain_chat_times": [c["t"] for c in chat if not c["structured"]]})
 
     async def _outage(self, request: web.Request) -> web.StreamResponse:

@@ -20,7 +20,7 @@ from pipeline.errors import ConfigError
 from pipeline.llm import (DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter, Usage, cache_stats,
                           export_cache, import_cache, resolve_api_key)
 from pipeline.llm.cache import chat_cache_key
-from pipeline.llm.client import parse_retry_after
+from pipeline.llm.client import MalformedResponse, _read_embeddings, parse_retry_after
 from pipeline.llm.structured import response_format_for, strict_json_schema
 from pipeline.llm.ratelimit import PacingSchedule, estimate_tokens
 
@@ -380,7 +380,23 @@ def test_a_broken_embeddings_body_is_retried(fake_llm: FakeOpenAI) -> None:
     fake_llm.force = ["html", "nochoices"]
     client = client_for(fake_llm, max_retries=2)
     vectors = run(client.embed(["a", "b"], "fake-embed"))
-    assert vectors == [fake_llm.vector("a"), fake_llm.vector("b")] and fake_llm.count("/v1/embeddings") == 3
+    # Vectors come as base64 float32, so they equal the server's to float32 precision.
+    assert vectors[0] == pytest.approx(fake_llm.vector("a"), abs=1e-6)
+    assert vectors[1] == pytest.approx(fake_llm.vector("b"), abs=1e-6) and fake_llm.count("/v1/embeddings") == 3
+
+
+def test_an_embeddings_answer_is_read_in_base64_or_as_numbers_in_input_order() -> None:
+    import base64
+    import struct
+
+    packed = base64.b64encode(struct.pack("<2f", 0.5, -0.25)).decode()
+    answer = {"data": [{"index": 1, "embedding": [1, 2]}, {"index": 0, "embedding": packed}],
+              "usage": {"prompt_tokens": 7}}
+    assert _read_embeddings(answer, 2) == ([[0.5, -0.25], [1.0, 2.0]], 7)
+    with pytest.raises(MalformedResponse):
+        _read_embeddings(answer, 3)
+    with pytest.raises(MalformedResponse):
+        _read_embeddings({"data": [{"index": 0, "embedding": "not base64!"}]}, 1)
 
 
 def test_client_errors_are_not_retried(fake_llm: FakeOpenAI) -> None:

@@ -235,3 +235,31 @@ def test_calibration_compares_failed_calls_with_failed_calls(tmp_path):
     cal = calibrate(stage, role, manifest(10), (11.0, 110.0), 1, CalibrationSource(tmp_path, "src"), (0.0, 0.0))
     assert cal.calls == pytest.approx(1.0) and cal.prompt == pytest.approx(2.0)
     assert cal.completion_per_call == pytest.approx(55 / 11)
+
+
+def test_a_stage_that_embeds_through_an_endpoint_counts_its_embedder_calls_tokens_and_price(run_cfg, fake_llm):
+    """With `embedding.provider: openai`, banks calls no chat role but the `embedder` role: one call
+    per distinct text (as its manifest counts them), in requests of up to 128 texts, at the
+    embedding model's input price; a model without a price says so."""
+    # Turn and session units only: their texts do not depend on what the segmenter answers.
+    sets = ("corpus.limit=1", "stages=[ingest,guidance,segment,compress,banks]", "compress.method=none",
+            "compress.granularities=[turn,session]", "banks.granularities=[turn,session]", "embedding.provider=openai")
+    cfg = run_cfg(*sets, "embedding.model=text-embedding-3-small")
+    plan = make_plan(cfg, _registry, write=False)
+    banks = next(s for s in plan.stages if s.name == "banks")
+    assert [r.role for r in banks.roles] == ["embedder"] and "no LLM role" not in banks.why
+    emb = banks.roles[0]
+    assert emb.model == "text-embedding-3-small" and emb.calls > 0 and emb.prompt_tokens > 0
+    assert emb.completion_tokens == 0 and "requests of up to 128 texts" in emb.method["calls"]
+    price = DEFAULT_PRICES["text-embedding-3-small"]["input"]
+    assert emb.cost_usd == pytest.approx(emb.prompt_tokens * price / 1e6) and emb.cost_usd > 0
+    assert emb.counted["requests"] >= emb.calls / 128
+    assert fake_llm.total == 0
+
+    Runner(cfg, _registry(cfg)).run()
+    real = StageDir(cfg.run_dir, "banks").manifest().llm_usage["embedder"]
+    assert emb.calls == real.calls + real.failed_calls
+
+    unpriced = make_plan(run_cfg(*sets, "embedding.model=my-own-embedder"), _registry, write=False)
+    emb = next(s for s in unpriced.stages if s.name == "banks").roles[0]
+    assert emb.model == "my-own-embedder" and emb.calls > 0 and emb.cost_usd is None

@@ -203,6 +203,16 @@ class DiskCallCache:
     async def set(self, key: str, value: dict[str, Any]) -> None:
         await asyncio.to_thread(self.set_sync, key, value)
 
+    async def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
+        """`get` of many keys in one thread hop (an embedding batch's texts)."""
+        raws = await asyncio.to_thread(self.get_many_raw, keys)
+        return [None if raw is None else json.loads(raw) for raw in raws]
+
+    async def set_many(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        """`set` of many (key, value) pairs in one thread hop and one SQLite transaction."""
+        # Serialised in the thread too: a batch of vectors is enough JSON to hold up the event loop.
+        await asyncio.to_thread(lambda: self.set_many_raw([(k, canonical_json(v)) for k, v in items]))
+
     def close(self) -> None:
         if self._cache is not None:
             self._cache.close()

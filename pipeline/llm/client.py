@@ -22,6 +22,8 @@ keys, cache values, usage, reprs, exception messages or logs.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import functools
 import hashlib
 import json
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping
 
+import numpy as np
 from pydantic import BaseModel
 
 from pipeline.config import LLMConfig
@@ -612,15 +615,21 @@ class LLMClient:
         keys = [embed_cache_key(self.endpoint, model, t) for t in texts]
         out: list[list[float] | None] = [None] * len(texts)
         if self.cache is not None:
-            hits = await asyncio.gather(*(self.cache.get(k) for k in keys))
+            hits = await _cache_get_many(self.cache, keys)
+            found = tokens_found = 0
             for i, hit in enumerate(hits):
                 if hit is not None:
                     out[i] = hit["embedding"]
-                    self.usage.calls += 1
-                    self.usage.cached_calls += 1
-                    if self.tally is not None:
-                        self.tally.add(calls=1, cached_calls=1)
-                    self._add_tokens(model, int(hit.get("prompt_tokens", 0)), 0, cached=True)
+                    found += 1
+                    tokens_found += int(hit.get("prompt_tokens", 0))
+            # Counted once for the lot (a call per text), not per text: thousands of texts per call.
+            if found:
+                self.usage.calls += found
+                self.usage.cached_calls += found
+                if self.tally is not None:
+                    self.tally.add(calls=found, cached_calls=found)
+                self._add_tokens(model, tokens_found, 0, cached=True)
+        key_of = dict(zip(texts, keys))
         todo: dict[str, list[int]] = {}  # text -> positions, so duplicates are sent once
         for i, t in enumerate(texts):
             if out[i] is None:
@@ -629,16 +638,15 @@ class LLMClient:
 
         async def one_batch(batch: list[str]) -> None:
             async def call(client: openai.AsyncOpenAI) -> Any:
-                return await client.embeddings.create(model=model, input=batch, encoding_format="float")
+                # The SDK's generic POST returning the plain JSON (`cast_to=object`): its typed
+                # `embeddings.create` builds a pydantic object per vector, ~0.1 s of CPU per
+                # 128-text answer, which caps a worker far below an endpoint's rate. base64 (the
+                # SDK's own default) is decoded by numpy instead of parsed as decimal text.
+                return await client.post("/embeddings", cast_to=object,
+                                         body={"model": model, "input": batch, "encoding_format": "base64"})
 
             def read(resp: Any, n: int = len(batch)) -> tuple[list[Any], int]:
-                data = getattr(resp, "data", None)
-                if not isinstance(data, list):
-                    raise MalformedResponse(f"no data in {_describe_body(resp)}")
-                if len(data) != n:
-                    raise MalformedResponse(f"asked for {n} embedding vectors, got {len(data)}")
-                vectors = [d.embedding for d in sorted(data, key=lambda d: d.index)]
-                return vectors, int(getattr(getattr(resp, "usage", None), "prompt_tokens", 0) or 0)
+                return _read_embeddings(resp, n)
 
             est = sum(len(t) for t in batch) // 4 + len(batch)
             held = await self._reserve(model, est, 0)
@@ -648,19 +656,22 @@ class LLMClient:
                 await self._settle(held, model, 0, 0)
                 self.usage.failed_calls += len(batch)
                 raise
+            # The slot just freed wakes a waiting batch: let it go out before this one's bookkeeping.
+            await asyncio.sleep(0)
             await self._settle(held, model, total, 0)
             shares = _split_tokens(total, [len(t) for t in batch])
-            for text, vec, tokens in zip(batch, vectors, shares):
-                vec = [float(x) for x in vec]
+            for text, vec in zip(batch, vectors):
                 for i in todo[text]:
                     out[i] = vec
-                self.usage.calls += 1
-                if self.tally is not None:
-                    self.tally.add(calls=1)
-                self._add_tokens(model, tokens, 0, cached=False)
-                if self.cache is not None:
-                    await self.cache.set(embed_cache_key(self.endpoint, model, text),
-                                         {"embedding": vec, "prompt_tokens": tokens, "model": model})
+            self.usage.calls += len(batch)
+            if self.tally is not None:
+                self.tally.add(calls=len(batch))
+            self._add_tokens(model, total, 0, cached=False)
+            if self.cache is not None:
+                # The batch's vectors in one write: one by one, each waited for its own round trip.
+                await _cache_set_many(self.cache, [
+                    (key_of[text], {"embedding": vec, "prompt_tokens": tokens, "model": model})
+                    for text, vec, tokens in zip(batch, vectors, shares)])
 
         # The batches go at once, each taking a `max_concurrency` slot (and the limiter's pace) in _send.
         results = await asyncio.gather(*(one_batch(pending[i:i + EMBED_BATCH])
@@ -671,6 +682,23 @@ class LLMClient:
         return out  # type: ignore[return-value]
 
 
+async def _cache_get_many(cache: CallCache, keys: list[str]) -> list[dict[str, Any] | None]:
+    """Many lookups at once: the cache's own `get_many` where it has one (one thread hop), else
+    concurrent `get`s (which a Ray cache proxy coalesces into one actor call)."""
+    many = getattr(cache, "get_many", None)
+    if many is not None:
+        return await many(keys)
+    return list(await asyncio.gather(*(cache.get(k) for k in keys)))
+
+
+async def _cache_set_many(cache: CallCache, items: list[tuple[str, dict[str, Any]]]) -> None:
+    many = getattr(cache, "set_many", None)
+    if many is not None:
+        await many(items)
+    else:
+        await asyncio.gather(*(cache.set(k, v) for k, v in items))
+
+
 class MalformedResponse(ValueError):
     """A 200 answer whose body is not the shape the API promises; retried like a 5xx."""
 
@@ -679,6 +707,31 @@ def _describe_body(resp: Any) -> str:
     if isinstance(resp, str):  # the SDK hands back the text of a non-JSON content type
         return f"a non-JSON body ({_short(resp, 80)!r})"
     return f"a {type(resp).__name__} without the expected fields"
+
+
+def _read_embeddings(resp: Any, n: int) -> tuple[list[list[float]], int]:
+    """(n vectors in input order, prompt tokens) from an embeddings answer's JSON; a vector may
+    come as base64 of little-endian float32 (asked for) or as a list of numbers (servers that
+    ignore `encoding_format`)."""
+    data = resp.get("data") if isinstance(resp, dict) else None
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise MalformedResponse(f"no data in {_describe_body(resp)}")
+    if len(data) != n:
+        raise MalformedResponse(f"asked for {n} embedding vectors, got {len(data)}")
+    vectors = []
+    for d in sorted(data, key=lambda d: int(d.get("index") or 0)):
+        emb = d.get("embedding")
+        if isinstance(emb, str):
+            try:
+                vectors.append(np.frombuffer(base64.b64decode(emb), dtype="<f4").tolist())
+            except (ValueError, binascii.Error) as e:
+                raise MalformedResponse(f"an embedding that is not base64 float32 ({e})") from None
+        elif isinstance(emb, list):
+            vectors.append([float(x) for x in emb])
+        else:
+            raise MalformedResponse(f"an embedding of type {type(emb).__name__}")
+    usage = resp.get("usage")
+    return vectors, int((usage.get("prompt_tokens") if isinstance(usage, dict) else 0) or 0)
 
 
 def _read_chat(resp: Any) -> tuple[str, int, int, str]:

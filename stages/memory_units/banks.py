@@ -6,12 +6,14 @@ tables under `<run>/banks/lance/` are for users to open and query (`lancedb.conn
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import Section
+from pipeline.embeddings import aencode
 from pipeline.lance_store import write_bank
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.memory_units.compress import Granularity
@@ -56,15 +58,21 @@ class BanksStage(EpisodeStage):
         if not units:
             return {"memory_units": []}
         # One call: where a unit's key is its own text (no compression), it is embedded once.
-        both = ctx.embedder.encode([retrieval_key(u) for u in units] + [u["text"] for u in units])
+        # Awaited, so the worker's other episodes keep their requests in flight meanwhile.
+        both = await aencode(ctx.embedder, [retrieval_key(u) for u in units] + [u["text"] for u in units])
         keys, originals = both[:len(units)], both[len(units):]
         rows: Rows = []
         for unit, vec, raw_vec in zip(units, keys, originals):
             row = {k: unit[k] for k in MEMORY_UNITS.names if k in unit}
             row.update(vector=vec.tolist(), text_vector=raw_vec.tolist(), lance_table=bank_name(episode_id, unit["granularity"]))
             rows.append(row)
-        for granularity in sorted(wanted):
-            bank = [r for r in rows if r["granularity"] == granularity]
-            if bank:
-                write_bank(ctx.out_dir / LANCE_DIR, bank_name(episode_id, granularity), bank, len(bank[0]["vector"]))
+        # In a thread: the Lance writes would otherwise hold up the loop's embedding requests.
+        await asyncio.to_thread(_write_banks, ctx, episode_id, sorted(wanted), rows)
         return {"memory_units": rows}
+
+
+def _write_banks(ctx: StageContext, episode_id: str, granularities: list[str], rows: Rows) -> None:
+    for granularity in granularities:
+        bank = [r for r in rows if r["granularity"] == granularity]
+        if bank:
+            write_bank(ctx.out_dir / LANCE_DIR, bank_name(episode_id, granularity), bank, len(bank[0]["vector"]))
