@@ -146,7 +146,7 @@ def load_sheet(path: str | Path) -> PaperSheet | None:
 
 # Where a report table keeps a value's interval (first present pair) and its count (first present).
 INTERVAL_COLUMNS = ("{column}_low/{column}_high", "ci_low/ci_high", "win_share_low/win_share_high")
-COUNT_COLUMNS = ("judged", "items", "pairs", "total", "responses", "ratings", "questions", "sessions")
+COUNT_COLUMNS = ("judged", "items", "pairs", "total", "responses", "ratings", "questions", "sessions", "episodes")
 
 
 class RunValue(_Strict):
