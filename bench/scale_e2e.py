@@ -20,8 +20,10 @@ apart and said: `compress.method=none` (LLMLingua scores every unit with a local
 0.3 s a dialogue on CPU) and larger shards (`ray.episodes_per_shard`, default 1 for one sample
 episode). Embeddings stay the packaged MiniLM on CPU.
 
-    python bench/scale_e2e.py                              # 1k and 10k episodes
-    python bench/scale_e2e.py --sizes 100 300 --keep
+    python bench/scale_e2e.py                              # 1k and 10k episodes (hours on 2 cores)
+    python bench/scale_e2e.py --sizes 100 200              # what 2 shared cores reached: ~15 min each
+    python bench/scale_e2e.py --sizes --ingest-sizes 10000 --baseline-checkout /tmp/before  # ingest alone
+    python bench/scale_e2e.py --render /tmp/mempipe-scale-e2e-*.json   # passes merged into one result
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from scale import SAMPLE_S, tree_memory
 from throughput import CpuSampler
 
 CORES = os.cpu_count() or 1
+TARGET_EPISODES = 10000
 WORKER_LIMIT_MB = 1024
 REPORT_LIMIT_S = 30.0
 SHARE_TARGET = 0.90
@@ -189,6 +192,9 @@ def cpu_model() -> str:
 def verdicts(results: list[dict[str, Any]], ingests: list[dict[str, Any]]) -> tuple[list[str], bool]:
     """Each target met or MISSED, with by how much."""
     out, ok = [], True
+    largest = max((r["episodes"] for r in results), default=0)
+    # the issue's targets are for 10k episodes: a pass that stops short says so on each verdict it gives
+    short = f" (measured up to {largest} episodes, not at the target's 10,000)" if largest < TARGET_EPISODES else ""
 
     def say(met: bool, text: str) -> None:
         nonlocal ok
@@ -212,12 +218,14 @@ def verdicts(results: list[dict[str, Any]], ingests: list[dict[str, Any]]) -> tu
         say(per_ep[1] <= 1.5 * per_ep[0] and not steep,
             f"time linear in episodes: {per_ep[0]:.3f} s/episode at {first['episodes']} -> {per_ep[1]:.3f} s/episode at "
             f"{last['episodes']} ({per_ep[1] / per_ep[0]:.2f}x; target <= 1.5x); per stage (those of >= 2 s): "
-            + ", ".join(f"{name} {g:.2f}x" for name, g in grew) + (f"; above 1.5x: {', '.join(steep)}" if steep else ""))
+            + ", ".join(f"{name} {g:.2f}x" for name, g in grew) + (f"; above 1.5x: {', '.join(steep)}" if steep else "")
+            + short)
         d = [r["driver_peak_mb"] for r in (first, last)]
-        say(d[1] <= 1.5 * d[0], f"driver memory flat: {d[0]:.0f} MB -> {d[1]:.0f} MB ({d[1] / d[0]:.2f}x; target <= 1.5x)")
+        say(d[1] <= 1.5 * d[0], f"driver memory flat: {d[0]:.0f} MB -> {d[1]:.0f} MB ({d[1] / d[0]:.2f}x; target <= 1.5x)"
+            + short)
     if results:
         w = max(r["worker_peak_mb"] for r in results)
-        say(w <= WORKER_LIMIT_MB, f"no worker above {WORKER_LIMIT_MB} MB over the whole job: largest {w:.0f} MB")
+        say(w <= WORKER_LIMIT_MB, f"no worker above {WORKER_LIMIT_MB} MB over the whole job: largest {w:.0f} MB" + short)
     for r in (r for r in ingests if r["version"] == "this checkout"):  # a baseline is for comparison only
         say(r["worker_peak_mb"] <= WORKER_LIMIT_MB, f"ingest alone of {r['episodes']} episodes: largest worker "
             f"{r['worker_peak_mb']:.0f} MB (target <= {WORKER_LIMIT_MB} MB)")
@@ -225,7 +233,7 @@ def verdicts(results: list[dict[str, Any]], ingests: list[dict[str, Any]]) -> tu
         last = results[-1]
         say(last["report_stage_s"] <= REPORT_LIMIT_S, f"report of {last['episodes']} episodes rendered in under "
             f"{REPORT_LIMIT_S:.0f} s: the stage alone took {last['report_stage_s']:.1f} s (`mempipe run --force report`, "
-            f"Ray's start and the run's planning included: {last['report_rerun_s']:.1f} s)")
+            f"Ray's start and the run's planning included: {last['report_rerun_s']:.1f} s)" + short)
     return out, ok
 
 
