@@ -240,6 +240,10 @@ class StageDir:
             files = sorted(Path(folder).glob("*.json")) if Path(folder).exists() else []
         return {int(storage.name_of(f)[:-len(".json")]): json.loads(read_text(f)) for f in files}
 
+    def drop_partial_table(self, table: str) -> None:
+        """Forget a table's parts in the stage in progress (a retried attempt starts clean)."""
+        self._remove(storage.join(self.partial, table))
+
     def publish(self, manifest: Manifest) -> None:
         """Write the manifest last, then swap the partial folder in place of the old stage. The
         shard markers go only once the manifest is written: a write that fails keeps them, so the

@@ -178,9 +178,10 @@ def _num(key: str, value: float) -> float | int:
 
 def _count_episodes(cfg: RunConfig) -> list[int]:
     """Episodes each corpus source gives the run (its limit applied)."""
-    from pipeline.corpus import load_corpus
+    from pipeline.corpus import iter_episodes
 
-    return [len(load_corpus(s.format, s.path, s.limit).episodes) for s in cfg.corpus.sources()]
+    # counted episode by episode: the driver never holds a big corpus
+    return [sum(1 for _ in iter_episodes(s.format, s.path, s.limit)) for s in cfg.corpus.sources()]
 
 
 def _take(counts: list[int], k: int) -> list[int]:

@@ -205,14 +205,19 @@ async def _run_shard_in(ctx: StageContext, task: ShardTask, sd: StageDir, inputs
     extra_stats: dict[str, Any] = {}
     _track_shard_tasks(asyncio.get_running_loop())
     _SHARD_TASKS.set(weakref.WeakSet())  # this coroutine's context: the tasks it creates are the shard's
+    streamed: dict[str, Any] | None = None
     try:
-        produced = await _produce(stage, ctx, task, inputs, clients, extra_stats)
+        if isinstance(stage, GlobalStage) and stage.streams:
+            # Made and written part by part in a thread: the stage never holds its whole output.
+            streamed = await asyncio.to_thread(_stream_outputs, stage, ctx, sd, task, inputs)
+        else:
+            produced = await _produce(stage, ctx, task, inputs, clients, extra_stats)
     except Exception:
         await _let_in_flight_calls_land()
         raise
     finally:
         await _close(clients)
-    stats = await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
+    stats = streamed if streamed is not None else await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
     stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
     stats["extra"] = extra_stats
     return stats
@@ -258,10 +263,7 @@ def _write_outputs(stage: Stage, sd: StageDir, task: ShardTask, produced: dict[s
     stats: dict[str, Any] = {"rows": {}, "errors": 0, "episodes": len(task.episode_ids or [])}
     tables: dict[str, pa.Table] = {}
     for table, schema in stage.outputs.items():
-        data = produced.get(table, [])
-        tbl = data if isinstance(data, pa.Table) else _to_table(data, schema, stage.name, table)
-        if not tbl.schema.equals(schema):
-            tbl = tbl.select(schema.names).cast(schema)
+        tbl = _conform(stage, table, produced.get(table, []), schema)
         tables[table] = tbl
         stats["rows"][table] = tbl.num_rows
         stats["errors"] += count_errors(tbl)
@@ -271,6 +273,42 @@ def _write_outputs(stage: Stage, sd: StageDir, task: ShardTask, produced: dict[s
         for table, tbl in tables.items():
             atomic_write_parquet(storage.join(sd.partial, table, part_name(task.shard_idx)), tbl)
         stats["parts"] = {part_name(task.shard_idx): list(task.episode_ids or [])}
+    return stats
+
+
+def _conform(stage: Stage, table: str, data: Any, schema: pa.Schema) -> pa.Table:
+    tbl = data if isinstance(data, pa.Table) else _to_table(data, schema, stage.name, table)
+    return tbl if tbl.schema.equals(schema) else tbl.select(schema.names).cast(schema)
+
+
+def _stream_outputs(stage: GlobalStage, ctx: StageContext, sd: StageDir, task: ShardTask,
+                    inputs: dict[str, pa.Table]) -> dict[str, Any]:
+    """A streaming global stage's parts, each written as `run_parts` yields it: the same files and
+    layout `_write_global_parts` makes of the whole output (tables without an `episode_id` column
+    are not supported: they would need the whole output in one part)."""
+    stats: dict[str, Any] = {"rows": {t: 0 for t in stage.outputs}, "errors": 0, "episodes": 0, "parts": {}}
+    for table in stage.outputs:
+        # A retried attempt (a lost worker, another part size) starts clean: no part of an earlier one is kept.
+        sd.drop_partial_table(table)
+    size = task.episodes_per_part
+    i = -1
+    for i, part in enumerate(stage.run_parts(ctx, inputs, size)):
+        ids: dict[str, None] = {}  # the part's episodes in order of first appearance, as whole outputs keep
+        for table, schema in stage.outputs.items():
+            tbl = _conform(stage, table, part.get(table, []), schema)
+            if "episode_id" not in tbl.column_names:
+                raise RuntimeError(f"stage {stage.name}: streamed table {table!r} has no episode_id column")
+            ids.update(dict.fromkeys(tbl.column("episode_id").to_pylist()))
+            atomic_write_parquet(storage.join(sd.partial, table, part_name(i)), tbl)
+            stats["rows"][table] += tbl.num_rows
+            stats["errors"] += count_errors(tbl)
+        if len(ids) > size:
+            raise RuntimeError(f"stage {stage.name}: part {i} holds {len(ids)} episodes, more than {size}")
+        stats["parts"][part_name(i)] = list(ids)
+    if i < 0:  # no episodes: one empty part, as a whole empty output
+        for table, schema in stage.outputs.items():
+            atomic_write_parquet(storage.join(sd.partial, table, part_name(0)), schema.empty_table())
+        stats["parts"][part_name(0)] = []
     return stats
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 import pyarrow as pa
 
@@ -112,7 +112,19 @@ class Stage:
 
 
 class GlobalStage(Stage):
+    # True: the stage gives its output through `run_parts`, part by part, and never holds it whole
+    # (ingest: a 10k-episode corpus parsed at once took 700 MB in one worker).
+    streams: ClassVar[bool] = False
+
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        raise NotImplementedError
+
+    def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
+                  episodes_per_part: int) -> Iterator[dict[str, pa.Table]]:
+        """For a stage that `streams`: its output tables, `episodes_per_part` whole episodes at a time
+        (the last part may hold fewer), in episode order. Each part is written as it comes, as the
+        part a non-streaming stage's whole output would have been cut into; an exception publishes
+        nothing."""
         raise NotImplementedError
 
 

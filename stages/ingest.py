@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.config import RunConfig
-from pipeline.corpus import Corpus, corpus_files, load_corpus
+from pipeline.corpus import Corpus, corpus_files, iter_episodes
 from pipeline.errors import ConfigError
 from pipeline.schemas import EPISODES, QA, TURNS
 from pipeline.stage import GlobalStage, StageContext
@@ -26,19 +27,28 @@ class IngestStage(GlobalStage):
         extra = [_digests(Path(s.path)) for s in cfg.corpus.extra]
         return {**first, "extra": extra} if extra else first
 
-    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        corpora = [(s, load_corpus(s.format, s.path, s.limit)) for s in ctx.cfg.corpus.sources()]
-        merged, seen = Corpus(), {}  # episode_id -> the source it came from
-        for source, corpus in corpora:
-            for e in corpus.episodes:
-                if e["episode_id"] in seen:
-                    raise ConfigError(f"corpus.extra: episode {e['episode_id']!r} of {source.path} is also in "
-                                      f"{seen[e['episode_id']]}")
-                seen[e["episode_id"]] = source.path
-            merged.episodes += corpus.episodes
-            merged.turns += corpus.turns
-            merged.qa += corpus.qa
-        return merged.tables()
+    # Parsed and written in parts of `ray.episodes_per_shard` episodes: the worker holds one part and
+    # the ids seen, not the corpus (a 10k-episode corpus parsed whole took 700 MB).
+    streams = True
+
+    def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
+                  episodes_per_part: int) -> Iterator[dict[str, pa.Table]]:
+        seen: dict[str, str] = {}  # episode_id -> the source it came from
+        part = Corpus()
+        for source in ctx.cfg.corpus.sources():
+            for rows in iter_episodes(source.format, source.path, source.limit):
+                eid = rows.episode["episode_id"]
+                if eid in seen:
+                    raise ConfigError(f"corpus.extra: episode {eid!r} of {source.path} is also in {seen[eid]}")
+                seen[eid] = source.path
+                part.episodes.append(rows.episode)
+                part.turns += rows.turns
+                part.qa += rows.qa
+                if len(part.episodes) == episodes_per_part:
+                    yield part.tables()
+                    part = Corpus()
+        if part.episodes:
+            yield part.tables()
 
 
 def _digests(path: Path) -> dict[str, Any]:

@@ -125,15 +125,38 @@ def test_each_loop_client_reuses_the_process_tls_context_and_platform(fake_llm: 
     async def ask(text: str) -> tuple[Any, LLMResult]:
         try:
             result = await client.chat(msgs(text))
-            return (await client._state()).client, result
+            return (await client._state()).clients, result
         finally:
             await client.aclose()
 
     first, a = run(ask("one"))
     second, b = run(ask("two"))
-    assert first is not second and a.text != b.text and fake_llm.count() == 2
-    assert first._client._transport._pool._ssl_context is second._client._transport._pool._ssl_context
-    assert first._platform is not None and first._platform is second._platform
+    assert not set(map(id, first)) & set(map(id, second)) and a.text != b.text and fake_llm.count() == 2
+    every = first + second
+    assert len({id(c._client._transport._pool._ssl_context) for c in every}) == 1
+    assert every[0]._platform is not None and all(c._platform is every[0]._platform for c in every)
+
+
+def test_requests_in_flight_are_spread_over_pools_of_at_most_32(fake_llm: FakeOpenAI, monkeypatch) -> None:
+    """httpcore scans its whole pool on every event: 256 requests in one pool cost ~7 ms of CPU a
+    call, in pools of 32 ~4 ms; every pool is used in turn."""
+    from pipeline.llm import client as client_module
+
+    used: list[int] = []
+    take = client_module._LoopState.next_client
+    monkeypatch.setattr(client_module._LoopState, "next_client", lambda st: used.append(id(c := take(st))) or c)
+    client = client_for(fake_llm, cache=False, max_concurrency=80)
+
+    async def go() -> list[Any]:
+        try:
+            await asyncio.gather(*(client.chat(msgs(f"q{i}")) for i in range(6)))
+            return (await client._state()).clients
+        finally:
+            await client.aclose()
+
+    pools = run(go())
+    assert len(pools) == 3 and len(set(map(id, pools))) == 3 and fake_llm.count() == 6
+    assert sorted(used) == sorted([id(p) for p in pools] * 2)  # each pool took two of the six
 
 
 def test_a_twin_of_a_failed_request_is_sent_on_its_own(fake_llm: FakeOpenAI) -> None:

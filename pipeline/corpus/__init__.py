@@ -6,7 +6,7 @@ stays cheap; records after them are not checked."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from pipeline.corpus import cc, dialseg, locomo, longmemeval, longmtbench, msc, sample
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
-from pipeline.corpus.records import Checker, Episode, build_rows, shown
+from pipeline.corpus.records import Checker, Episode, Rows, build_rows, shown
 from pipeline.errors import ConfigError, InputError
 from pipeline.schemas import EPISODES, QA, TURNS
 
@@ -29,7 +29,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
-__all__ = ["FORMATS", "Corpus", "load_corpus", "corpus_files"]
+__all__ = ["FORMATS", "Corpus", "Rows", "load_corpus", "iter_episodes", "corpus_files"]
 
 
 @dataclass
@@ -48,17 +48,30 @@ class Corpus:
 
 def load_corpus(fmt: str, path: str | Path, limit: int | None = None) -> Corpus:
     """Load the first `limit` episodes (all when None) of a file, or of every *.json/*.jsonl in a directory."""
+    corpus = Corpus()
+    for rows in iter_episodes(fmt, path, limit):
+        corpus.episodes.append(rows.episode)
+        corpus.turns.extend(rows.turns)
+        corpus.qa.extend(rows.qa)
+    return corpus
+
+
+def iter_episodes(fmt: str, path: str | Path, limit: int | None = None) -> Iterator[Rows]:
+    """The canonical rows of the first `limit` episodes (all when None), one episode at a time, so a
+    reader holds one episode (one JSON file's records for .json) however big the corpus. Raises on the
+    first bad record or duplicate episode id; a caller that must publish nothing from bad input writes
+    nothing final before the iterator is exhausted."""
     if fmt not in _PARSERS:
         raise ConfigError(f"corpus.format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     if limit is not None and limit < 0:
         raise ConfigError(f"corpus.limit: must be >= 0, got {limit}")
     parse = _PARSERS[fmt]
-    corpus = Corpus()
     seen: dict[str, str] = {}  # episode_id -> where it was first seen
     if limit == 0:
         corpus_files(path)  # still report a missing path
-        return corpus
+        return
     records = iter_records(path)
+    count = 0
     try:
         for rec in records:
             chk = Checker(rec)
@@ -71,11 +84,9 @@ def load_corpus(fmt: str, path: str | Path, limit: int | None = None) -> Corpus:
                 raise InputError(chk.file, chk.record, episode.id_field,
                                  f"duplicate episode id {shown(eid)} (first: {seen[eid]})")
             seen[eid] = f"{chk.file} {rec.locator}"
-            corpus.episodes.append(rows.episode)
-            corpus.turns.extend(rows.turns)
-            corpus.qa.extend(rows.qa)
-            if limit is not None and len(corpus.episodes) >= limit:
+            yield rows
+            count += 1
+            if limit is not None and count >= limit:
                 break
     finally:
         records.close()  # releases the open JSONL file when a limit stops early
-    return corpus
