@@ -31,7 +31,7 @@ from stages.methods import response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
                                  ProbeInput, after_session)
 from stages.methods.dialogue import format_unit
-from stages.methods.memory_response import ResponseStyle
+from stages.methods.memory_response import ResponseStyle, closing_block
 from stages.methods.session_memories import session_time, when
 
 # Both tables are logs keyed by the end of the session they were written after: a probe sees the
@@ -117,19 +117,12 @@ def memory_text(row: dict) -> str:
 def reply_messages(memory: str, current: list[dict], request: str, respondent: str, question: bool,
                    style: ResponseStyle) -> Messages:
     """Task 3, response: the compressed memory and the current session -> the next utterance."""
-    turns = list(current)
-    if turns and turns[-1].get("text") == request:
-        turns = turns[:-1]
     system = (f"You are {respondent}, talking again with someone you know from earlier conversations. What you "
               "remember of them is compressed into profiles of you both, your relationship and past events. "
               "Let it shape your reply: bring up past events where they fit, match what you know of the other "
               "person, and speak in the tone of your relationship; never contradict it.")
-    reply = f": {response.SHORT_REPLY}," if style == "short" else ","
-    task = ("Answer the question in a short phrase." if question
-            else f"Write {respondent}'s next utterance only{reply} without a speaker label.")
     user = (f"Memory:\n{memory or '(empty: this is your first conversation)'}\n\n"
-            f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
-            f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
+            + closing_block(current, request, respondent, question, style))
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

@@ -32,7 +32,7 @@ from stages.methods import response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
                                  ProbeInput, after_session)
 from stages.methods.dialogue import format_unit, last_turns
-from stages.methods.memory_response import ResponseStyle
+from stages.methods.memory_response import ResponseStyle, closing_block
 from stages.methods.session_memories import session_time, when
 
 # A log: each memo is keyed by the point whose memorization wrote it (a turn inside a session, or
@@ -159,20 +159,12 @@ def reply_messages(memos: list[dict], current: list[dict], request: str, respond
                    show_dialogue: bool, style: ResponseStyle) -> Messages:
     """Response: the chosen memos and the current session -> `respondent`'s next utterance (or
     the question's answer)."""
-    turns = list(current)
-    if turns and turns[-1].get("text") == request:
-        turns = turns[:-1]
     recalled = "\n\n".join(memo_text(m, show_dialogue) for m in memos) or "(no memo is related)"
     system = (f"You are {respondent}, in a conversation with someone you have talked with before. Memos recalled "
               "from your earlier talks are given, each with its topic, its summary and the dialogue it covers. "
               "Reply in a way that stays consistent with them and uses them where they matter; when no memo is "
               "related, reply from the current conversation alone.")
-    reply = f": {response.SHORT_REPLY}," if style == "short" else ","
-    task = ("Answer the question in a short phrase." if question
-            else f"Write {respondent}'s next utterance only{reply} without a speaker label.")
-    user = (f"Recalled memos:\n{recalled}\n\n"
-            f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
-            f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
+    user = f"Recalled memos:\n{recalled}\n\n" + closing_block(current, request, respondent, question, style)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

@@ -19,22 +19,28 @@ from stages.methods.dialogue import format_unit
 ResponseStyle = Literal["paper", "short"]
 
 
-def memory_messages(memory: str, current: list[dict], request: str, respondent: str, question: bool,
-                    style: ResponseStyle = "short", example: str | None = None) -> Messages:
-    """The messages asking `respondent` for the next utterance (or a question's answer) from `memory`."""
+def closing_block(current: list[dict], request: str, respondent: str, question: bool,
+                  style: ResponseStyle = "short") -> str:
+    """How every memory-based response prompt ends: the current session before the request, the
+    request (or question), and what to write."""
     turns = list(current)
     if turns and turns[-1].get("text") == request:
         turns = turns[:-1]
+    reply = f": {response.SHORT_REPLY}," if style == "short" else ","  # paper: no length asked for
+    task = ("Answer the question in a short phrase." if question
+            else f"Write {respondent}'s next utterance only{reply} without a speaker label.")
+    return (f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
+            f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
+
+
+def memory_messages(memory: str, current: list[dict], request: str, respondent: str, question: bool,
+                    style: ResponseStyle = "short", example: str | None = None) -> Messages:
+    """The messages asking `respondent` for the next utterance (or a question's answer) from `memory`."""
     system = (f"You are {respondent}, talking with someone you have had earlier conversations with. Your memory "
               "of those conversations is below; use it where it helps you reply consistently and personally.")
     if example:
         system += f"\n\nExample:\n{example}"
-    reply = f": {response.SHORT_REPLY}," if style == "short" else ","  # paper: no length asked for
-    task = ("Answer the question in a short phrase." if question
-            else f"Write {respondent}'s next utterance only{reply} without a speaker label.")
-    user = (f"Memory:\n{memory or '(empty)'}\n\n"
-            f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}\n\n"
-            f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
+    user = f"Memory:\n{memory or '(empty)'}\n\n" + closing_block(current, request, respondent, question, style)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
