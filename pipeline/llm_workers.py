@@ -97,7 +97,8 @@ class LLMWorkers:
 
         try:
             ray.get(ref, timeout=0)
-        except ray.exceptions.RayActorError:
+        # Unschedulable: its node is gone, so the restart its pinning asks for can never happen.
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
             return True
         except Exception:  # noqa: BLE001 - the shard's own failure: the caller reports it
             return False
