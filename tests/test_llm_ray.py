@@ -78,7 +78,11 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
     # 2-core machine, so windows are a few seconds wide with five requests of slack (the benchmark
     # checks 5% over 60 s windows). A burst-then-stall limiter would put all 48 in one window.
     gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
-    assert ts[-1] - ts[0] >= (n - 1) / per_s - 0.3, gaps
+    # Each task's first request also pays for its client and connection, so the first few can
+    # arrive late and together (seen: 5 within 5 ms, and a first request 0.4 s later than the last
+    # one's lag): the span is measured from the last of them, with half a second of slack.
+    late = N_TASKS + 1
+    assert ts[-1] - ts[late - 1] >= (n - late) / per_s - 0.5, gaps
     for width in (3.0, 4.0):
         assert max_in_window(ts, width) <= per_s * width * 1.05 + 5, (width, gaps)
     assert sum(u["calls"] for _, u in cold) == n
