@@ -158,6 +158,35 @@ def test_creem_offers_no_tie_and_carries_b1s_definitions_and_instructions():
     assert "given both the earlier sessions and the current session" in user and "brief explanation" in user
 
 
+def test_per_call_all_gives_a_verdict_per_criterion_in_one_call_with_the_same_rows():
+    per_criterion = run_pairwise(FakeChat(responder=lambda m, s: {"better": "A", "reason": "r"}))
+    # [A, B, tie] for specificity, memorability, consistency, whichever order the pair is shown in.
+    every = FakeChat(responder=lambda m, s: {"better": ["A", "B", "tie"], "reason": "why"})
+    rows = run_pairwise(every, "judge_pairwise.per_call=all")
+    assert len(every.calls) == 2 and len(rows) == len(per_criterion) == 6  # one call per order
+    key = ("probe_id", "criterion", "reference", "other", "reference_first", "sample", "past_shown", "current_shown")
+    assert [tuple(r[k] for k in key) for r in rows] == [tuple(r[k] for k in key) for r in per_criterion]
+    verdicts = {(r["criterion"], r["reference_first"]): r["preferred"] for r in rows}
+    assert verdicts == {("specificity", True): "reference", ("specificity", False): "other",
+                        ("memorability", True): "other", ("memorability", False): "reference",
+                        ("consistency", True): "tie", ("consistency", False): "tie"}
+    assert all(r["reason"] == "why" and r["error"] is None and r["judge_model"] == "fake" for r in rows)
+    call = every.calls[0]
+    assert call["params"]["max_tokens"] == 160 * 3  # the limit holds per criterion
+    system, user = (m["content"] for m in call["messages"])
+    assert "Judge each criterion you are given on its own" in system
+    assert "Earlier sessions:\n[Session 1]\nAnn: I adopted a dog called Rex" in user
+    for i, c in enumerate(("specificity", "memorability", "consistency"), 1):
+        assert f"{i}. {pairwise.CRITERIA[c]}" in user
+    assert user.endswith("one per criterion in the order above (specificity, memorability, consistency).")
+    # Exactly one verdict per criterion, or the call fails and so does each of its rows.
+    for bad in ({"better": ["A", "B"]}, {"better": ["A", "B", "C"]}, "not json"):
+        failed = run_pairwise(FakeChat(responder=lambda m, s, bad=bad: bad), "judge_pairwise.per_call=all")
+        assert len(failed) == 6 and all(r["preferred"] is None and r["error"] for r in failed)
+    with pytest.raises(Exception, match="per_call"):
+        stages.load_config(None, ["judge_pairwise.protocol=creem", "judge_pairwise.per_call=all"])
+
+
 # --- 3. memory-quality G-Eval as CREEM B.2 -------------------------------------------------------
 
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.errors import ConfigError
 from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows, StageContext
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from stages.methods.dialogue import format_unit, last_turns, sessions_of
 from stages.judging import pairwise
 from stages.judging.base import JudgeSettings, JudgeStage, judged_row
@@ -83,6 +83,15 @@ class JudgePairwiseSettings(JudgeSettings):
     context_turns: Annotated[int, Field(ge=0)] | Literal["all"] | None = None
     show_past: bool = True  # show the earlier sessions (every protocol)
     past_session_tokens: int | None = Field(default=6000, ge=1)  # cl100k budget of the past; null = all
+    # criterion: one call per criterion (Theanine, CREEM B.1); all (ours, both_orders only): one call
+    # gives a verdict on every criterion, a third of the calls; max_tokens then holds per criterion
+    per_call: Literal["criterion", "all"] = "criterion"
+
+    @model_validator(mode="after")
+    def _one_metric_per_call_under_creem(self) -> "JudgePairwiseSettings":
+        if self.per_call == "all" and self.protocol == "creem":
+            raise ValueError("per_call: all is for the both_orders protocol; CREEM B.1 judges one metric per prompt")
+        return self
 
 
 def transcript(turns: list[dict]) -> str:
@@ -171,23 +180,57 @@ class JudgePairwiseStage(JudgeStage):
 
         views = {p["probe_id"]: seen(p) for p in probes}
 
-        async def one(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
+        def blank(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
             current, past = views[probe["probe_id"]]
-            row = {**stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
-                   "criterion": criterion, "reference": reference, "other": other, "protocol": protocol,
-                   "reference_first": reference_first, "sample": s, "preferred": None, "reason": None,
-                   "past_shown": past.shown if past else None, "past_summarised": past.summarised if past else None,
-                   "past_truncated": past.truncated if past else None, "current_shown": len(current), **NO_FAILURE}
+            return {**stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
+                    "criterion": criterion, "reference": reference, "other": other, "protocol": protocol,
+                    "reference_first": reference_first, "sample": s, "preferred": None, "reason": None,
+                    "past_shown": past.shown if past else None, "past_summarised": past.summarised if past else None,
+                    "past_truncated": past.truncated if past else None, "current_shown": len(current), **NO_FAILURE}
+
+        def judged(probe: dict[str, Any], other: str) -> tuple[str, str, str, str | None] | str:
+            """(dialogue, the reference's response, the other's, the past shown) or why there is no pair."""
             ref, oth = responses[reference].get(probe["probe_id"]), responses[other].get(probe["probe_id"])
             missing = [m for m, r in ((reference, ref), (other, oth)) if r is None or r["error"] is not None]
             if missing:
-                return {**row, "error": f"no response from {', '.join(missing)}"}
+                return f"no response from {', '.join(missing)}"
+            current, past = views[probe["probe_id"]]
             dialogue = transcript(current) if current else f"(question) {probe['request']}"
-            return await judged_row(row, ("preferred", "reason"), pairwise.judge_pair(
-                ctx.llm, criterion, dialogue, probe["respondent"], ref["response"], oth["response"],
-                reference_first=reference_first, past_sessions=past.text if past else None,
-                explain=settings.explain, protocol=protocol, sample=s, **params))
+            return dialogue, ref["response"], oth["response"], past.text if past else None
 
+        async def one(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
+            row, pair = blank(probe, other, criterion, reference_first, s), judged(probe, other)
+            if isinstance(pair, str):
+                return {**row, "error": pair}
+            dialogue, ref, oth, past = pair
+            return await judged_row(row, ("preferred", "reason"), pairwise.judge_pair(
+                ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
+                past_sessions=past, explain=settings.explain, protocol=protocol, sample=s, **params))
+
+        async def every(probe: dict[str, Any], other: str, reference_first: bool, s: int) -> list[dict]:
+            rows, pair = [blank(probe, other, c, reference_first, s) for c in criteria], judged(probe, other)
+            if isinstance(pair, str):
+                return [{**r, "error": pair} for r in rows]
+            dialogue, ref, oth, past = pair
+            judged_all, failed = await attempt(pairwise.judge_pair_all(
+                ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
+                past_sessions=past, explain=settings.explain, sample=s,
+                **{**params, "max_tokens": settings.max_tokens * len(criteria)}))
+            if judged_all is None:
+                return [{**r, **failed} for r in rows]
+            sides, reason, model = judged_all
+            return [{**r, "preferred": sides[r["criterion"]], "reason": reason, "judge_model": model or r["judge_model"]}
+                    for r in rows]
+
+        if settings.per_call == "all":  # rows in the same order as one call per criterion
+            calls = [every(p, o, first, s) for p in probes for o in others for first in (True, False)
+                     for s in range(samples)]
+            rows = [r for part in await asyncio.gather(*calls) for r in part]
+            rank = {c: i for i, c in enumerate(criteria)}
+            order = {(p["probe_id"], o): i for i, (p, o) in enumerate((p, o) for p in probes for o in others)}
+            rows.sort(key=lambda r: (order[r["probe_id"], r["other"]], rank[r["criterion"]], not r["reference_first"],
+                                     r["sample"]))
+            return {"pairwise_judgments": rows}
         if protocol == "both_orders":
             jobs = [one(p, o, c, first, s) for p in probes for o in others for c in criteria
                     for first in (True, False) for s in range(samples)]

@@ -9,6 +9,8 @@ speaker who responds and the two responses as A and B. Two wordings, one per pro
   definitions and instructions (a conversation between two people, two options for the next turn,
   choose the better one on one metric with a brief explanation, read the instructions carefully and
   refer back to them, choose given the past and the current session); no tie.
+Under `both_orders` one call may also weigh every criterion at once (`build_all_messages`: ours, a
+third of the calls; each criterion keeps its definition and gets its own verdict).
 All wording is ours.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, Messages
 
@@ -50,7 +52,12 @@ CREEM_SYSTEM = ("You will read a conversation between two people, split into the
                 "understand these instructions before you judge, and look back at them whenever you need "
                 "to while you review.")
 
-PROMPTS = {"system": SYSTEM, **{f"criterion.{k}": v for k, v in CRITERIA.items()},
+ALL_SYSTEM = ("You compare two candidate replies in a long-term conversation between the same people. You are "
+              "shown their earlier sessions (when there were any) and the session under way. Judge each "
+              "criterion you are given on its own, as if it were the only one; length alone is not a merit. "
+              "For each, answer with the better reply, or tie when neither is better on that criterion.")
+
+PROMPTS = {"system": SYSTEM, "all_system": ALL_SYSTEM, **{f"criterion.{k}": v for k, v in CRITERIA.items()},
            "creem.system": CREEM_SYSTEM, **{f"creem.criterion.{k}": v for k, v in CREEM_CRITERIA.items()}}
 PROTOCOLS = ("both_orders", "creem")
 NO_PAST = "(none: this is the first session)"
@@ -106,6 +113,54 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
     return [{"role": "system", "content": CREEM_SYSTEM if creem else SYSTEM}, {"role": "user", "content": user}]
 
 
+Verdict = Literal["A", "B", "tie"]
+
+
+def all_verdicts_schema(n: int, explain: bool) -> type[BaseModel]:
+    """Exactly `n` verdicts (A, B or tie), one per criterion in order; a reason with `explain`."""
+    fields: dict[str, Any] = {"better": (list[Verdict], Field(min_length=n, max_length=n))}
+    if explain:
+        fields["reason"] = (str, Field(default="", max_length=400))
+    return create_model("PairVerdicts", **fields)  # type: ignore[call-overload]
+
+
+def build_all_messages(criteria: list[str], dialogue: str, speaker: str, response_a: str, response_b: str,
+                       past_sessions: str | None = None, explain: bool = True) -> Messages:
+    """Messages asking which of A and B is better on each of `criteria` (Theanine's, numbered), in one
+    call. The shared parts come first, as in `build_messages`; the verdicts come back as a list in
+    the criteria's order."""
+    past = "" if past_sessions is None else f"Earlier sessions:\n{past_sessions or NO_PAST}\n\n"
+    blocks = "\n".join(f"{i}. {CRITERIA[c]}" for i, c in enumerate(criteria, 1))
+    why = ', "reason": one short sentence}' if explain else "}"
+    user = (f"{past}Current session:\n{dialogue}\n\n"
+            f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
+            f"Criteria:\n{blocks}\n\n"
+            f'Reply in JSON: {{"better": [...]{why}, {len(criteria)} verdicts ("A", "B" or "tie"), one per '
+            f"criterion in the order above ({', '.join(criteria)}).")
+    return [{"role": "system", "content": ALL_SYSTEM}, {"role": "user", "content": user}]
+
+
+def preferred_side(verdict: str, reference_first: bool) -> str:
+    """"reference" | "other" | "tie" for a verdict on (A, B) shown in the given order."""
+    if verdict == "tie":
+        return "tie"
+    return "reference" if (verdict == "A") == reference_first else "other"
+
+
+async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speaker: str, reference: str,
+                         other: str, *, reference_first: bool, past_sessions: str | None = None,
+                         explain: bool = True, sample: int = 0,
+                         **params: Any) -> tuple[dict[str, str], str | None, str]:
+    """One judgment of (reference, other) on every criterion at once: {criterion: preferred side},
+    the judge's reason (None unless `explain`) and the judge model."""
+    a, b = (reference, other) if reference_first else (other, reference)
+    result = await llm.chat(build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain),
+                            schema=all_verdicts_schema(len(criteria), explain), sample=sample, **params)
+    verdicts = result.parsed
+    sides = {c: preferred_side(v, reference_first) for c, v in zip(criteria, verdicts.better)}
+    return sides, getattr(verdicts, "reason", None), result.model
+
+
 async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
                      *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
                      protocol: str = "both_orders", sample: int = 0, **params: Any) -> tuple[str, str | None, str]:
@@ -116,8 +171,4 @@ async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, 
     result = await llm.chat(build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain, protocol),
                             schema=answer_schema(protocol, explain), sample=sample, **params)
     verdict = result.parsed
-    reason = getattr(verdict, "reason", None)
-    if verdict.better == "tie":
-        return "tie", reason, result.model
-    picked_first = verdict.better == "A"
-    return ("reference" if picked_first == reference_first else "other"), reason, result.model
+    return preferred_side(verdict.better, reference_first), getattr(verdict, "reason", None), result.model
