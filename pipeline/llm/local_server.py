@@ -3,7 +3,7 @@
 `LocalLLMServer(cfg)` starts llama-cpp-python's server on a free loopback port as a child process
 in its own process group, waits until it answers, exposes `base_url`, and always stops it (on exit,
 error, Ctrl-C and interpreter exit). The child is this module run as a script: it serves
-`llama_cpp.server` unchanged except for two things:
+`llama_cpp.server` unchanged except for three things:
 
 - llama-cpp-python 0.3.36 rejects OpenAI's `response_format={"type": "json_schema", ...}` (its
   request model only knows "text" and "json_object"; it takes a schema as
@@ -11,6 +11,9 @@ error, Ctrl-C and interpreter exit). The child is this module run as a script: i
   llama.cpp one, so the single OpenAI client works unchanged against the embedded server.
 - The child exits by itself when its parent process disappears (e.g. killed with SIGKILL), so a
   crashed run never leaves a server behind.
+- Greedy requests with a JSON schema check the grammar on the picked token first, as llama.cpp's own
+  server does (`pipeline.llm.llama_sampling`): the same answers, structured ones written about twice
+  as fast.
 """
 
 from __future__ import annotations
@@ -291,6 +294,10 @@ def _exit_with_parent() -> None:
 def _serve() -> None:
     _exit_with_parent()
     import llama_cpp.server.__main__ as llama_main
+
+    from pipeline.llm.llama_sampling import sample_grammar_last
+
+    sample_grammar_last()
 
     original = llama_main.create_app
     llama_main.create_app = lambda *a, **kw: ResponseFormatShim(original(*a, **kw))
