@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pipeline.corpus import FORMATS
 from pipeline.errors import ConfigError
 from pipeline.reproduction import PaperSheet
+from pipeline.yamlio import read_yaml
 from pipeline.storage import Location, is_remote, join, location
 
 M = TypeVar("M", bound=BaseModel)
@@ -328,7 +329,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except OSError as e:
             raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = read_yaml(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"invalid YAML in {path}: {e}") from None
         if loaded is not None and not isinstance(loaded, dict):

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
+from pipeline.yamlio import read_yaml
 
 
 class _Strict(BaseModel):
@@ -127,7 +128,7 @@ def load_sheet(path: str | Path) -> PaperSheet | None:
     has none. A missing or unreadable file, or a block that fails validation, raises a one-line
     ConfigError naming the file."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = read_yaml(Path(path).read_text())
     except OSError as e:
         raise ConfigError(f"report.compare_with: cannot read {path}: {e.strerror}") from None
     except yaml.YAMLError as e:

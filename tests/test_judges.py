@@ -262,6 +262,9 @@ def test_per_call_all_rates_every_criterion_in_one_call_with_the_same_rows():
     assert user.index("[Ann] has a dog named Rex") > user.index("The person is Ann.")
     assert user.endswith("3 scores from 1 to 5, one per criterion in the order above (integration, relevance, diversity).")
     # Exactly one 1-5 score per criterion, or the call fails and so does each of its rows.
+    first = FakeChat(responder=lambda m, s: {"scores": [2, 5, 3]})
+    only_ann = run_memory(first, view, *sets, "judge_memory.per_call=all", "judge_memory.max_speakers=1")
+    assert len(first.calls) == 2 and {r["speaker"] for r in only_ann} == {"Ann"} and len(only_ann) == 6
     for bad in ({"scores": [2, 5]}, {"scores": [2, 5, 6]}, "not json"):
         failed = run_memory(FakeChat(responder=lambda m, s, bad=bad: bad), view, *sets, "judge_memory.per_call=all")
         assert len(failed) == 12 and all(r["score"] is None and r["error"] for r in failed)

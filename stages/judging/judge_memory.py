@@ -59,6 +59,7 @@ class JudgeMemorySettings(JudgeSettings):
     max_memory_tokens: int | None = Field(default=3000, ge=1)  # the speaker's memory shown, oldest lines cut first
     max_dialogue_tokens: int | None = Field(default=6000, ge=1)  # the dialogue shown, oldest sessions cut first
     episodes: list[str] | None = None  # episode ids to rate; None = every episode (sizes the default job)
+    max_speakers: int | None = Field(default=None, ge=1)  # the first N speakers of an episode; None = all (B.2)
     # criterion: one prompt per criterion with its own steps (B.2); all: one call rates every criterion
     # (ours: a seventh of the calls; max_tokens then holds per criterion)
     per_call: Literal["criterion", "all"] = "criterion"
@@ -108,7 +109,7 @@ class JudgeMemoryStage(JudgeStage):
             return {"memory_judgments": []}
         views = {m: r["memory"] for m in self.methods for r in inputs[f"{memory_stage_name(m)}.memory_view"]}
         dialogue = dialogue_within(sessions_of(inputs["ingest.turns"]), settings.max_dialogue_tokens)
-        speakers = episode["speakers"]
+        speakers = episode["speakers"][:settings.max_speakers]
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
         memories: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
