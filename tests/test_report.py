@@ -14,8 +14,10 @@ from stages import registry
 from stages.judging.judge_pairwise import reference_shown_first
 
 METHODS = ["secom", "turn", "full_history"]
+# The judges as the papers run them, not as the default job sizes them.
 SETS = ("corpus.limit=2", "compress.method=none", f"methods=[{','.join(METHODS)}]", "judge_memory.samples=2",
-        "judge_memory.episodes=null", "judge_pairwise.explain=true")
+        "judge_memory.episodes=null", "judge_memory.max_speakers=null", "judge_pairwise.explain=true",
+        "judge_pairwise.per_call=criterion", "judge_answers.correctness=[strict,lenient]")
 JUDGES = {"judge_pairwise", "judge_answers", "judge_memory"}
 
 
