@@ -215,6 +215,11 @@ QUIET_WORKERS = {
     "TQDM_DISABLE": "1",  # e.g. transformers' GGUF conversion bar; workers draw none of their own
     "PYTHONWARNINGS": "ignore::FutureWarning",  # libraries' deprecation notes, printed per worker
 }
+# glibc gives threads that allocate their own malloc arenas (up to 8 per core) and keeps freed memory
+# in each: an LLM worker's threads (event loop, file I/O, HTTP) left it at 1.2 GB. One arena:
+# 959 MB (bench/scale_e2e.py at 100 episodes; 2 arenas: 1,032 MB). Arrow and torch allocate their
+# large buffers with their own allocators, and the GIL serialises the Python side anyway.
+LEAN_WORKERS = {"MALLOC_ARENA_MAX": "1"}
 
 
 @contextlib.contextmanager
@@ -248,7 +253,7 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
             "num_workers_soft_limit": math.ceil(cpus / min(cfg.ray.task_cpus, cfg.ray.llm_task_cpus))}
         # Workers must import this checkout (also when not pip-installed).
         paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
-        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS}
+        env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS, **LEAN_WORKERS}
         kwargs["runtime_env"] = {"env_vars": env}
     ray.init(**kwargs)
     try:

@@ -322,3 +322,24 @@ def test_readme_cluster_commands_are_the_ones_the_bench_runs():
     assert launcher["file_mounts"] == {"~/.ray/auth_token": "~/.ray/auth_token"}
     for cmd in (launcher["head_start_ray_commands"][-1], launcher["worker_start_ray_commands"][-1]):
         assert cmd.startswith("RAY_AUTH_MODE=token ray start")
+
+
+def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checkout(tmp_path):
+    """`ray_session` on a new local instance (a fresh process: this one may hold the tests' Ray)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    script = (
+        "import os, ray\n"
+        "from pipeline.config import load_config\n"
+        "from pipeline.executors import ray_session\n"
+        f"cfg = load_config(None, ['artifacts_dir={tmp_path}', 'ray.num_cpus=1'])\n"
+        "with ray_session(cfg):\n"
+        "    env = ray.get(ray.remote(lambda: (os.environ.get('MALLOC_ARENA_MAX'), os.environ.get('PYTHONPATH', ''))).remote())\n"
+        "print(env[0], env[1])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    arenas, path = out.stdout.split()[-2:]
+    assert arenas == "1" and str(root) in path.split(os.pathsep)
