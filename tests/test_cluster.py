@@ -315,13 +315,13 @@ def test_readme_cluster_commands_are_the_ones_the_bench_runs():
     sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
     assert sets["artifacts_dir"].startswith("/") and sets["llm.cache_dir"].startswith("/")  # not in the upload
     block = bench.readme_block()
-    for line in ("ray get-auth-token --generate", "export RAY_AUTH_MODE=token", "ray start --head",
-                 "ray start --address=<head>:6379"):
+    for line in ("ray get-auth-token --generate", "export RAY_AUTH_MODE=token", "export MALLOC_ARENA_MAX=1",
+                 "ray start --head", "ray start --address=<head>:6379"):
         assert line in block
     launcher = yaml.safe_load((ROOT / "ray_cluster.yaml").read_text())
     assert launcher["file_mounts"] == {"~/.ray/auth_token": "~/.ray/auth_token"}
     for cmd in (launcher["head_start_ray_commands"][-1], launcher["worker_start_ray_commands"][-1]):
-        assert cmd.startswith("RAY_AUTH_MODE=token ray start")
+        assert cmd.startswith("RAY_AUTH_MODE=token MALLOC_ARENA_MAX=1 ray start")  # the local workers' arena too
 
 
 def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checkout(tmp_path):
