@@ -195,7 +195,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"--set {item!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = read_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
