@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.failures import row_or_failure
+from pipeline.failures import attempt, row_or_failure
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.method_stages import respond_stage_name
@@ -62,3 +62,15 @@ async def judged_row(row: dict[str, Any], fields: tuple[str, ...], judgment: Awa
         return {**dict(zip(fields, values)), "judge_model": model or row["judge_model"]}
 
     return await row_or_failure(row, filled())
+
+
+async def judged_rows(rows: Rows, fields: tuple[str, ...], judgment: Awaitable[tuple]) -> Rows:
+    """`rows`, one per criterion, filled from one call that judged every criterion: as `judged_row`,
+    except that a value given as {criterion: value} goes to each row by its criterion (any other
+    value is shared by all); when the judge could not answer, every row carries the failure columns."""
+    result, failed = await attempt(judgment)
+    if result is None:
+        return [{**r, **failed} for r in rows]
+    *values, model = result
+    return [{**r, **{f: v[r["criterion"]] if isinstance(v, dict) else v for f, v in zip(fields, values)},
+             "judge_model": model or r["judge_model"]} for r in rows]

@@ -20,9 +20,9 @@ from pydantic import Field
 
 from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.judging import memory_quality
-from stages.judging.base import JudgeSettings, JudgeStage, judged_row
+from stages.judging.base import JudgeSettings, JudgeStage, judged_row, judged_rows
 from stages.method_stages import memory_stage_name
 from stages.methods.dialogue import format_unit, sessions_of
 
@@ -134,13 +134,9 @@ class JudgeMemoryStage(JudgeStage):
             rows = [{**stamp, "method": method, "speaker": speaker, "criterion": c,
                      "group": memory_quality.CRITERIA[c][0], "sample": s, "score": None, **seen, **NO_FAILURE}
                     for c in settings.criteria]
-            rated, failed = await attempt(memory_quality.rate_memory_all(
+            return await judged_rows(rows, ("score",), memory_quality.rate_memory_all(
                 ctx.llm, settings.criteria, speaker, memory, dialogue.text, sample=s,
                 **{**params, "max_tokens": settings.max_tokens * len(settings.criteria)}))
-            if rated is None:
-                return [{**r, **failed} for r in rows]
-            scores, model = rated
-            return [{**r, "score": scores[r["criterion"]], "judge_model": model or r["judge_model"]} for r in rows]
 
         if settings.per_call == "all":  # one call per (speaker, memory, sample): they share the criteria prefix
             calls = [every(m, sp, s) for sp in speakers for m in views for s in range(settings.samples)]

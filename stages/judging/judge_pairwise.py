@@ -30,10 +30,10 @@ from pydantic import Field, model_validator
 from pipeline.errors import ConfigError
 from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows, StageContext
-from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
+from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.methods.dialogue import format_unit, last_turns, sessions_of
 from stages.judging import pairwise
-from stages.judging.base import JudgeSettings, JudgeStage, judged_row
+from stages.judging.base import JudgeSettings, JudgeStage, judged_row, judged_rows
 from stages.probes import sample
 
 Criterion = Literal["specificity", "memorability", "consistency"]
@@ -212,15 +212,10 @@ class JudgePairwiseStage(JudgeStage):
             if isinstance(pair, str):
                 return [{**r, "error": pair} for r in rows]
             dialogue, ref, oth, past = pair
-            judged_all, failed = await attempt(pairwise.judge_pair_all(
+            return await judged_rows(rows, ("preferred", "reason"), pairwise.judge_pair_all(
                 ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
                 past_sessions=past, explain=settings.explain, sample=s,
                 **{**params, "max_tokens": settings.max_tokens * len(criteria)}))
-            if judged_all is None:
-                return [{**r, **failed} for r in rows]
-            sides, reason, model = judged_all
-            return [{**r, "preferred": sides[r["criterion"]], "reason": reason, "judge_model": model or r["judge_model"]}
-                    for r in rows]
 
         if settings.per_call == "all":  # rows in the same order as one call per criterion
             calls = [every(p, o, first, s) for p in probes for o in others for first in (True, False)
