@@ -123,7 +123,7 @@ class InstantLLM:
         return LLMResult(text=json.dumps(value), parsed=parsed, model="instant")
 
 
-def hashed_embed(texts: list[str], dim: int = 64) -> np.ndarray:
+async def hashed_embed(texts: list[str], dim: int = 64) -> np.ndarray:
     """Bag-of-words vectors from hashed words: similar texts get similar vectors, at no model cost."""
     out = np.zeros((len(texts), dim), dtype=np.float32)
     for i, t in enumerate(texts):
@@ -160,7 +160,7 @@ async def algorithms_on(records: list[dict[str, Any]]) -> dict[str, float]:
             questions += 1
             qprobe = {"probe_id": q["qa_id"], "kind": "qa", "session_idx": last + 1, "turn_idx": None,
                       "request": q["question"], "episode_id": episode["episode_id"]}
-            turn.rank(ProbeInput(probe=qprobe, episode=episode, history=sessions, current=[],
+            await turn.rank(ProbeInput(probe=qprobe, episode=episode, history=sessions, current=[],
                                  upstream={"banks.memory_units": bank}), r_settings)
         retrieval_s += time.perf_counter() - started
     n = len(records)

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import sqlite3
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
@@ -166,6 +167,9 @@ class CachedEmbedder:
     def dim(self) -> int:
         return self.inner.dim
 
+    def identity(self) -> str:
+        return f"{self.inner.identity()}|cache={self.cache.directory if self.cache else None}"
+
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return self.inner.encode([])
@@ -241,14 +245,77 @@ class VectorCache:
         self.__init__(state["directory"], state["identity"])  # type: ignore[misc]
 
 
+class _MergedEncodes:
+    """The `encode` requests of one event loop's tasks for one model, run as one call per round:
+    while the model works on a round (in a thread), the requests that arrive wait and go together
+    in the next. Concurrent episodes that each embed a query or a few memories then share one
+    forward pass, and the loop stays free for their LLM requests meanwhile."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self.waiting: list[tuple[list[str], asyncio.Future]] = []
+        self.draining: asyncio.Task | None = None  # held: the loop keeps only weak references to tasks
+
+    async def encode(self, texts: list[str]) -> np.ndarray:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((texts, future))
+        if self.draining is None:
+            self.draining = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self.waiting:
+                round_, self.waiting = self.waiting, []
+                await self._run(round_)
+        finally:
+            self.draining = None
+
+    async def _run(self, round_: list[tuple[list[str], asyncio.Future]]) -> None:
+        try:
+            out = await asyncio.to_thread(self.embedder.encode, [t for texts, _ in round_ for t in texts])
+        except Exception as e:  # noqa: BLE001 - handed to the requests, below
+            if len(round_) == 1:
+                _settle(round_[0][1], error=e)
+            else:  # one request's texts may be what failed: each alone, so only it fails
+                for request in round_:
+                    await self._run([request])
+            return
+        start = 0
+        for texts, future in round_:
+            _settle(future, out[start:start + len(texts)])
+            start += len(texts)
+
+
+def _settle(future: asyncio.Future, value: Any = None, error: BaseException | None = None) -> None:
+    if future.done():  # its waiter was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+# Per event loop (a worker's), per model identity: the rounds its tasks share.
+_MERGED: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _MergedEncodes]]" = weakref.WeakKeyDictionary()
+
+
 async def aencode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     """`embedder.encode(texts)` from async code without stalling the running event loop: an
     endpoint's requests go out on this loop (its connection pool, slots and limiter, beside the
-    other episodes' requests), a local model runs in a thread."""
+    other episodes' requests); a local model runs in a thread, the concurrent requests of the
+    loop's tasks merged into one call per round (`_MergedEncodes`)."""
     native = getattr(embedder, "aencode", None)
     if native is not None:
         return await native(texts)
-    return await asyncio.to_thread(embedder.encode, texts)
+    if not texts:
+        return await asyncio.to_thread(embedder.encode, texts)
+    identity = getattr(embedder, "identity", None)
+    if identity is None:
+        return await asyncio.to_thread(embedder.encode, list(texts))
+    rounds = _MERGED.setdefault(asyncio.get_running_loop(), {})
+    merged = rounds.setdefault(identity(), _MergedEncodes(embedder))
+    return await merged.encode(list(texts))
 
 
 def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None) -> Embedder:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
+from pipeline.embedding_service import EmbeddingServices
 from pipeline.errors import InputError, PipelineError, RunStopped
 from pipeline.llm.ledger import LedgerBook, LocalLedger
 from pipeline.llm_workers import LLMWorkers
@@ -127,6 +128,8 @@ class RayExecutor(Executor):
         from pipeline.cluster import require_visible
 
         retries = self.cfg.ray.max_task_retries
+        if stage.uses_embedder and self.cfg.embedding.provider == "local":
+            EmbeddingServices.ensure(self.cfg)
         llm = bool(stage.llm_roles(self.cfg))
         if llm:
             finished = LLMWorkers.of(self.cfg).run(tasks, self.cfg, handles, ledger, self._shards_per_worker(stage))

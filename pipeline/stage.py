@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator
 
 import pyarrow as pa
 
@@ -66,15 +66,25 @@ class StageContext:
         if "embedder" not in self._models:
             from pipeline.embeddings import make_embedder
 
+            from pipeline.embedding_service import node_embedder
+
+            # A local model: the node's shared one where the Ray executor started it.
+            shared = node_embedder(self.cfg.embedding) if self.cfg.embedding.provider == "local" else None
             client = self.clients.get(EMBEDDER_ROLE) or self.llm
             embed_fn = getattr(client, "embed", None)
-            self._models["embedder"] = make_embedder(self.cfg.embedding, llm_embed=embed_fn)
+            self._models["embedder"] = shared or make_embedder(self.cfg.embedding, llm_embed=embed_fn)
         return self._models["embedder"]
 
-    def lazy_embed(self) -> Callable[[list[str]], Any]:
-        """`embedder.encode`, loading the model at the first call: work whose settings never embed
-        (BM25 retrieval) never pays for loading it in every worker."""
-        return lambda texts: self.embedder.encode(texts)
+    def lazy_embed(self) -> Callable[[list[str]], Awaitable[Any]]:
+        """An awaitable `embedder.encode` (`pipeline.embeddings.aencode`: off the event loop, merged
+        with the worker's other episodes' texts), loading the model at the first call: work whose
+        settings never embed (BM25 retrieval) never pays for loading it in every worker."""
+        from pipeline.embeddings import aencode
+
+        async def embed(texts: list[str]) -> Any:
+            return await aencode(self.embedder, texts)
+
+        return embed
 
 
 class Stage:

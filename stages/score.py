@@ -78,14 +78,18 @@ def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], 
     return rows
 
 
-def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: Any, embed: Any) -> Rows:
+def scored_questions(qa: Rows) -> Rows:
+    return [q for q in qa if q.get("evidence")]
+
+
+def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: Any, qvecs: Any) -> Rows:
+    """`qvecs`: the vectors of `scored_questions(qa)` (None when only BM25 is scored)."""
     rows: Rows = []
-    questions = [q for q in qa if q.get("evidence")]
+    questions = scored_questions(qa)
     if not questions or not units:
         return rows
     granularities = sorted({u["granularity"] for u in units})
     has_compression = any(u.get("compression") not in (None, "none") for u in units)
-    qvecs = embed([q["question"] for q in questions]) if embed and set(cfg.retrievers) - {"bm25"} else None
     k_max = max(cfg.retrieval_k)
     settings = [True, False] if has_compression else [False]
     # One index per (granularity, key): BM25 is built once and serves every question.
@@ -123,9 +127,11 @@ class ScoreStage(EpisodeStage):
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         dataset = inputs["ingest.episodes"][0]["dataset"]
-        embed = ctx.embedder.encode if set(ctx.section.retrievers) - {"bm25"} else None
+        questions = scored_questions(inputs["ingest.qa"]) if inputs["banks.memory_units"] else []
+        dense = bool(set(ctx.section.retrievers) - {"bm25"}) and questions
+        qvecs = await ctx.lazy_embed()([q["question"] for q in questions]) if dense else None
         return {
             "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["ingest.turns"]),
                                                      inputs["segment.segments"], ctx.section.segmentation_convention),
-            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"], ctx.section, embed),
+            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"], ctx.section, qvecs),
         }

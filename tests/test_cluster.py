@@ -343,3 +343,38 @@ def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checko
     assert out.returncode == 0, out.stderr[-2000:]
     arenas, path = out.stdout.split()[-2:]
     assert arenas == "1" and str(root) in path.split(os.pathsep)
+
+
+def test_workers_embed_through_their_nodes_one_model(ray_local, models_cache, tmp_path):
+    """The Ray executor's embedding service: one model per node, which a worker's stage context
+    uses (the vectors of a model of its own) without importing sentence-transformers itself."""
+    import ray
+
+    from pipeline.embedding_service import EmbeddingServices, service_name
+    from pipeline.embeddings import LocalEmbedder
+
+    cfg = load_config(None, [f"artifacts_dir={tmp_path}", f"embedding.cache_dir={models_cache}",
+                             "embedding.vector_cache_dir=null"])
+    EmbeddingServices.ensure(cfg)
+    EmbeddingServices.ensure(cfg)  # a second stage: the same service
+    texts = ["Ann's dog barks at night", "Bob sold his bike", "the dog is old"]
+
+    def in_a_worker(cfg, texts):
+        import asyncio
+        import sys
+
+        from stages.memory_units.banks import BanksStage
+
+        ctx = StageContext(cfg=cfg, stage=BanksStage(), out_dir=Path("."))
+        vectors = asyncio.run(ctx.lazy_embed()(texts))
+        return type(ctx.embedder).__name__, vectors, "sentence_transformers" in sys.modules
+
+    # A process of its own: a reused worker may have loaded the model for an earlier test's inline code.
+    fresh = {"env_vars": {**ray.get_runtime_context().runtime_env.get("env_vars", {}), "MEMPIPE_FRESH": tmp_path.name}}
+    kind, vectors, loaded_here = ray.get(ray.remote(in_a_worker).options(runtime_env=fresh).remote(cfg, texts))
+    assert kind == "ServiceEmbedder" and not loaded_here
+    direct = LocalEmbedder(cfg.embedding).encode(texts)
+    assert vectors.shape == direct.shape and float(abs(vectors - direct).max()) < 1e-5
+    job = ray.get_runtime_context().get_job_id()
+    mine = {service_name(job, n["NodeID"], cfg.embedding) for n in ray.nodes() if n["Alive"]}
+    assert mine <= set(ray.util.list_named_actors())  # one per node, by name

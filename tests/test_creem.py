@@ -114,7 +114,7 @@ class TopicEmbedder:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def __call__(self, texts: list[str]) -> np.ndarray:
+    async def __call__(self, texts: list[str]) -> np.ndarray:
         self.calls.append(list(texts))
         return np.array([[float(w in t.lower()) for w in VOCAB] + [0.1] for t in texts], dtype=np.float32)
 
@@ -126,16 +126,16 @@ def test_retrieval_ranks_memories_and_utterances_together_by_similarity_to_the_q
             {"speaker": "Bob", "text": "Sorry to hear, want some tea?", "turn_idx": 1},
             {"speaker": "Ann", "text": "I worked nights all week", "turn_idx": 2}]
     embed = TopicEmbedder()
-    mems, utts = Creem().retrieve(embed, "How is Ann's dog?", memories, said, 2)
+    mems, utts = asyncio.run(Creem().retrieve(embed, "How is Ann's dog?", memories, said, 2))
     assert [m["memory_id"] for m in mems] == ["m1"] and [u["turn_idx"] for u in utts] == [0]
-    assert Creem().retrieve(None, "How is Ann's dog?", memories, said, 2) == ([], said[1:])  # recency differs
+    assert asyncio.run(Creem().retrieve(None, "How is Ann's dog?", memories, said, 2)) == ([], said[1:])  # recency differs
     # In a step the query is the generated question alone, and the blend sees only what was retrieved.
     llm = FakeChat(responder=lambda m, s: {"question": "What is wrong with Ann's dog?"} if s.__name__ == "Question"
                    else {"insights": [{"text": "Ann worries", "label": "New", "removes": []},
                                       {"text": "Ann loves her dog", "label": "Redundant", "removes": [1]}]})
     memory = {"Ann": memories}
     done = step(memory, llm, k=2, embed=embed, session_turns=said)
-    assert embed.calls[-1] == ["What is wrong with Ann's dog?"]
+    assert embed.calls[-1][-1] == "What is wrong with Ann's dog?"  # the pieces, then the query
     blend = llm.calls[-1]["messages"][1]["content"]
     assert "[M1] Ann has an old dog" in blend and "My dog is sick" in blend
     assert "jazz" not in blend and "tea" not in blend and "nights" not in blend

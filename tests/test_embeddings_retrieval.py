@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import EmbeddingConfig
-from pipeline.embeddings import CachedEmbedder, LocalEmbedder, OpenAIEmbedder, VectorCache, make_embedder
+from pipeline.embeddings import CachedEmbedder, LocalEmbedder, OpenAIEmbedder, VectorCache, aencode, make_embedder
 from pipeline.errors import ConfigError
 from pipeline.lance_store import open_bank, search_bank, write_bank
 from pipeline.models import minilm_model_dir
@@ -157,6 +158,57 @@ DOCS = [
     "Alice: Miso the kitten knocked over my coffee again!",
     "Bob: We should plan the hiking trip for June.",
 ]
+
+
+class SlowModel:
+    """A local model stand-in: one vector per text ([len(text), 1]), `seconds` of blocking work per
+    call; a text containing "bad" makes the whole call fail."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, []
+
+    def identity(self) -> str:
+        return "slow-model"
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        time.sleep(self.seconds)
+        if any("bad" in t for t in texts):
+            raise RuntimeError("the model choked")
+        return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+
+def test_concurrent_encodes_of_a_loop_share_model_calls_and_leave_the_loop_free() -> None:
+    """Episodes embedding at once: the first request runs alone, the ones that arrive while it runs
+    go together in one next call; each gets its own vectors; the loop keeps ticking meanwhile; a
+    request whose text fails the model fails alone."""
+    model = SlowModel(0.2)
+
+    async def go() -> tuple[list, int, list]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick = asyncio.create_task(ticker())
+        first = asyncio.create_task(aencode(model, ["a"]))
+        await asyncio.sleep(0.05)  # the first call is running
+        rest = [aencode(model, ["b" * n, "c"]) for n in range(2, 6)]
+        out = await asyncio.gather(first, *rest)
+        failed = await asyncio.gather(aencode(model, ["ok"]), aencode(model, ["bad"]), return_exceptions=True)
+        tick.cancel()
+        return out, ticks, failed
+
+    out, ticks, failed = asyncio.run(go())
+    assert model.calls[:2] == [["a"], ["bb", "c", "bbb", "c", "bbbb", "c", "bbbbb", "c"]]
+    assert [o[:, 0].tolist() for o in out] == [[1.0], [2.0, 1.0], [3.0, 1.0], [4.0, 1.0], [5.0, 1.0]]
+    assert ticks >= 20  # 0.4 s of model work did not hold the loop
+    # The merged call ["ok", "bad"] failed; each request alone: only "bad" fails.
+    assert model.calls[2:] == [["ok", "bad"], ["ok"], ["bad"]]
+    assert failed[0][:, 0].tolist() == [2.0] and isinstance(failed[1], RuntimeError)
 
 
 def test_tokenize_and_count_tokens() -> None:

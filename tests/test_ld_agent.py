@@ -36,7 +36,7 @@ class Embedder:
     def __init__(self) -> None:
         self.inputs: list[list[str]] = []
 
-    def __call__(self, texts: list[str]) -> np.ndarray:
+    async def __call__(self, texts: list[str]) -> np.ndarray:
         self.inputs.append(list(texts))
         return np.array([[float(w in t.lower()) for w in VOCAB] for t in texts], dtype=np.float32)
 

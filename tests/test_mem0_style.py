@@ -19,7 +19,7 @@ from stages.methods.mem0_style import Decision, Mem0Settings, Mem0Style, apply_d
 WORDS = ["cello", "violin", "leeds", "york", "cat", "dog", "tea", "coffee"]
 
 
-def embed(texts: list[str]) -> np.ndarray:
+async def embed(texts: list[str]) -> np.ndarray:
     """A bag of the words above: facts about the same thing are near each other."""
     return np.array([[1.0 if w in t.lower() else 0.0 for w in WORDS] + [0.01] for t in texts], dtype=np.float32)
 

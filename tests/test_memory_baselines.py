@@ -35,7 +35,7 @@ def probe(session: int, kind: str = "next_response", turn: int | None = 1) -> Pr
     return ProbeInput(probe=row, episode=ep.episode, history={}, current=current, embed=embed)
 
 
-def embed(texts: list[str]) -> np.ndarray:
+async def embed(texts: list[str]) -> np.ndarray:
     return np.array([[1.0, float(sum(map(ord, t)) % 7)] for t in texts], dtype=np.float32)
 
 

@@ -39,5 +39,5 @@ def test_score_ranks_dense_units_with_the_configured_similarity(similarity: str,
     units = [unit("far", "D1:1", [3.0, 0.0]), unit("near", "D1:2", [1.0, 0.2])]
     qa = [{"qa_id": "q1", "question": "where?", "evidence": ["D1:2"]}]
     cfg = ScoreConfig(retrieval_k=[1], retrievers=["dense"], similarity=similarity)
-    rows = retrieval_rows("e", "locomo", qa, units, cfg, lambda texts: np.array([[1.0, 0.0]] * len(texts)))
+    rows = retrieval_rows("e", "locomo", qa, units, cfg, np.array([[1.0, 0.0]]))
     assert [(r["retriever"], r["k"], r["recall"]) for r in rows] == [("dense", 1, recall)]

@@ -105,7 +105,7 @@ def test_one_retrieved_memory_per_component_when_asked():
 TOPICS = {"dog": [1, 0, 0], "job": [0, 1, 0], "trip": [0, 0, 1]}
 
 
-def embed(texts: list[str]) -> np.ndarray:
+async def embed(texts: list[str]) -> np.ndarray:
     return np.array([[v + 0.01 * i for v in next(vec for k, vec in TOPICS.items() if k in t)]
                      for i, t in enumerate(texts)], dtype=np.float32)
 

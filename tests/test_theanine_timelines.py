@@ -187,7 +187,7 @@ def test_answering_without_an_embedder_is_an_error_not_an_answer_without_retriev
 
 # ------------------------------------------------------------------------- helpers
 
-def embed_all(texts: list[str]) -> np.ndarray:
+async def embed_all(texts: list[str]) -> np.ndarray:
     """The query "puppy" is closest to 1:0, then 2:0; any other text is one more direction."""
     return np.array([[1.0, 0.0, 0.0] if "puppy" in t else [0.5, 0.5, 0.0] for t in texts], dtype=np.float32)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Awaitable, Callable, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.llm.types import ChatLLM
 from pipeline.stage import Rows
 
-Embed = Callable[[list[str]], np.ndarray]
+# Awaited: the pipeline's runs off the event loop, merged with the worker's other episodes' texts.
+Embed = Callable[[list[str]], Awaitable[np.ndarray]]
 
 # Every memory row says up to which point of the conversation it was built: the end of session
 # `snapshot_session` (snapshot_turn null), or its turn `snapshot_turn` included.

@@ -314,7 +314,7 @@ class Creem(Method):
         "reply_qa": str(reply_messages("{respondent}", "{speaker}", [], "{dialogue}", "{request}", None, True)),
     }
 
-    def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int
+    async def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int
                  ) -> tuple[list[dict], list[dict]]:
         """Top-k pieces over the speaker's memories and the session's utterances by cosine to the
         query, each group in its own order: (memories, utterances). Without an embedder (unit tests
@@ -326,8 +326,8 @@ class Creem(Method):
         if embed is None or len(pieces) <= k:
             chosen = pieces[-k:]
         else:
-            vecs = np.asarray(embed([p[2] for p in pieces]), dtype=np.float32)
-            qvec = np.asarray(embed([query])[0], dtype=np.float32)
+            vecs = np.asarray(await embed([p[2] for p in pieces] + [query]), dtype=np.float32)
+            vecs, qvec = vecs[:-1], vecs[-1]
             chosen = [pieces[i] for i in sorted(top_k(dense_scores(qvec, vecs), k))]
         return [p[1] for p in chosen if p[0] == "m"], [p[1] for p in chosen if p[0] == "u"]
 
@@ -336,7 +336,7 @@ class Creem(Method):
         """GQ and R of the step: its question over the session so far, then the top-k pieces."""
         step.question = (await llm.chat(question_messages(step.speaker, format_unit(turns)),
                                         schema=Question)).parsed.question
-        step.memories, step.utterances = self.retrieve(embed, step.question, memory.get(step.speaker, []), turns,
+        step.memories, step.utterances = await self.retrieve(embed, step.question, memory.get(step.speaker, []), turns,
                                                        settings.k)
 
     async def step(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],

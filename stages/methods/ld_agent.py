@@ -381,7 +381,7 @@ class LDAgent(Method):
             summary = cleaned(raw)
             if not summary:
                 raise LLMError("empty event summary", raw=raw)
-            vector = ctx.embed([summary])[0] if ctx.embed else []
+            vector = (await ctx.embed([summary]))[0] if ctx.embed else []
             return {"summary": summary, "vector": list(map(float, vector))}
 
         return await row_or_failure(row, summarised())
@@ -404,7 +404,7 @@ class LDAgent(Method):
             return format_unit(context[::-1])
         return probe.request
 
-    def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str, query_nouns: set[str],
+    async def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str, query_nouns: set[str],
                  settings: LDAgentSettings) -> tuple[list[tuple[dict, float]], list[float]]:
         """Every event that may be retrieved with its score, best first (the caller keeps `top_n`), and
         every event's semantic score."""
@@ -412,7 +412,7 @@ class LDAgent(Method):
             return [], []
         semantic = [0.0] * len(events)
         if probe.embed is not None:
-            qvec = np.asarray(probe.embed([query])[0], dtype=np.float32)
+            qvec = np.asarray((await probe.embed([query]))[0], dtype=np.float32)
             # float32 rounding can put a cosine a hair above 1, past gamma = 1
             semantic = np.clip(dense_scores(qvec, np.asarray([e["vector"] for e in events], dtype=np.float32)),
                                -1.0, 1.0).tolist()
@@ -437,7 +437,7 @@ class LDAgent(Method):
                        and (not cache or e["time_s"] < cache[0][0])]
             query = self.query_text(probe, context, settings)
             query_nouns = set(self.nouns(query))
-            passing, semantic = self.retrieve(probe, flushed, now, query, query_nouns, settings)
+            passing, semantic = await self.retrieve(probe, flushed, now, query, query_nouns, settings)
             hits = passing[: settings.top_n]
             lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
             details.update(query_nouns=sorted(query_nouns), events=len(flushed), passing=len(passing),

@@ -167,14 +167,14 @@ def apply_decision(store: list[dict], similar: list[dict], decision: Decision, n
             {"op": "UPDATE", "fact_id": target["fact_id"], "old_text": target["text"], "new_text": text})
 
 
-def most_similar(embed: Embed | None, query: str, facts: list[dict], k: int) -> list[dict]:
+async def most_similar(embed: Embed | None, query: str, facts: list[dict], k: int) -> list[dict]:
     """The k facts nearest to `query` by cosine, nearest first."""
     if not facts:
         return []
     if embed is None:  # showing arbitrary facts would quietly change the method
         raise RuntimeError("mem0_style compares facts by embedding similarity but was given no embedder")
-    vectors = np.asarray(embed([f["text"] for f in facts]), dtype=np.float32)
-    qvec = np.asarray(embed([query])[0], dtype=np.float32)
+    vectors = np.asarray(await embed([f["text"] for f in facts] + [query]), dtype=np.float32)
+    vectors, qvec = vectors[:-1], vectors[-1]
     return [facts[i] for i in top_k(dense_scores(qvec, vectors), k)]
 
 
@@ -238,7 +238,7 @@ class Mem0Style(Method):
                     out["extractions"].append({**key, "speaker": speaker, "facts": len(facts), **failed})
                     for candidate in facts:  # in order: a later fact is decided against the earlier ones' result
                         own = [f for f in store if f["speaker"] == speaker]
-                        similar = most_similar(ctx.embed, candidate, own, settings.top_s)
+                        similar = await most_similar(ctx.embed, candidate, own, settings.top_s)
                         decision, decided, failed_call = await self.decide(ctx.llm, speaker, candidate, similar,
                                                                            settings)
                         new = {"fact_id": "", "speaker": speaker, "text": candidate, "session_idx": s,
@@ -256,7 +256,7 @@ class Mem0Style(Method):
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
         facts = memory.get("facts", [])
-        chosen = most_similar(probe.embed, probe.request, facts, settings.top_k)
+        chosen = await most_similar(probe.embed, probe.request, facts, settings.top_k)
         snapshot = max(((f["snapshot_session"], f["snapshot_turn"]) for f in facts),
                        key=lambda k: (k[0], float("inf") if k[1] is None else k[1]), default=None)
         return await memory_response.answer_from_memory(

@@ -141,7 +141,7 @@ class SessionMemoryMethod(Method):
                                            if r["error"] is not None})
         return stats
 
-    def select(self, probe: ProbeInput, memories: list[dict], k: int | None) -> list[dict]:
+    async def select(self, probe: ProbeInput, memories: list[dict], k: int | None) -> list[dict]:
         if k is None:
             return memories
         if probe.embed is None:  # all memories instead would quietly turn memory retrieval into all_memories
@@ -150,12 +150,12 @@ class SessionMemoryMethod(Method):
         if len(memories) <= k:
             return memories
         query = format_unit(probe.current) if probe.current else probe.request
-        vectors = np.asarray(probe.embed([m["event"] for m in memories]), dtype=np.float32)
-        qvec = np.asarray(probe.embed([query])[0], dtype=np.float32)
+        vectors = np.asarray(await probe.embed([m["event"] for m in memories] + [query]), dtype=np.float32)
+        vectors, qvec = vectors[:-1], vectors[-1]
         return [memories[i] for i in top_k(dense_scores(qvec, vectors), k)]
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
-        chosen = self.select(probe, memory.get(self.table, []), settings.k)
+        chosen = await self.select(probe, memory.get(self.table, []), settings.k)
         snapshot = max((m["snapshot_session"] for m in memory.get(self.table, [])), default=None)
         turns = {t for m in chosen for t in (m.get("source_turn_ids") or [])}
         return await memory_response.answer_from_memory(

@@ -58,10 +58,10 @@ class RetrievalMethod(Method):
     shows_memory = True  # its bank units, rated like a built memory
     granularity: ClassVar[str]
 
-    def rank(self, probe: ProbeInput, settings: RetrievalSettings) -> list[dict]:
+    async def rank(self, probe: ProbeInput, settings: RetrievalSettings) -> list[dict]:
         pool, retriever = self._index(probe, settings)
         dense = settings.retriever != "bm25" and probe.embed is not None and pool
-        qvec = probe.embed([probe.request])[0] if dense else None  # type: ignore[misc]
+        qvec = (await probe.embed([probe.request]))[0] if dense else None  # type: ignore[misc]
         hits = retriever.search(probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
                                 budget=settings.token_budget, hybrid_weight=settings.hybrid_weight)
         by_id = {u["unit_id"]: u for u in pool}
@@ -88,7 +88,7 @@ class RetrievalMethod(Method):
         return {k: v for k, v in self.__dict__.items() if k != "_indexes"}  # a memo never travels
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
-        return await generate(llm, probe, self.rank(probe, settings), settings.qa_prompt)
+        return await generate(llm, probe, await self.rank(probe, settings), settings.qa_prompt)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: Any) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]

@@ -171,7 +171,7 @@ class Theanine(Method):
                 out["build_log"].append({**after_session(eid, s), "memories": 0, "link_calls": 0, **failed})
                 continue
             new = memory_rows(eid, s, turns, events)
-            new_vectors = np.asarray(ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
+            new_vectors = np.asarray(await ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
             edges, labels = await self.link(ctx.llm, graph, by_id, vectors, new, new_vectors, episode.sessions,
                                             settings)
             for m, v in zip(new, new_vectors):
@@ -246,7 +246,7 @@ class Theanine(Method):
         retrieved: list[str] = []
         if memories:
             ids = [m["memory_id"] for m in memories]
-            qvec = np.asarray(probe.embed([dialogue])[0], dtype=np.float32)
+            qvec = np.asarray((await probe.embed([dialogue]))[0], dtype=np.float32)
             retrieved = g.top_similar(qvec, ids, np.asarray([m["vector"] for m in memories], dtype=np.float32),
                                       settings.k)
         paths, bound_hit = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])

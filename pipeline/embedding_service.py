@@ -1,0 +1,128 @@
+"""One local embedding model per node, shared by every worker on it (Ray executor).
+
+Without it each Ray worker that embeds (the banks tasks, every LLM worker of a method that
+retrieves) imports torch and sentence-transformers and loads its own copy of the model: about
+600 MB a process before any data, and model calls of a few texts each. The service is an async
+actor per node that holds the one model (and the vector cache) and merges the texts that all
+workers of the node send at once into one call per round (`pipeline.embeddings.aencode`). The
+driver starts the services before a stage that embeds; a worker finds its node's by name and
+falls back to a model of its own where there is none (a node that joined since).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from pipeline.config import EmbeddingConfig, RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingService:
+    """A Ray actor (async): `encode` from any worker of the node; the model loads at the first call."""
+
+    def __init__(self, cfg: EmbeddingConfig, threads: int) -> None:
+        self.cfg = cfg
+        self.threads = threads
+        self._embedder: Any = None
+
+    @property
+    def embedder(self) -> Any:
+        if self._embedder is None:
+            import torch
+
+            from pipeline.embeddings import make_embedder
+
+            # Ray starts a CPU-less actor with one OpenMP thread; the node's one model uses its cores.
+            torch.set_num_threads(self.threads)
+            self._embedder = make_embedder(self.cfg)
+        return self._embedder
+
+    async def encode(self, texts: list[str]) -> np.ndarray:
+        from pipeline.embeddings import aencode
+
+        return await aencode(self.embedder, texts)
+
+    async def dim(self) -> int:
+        import asyncio
+
+        return await asyncio.to_thread(lambda: self.embedder.dim)
+
+
+class ServiceEmbedder:
+    """A worker's side of its node's `EmbeddingService`: the `Embedder` interface, no model here."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle = handle
+        self.name = name
+        self._dim: int | None = None
+
+    @property
+    def dim(self) -> int:
+        import ray
+
+        if self._dim is None:
+            self._dim = int(ray.get(self.handle.dim.remote()))
+        return self._dim
+
+    async def aencode(self, texts: Sequence[str]) -> np.ndarray:
+        return await self.handle.encode.remote(list(texts))
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        import ray
+
+        return ray.get(self.handle.encode.remote(list(texts)))
+
+
+def service_name(job: str, node: str, cfg: EmbeddingConfig) -> str:
+    """Per job, node and embedding settings: two runs of one job with other settings get their own."""
+    settings = hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:12]
+    return f"mempipe-embedder-{job}-{node[:16]}-{settings}"
+
+
+class EmbeddingServices:
+    """The driver's services for one job and embedding config, one per live node with CPUs, kept as
+    long as the job runs (like the LLM workers: a notebook's second run reuses the loaded models)."""
+
+    _started: ClassVar[dict[str, list[Any]]] = {}
+
+    @classmethod
+    def ensure(cls, cfg: RunConfig) -> None:
+        """Start the missing services (on the driver, after ray.init)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        job = ray.get_runtime_context().get_job_id()
+        retries = cfg.ray.max_task_retries
+        for n in ray.nodes():
+            if not (n["Alive"] and n["Resources"].get("CPU")):
+                continue
+            node, cpus = n["NodeID"], max(1, int(n["Resources"]["CPU"]))
+            name = service_name(job, node, cfg.embedding)
+            if name in cls._started:
+                continue
+            # Owned by the driver: it ends with the job. Restarts on its node if its process dies;
+            # an `encode` is safe to repeat.
+            cls._started[name] = ray.remote(EmbeddingService).options(
+                name=name, get_if_exists=True, num_cpus=0, max_restarts=retries, max_task_retries=retries,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(cfg.embedding, cpus)
+
+
+def node_embedder(cfg: EmbeddingConfig) -> ServiceEmbedder | None:
+    """This node's service as an embedder, in a Ray worker whose driver started one; else None."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - Ray is a dependency; kept for inline runs without it
+        return None
+    if not ray.is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    name = service_name(ctx.get_job_id(), ctx.get_node_id(), cfg)
+    try:
+        return ServiceEmbedder(ray.get_actor(name), cfg.model)
+    except ValueError:  # none on this node
+        return None
