@@ -12,34 +12,36 @@ falls back to a model of its own where there is none (a node that joined since).
 from __future__ import annotations
 
 import hashlib
-import logging
+import os
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from pipeline.config import EmbeddingConfig, RunConfig
 
-log = logging.getLogger(__name__)
+MAX_COPIES = 4  # model copies per node's service
 
 
 class EmbeddingService:
     """A Ray actor (async): `encode` from any worker of the node; the model loads at the first call."""
 
-    def __init__(self, cfg: EmbeddingConfig, threads: int) -> None:
+    def __init__(self, cfg: EmbeddingConfig, cpus: int) -> None:
         self.cfg = cfg
-        self.threads = threads
+        # A few copies of the model, each on its share of the node's cores: one thread per copy
+        # embeds more texts per second than one copy on all of them (MiniLM on 2 cores: 138 vs 108
+        # short texts/s), and a copy costs ~100 MB beside the ~500 MB that torch's import takes once.
+        self.copies = min(cpus, MAX_COPIES)
+        # Read when torch loads (not yet: Ray gives a CPU-less actor one OpenMP thread).
+        threads = str(max(1, cpus // self.copies))
+        os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         self._embedder: Any = None
 
     @property
     def embedder(self) -> Any:
         if self._embedder is None:
-            import torch
-
             from pipeline.embeddings import make_embedder
 
-            # Ray starts a CPU-less actor with one OpenMP thread; the node's one model uses its cores.
-            torch.set_num_threads(self.threads)
-            self._embedder = make_embedder(self.cfg)
+            self._embedder = make_embedder(self.cfg, copies=self.copies)
         return self._embedder
 
     async def encode(self, texts: list[str]) -> np.ndarray:

@@ -11,6 +11,7 @@ import concurrent.futures
 import functools
 import hashlib
 import logging
+import queue
 import sqlite3
 import threading
 import weakref
@@ -62,25 +63,46 @@ def resolve_local_model(model: str, cache_dir: str | Path) -> tuple[str, bool]:
     return model, False  # a hub name: works where a hub (or its local cache) is reachable
 
 
-# Module level, not per instance: the model is shared, and embedders must stay picklable for Ray.
-_ENCODE_LOCK = threading.Lock()
-
-
-@functools.lru_cache(maxsize=4)
-def _load_sentence_transformer(name_or_path: str, device: str, local: bool) -> Any:
-    # One model per process: Ray workers reuse it across tasks.
+@functools.lru_cache(maxsize=16)
+def _load_sentence_transformer(name_or_path: str, device: str, local: bool, copy: int = 0) -> Any:
+    # Loaded once per process and copy: Ray workers reuse it across tasks.
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(name_or_path, device=device, local_files_only=local)
 
 
-class LocalEmbedder:
-    """sentence-transformers on this machine; "all-MiniLM-L6-v2" uses the packaged copy (offline)."""
+# Module level, not per instance: the copies are shared, and embedders must stay picklable for Ray.
+# A copy serves one thread at a time (its fast tokenizer refuses concurrent calls).
+_FREE_COPIES: dict[tuple, tuple[queue.Queue, int]] = {}
+_FREE_COPIES_LOCK = threading.Lock()
 
-    def __init__(self, cfg: EmbeddingConfig) -> None:
+
+def _free_copies(key: tuple, copies: int) -> queue.Queue:
+    with _FREE_COPIES_LOCK:
+        free, known = _FREE_COPIES.get(key, (queue.Queue(), 0))
+        for copy in range(known, copies):
+            free.put(copy)
+        _FREE_COPIES[key] = (free, max(known, copies))
+        return free
+
+
+class LocalEmbedder:
+    """sentence-transformers on this machine; "all-MiniLM-L6-v2" uses the packaged copy (offline).
+
+    `copies`: copies of the model this process may run at once from as many threads (a node's
+    embedding service loads several, each on its share of the cores: on few cores, one thread per
+    copy embeds more texts per second than one copy on every core)."""
+
+    def __init__(self, cfg: EmbeddingConfig, copies: int = 1) -> None:
         self.cfg = cfg
         self.name = cfg.model
+        self.copies = copies
         self._source, self._local = resolve_local_model(cfg.model, cfg.cache_dir)
+
+    @property
+    def parallel(self) -> int:
+        """How many `encode` calls may usefully run at once (`aencode` runs that many rounds)."""
+        return self.copies
 
     @property
     def model(self) -> Any:
@@ -105,12 +127,16 @@ class LocalEmbedder:
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        # sentence-transformers sorts the texts by length and batches them (`batch_size`).
-        with _ENCODE_LOCK:  # the shared torch model is not safe to call from several threads at once
-            out = self.model.encode(
+        free = _free_copies((self._source, self.cfg.device, self._local), self.copies)
+        copy = free.get()
+        try:
+            # sentence-transformers sorts the texts by length and batches them (`batch_size`).
+            out = _load_sentence_transformer(self._source, self.cfg.device, self._local, copy).encode(
                 list(texts), batch_size=self.cfg.batch_size, convert_to_numpy=True,
                 normalize_embeddings=self.cfg.normalize, show_progress_bar=False,
             )
+        finally:
+            free.put(copy)
         return l2_normalize(out) if self.cfg.normalize else np.asarray(out, dtype=np.float32)
 
 
@@ -166,6 +192,10 @@ class CachedEmbedder:
     @property
     def dim(self) -> int:
         return self.inner.dim
+
+    @property
+    def parallel(self) -> int:
+        return self.inner.parallel
 
     def identity(self) -> str:
         return f"{self.inner.identity()}|cache={self.cache.directory if self.cache else None}"
@@ -253,14 +283,16 @@ class _MergedEncodes:
 
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
+        self.parallel = max(1, int(getattr(embedder, "parallel", 1)))  # rounds at once (model copies)
         self.waiting: list[tuple[list[str], asyncio.Future]] = []
-        self.draining: asyncio.Task | None = None  # held: the loop keeps only weak references to tasks
+        self.draining: set[asyncio.Task] = set()  # held: the loop keeps only weak references to tasks
 
     async def encode(self, texts: list[str]) -> np.ndarray:
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self.waiting.append((texts, future))
-        if self.draining is None:
-            self.draining = asyncio.get_running_loop().create_task(self._drain())
+        if len(self.draining) < self.parallel:
+            self.draining.add(loop.create_task(self._drain()))
         return await future
 
     async def _drain(self) -> None:
@@ -268,8 +300,8 @@ class _MergedEncodes:
             while self.waiting:
                 round_, self.waiting = self.waiting, []
                 await self._run(round_)
-        finally:
-            self.draining = None
+        finally:  # in the same step as the last check: a request that comes next starts a new drain
+            self.draining.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     async def _run(self, round_: list[tuple[list[str], asyncio.Future]]) -> None:
         try:
@@ -318,11 +350,11 @@ async def aencode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     return await merged.encode(list(texts))
 
 
-def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None) -> Embedder:
+def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None, copies: int = 1) -> Embedder:
     """The embedder the config asks for; `llm_embed` is the LLM client's `embed` for provider=openai
-    (cached with the LLM calls)."""
+    (cached with the LLM calls); `copies` of a local model to run at once."""
     if cfg.provider == "local":
-        local = LocalEmbedder(cfg)
+        local = LocalEmbedder(cfg, copies)
         cache = VectorCache(cfg.vector_cache_dir, local.identity()) if cfg.vector_cache_dir else None
         return CachedEmbedder(local, cache)
     if llm_embed is None:

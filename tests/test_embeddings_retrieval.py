@@ -164,15 +164,19 @@ class SlowModel:
     """A local model stand-in: one vector per text ([len(text), 1]), `seconds` of blocking work per
     call; a text containing "bad" makes the whole call fail."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.calls = seconds, []
+    def __init__(self, seconds: float, parallel: int = 1) -> None:
+        self.seconds, self.parallel, self.calls = seconds, parallel, []
+        self.running = self.most_at_once = 0
 
     def identity(self) -> str:
-        return "slow-model"
+        return f"slow-model-{self.parallel}"
 
     def encode(self, texts: list[str]) -> np.ndarray:
         self.calls.append(list(texts))
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
         time.sleep(self.seconds)
+        self.running -= 1
         if any("bad" in t for t in texts):
             raise RuntimeError("the model choked")
         return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
@@ -209,6 +213,36 @@ def test_concurrent_encodes_of_a_loop_share_model_calls_and_leave_the_loop_free(
     # The merged call ["ok", "bad"] failed; each request alone: only "bad" fails.
     assert model.calls[2:] == [["ok", "bad"], ["ok"], ["bad"]]
     assert failed[0][:, 0].tolist() == [2.0] and isinstance(failed[1], RuntimeError)
+    assert model.most_at_once == 1
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_an_embedder_with_model_copies_runs_that_many_rounds_at_once(parallel: int) -> None:
+    """A request that comes while a round runs starts its own round when a copy is free, else waits."""
+    model = SlowModel(0.2, parallel)
+
+    async def go() -> None:
+        first = asyncio.create_task(aencode(model, ["a"]))
+        await asyncio.sleep(0.05)
+        await asyncio.gather(first, aencode(model, ["b"]), aencode(model, ["c"]))
+
+    asyncio.run(go())
+    assert model.most_at_once == parallel
+    assert model.calls == [["a"], ["b", "c"]]  # b and c came together: one round
+
+
+def test_copies_of_the_packaged_model_embed_from_threads_at_once_with_the_same_vectors() -> None:
+    cfg = EmbeddingConfig(cache_dir=str(MODEL_CACHE), vector_cache_dir=None)
+    texts = [f"{w} number {i}" for i, w in enumerate(["dog", "bike", "rain", "piano"] * 8)]
+    one = LocalEmbedder(cfg).encode(texts)
+
+    async def at_once() -> list[np.ndarray]:
+        two = LocalEmbedder(cfg, copies=2)
+        return await asyncio.gather(*(asyncio.to_thread(two.encode, texts[i::4]) for i in range(4)))
+
+    parts = asyncio.run(at_once())
+    for i, part in enumerate(parts):
+        assert float(abs(part - one[i::4]).max()) < 1e-5
 
 
 def test_tokenize_and_count_tokens() -> None:
