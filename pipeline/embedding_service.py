@@ -3,16 +3,21 @@
 Without it each Ray worker that embeds (the banks tasks, every LLM worker of a method that
 retrieves) imports torch and sentence-transformers and loads its own copy of the model: about
 600 MB a process before any data, and model calls of a few texts each. The service is an async
-actor per node that holds the one model (and the vector cache) and merges the texts that all
-workers of the node send at once into one call per round (`pipeline.embeddings.aencode`). The
+actor per node that holds the model (a few copies, one per share of the cores) and the vector
+cache, and merges the texts that the node's workers send at once into one call per free copy
+(`pipeline.embeddings.aencode`). The
 driver starts the services before a stage that embeds; a worker finds its node's by name and
 falls back to a model of its own where there is none (a node that joined since).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import os
+import time
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -20,6 +25,23 @@ import numpy as np
 from pipeline.config import EmbeddingConfig, RunConfig
 
 MAX_COPIES = 4  # model copies per node's service
+TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+
+
+def release_free_memory() -> bool:
+    """Give the free pages inside the heap back to the system (glibc's malloc_trim); False where the
+    C library has no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 class EmbeddingService:
@@ -35,6 +57,7 @@ class EmbeddingService:
         threads = str(max(1, cpus // self.copies))
         os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         self._embedder: Any = None
+        self._trimmed = time.monotonic()
 
     @property
     def embedder(self) -> Any:
@@ -47,7 +70,13 @@ class EmbeddingService:
     async def encode(self, texts: list[str]) -> np.ndarray:
         from pipeline.embeddings import aencode
 
-        return await aencode(self.embedder, texts)
+        out = await aencode(self.embedder, texts)
+        if time.monotonic() - self._trimmed > TRIM_EVERY_S:
+            # The model's activations come and go in every shape; freed, they stay in the heap
+            # (one malloc arena) and the process grew past 1 GB over a long run without this.
+            self._trimmed = time.monotonic()
+            release_free_memory()
+        return out
 
     async def dim(self) -> int:
         import asyncio
