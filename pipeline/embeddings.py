@@ -340,10 +340,8 @@ async def aencode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     native = getattr(embedder, "aencode", None)
     if native is not None:
         return await native(texts)
-    if not texts:
-        return await asyncio.to_thread(embedder.encode, texts)
     identity = getattr(embedder, "identity", None)
-    if identity is None:
+    if not texts or identity is None:
         return await asyncio.to_thread(embedder.encode, list(texts))
     rounds = _MERGED.setdefault(asyncio.get_running_loop(), {})
     merged = rounds.setdefault(identity(), _MergedEncodes(embedder))
