@@ -4,7 +4,7 @@ Without it each Ray worker that embeds (the banks tasks, every LLM worker of a m
 retrieves) imports torch and sentence-transformers and loads its own copy of the model: about
 600 MB a process before any data, and model calls of a few texts each. The service is an async
 actor per node that holds the model (a few copies, one per share of the cores) and the vector
-cache, and merges the texts that the node's workers send at once into one call per free copy
+cache, and runs what the node's workers send at once in rounds, one per free copy
 (`pipeline.embeddings.aencode`). The
 driver starts the services before a stage that embeds; a worker finds its node's by name and
 falls back to a model of its own where there is none (a node that joined since).

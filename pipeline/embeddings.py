@@ -275,11 +275,13 @@ class VectorCache:
         self.__init__(state["directory"], state["identity"])  # type: ignore[misc]
 
 
-class _MergedEncodes:
-    """The `encode` requests of one event loop's tasks for one model, run as one call per round:
-    while the model works on a round (in a thread), the requests that arrive wait and go together
-    in the next. Concurrent episodes that each embed a query or a few memories then share one
-    forward pass, and the loop stays free for their LLM requests meanwhile."""
+class _Rounds:
+    """The `encode` requests of one event loop's tasks for one model, run in rounds: while the
+    model works on a round (in a thread), the requests that arrive wait and go together in the
+    next, one thread hop for all of them, and up to `parallel` rounds run at once (one per model
+    copy). Each request is still its own model call: a text's vector depends on the texts it is
+    batched with (padding changes the float sums in the last bits), so merging requests would make
+    a run's vectors, and what retrieval ranks first on a near tie, depend on timing."""
 
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
@@ -299,24 +301,20 @@ class _MergedEncodes:
         try:
             while self.waiting:
                 round_, self.waiting = self.waiting, []
-                await self._run(round_)
+                outcomes = await asyncio.to_thread(self._each, [texts for texts, _ in round_])
+                for (_, future), (out, error) in zip(round_, outcomes):
+                    _settle(future, out, error)
         finally:  # in the same step as the last check: a request that comes next starts a new drain
             self.draining.discard(asyncio.current_task())  # type: ignore[arg-type]
 
-    async def _run(self, round_: list[tuple[list[str], asyncio.Future]]) -> None:
-        try:
-            out = await asyncio.to_thread(self.embedder.encode, [t for texts, _ in round_ for t in texts])
-        except Exception as e:  # noqa: BLE001 - handed to the requests, below
-            if len(round_) == 1:
-                _settle(round_[0][1], error=e)
-            else:  # one request's texts may be what failed: each alone, so only it fails
-                for request in round_:
-                    await self._run([request])
-            return
-        start = 0
-        for texts, future in round_:
-            _settle(future, out[start:start + len(texts)])
-            start += len(texts)
+    def _each(self, requests: list[list[str]]) -> list[tuple[Any, BaseException | None]]:
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        for texts in requests:
+            try:
+                outcomes.append((self.embedder.encode(texts), None))
+            except Exception as e:  # noqa: BLE001 - this request's failure, handed to it alone
+                outcomes.append((None, e))
+        return outcomes
 
 
 def _settle(future: asyncio.Future, value: Any = None, error: BaseException | None = None) -> None:
@@ -328,24 +326,23 @@ def _settle(future: asyncio.Future, value: Any = None, error: BaseException | No
         future.set_result(value)
 
 
-# Per event loop (a worker's), per model identity: the rounds its tasks share.
-_MERGED: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _MergedEncodes]]" = weakref.WeakKeyDictionary()
+# Per event loop (a worker's, the embedding service's), per model identity: the rounds its tasks share.
+_ROUNDS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Rounds]]" = weakref.WeakKeyDictionary()
 
 
 async def aencode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     """`embedder.encode(texts)` from async code without stalling the running event loop: an
     endpoint's requests go out on this loop (its connection pool, slots and limiter, beside the
     other episodes' requests); a local model runs in a thread, the concurrent requests of the
-    loop's tasks merged into one call per round (`_MergedEncodes`)."""
+    loop's tasks in rounds (`_Rounds`)."""
     native = getattr(embedder, "aencode", None)
     if native is not None:
         return await native(texts)
     identity = getattr(embedder, "identity", None)
     if not texts or identity is None:
         return await asyncio.to_thread(embedder.encode, list(texts))
-    rounds = _MERGED.setdefault(asyncio.get_running_loop(), {})
-    merged = rounds.setdefault(identity(), _MergedEncodes(embedder))
-    return await merged.encode(list(texts))
+    rounds = _ROUNDS.setdefault(asyncio.get_running_loop(), {})
+    return await rounds.setdefault(identity(), _Rounds(embedder)).encode(list(texts))
 
 
 def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None, copies: int = 1) -> Embedder:

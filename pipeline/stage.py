@@ -76,8 +76,8 @@ class StageContext:
         return self._models["embedder"]
 
     def lazy_embed(self) -> Callable[[list[str]], Awaitable[Any]]:
-        """An awaitable `embedder.encode` (`pipeline.embeddings.aencode`: off the event loop, merged
-        with the worker's other episodes' texts), loading the model at the first call: work whose
+        """An awaitable `embedder.encode` (`pipeline.embeddings.aencode`: off the event loop, in
+        rounds with the worker's other episodes' requests), loading the model at the first call: work whose
         settings never embed (BM25 retrieval) never pays for loading it in every worker."""
         from pipeline.embeddings import aencode
 

@@ -182,10 +182,10 @@ class SlowModel:
         return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
 
 
-def test_concurrent_encodes_of_a_loop_share_model_calls_and_leave_the_loop_free() -> None:
+def test_concurrent_encodes_of_a_loop_run_in_rounds_each_its_own_call_and_leave_the_loop_free() -> None:
     """Episodes embedding at once: the first request runs alone, the ones that arrive while it runs
-    go together in one next call; each gets its own vectors; the loop keeps ticking meanwhile; a
-    request whose text fails the model fails alone."""
+    wait for the next round, where each is still its own model call (its vectors never depend on
+    another's texts); the loop keeps ticking meanwhile; a request whose text fails the model fails alone."""
     model = SlowModel(0.2)
 
     async def go() -> tuple[list, int, list]:
@@ -207,11 +207,10 @@ def test_concurrent_encodes_of_a_loop_share_model_calls_and_leave_the_loop_free(
         return out, ticks, failed
 
     out, ticks, failed = asyncio.run(go())
-    assert model.calls[:2] == [["a"], ["bb", "c", "bbb", "c", "bbbb", "c", "bbbbb", "c"]]
+    assert model.calls[:5] == [["a"], ["bb", "c"], ["bbb", "c"], ["bbbb", "c"], ["bbbbb", "c"]]
     assert [o[:, 0].tolist() for o in out] == [[1.0], [2.0, 1.0], [3.0, 1.0], [4.0, 1.0], [5.0, 1.0]]
     assert ticks >= 20  # 0.4 s of model work did not hold the loop
-    # The merged call ["ok", "bad"] failed; each request alone: only "bad" fails.
-    assert model.calls[2:] == [["ok", "bad"], ["ok"], ["bad"]]
+    assert model.calls[5:] == [["ok"], ["bad"]]
     assert failed[0][:, 0].tolist() == [2.0] and isinstance(failed[1], RuntimeError)
     assert model.most_at_once == 1
 
@@ -228,21 +227,23 @@ def test_an_embedder_with_model_copies_runs_that_many_rounds_at_once(parallel: i
 
     asyncio.run(go())
     assert model.most_at_once == parallel
-    assert model.calls == [["a"], ["b", "c"]]  # b and c came together: one round
+    assert model.calls == [["a"], ["b"], ["c"]]
 
 
-def test_copies_of_the_packaged_model_embed_from_threads_at_once_with_the_same_vectors() -> None:
+def test_concurrent_requests_get_the_vectors_each_would_get_alone_from_any_model_copy() -> None:
+    """Two copies of the packaged model serving four requests at once: every vector is bit for bit
+    the one its request gets alone (a run's vectors never depend on what ran beside it)."""
     cfg = EmbeddingConfig(cache_dir=str(MODEL_CACHE), vector_cache_dir=None)
-    texts = [f"{w} number {i}" for i, w in enumerate(["dog", "bike", "rain", "piano"] * 8)]
-    one = LocalEmbedder(cfg).encode(texts)
+    texts = [f"{w} number {i}" + " again" * (i % 5) for i, w in enumerate(["dog", "bike", "rain", "piano"] * 8)]
+    requests = [texts[i::4] for i in range(4)]
+    alone = [LocalEmbedder(cfg).encode(r) for r in requests]
 
     async def at_once() -> list[np.ndarray]:
         two = LocalEmbedder(cfg, copies=2)
-        return await asyncio.gather(*(asyncio.to_thread(two.encode, texts[i::4]) for i in range(4)))
+        return await asyncio.gather(*(aencode(two, r) for r in requests))
 
-    parts = asyncio.run(at_once())
-    for i, part in enumerate(parts):
-        assert float(abs(part - one[i::4]).max()) < 1e-5
+    for got, want in zip(asyncio.run(at_once()), alone):
+        assert np.array_equal(got, want)
 
 
 def test_freed_heap_memory_goes_back_to_the_system() -> None:

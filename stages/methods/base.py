@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.llm.types import ChatLLM
 from pipeline.stage import Rows
 
-# Awaited: the pipeline's runs off the event loop, merged with the worker's other episodes' texts.
+# Awaited: the pipeline's runs off the event loop (on Ray, in the node's embedding service).
 Embed = Callable[[list[str]], Awaitable[np.ndarray]]
 
 # Every memory row says up to which point of the conversation it was built: the end of session
