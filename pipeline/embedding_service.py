@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from pipeline.config import EmbeddingConfig, RunConfig
+from pipeline.llm_workers import LLMWorkers
 
 MAX_COPIES = 4  # model copies per node's service
 TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most
@@ -119,7 +120,7 @@ class EmbeddingServices:
     """The driver's services for one job and embedding config, one per live node with CPUs, kept as
     long as the job runs (like the LLM workers: a notebook's second run reuses the loaded models)."""
 
-    _started: ClassVar[dict[str, list[Any]]] = {}
+    _started: ClassVar[dict[str, Any]] = {}  # service name -> actor handle
 
     @classmethod
     def ensure(cls, cfg: RunConfig) -> None:
@@ -129,10 +130,8 @@ class EmbeddingServices:
 
         job = ray.get_runtime_context().get_job_id()
         retries = cfg.ray.max_task_retries
-        for n in ray.nodes():
-            if not (n["Alive"] and n["Resources"].get("CPU")):
-                continue
-            node, cpus = n["NodeID"], max(1, int(n["Resources"]["CPU"]))
+        for node, node_cpus in LLMWorkers._live_nodes().items():
+            cpus = max(1, int(node_cpus))
             name = service_name(job, node, cfg.embedding)
             if name in cls._started:
                 continue
