@@ -42,6 +42,10 @@ class App(Protocol):
     # (config file, its sheet or None when it has no `paper:` block). Optional: none when absent.
     def compared_sheets(self, cfg: RunConfig) -> list[tuple[str, PaperSheet | None]]: ...
 
+    # Which scorer computes the number a sheet's result row looks up (library, convention, whose);
+    # optional: `check` lists the scorers only where the project says.
+    def scorer(self, cfg: RunConfig, result: Any) -> str | None: ...
+
 
 def _config(args: argparse.Namespace) -> RunConfig:
     return resolve_paths(args.app.load_config(args.config, args.set))
@@ -148,11 +152,26 @@ def cmd_check(args: argparse.Namespace) -> int:
         found = sheet_deviations(cfg, sheet, path)
         if not found:
             print(f"{sheet.title} ({how} {path}): matches the paper's protocol ({len(sheet.protocol)} settings)")
-            continue
-        print(f"{sheet.title} ({how} {path}): {len(found)} of {len(sheet.protocol)} settings differ")
-        for d in found:
-            print(f"  {d}")
+        else:
+            print(f"{sheet.title} ({how} {path}): {len(found)} of {len(sheet.protocol)} settings differ")
+            for d in found:
+                print(f"  {d}")
+        _print_scorers(args.app, cfg, sheet)
     return 0
+
+
+def _print_scorers(app: Any, cfg: RunConfig, sheet: PaperSheet) -> None:
+    """One line per scorer the sheet's results are computed by: the column(s), how many rows, and the scorer."""
+    scorer = getattr(app, "scorer", None)
+    if scorer is None or not sheet.results:
+        return
+    by_scorer: dict[str, list[str]] = {}
+    for r in sheet.results:
+        by_scorer.setdefault(scorer(cfg, r) or "unknown", []).append(f"{r.table}.{r.column}")
+    print(f"  scored by ({len(sheet.results)} results):")
+    for what, columns in by_scorer.items():
+        named = sorted(set(columns))
+        print(f"    {', '.join(named)} ({len(columns)}): {what}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

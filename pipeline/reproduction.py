@@ -146,19 +146,24 @@ def load_sheet(path: str | Path) -> PaperSheet | None:
 
 
 # Where a report table keeps a value's interval (first present pair) and its count (first present).
+# The report's tables give these names to their episode-level cluster intervals; the intervals that
+# assume independent items are named `*iid*` and are never picked.
 INTERVAL_COLUMNS = ("{column}_low/{column}_high", "ci_low/ci_high", "win_share_low/win_share_high")
 COUNT_COLUMNS = ("judged", "items", "pairs", "total", "responses", "ratings", "questions", "sessions", "episodes")
+EPISODES_COLUMN = "episodes"  # how many episodes (clusters) the count comes from
 
 
 class RunValue(_Strict):
     """The run's number for a `PaperResult`: `produced` is False (and the rest None) when the run
-    wrote no row the result names. Value and interval are scaled by the result's `scale`."""
+    wrote no row the result names. Value and interval are scaled by the result's `scale`; `n` counts
+    the items, `episodes` the episodes they come from (None when the table does not say)."""
 
     produced: bool
     value: float | None = None
     low: float | None = None
     high: float | None = None
     n: int | None = None
+    episodes: int | None = None
 
 
 def _scaled(v: Any, scale: float) -> float | None:
@@ -168,8 +173,9 @@ def _scaled(v: Any, scale: float) -> float | None:
 def run_value(table: Any, result: PaperResult) -> RunValue:
     """Look the run's number for `result` up in a report table (pyarrow, or anything with
     `to_arrow()`, e.g. polars): the one row whose columns equal `result.where` (None matches null),
-    `row[column] * scale`, the interval from the first pair of `INTERVAL_COLUMNS` the table has,
-    n from the first of `COUNT_COLUMNS` it has. No such row: `RunValue(produced=False)`. A column
+    `row[column] * scale`, the interval from the first pair of `INTERVAL_COLUMNS` the table has (the
+    report's cluster interval), n from the first of `COUNT_COLUMNS` it has, episodes from its
+    `episodes` column. No such row: `RunValue(produced=False)`. A column
     the table lacks, or several matching rows, raise ConfigError naming the result."""
     arrow: pa.Table = table if isinstance(table, pa.Table) else table.to_arrow()
     names = set(arrow.column_names)
@@ -191,5 +197,6 @@ def run_value(table: Any, result: PaperResult) -> RunValue:
             low, high = _scaled(row[lo], result.scale), _scaled(row[hi], result.scale)
             break
     n = next((row[c] for c in COUNT_COLUMNS if c in names), None)
+    episodes = row.get(EPISODES_COLUMN)
     return RunValue(produced=True, value=_scaled(row[result.column], result.scale), low=low, high=high,
-                    n=None if n is None else int(n))
+                    n=None if n is None else int(n), episodes=None if episodes is None else int(episodes))

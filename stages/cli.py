@@ -8,13 +8,16 @@ from typing import Any
 import stages
 from pipeline import cli
 from stages.report import compared_sheets
+from stages.scorers import scorer
 
 
 class _Project:
     """The App the framework's CLI runs: `stages`' entry points, plus the paper sheets the report
-    compares a run with (`report.compare_with`), which `mempipe check` lists too."""
+    compares a run with (`report.compare_with`), which `mempipe check` lists too, and the scorer behind
+    each sheet result."""
 
     compared_sheets = staticmethod(compared_sheets)
+    scorer = staticmethod(scorer)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(stages, name)

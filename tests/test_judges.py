@@ -22,7 +22,7 @@ from stages.judging.judge_memory import JudgeMemoryStage, dialogue_within, speak
 from stages.judging.judge_pairwise import JudgePairwiseStage, past_within, reference_shown_first
 from stages.methods.base import ProbeInput
 from stages.methods.golden import Golden, NoGold
-from stages.metrics.significance import bootstrap_mean_interval, wilson_interval
+from stages.metrics.significance import bootstrap_mean_interval, cluster_bootstrap_interval, sign_test, wilson_interval
 from stages.report.tables import memory_summary, pairwise_summary
 
 EPISODE = {"episode_id": "e1", "dataset": "msc", "speakers": ["Ann", "Bob"], "notes": None}
@@ -358,8 +358,19 @@ def test_pairwise_summary_matches_a_hand_computed_win_tie_loss_table():
         assert (r["pairs"], r["wins"], r["ties"], r["losses"], r["incomplete"]) == (pairs, wins, ties, losses,
                                                                                    incomplete), key
         assert r["win_rate"] == pytest.approx(wins / pairs) and r["win_share"] == pytest.approx(wins / (wins + losses))
-        assert (r["win_share_low"], r["win_share_high"]) == pytest.approx(wilson_interval(wins, wins + losses))
+        # Every dataset's pairs come from its episode "e": no cluster interval within one dataset, and the
+        # Wilson one over pairs beside it; the pooled rows hold msc's and cc's episodes.
+        assert (r["win_share_iid_low"], r["win_share_iid_high"]) == pytest.approx(wilson_interval(wins, wins + losses))
+        assert r["sign_p"] == pytest.approx(sign_test(wins, losses))
+        if r["episodes"] == 1:
+            assert (r["win_share_low"], r["win_share_high"]) == (None, None)
+            assert r["p_value"] == 1.0  # one episode: its wins and losses swapped together show nothing
+        else:
+            assert r["win_share_low"] <= r["win_share"] <= r["win_share_high"]
         assert r["past_shown"] is True
+    assert {key: table[key]["episodes"] for key in expected} == {
+        ("msc", None): 1, ("msc", 3): 1, ("msc", 4): 1, ("cc", None): 1, ("cc", 3): 1,
+        ("all", None): 2, ("all", 3): 2, ("all", 4): 1}
     assert table[("all", None)]["win_share"] == pytest.approx(3 / 5) and table[("msc", None)]["win_rate"] == 0.5
     assert table[("msc", None)]["past_truncated"] == 1 and table[("cc", None)]["past_truncated"] == 0
     assert out["dataset"].to_list()[-3:] == ["all"] * 3  # the pooled rows come last
@@ -377,7 +388,7 @@ def test_creem_pairs_take_the_majority_of_every_sample_whatever_the_order():
     assert r["win_share"] == 0.5 and r["protocol"] == "creem"
 
 
-def test_memory_summary_averages_samples_then_ratings_with_a_bootstrap_interval():
+def test_memory_summary_averages_samples_then_ratings_with_an_interval_over_episodes():
     def rating(episode: str, speaker: str, sample: int, score: int | None, cut: bool = False) -> dict:
         return {"episode_id": episode, "dataset": "msc", "method": "creem", "speaker": speaker,
                 "criterion": "diversity", "group": "fundamental", "sample": sample, "score": score,
@@ -391,9 +402,11 @@ def test_memory_summary_averages_samples_then_ratings_with_a_bootstrap_interval(
     out = memory_summary(pl.DataFrame(rows)).to_dicts()
     assert len(out) == 1
     r = out[0]
-    assert r["ratings"] == 3 and r["score"] == pytest.approx((4.5 + 2 + 3) / 3)
-    assert (r["score_low"], r["score_high"]) == pytest.approx(bootstrap_mean_interval([2.0, 3.0, 4.5]))
-    assert 2.0 <= r["score_low"] <= r["score"] <= r["score_high"] <= 4.5
+    assert (r["ratings"], r["episodes"]) == (3, 2) and r["score"] == pytest.approx((4.5 + 2 + 3) / 3)
+    # e1's two ratings are resampled together: the resamples are 3.25 (e1), 3 (e2) or a mix of both.
+    assert (r["score_low"], r["score_high"]) == cluster_bootstrap_interval([4.5, 2.0, 3.0], ["e1", "e1", "e2"])
+    assert 3.0 <= r["score_low"] <= r["score"] <= r["score_high"] <= 3.25
+    assert (r["score_iid_low"], r["score_iid_high"]) == pytest.approx(bootstrap_mean_interval([2.0, 3.0, 4.5]))
     assert (r["memory_truncated"], r["dialogue_truncated"]) == (1, 0)
 
 

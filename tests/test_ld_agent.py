@@ -392,7 +392,9 @@ def test_the_chatgpt_baseline_sees_only_the_current_session_under_prompt_3():
     assert "cello" not in user and "<MEMORY>" not in user and "<USER TRAITS>" not in user
     assert "Ann: hello again\nBob: hi\nAnn: my garden is blooming" in user
     assert "Ann has just said: my garden is blooming" in user and "30 words at most" in user and "English" in user
-    assert answered.text == "What did you plant?" and answered.details == {"context_turns": 3}
+    assert answered.text == "What did you plant?"
+    # the generator's reply as LD-Agent's reference code scored it, frame and all
+    assert answered.details == {"context_turns": 3, "raw_reply": "RESPONSE: Bob: What did you plant?"}
     # The same frame, word cap and context length as LD-Agent's.
     assert LDAgentBaseSettings().response_words == LDAgentSettings().response_words == 30
     assert LDAgentBaseSettings().short_term_turns == LDAgentSettings().short_term_turns == 30

@@ -242,7 +242,9 @@ def test_superdialseg_labels_mark_the_last_utterance_of_each_segment():
     assert [t["speaker"] for t in c.turns] == ["user", "agent", "user", "agent", "user"]
 
 
-def test_longmtbench_as_released_loads_every_question_and_exchange(tmp_path):
+def test_longmtbench_exchange_strings_load_every_question_and_exchange_and_converted_turns_give_evidence(tmp_path):
+    # The release's record shape, with `turns` as a converted file may give evidence (exchange numbers
+    # per question); the release's own `turns` is memory units (next test).
     path = CORPORA / "longmtbench" / "longmt_released.jsonl"
     raw = [json.loads(line) for line in path.read_text().splitlines()]
     c = load_corpus("longmtbench", path)
@@ -260,6 +262,26 @@ def test_longmtbench_as_released_loads_every_question_and_exchange(tmp_path):
     array = tmp_path / "released.json"
     array.write_text(json.dumps(raw))
     assert [q["evidence"] for q in load_corpus("longmtbench", array).qa] == [q["evidence"] for q in c.qa]
+
+
+def test_longmtbench_as_released_has_no_evidence_its_turns_are_the_exchange_units():
+    """The release (panzs19/Long-MT-Bench-Plus as SeCom's download_data.py writes it): conversation_id,
+    sessions, questions, answers, and `turns`, the conversation's exchanges as turn-level memory units
+    (a list of one-string lists). No field gives a question's reference turns: evidence is unknown."""
+    path = CORPORA / "longmtbench" / "longmt_hf_release.jsonl"
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(r["turns"] == [[x] for session in r["sessions"] for x in session] for r in raw)  # the shape
+    c = load_corpus("longmtbench", path)
+    assert [e["episode_id"] for e in c.episodes] == ["longmtbench-0", "longmtbench-1"]
+    assert [q["evidence"] for q in c.qa] == [None, None, None]
+    # One question and one exchange: `turns` has one entry per question, and is still not evidence.
+    assert len(raw[1]["turns"]) == len(raw[1]["questions"]) and c.qa[2]["evidence"] is None
+    assert turns_per_session(c, "longmtbench-0") == [6, 4]
+    first = [t for t in c.turns if t["episode_id"] == "longmtbench-0"]
+    assert [(t["speaker"], t["text"], t["source_turn_id"]) for t in first[4:6]] == [
+        ("user", "Write a two-line care note for the snake plant.", "S1:3"),  # "<Turn 2>: " dropped
+        ("assistant", "Water it once the soil is dry.\nKeep it out of cold drafts.", "S1:3"),
+    ]
 
 
 def test_longmtbench_exchange_without_a_speaker_tag_is_named(tmp_path):

@@ -1,5 +1,6 @@
 """RSum Table 2: a method's memory after session k-1 against MSC's gold persona summaries of
-sessions 1..k-1, as token precision / recall / F1 and BLEU-1/2, in the report of an MSC run."""
+sessions 1..k-1, as RSum's compute_f1 precision / recall / F1 and evaluate's n-gram precisions
+(BLEU-1/2), in the report of an MSC run."""
 
 from __future__ import annotations
 
@@ -40,16 +41,18 @@ def test_rsums_memory_scores_against_the_gold_as_worked_by_hand():
     assert [(r["session_idx"], r["memory_after_session"]) for r in rows] == [(2, 1), (3, 2)]
     # Session 2: memory [speaker, 1, grows, tomatoes] vs gold [i, grow, tomatoes]: one shared token.
     s2 = rows[0]
-    assert (s2["precision"], s2["recall"], s2["mem_f1"]) == pytest.approx((1 / 4, 1 / 3, 2 / 7))
+    assert (s2["rsum_precision"], s2["rsum_recall"], s2["rsum_mem_f1"]) == pytest.approx((1 / 4, 1 / 3, 2 / 7))
     # BLEU over words and punctuation: 2 of 5 unigrams match (tomatoes, .); 1 of 4 bigrams (tomatoes .).
     assert s2["bleu1"] == pytest.approx(0.4) and s2["bleu2"] == pytest.approx(math.sqrt(0.4 * 0.25))
     # Session 3: 4 of 8 memory tokens in the 7 gold tokens (tomatoes, moved, to, leeds).
     s3 = rows[1]
-    assert (s3["precision"], s3["recall"], s3["mem_f1"]) == pytest.approx((1 / 2, 4 / 7, 8 / 15))
+    assert (s3["rsum_precision"], s3["rsum_recall"], s3["rsum_mem_f1"]) == pytest.approx((1 / 2, 4 / 7, 8 / 15))
     table = memory_accuracy_summary(rows).to_dicts()
     assert [(r["method"], r["session_idx"], r["episodes"]) for r in table] == [("rsum", 2, 1), ("rsum", 3, 1)]
-    assert table[0]["mem_f1"] == pytest.approx(2 / 7) and table[0]["mem_f1_low"] == pytest.approx(2 / 7)
-    assert table[0]["corpus_bleu1"] == pytest.approx(0.4)
+    assert table[0]["rsum_mem_f1"] == pytest.approx(2 / 7) and table[0]["rsum_mem_f1_low"] == pytest.approx(2 / 7)
+    # evaluate's precisions over 13a tokens, case kept: Speaker 1 grows tomatoes . vs I grow tomatoes .
+    # unigrams: 2 of 5 (tomatoes, .); bigrams: 1 of 4 (tomatoes .)
+    assert (table[0]["evaluate_precision1"], table[0]["evaluate_precision2"]) == pytest.approx((0.4, 0.25))
 
 
 def test_a_session_without_memory_yet_is_not_scored_and_means_run_over_episodes():
@@ -58,12 +61,12 @@ def test_a_session_without_memory_yet_is_not_scored_and_means_run_over_episodes(
             {**summary(1, "I grow tomatoes."), "episode_id": "e2"}]
     out = memory_accuracy_rows([(RSum(), RSumSettings())], [EPISODE, other], {"rsum": {"summary": rows}})
     assert [(r["episode_id"], r["session_idx"]) for r in out] == [("e1", 3), ("e2", 2), ("e2", 3)]
-    assert out[0]["mem_f1"] == pytest.approx(1.0) and out[1]["mem_f1"] == pytest.approx(1.0)
+    assert out[0]["rsum_mem_f1"] == pytest.approx(1.0) and out[1]["rsum_mem_f1"] == pytest.approx(1.0)
     # e2 keeps its session 1 memory through session 2: recall 3/7 of the gold after session 2
-    assert out[2]["recall"] == pytest.approx(3 / 7)
+    assert out[2]["rsum_recall"] == pytest.approx(3 / 7)
     table = memory_accuracy_summary(out).to_dicts()
     assert [(r["session_idx"], r["episodes"]) for r in table] == [(2, 1), (3, 2)]
-    assert table[1]["recall"] == pytest.approx((1 + 3 / 7) / 2)
+    assert table[1]["rsum_recall"] == pytest.approx((1 + 3 / 7) / 2)
 
 
 def test_a_snapshot_memory_is_scored_as_it_stood_after_each_session():
@@ -93,7 +96,7 @@ def test_an_msc_run_reports_memory_accuracy_for_rsum_and_mem0_style(run_cfg, fak
     from pipeline.artifacts import StageDir
     from pipeline.runner import Runner
     from stages import registry
-    from stages.metrics.text import token_prf
+    from stages.metrics.rsum_eval import f1_parts
 
     path = tmp_path / "msc.jsonl"
     path.write_text(json.dumps(msc_record()) + "\n")
@@ -107,7 +110,7 @@ def test_an_msc_run_reports_memory_accuracy_for_rsum_and_mem0_style(run_cfg, fak
     built = {r["snapshot_session"]: r["memory"]
              for r in StageDir(cfg.run_dir, "memory_rsum").read_table("summary").to_pylist()}
     gold = "I grow tomatoes in my garden.\nI play the cello."
-    assert rsum[0]["mem_f1"] == pytest.approx(token_prf(built[1], gold)[2])
+    assert rsum[0]["rsum_mem_f1"] == pytest.approx(f1_parts(built[1], gold)[2])
     assert {r["method"] for r in table} == {"rsum", "mem0_style"}
     assert StageDir(cfg.run_dir, "memory_mem0_style").read_table("extractions").num_rows > 0
     for m in ("rsum", "mem0_style"):

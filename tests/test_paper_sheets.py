@@ -23,3 +23,20 @@ def test_config_runs_the_protocol_its_paper_states(name):
         assert setting.source.strip(), f"{name}: {path} has no source"
     devs = deviations(cfg)
     assert devs == [], f"{name} deviates from its paper:\n{described(devs)}"
+
+
+PAPER_BY_SEED = {"000": "Theanine", "001": "SeCom", "002": "RSum", "003": "LD-Agent", "004": "CREEM"}
+
+
+@pytest.mark.parametrize("name", PAPER_CONFIGS)
+def test_every_result_row_is_computed_by_its_papers_scorer(name):
+    from stages.scorers import scorer
+
+    cfg = sheet_config(name)
+    paper = PAPER_BY_SEED[cfg.paper.seed]
+    for r in cfg.paper.results:
+        what = scorer(cfg, r)
+        assert what is not None, f"{name}: {r.name} ({r.table}.{r.column}) names no known scorer"
+        # Context sizes are counts, not scores; every score is the paper's own scorer's.
+        assert what.startswith(f"{paper}'s scorer") or (r.table == "method_summary" and what.startswith("count:")), \
+            f"{name}: {r.name} is computed by {what!r}, not {paper}'s scorer"

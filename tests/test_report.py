@@ -93,6 +93,7 @@ def test_every_method_is_judged_scored_and_reported(run_cfg, fake_llm, capsys):
     assert {(r["other"], r["criterion"]) for r in overall} == {(o, c) for o in ("turn", "full_history")
                                                               for c in ("specificity", "memorability", "consistency")}
     assert all(r["wins"] + r["ties"] + r["losses"] == r["pairs"] == len(next_response) for r in overall)
+    assert all(r["episodes"] == len({p["episode_id"] for p in next_response}) for r in overall)
 
     html = (run / "report" / "report.html").read_text()
     parsed = Tables()
@@ -105,6 +106,8 @@ def test_every_method_is_judged_scored_and_reported(run_cfg, fake_llm, capsys):
         assert (run / "report" / img).is_file(), img
     assert {"win_rates.png", "cost_quality.png", "memory_quality.png"} <= set(parsed.images)
     assert "judge = " in html and (run / "report" / "report.md").read_text().count("| secom |") >= 1
+    board = next(rows for cls, rows in parsed.tables if cls == "leaderboard")
+    assert all(" ep=" in cell for row in board[1:] for cell in row[1:] if cell and cell != "reference")
 
     # `mempipe report` says where it is.
     assert main(["report", "-c", str(Path(__file__).parents[1] / "configs" / "default.yaml"),

@@ -8,6 +8,7 @@ import re
 from types import SimpleNamespace
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from stages import report as report_stage
@@ -28,7 +29,7 @@ def frames() -> dict[str, pl.DataFrame]:
         {"method": METHODS, "probes": [4, 4], "gpt4score": [70.0, 55.0]})], how="diagonal_relaxed")
     t["answer_summary"] = pl.concat([t["answer_summary"], pl.DataFrame({
         "dataset": ["locomo"] * 4, "category": [None] * 4, "method": ["secom", "secom", "turn", "turn"],
-        "judge": ["gpt4score", "strict"] * 2, "items": [40] * 4, "judged": [40, 40, 38, 38],
+        "judge": ["gpt4score", "strict"] * 2, "items": [40] * 4, "judged": [40, 40, 38, 38], "episodes": [10, 10, 9, 9],
         "score": [70.0, 0.625, 55.0, 0.5], "ci_low": [60.0, 0.47, 45.0, 0.35], "ci_high": [80.0, 0.76, 65.0, 0.65]})],
         how="diagonal_relaxed")
     t["pairwise_summary"] = pl.concat([t["pairwise_summary"], pl.DataFrame({
@@ -38,6 +39,12 @@ def frames() -> dict[str, pl.DataFrame]:
         "win_rate": [0.625, 0.6], "tie_rate": [0.0, 0.0],
         "loss_rate": [0.375, 0.4], "win_share": [0.625, 0.6], "p_value": [0.03, 0.75]})], how="diagonal_relaxed")
     return t
+
+
+# The leaderboard's head-to-head column: turn won 15 of the 40 decided pairs (10 episodes) against secom.
+WINS = pl.from_arrow(pa.Table.from_pylist([
+    {"dataset": "locomo", "reference": "secom", "other": "turn", "pairs": 40, "episodes": 10, "won": 15, "lost": 25,
+     "share": 0.375, "share_low": 0.2, "share_high": 0.55}], tables.POOLED_WIN_SHARES))
 
 
 PROBES = pl.DataFrame({
@@ -73,7 +80,7 @@ def page(tmp_path) -> tuple[str, str]:
     ctx = SimpleNamespace(out_dir=tmp_path, cfg=cfg)
     browser = probe_browser_data(PROBES, RESPONSES, ANSWERS, PAIRS, limit=10, chars=240)
     stage.write_report(ctx, ReportSettings(), t, [], pl.DataFrame({"method": METHODS}), pl.DataFrame(),
-                       pl.DataFrame(), browser)
+                       pl.DataFrame(), browser, wins=WINS)
     return (tmp_path / report_stage.REPORT_HTML).read_text(), (tmp_path / report_stage.REPORT_MD).read_text()
 
 
@@ -82,10 +89,21 @@ def test_the_leaderboard_comes_first_with_each_methods_headline_numbers(page):
     assert html.index("<h2 id='s0'>Leaderboard</h2>") < html.index("<h2 id='s1'>Head-to-head")
     board = re.search(r"<table class='leaderboard'>(.*?)</table>", html).group(1)
     assert "gpt4score (0-100)" in board and "strict correct" in board and "win share vs secom" in board
-    assert "<td>secom</td><td>70.0 [60.0–80.0] n=40</td><td>62% [47–76] n=40</td><td>reference</td>" in board
-    # turn won 15 of the 40 decided pairs against secom: its share is 38%
-    assert "<td>turn</td><td>55.0 [45.0–65.0] n=38</td><td>50% [35–65] n=38</td><td>38% [" in board
-    assert md.index("## Leaderboard") < md.index("## Head-to-head") and "| secom | 70.0 [60.0–80.0] n=40" in md
+    assert "<td>secom</td><td>70.0 [60.0–80.0] n=40 ep=10</td><td>62% [47–76] n=40 ep=10</td><td>reference</td>" \
+        in board
+    # turn won 15 of the 40 decided pairs against secom: its share is 38%, its interval over 10 episodes
+    assert "<td>turn</td><td>55.0 [45.0–65.0] n=38 ep=9</td><td>50% [35–65] n=38 ep=9</td><td>38% [20–55] n=40 ep=10</td>" \
+        in board
+    assert md.index("## Leaderboard") < md.index("## Head-to-head") and "| secom | 70.0 [60.0–80.0] n=40 ep=10" in md
+    # The page says once why its intervals resample whole episodes.
+    assert "resample whole episodes" in md and "not independent" in md
+
+
+def test_without_the_pairs_the_leaderboard_shows_the_pooled_share_with_no_interval():
+    t = frames()
+    board = render.leaderboard(t["method_summary"], t["answer_summary"], t["teafarm_summary"], t["metric_summary"],
+                               t["pairwise_summary"])
+    assert dict(zip(board["method"], board["win share vs secom"])) == {"secom": "reference", "turn": "38% n=40"}
 
 
 def test_win_rates_are_a_method_by_criterion_heat_map_of_whole_dataset_rows():

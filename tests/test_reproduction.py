@@ -58,7 +58,7 @@ def answers() -> pa.Table:
     return pa.table({
         "method": ["theanine", "theanine"], "judge": ["gpt4score", "gpt4score"], "category": [None, "multi-hop"],
         "score": [0.75, 0.5], "score_low": [0.7, 0.4], "score_high": [0.8, 0.6],
-        "ci_low": [0.0, 0.0], "ci_high": [1.0, 1.0], "items": [12, 4], "judged": [10, 4]})
+        "ci_low": [0.0, 0.0], "ci_high": [1.0, 1.0], "items": [12, 4], "judged": [10, 4], "episodes": [3, 1]})
 
 
 def test_a_role_setting_falls_back_to_llm_and_a_method_setting_is_read_from_its_section(tmp_path):
@@ -78,24 +78,27 @@ def test_the_run_value_is_the_matching_row_scaled_with_its_interval_and_n():
     assert got.produced and got.value == pytest.approx(75.0)
     assert (got.low, got.high) == (pytest.approx(70.0), pytest.approx(80.0))  # score_low/high before ci_low/high
     assert got.n == 10  # `judged` before `items`
+    assert got.episodes == 3
 
 
 def test_the_interval_falls_back_to_ci_and_win_share_columns_and_a_polars_frame_works():
     table = pl.from_arrow(answers()).drop("score_low", "score_high", "judged")
     got = run_value(table, PaperResult(name="x", paper=1, source="T", table="t",
                                        where={"category": "multi-hop"}, column="score"))
-    assert (got.value, got.low, got.high, got.n) == (0.5, 0.0, 1.0, 4)
+    assert (got.value, got.low, got.high, got.n, got.episodes) == (0.5, 0.0, 1.0, 4, 1)
     shares = pa.table({"method": ["a"], "win_share": [0.6], "win_share_low": [0.5], "win_share_high": [0.7],
                        "pairs": [30]})
     got = run_value(shares, PaperResult(name="y", paper=60, source="T", table="t", where={"method": "a"},
                                         column="win_share", scale=100))
     assert (got.value, got.low, got.high, got.n) == pytest.approx((60.0, 50.0, 70.0, 30))
+    assert got.episodes is None  # the table does not say
 
 
 def test_a_row_the_run_did_not_write_is_not_produced_and_a_missing_column_is_named():
     absent = run_value(answers(), PaperResult(name="x", paper=1, source="T", table="t",
                                               where={"method": "rsum"}, column="score"))
-    assert absent.model_dump() == {"produced": False, "value": None, "low": None, "high": None, "n": None}
+    assert absent.model_dump() == {"produced": False, "value": None, "low": None, "high": None, "n": None,
+                                   "episodes": None}
     with pytest.raises(ConfigError, match="no column 'dataset'"):
         run_value(answers(), PaperResult(name="x", paper=1, source="T", table="t", where={"dataset": "msc"},
                                          column="score"))
@@ -104,15 +107,29 @@ def test_a_row_the_run_did_not_write_is_not_produced_and_a_missing_column_is_nam
                                          column="score"))
 
 
+# What `check` says computed the toy sheet's results: the judge behind each column, per the run's settings.
+SCORED_BY = ["  scored by (3 results):",
+             "    answer_summary.score (2): ours: 0-100 rating against the reference answer, mean",
+             "    memory_summary.score (1): CREEM's scorer: App. B.2 memory G-Eval, 1-5 per criterion, samples averaged per "
+             "(episode, speaker)"]
+
+
 def test_check_lists_a_set_override_of_a_protocol_setting_as_a_deviation(tmp_path, capsys):
     cfg = str(paper_config(tmp_path))
     assert main(["check", "-c", cfg]) == 0
-    assert capsys.readouterr().out.strip() == \
-        f"Toy paper (paper: block of {cfg}): matches the paper's protocol (4 settings)"
+    assert capsys.readouterr().out.splitlines() == \
+        [f"Toy paper (paper: block of {cfg}): matches the paper's protocol (4 settings)", *SCORED_BY]
     assert main(["check", "-c", cfg, "--set", "method.theanine.j=3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [f"Toy paper (paper: block of {cfg}): 1 of 4 settings differ",
-                   "  method.theanine.j: 3 (paper: 2, Table 9)"]
+                   "  method.theanine.j: 3 (paper: 2, Table 9)", *SCORED_BY]
+
+
+def test_check_names_the_scorer_the_runs_settings_choose(tmp_path, capsys):
+    cfg = str(paper_config(tmp_path))
+    assert main(["check", "-c", cfg, "--set", "judge_answers.gpt4score_mode=memochat"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("    answer_summary.score (2): SeCom's scorer: GPT4Score with MemoChat's judge")
 
 
 def test_check_names_a_protocol_path_that_names_no_setting_in_one_line(tmp_path, capsys):
@@ -135,7 +152,7 @@ def test_check_and_the_report_read_the_compared_configs_paper_blocks(tmp_path, c
     assert main(["check", "-c", str(path), "--set", "probes.max_per_episode=5"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [f"Other paper (compared with {other}): 1 of 4 settings differ",
-                   "  probes.max_per_episode: 5 (paper: 1, inferred: one probe)",
+                   "  probes.max_per_episode: 5 (paper: 1, inferred: one probe)", *SCORED_BY,
                    f"{bare}: no paper: block"]
     cfg = load_config(path)
     before = ReportStage().extra_fingerprint(cfg)
@@ -163,8 +180,11 @@ def test_the_reproduction_table_holds_each_result_and_each_deviation_of_the_run(
     assert results["produced"].to_list() == [True, False, False]  # no rsum row; no memory_summary table
     first = results.row(0, named=True)
     assert first["run"] == pytest.approx(75.0) and first["difference"] == pytest.approx(-5.0)
-    assert (first["run_low"], first["run_high"], first["n"]) == (pytest.approx(70.0), pytest.approx(80.0), 10)
+    assert (first["run_low"], first["run_high"], first["n"], first["episodes"]) == (pytest.approx(70.0),
+                                                                                   pytest.approx(80.0), 10, 3)
     assert results["run"][1] is None and results["difference"][1] is None
+    # Each result names the scorer behind its column, produced or not (memory_summary: CREEM's B.2 judge).
+    assert [s.split(":")[0] for s in results["scorer"]] == ["ours", "ours", "CREEM's scorer"]
     deviations = rows.filter(pl.col("kind") == "deviation").select("name", "run_setting", "paper_setting", "source")
     assert deviations.rows() == [("method.theanine.j", "3", "2", "Table 9")]
 
@@ -173,6 +193,7 @@ def test_the_reproduction_table_holds_each_result_and_each_deviation_of_the_run(
     (caption, shown), (off_caption, off) = section.tables
     assert caption == "Toy paper (toy.yaml)"
     assert shown["run"].to_list() == ["75 [70, 80]", "not produced", "not produced"]
+    assert shown["n"].to_list() == [10, None, None] and shown["episodes"].to_list() == [3, None, None]
     assert off_caption.endswith("(1)") and off["setting"].to_list() == ["method.theanine.j"]
 
 

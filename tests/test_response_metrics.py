@@ -1,17 +1,17 @@
-"""Corpus-level reference metrics (corpus BLEU as Hugging Face evaluate's "bleu", corpus distinct-n
-as RSum's DIST-n), failed responses as scored rows, and the metric summary per dataset, category
-and session, on hand-worked cases."""
+"""Corpus-level statistics per dataset, kind, method, category and session (HF evaluate's corpus BLEU
+by sacrebleu, our corpus distinct-n), failed responses as scored rows, and the metric summary per
+dataset, category and session, on hand-worked cases. Each paper's scorer against its library:
+test_paper_scorers.py."""
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pytest
-from nltk.translate.bleu_score import corpus_bleu as nltk_corpus_bleu
+from sacrebleu.metrics import BLEU
 
 from stages.metrics import text
 from stages.metrics.significance import bootstrap_mean_interval
@@ -23,69 +23,14 @@ from stages.response_metrics import (
     score_rows,
 )
 
-# (response, gold) pairs worked by hand below.
+# (response, gold) pair worked by hand below.
 CAT = ("the cat sat on the mat", "the cat is on the mat")
-DOG = ("a dog ran", "a dog ran away")
 
 
-def test_corpus_bleu_sums_clipped_ngram_counts_and_lengths_over_the_corpus() -> None:
-    hyps, refs = [CAT[0], DOG[0]], [CAT[1], DOG[1]]
-    # unigrams: 5 of 6 (the x2, cat, on, mat) + 3 of 3; bigrams: 3 of 5 (the cat, on the, the mat) + 2 of 2;
-    # trigrams: 1 of 4 (on the mat) + 1 of 1; lengths 9 vs 10 -> brevity penalty exp(1 - 10/9)
-    bp = math.exp(1 - 10 / 9)
-    assert text.corpus_bleu(hyps, refs, 1) == pytest.approx(8 / 9 * bp)
-    assert text.corpus_bleu(hyps, refs, 2) == pytest.approx(math.sqrt(8 / 9 * 5 / 7) * bp)
-    assert text.corpus_bleu(hyps, refs, 3) == pytest.approx((8 / 9 * 5 / 7 * 2 / 5) ** (1 / 3) * bp)
-    # no 4-gram matches anywhere: 0 without smoothing (evaluate's default), where the mean of
-    # smoothed sentence BLEU stays positive
-    assert text.corpus_bleu(hyps, refs, 4) == 0.0
-    assert sum(text.bleu(h, r, 4) for h, r in zip(hyps, refs)) > 0
-    # a corpus statistic, not the mean of sentence scores
-    sentence_mean = sum(text.bleu(h, r, 2) for h, r in zip(hyps, refs)) / 2
-    assert abs(text.corpus_bleu(hyps, refs, 2) - sentence_mean) > 1e-3
-
-
-def test_corpus_bleu_brevity_penalty_applies_only_to_a_short_corpus_and_empty_cases_are_zero() -> None:
-    assert text.corpus_bleu(["a b c d e"], ["a b c d"], 1) == pytest.approx(4 / 5)  # longer: no penalty
-    assert text.corpus_bleu(["a b c d"], ["a b c d"], 4) == pytest.approx(1.0)
-    assert text.corpus_bleu(["a b"], ["a b c d"], 2) == pytest.approx(math.exp(1 - 4 / 2))
-    assert text.corpus_bleu([""], ["a b"], 1) == 0.0
-    assert text.corpus_bleu([], [], 4) is None
-    with pytest.raises(ValueError):
-        text.corpus_bleu_tokens([["a"]], [], 1)
-
-
-def test_a_hypothesis_shorter_than_n_adds_no_possible_ngram_as_in_nmt_compute_bleu() -> None:
-    hyps, refs = ["a b c d", "x y"], ["a b c d", "x y"]
-    # trigrams: 2 of 2 from the first, none possible in the second -> precision 1
-    assert text.corpus_bleu(hyps, refs, 3) == pytest.approx(1.0)
-    # nltk counts at least one possible n-gram per sentence, so it gives 2 of 3 here
-    tokens = [text.bleu_tokens(h) for h in hyps]
-    assert nltk_corpus_bleu([[t] for t in tokens], tokens, weights=(1 / 3,) * 3) < 0.99
-
-
-def test_corpus_bleu_agrees_with_nltk_corpus_bleu_where_their_definitions_meet() -> None:
-    # One reference each, every hypothesis at least 4 tokens and every order with a match: here
-    # nltk's corpus_bleu (no smoothing, closest reference length) is the same formula.
-    rng = random.Random(11)
-    vocab = [f"w{i}" for i in range(12)]
-    checked = 0
-    for _ in range(200):
-        refs, hyps = [], []
-        for _ in range(rng.randint(1, 6)):
-            ref = [rng.choice(vocab) for _ in range(rng.randint(4, 15))]
-            hyp = [w if rng.random() < 0.7 else rng.choice(vocab) for w in ref]
-            hyp = hyp[: rng.randint(4, len(hyp))] + [rng.choice(vocab) for _ in range(rng.randint(0, 4))]
-            refs.append(ref)
-            hyps.append(hyp)
-        for n in (1, 2, 3, 4):
-            ours = text.corpus_bleu_tokens(hyps, refs, n)
-            if ours == 0.0:
-                continue  # an order without a match: nltk warns and gives a float's minimum instead
-            theirs = nltk_corpus_bleu([[r] for r in refs], hyps, weights=(1 / n,) * n)
-            assert ours == pytest.approx(theirs, rel=1e-9)
-            checked += 1
-    assert checked > 500
+def sacrebleu_1(predictions: list[str], golds: list[str]) -> float:
+    """HF evaluate's corpus BLEU-1 as sacrebleu computes it (13a tokens, case kept, no smoothing)."""
+    bleu = BLEU(tokenize="13a", lowercase=False, smooth_method="none", max_ngram_order=1)
+    return bleu.corpus_score(predictions, [golds]).score / 100
 
 
 def _probe(method: str, response: str | None, gold: str | None, *, dataset: str = "msc",
@@ -139,9 +84,8 @@ def test_corpus_distinct_counts_ngrams_over_all_responses_per_dataset_kind_metho
     session4 = out[("msc", "next_response", None, 4, "m")]
     assert (session4["responses"], session4["failed"], session4["corpus_distinct1"]) == (2, 1, 1.0)
     # the failed response enters corpus BLEU as an empty hypothesis: its gold still counts in the length
-    assert session4["corpus_bleu1"] == pytest.approx(text.corpus_bleu(["", "where were we"], ["gold three",
-                                                                                             "gold four"], 1))
-    assert out[("locomo", "qa", "single-hop", None, "m")]["corpus_bleu1"] == pytest.approx(1.0)
+    assert session4["evaluate_bleu1"] == pytest.approx(sacrebleu_1(["", "where were we"], ["gold three", "gold four"]))
+    assert out[("locomo", "qa", "single-hop", None, "m")]["evaluate_bleu1"] == pytest.approx(1.0)
     pa.Table.from_pylist(list(out.values()), schema=CORPUS_METRICS)
 
 
@@ -166,21 +110,23 @@ def test_metric_summary_means_count_failures_as_zero_and_show_them_per_session()
     assert (every["responses"], every["failed"]) == (3, 1)
     assert every["token_f1"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
     assert every["words"] == pytest.approx((6 + 2) / 2)  # over the answered responses
-    assert (every["token_f1_low"], every["token_f1_high"]) == bootstrap_mean_interval([1.0, 0.5, 0.0])
-    assert every["token_f1_low"] <= every["token_f1"] <= every["token_f1_high"]
+    # One episode (e1): no interval over episodes; the bootstrap over responses taken as independent beside it.
+    assert (every["episodes"], every["token_f1_low"], every["token_f1_high"]) == (1, None, None)
+    assert (every["token_f1_iid_low"], every["token_f1_iid_high"]) == bootstrap_mean_interval([1.0, 0.5, 0.0])
+    assert every["token_f1_iid_low"] <= every["token_f1"] <= every["token_f1_iid_high"]
     assert out[("msc", "next_response", None, 3, "m")]["token_f1"] == pytest.approx(0.75)
     session4 = out[("msc", "next_response", None, 4, "m")]
     assert (session4["responses"], session4["failed"], session4["token_f1"]) == (1, 1, 0.0)
-    assert session4["token_f1_low"] == session4["token_f1_high"] == 0.0  # one value: the value itself
+    assert session4["token_f1_iid_low"] == session4["token_f1_iid_high"] == 0.0  # one value: the value itself
     # LoCoMo questions: per category, no per-session rows; locomo_f1 only where it applies
     assert out[("locomo", "qa", None, None, "m")]["locomo_f1"] == pytest.approx(0.5)
     assert out[("locomo", "qa", "single-hop", None, "m")]["locomo_f1"] == 1.0
-    assert every["locomo_f1"] is None and every["locomo_f1_low"] is None
+    assert every["locomo_f1"] is None and every["locomo_f1_low"] is None and every["locomo_f1_iid_low"] is None
     assert not any(k[0] == "locomo" and k[3] is not None for k in out)
     # the corpus statistics land on the row of the same group
-    assert every["corpus_bleu1"] == pytest.approx(text.corpus_bleu(
-        ["the cat is on the mat", "a cat", ""], ["the cat is on the mat", "the cat is here", "anything"], 1))
-    assert out[("locomo", "qa", "multi-hop", None, "m")]["corpus_bleu1"] == 0.0
+    assert every["evaluate_bleu1"] == pytest.approx(sacrebleu_1(
+        ["the cat is on the mat", "a cat", ""], ["the cat is on the mat", "the cat is here", "anything"]))
+    assert out[("locomo", "qa", "multi-hop", None, "m")]["evaluate_bleu1"] == 0.0
     assert every["corpus_distinct1"] == pytest.approx(6 / 8)  # the cat is on the mat a cat: 6 distinct of 8
 
 
@@ -193,6 +139,6 @@ def test_metric_summary_rows_and_corpus_rows_cover_the_same_groups() -> None:
     metrics = pl.from_arrow(pa.Table.from_pylist(score_rows(raw), schema=RESPONSE_METRICS))
     keys = ["dataset", "kind", "category", "session_idx", "method"]
     summary = metric_summary(metrics)  # without the corpus table: its columns are there, empty
-    assert summary["corpus_bleu4"].null_count() == summary.height
+    assert summary["evaluate_bleu4"].null_count() == summary.height
     assert {tuple(r[k] for k in keys) for r in summary.to_dicts()} == {tuple(r[k] for k in keys)
                                                                         for r in corpus_rows(raw)}

@@ -3,16 +3,21 @@ questions after them.
 
 Two record shapes:
 - as released (`panzs19/Long-MT-Bench-Plus`, test split, exported with `datasets` to JSON Lines or
-  a JSON array): `conversation_id`, `sessions` (a list of sessions, each a list of strings, one
-  string per exchange: "[human]: ...\\n[bot]: ...", sometimes prefixed "<Turn k>: "), `questions`,
-  `answers`, and `turns`;
+  a JSON array, as microsoft/SeCom's experiment/download_data.py writes it): `conversation_id`,
+  `sessions` (a list of sessions, each a list of strings, one string per exchange:
+  "[human]: ...\\n[bot]: ...", sometimes prefixed "<Turn k>: "), `questions`, `answers`, and `turns`;
 - role/content: `id` (optional), `sessions` of {"role": "user"|"assistant", "content"} turns,
   `questions`, `answers`.
 An exchange string becomes two turns, `user` and `assistant`, that share one source turn id
 ("S<session>:<exchange>"), because the dataset counts an exchange as one turn ("# Turns").
-`turns`, when it is a list with one entry per question of exchange numbers (flattened over the
-conversation, counted from 0) or of "S:k" ids, becomes each question's evidence; other shapes
-are left unused.
+
+The release gives no evidence per question. Its `turns` is the conversation's turn-level memory
+units, a list of lists of exchange strings (SeCom's experiment/compress.py and retrieve.py read it as
+the `turn` granularity's units, one exchange each: Table 1's Turn-Level rows retrieve top-3 and report
+3.00 "# Turns"); it is not read, and every question's evidence is null (unknown), so a judge that
+needs evidence (MemoChat's) falls back to the whole past and says so. A converted file may give
+evidence in `turns` instead: one entry per question of exchange numbers (flattened over the
+conversation, counted from 0) or of "S:k" ids (not the release's shape, which never matches them).
 """
 
 from __future__ import annotations
@@ -88,7 +93,9 @@ def _exchange_turns(text: str, at: str, exchange_id: str, chk: Checker) -> list[
 
 
 def _evidence(turns: Any, n_questions: int, exchange_ids: list[str]) -> list[list[str] | None]:
-    """Per-question evidence from `turns`, when its shape says so; None (unknown) otherwise."""
+    """Per-question evidence from a converted file's `turns` (exchange numbers or "S:k" ids per
+    question); None (unknown) for any other shape, the release's `turns` (lists of exchange strings,
+    which name no exchange id) included."""
     if not isinstance(turns, list) or len(turns) != n_questions:
         return [None] * n_questions
     out: list[list[str] | None] = []

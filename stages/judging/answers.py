@@ -47,7 +47,7 @@ SYSTEMS = {
 # MemoChat's judge, in our words: the three materials, faithfulness to the history, explanation
 # first, then the 1-100 rating in double brackets.
 MEMOCHAT_SYSTEM = (
-    "You are an impartial judge. You are shown three things: the related conversation history, a user "
+    "You are a neutral judge, favouring no one. You are shown three things: the related conversation history, a user "
     "question, and the bot's response to that question. Judge whether the bot's response answers the user "
     "question faithfully to what the related conversation history says. Start with a short explanation of "
     "your judgment. Then rate the bot's response with an integer from 1 to 100, written in exactly this "

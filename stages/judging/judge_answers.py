@@ -7,14 +7,18 @@ stages/judging/longmemeval.py), and TeaFarm correctness for TeaFarm's counterfac
 Every (probe, method, judge) of the judged kinds gets a row. A question without a reference answer
 (LoCoMo's adversarial category) is judged against "Not mentioned in the conversation" by the
 reference-based judges (`unanswerable: not_mentioned`), or written as a row with `skipped` saying why
-(`unanswerable: skip`); MemoChat's judge needs no reference and judges it like any other question.
-LongMemEval's judge asks whether such a question, and any question flagged `abstention`, was declined.
+(`unanswerable: skip`); MemoChat's judge needs no reference and judges it like any other question
+unless `unanswerable: skip`, so that GPT4Score can average the same questions as BLEU / ROUGE /
+BERTScore, which cannot score an answer without a reference. MemoChat's judge sees one history per
+probe, whichever method answered: the probe's evidence turns, else the whole past (`history_source`).
+LongMemEval's judge asks whether such a question, and any question flagged `abstention`, was declined;
+it is shown the bare question (not the request with its "[Current date: ...]" line), as
+LongMemEval's evaluate_qa.py shows it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Any, Literal
 
@@ -33,11 +37,12 @@ ANSWER_JUDGMENTS = pa.schema(
         *PROBE_KEY_FIELDS,
         pa.field("judge", pa.string(), nullable=False),  # gpt4score | strict | lenient | longmemeval | teafarm
         pa.field("score", pa.float64()),  # 0-100 (1-100 memochat) for gpt4score; 1 correct / 0 incorrect otherwise
-        pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation)
+        pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation; longmemeval: its reply)
         # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
         pa.field("reference_source", pa.string()),
-        # memochat: the history the judge saw: evidence (the probe's gold evidence turns) | context (the
-        # turns the response had in its context) | history (every turn before the probe); null otherwise
+        # memochat: the history the judge saw, the same for every method: evidence (the probe's gold
+        # evidence turns) | full_past (every turn before the probe: the probe has no evidence the corpus
+        # holds, e.g. Long-MT-Bench+ as released); null otherwise
         pa.field("history_source", pa.string()),
         pa.field("skipped", pa.string()),  # why the item was not judged (by design, not a failure); null: judged
         # longmemeval: the prompt the question type chose (standard | temporal | knowledge_update |
@@ -66,26 +71,14 @@ class JudgeAnswersSettings(JudgeSettings):
     # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type
     correctness: list[Literal["strict", "lenient", "longmemeval"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
-    # judged against "Not mentioned in the conversation", or skipped (rows with `skipped` set).
+    # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
+    # judge needs no reference), or skipped by every judge (rows with `skipped` set).
     unanswerable: Literal["not_mentioned", "skip"] = "not_mentioned"
 
 
 def evidence_ids(evidence: list[str] | None) -> list[str]:
     """Source turn ids of a probe's evidence; LoCoMo sometimes packs several into one string ("D8:6; D9:17")."""
     return [part for item in evidence or [] for part in re.split(r"[;,\s]+", item) if part]
-
-
-def context_spans(response: dict[str, Any]) -> list[tuple[int, int, int]]:
-    """(session, first turn, last turn) of each unit the response had in its context, when its method
-    recorded them (the shared response frame does, in `details_json`); [] otherwise."""
-    raw = response.get("details_json")
-    if not raw:
-        return []
-    try:
-        spans = json.loads(raw).get("context_spans") or []
-    except (ValueError, AttributeError):
-        return []
-    return [(int(s), int(a), int(b)) for s, a, b in spans]
 
 
 def history_text(turns: Rows) -> str:
@@ -103,22 +96,19 @@ def history_text(turns: Rows) -> str:
     return "\n\n".join(blocks)
 
 
-def related_history(probe: dict[str, Any], response: dict[str, Any] | None, turns: Rows) -> tuple[str, str]:
-    """(history text, source) for MemoChat's judge: the probe's gold evidence turns; without evidence
-    found in the corpus, the turns the response had in its context; without those, every turn before the
-    probe. Source: evidence | context | history."""
+def related_history(probe: dict[str, Any], turns: Rows) -> tuple[str, str]:
+    """(history text, source) for MemoChat's judge, the same whichever method answered: the probe's
+    gold evidence turns (source `evidence`); when the corpus holds none of them, every turn before the
+    probe (`full_past`). Never what a method put in its own context: a judge shown the method's
+    retrieval would rate faithfulness to that retrieval, however wrong it was."""
     ids = set(evidence_ids(probe.get("evidence")))
     chosen = [t for t in turns if t.get("source_turn_id") in ids] if ids else []
     if chosen:
         return history_text(chosen), "evidence"
-    spans = context_spans(response or {})
-    chosen = [t for t in turns if any(t["session_idx"] == s and a <= t["turn_idx"] <= b for s, a, b in spans)]
-    if chosen:
-        return history_text(chosen), "context"
     s, turn = probe["session_idx"], probe.get("turn_idx")
     before = [t for t in turns if t["session_idx"] < s or (t["session_idx"] == s and turn is not None
                                                             and t["turn_idx"] < turn)]
-    return history_text(before) or "(no earlier conversation)", "history"
+    return history_text(before) or "(no earlier conversation)", "full_past"
 
 
 class JudgeAnswersStage(JudgeStage):
@@ -133,6 +123,7 @@ class JudgeAnswersStage(JudgeStage):
             return {"answer_judgments": []}
         episode = inputs["ingest.episodes"][0]
         turns = inputs["ingest.turns"]
+        questions = {q["qa_id"]: q["question"] for q in inputs.get("ingest.qa", [])}  # bare, without a date line
         responses = self.responses(inputs)
         probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds],
                         settings.max_probes_per_episode, settings.seed, episode_id)
@@ -146,15 +137,18 @@ class JudgeAnswersStage(JudgeStage):
                    "history_source": None, "skipped": None, "judge_prompt": None,
                    "abstention": probe.get("abstention"), **NO_FAILURE}
             gold = probe["gold"]
-            if not memochat:
-                if gold is not None:
-                    row["reference_source"] = "gold"
-                elif str(probe["category"]) not in UNANSWERABLE_CATEGORIES:
-                    return {**row, "skipped": SKIP_NO_REFERENCE}
-                elif settings.unanswerable == "skip":
+            unanswerable = gold is None and str(probe["category"]) in UNANSWERABLE_CATEGORIES
+            if memochat:
+                if unanswerable and settings.unanswerable == "skip":
                     return {**row, "skipped": SKIP_UNANSWERABLE}
-                else:
-                    row["reference_source"] = "not_mentioned"
+            elif gold is not None:
+                row["reference_source"] = "gold"
+            elif not unanswerable:
+                return {**row, "skipped": SKIP_NO_REFERENCE}
+            elif settings.unanswerable == "skip":
+                return {**row, "skipped": SKIP_UNANSWERABLE}
+            else:
+                row["reference_source"] = "not_mentioned"
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
                 return {**row, "error": f"no response from {method}"}
@@ -163,10 +157,11 @@ class JudgeAnswersStage(JudgeStage):
                 # "not mentioned"; an `_abs` question's reference is its explanation.
                 kind = longmemeval.prompt_kind(probe["category"], bool(probe.get("abstention")) or gold is None)
                 reference = gold if gold is not None else answers.NOT_MENTIONED
-                judgment = longmemeval.judge(ctx.llm, kind, probe["request"], reference, resp["response"], **params)
-                return await judged_row(row, ("score", "judge_prompt"), judgment)
+                question = questions.get(probe.get("qa_id"), probe["request"])
+                judgment = longmemeval.judge(ctx.llm, kind, question, reference, resp["response"], **params)
+                return await judged_row(row, ("score", "judge_prompt", "reason"), judgment)
             if memochat:
-                history, row["history_source"] = related_history(probe, resp, turns)
+                history, row["history_source"] = related_history(probe, turns)
                 judgment = answers.judge_memochat(ctx.llm, history, probe["request"], resp["response"],
                                                   **{**params, "max_tokens": settings.memochat_max_tokens})
             else:

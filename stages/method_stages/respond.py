@@ -23,7 +23,7 @@ RESPONSES = pa.schema(
         pa.field("rationale", pa.string()),
         pa.field("memory_ids", pa.list_(pa.string())),  # memory / unit ids that entered the context
         pa.field("context_tokens", pa.int32()),  # tokens (cl100k) of memory in the context: "# Tokens"
-        pa.field("context_turns", pa.int32()),  # dataset turns of memory in the context: "# Turns"
+        pa.field("context_turns", pa.int32()),  # exchanges (user-agent interactions) of memory in the context: "# Turns"
         pa.field("memory_after_session", pa.int32()),  # the memory seen was built up to this session; null: none
         pa.field("details_json", pa.string()),  # method-specific record, e.g. timelines
         pa.field("model", pa.string()),

@@ -55,7 +55,8 @@ from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeI
                                  ReportPanel)
 from stages.methods.dialogue import format_unit
 from stages.methods.ld_agent_base import PROMPTS as FRAME_PROMPTS
-from stages.methods.ld_agent_base import LDAgentBaseSettings, frame_messages, partner, reply_text
+from stages.methods.ld_agent_base import (LDAgentBaseSettings, frame_messages, partner, raw_reply_details,
+                                          reply_text)
 
 NO_TRAIT = "NO_TRAIT"
 NO_MEMORY = "No relevant memory."
@@ -456,10 +457,10 @@ class LDAgent(Method):
         result = await llm.chat(reply_messages(respondent, user, agent_traits, user_traits, lines, context,
                                                probe.request, settings.response_words))
         memory_text = "\n".join((lines or []) + (agent_traits or []) + (user_traits or []))
-        return Answer(text=reply_text(result.text, probe.episode.get("speakers") or []),
-                      used_ids=[e["event_id"] for e, _ in hits],
+        reply = reply_text(result.text, probe.episode.get("speakers") or [])
+        return Answer(text=reply, used_ids=[e["event_id"] for e, _ in hits],
                       context_tokens=count_tokens(memory_text) if memory_text else 0, model=result.model,
-                      details=details)
+                      details={**details, **raw_reply_details(result.text, reply)})
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         events, personas = produced.get("events", []), produced.get("personas", [])

@@ -61,6 +61,13 @@ def reply_text(text: str, speakers: Sequence[str]) -> str:
     return response.one_turn(text, [*speakers, "RESPONSE", "Response"])
 
 
+def raw_reply_details(raw: str, reply: str) -> dict[str, str]:
+    """{"raw_reply": the generator's text} when `reply_text` changed more than its outer spaces,
+    else {}: LD-Agent's reference code scored the reply with its frame, and response_metrics scores
+    nlg-eval on it."""
+    return {"raw_reply": raw} if raw.strip() != reply else {}
+
+
 class LDAgentBase(Method):
     name = "ld_agent_base"
     Settings = LDAgentBaseSettings
@@ -70,5 +77,6 @@ class LDAgentBase(Method):
         context = probe.current[-settings.short_term_turns:]
         result = await llm.chat(frame_messages(probe.probe["respondent"], partner(probe), context, probe.request,
                                                settings.response_words))
-        return Answer(text=reply_text(result.text, probe.episode.get("speakers") or []), model=result.model,
-                      details={"context_turns": len(context)})
+        reply = reply_text(result.text, probe.episode.get("speakers") or [])
+        return Answer(text=reply, model=result.model,
+                      details={"context_turns": len(context), **raw_reply_details(result.text, reply)})

@@ -19,6 +19,7 @@ from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
 from stages.methods.dialogue import format_unit, in_time_order
+from stages.methods.secom.units import build_exchanges
 
 # How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned") or
 # `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`).
@@ -93,7 +94,7 @@ def build_chat_qa_messages(retrieved_units: list[dict], request: str) -> Message
     system = ("You are a helpful assistant continuing a long conversation with a user. Relevant parts of "
               "your earlier conversations are provided; use them where the request refers back to them.")
     user = (f"Earlier conversation (oldest first):\n{memory}\n\nUser request: {request}\n\n"
-            "Give a concise, coherent and helpful response.")
+            "Reply in a way that is brief, clear and useful.")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -111,11 +112,14 @@ async def answer_question(llm: ChatLLM, retrieved_units: list[dict], question: s
 # tempting wrong answer, in a random order (seeded here by the probe id), the letter mapped back to
 # the option's text. No other question is told that "not mentioned" is an answer.
 NOT_MENTIONED = "Not mentioned in the conversation"  # LoCoMo's option text, which its scorer looks for
-LOCOMO_OPENING = ("Below is a conversation between two people, {speakers}, or the parts of it that were "
-                  "kept. It took place over several days, and each conversation starts with its date.")
+# LoCoMo answers each question greedily with at most 32 tokens (run_chatgpt(..., num_tokens_request=32,
+# temperature=0)), whatever the generator role samples; sent with the request, so in its cache key.
+LOCOMO_SAMPLING: dict[str, Any] = {"temperature": 0.0, "max_tokens": 32}
+LOCOMO_OPENING = ("What follows is a conversation between {speakers}, or the parts of it that were kept. "
+                  "It spans several days, and each conversation opens with the date it took place.")
 LOCOMO_QUESTION = ("Based on the conversation above, answer the question below with a short phrase, using "
                    "the exact words of the conversation wherever you can.\n\nQuestion: {question} Short answer:")
-LOCOMO_DATE_HINT = " Use the DATE of the CONVERSATION to answer with an approximate date."
+LOCOMO_DATE_HINT = " Give an approximate date, worked out from the DATE above the CONVERSATION."
 LOCOMO_CHOICE_QUESTION = ("Based on the conversation above, answer the question below.\n\n"
                           "Question: {question} Choose the correct answer: (a) {a} (b) {b}. Short answer:")
 LOCOMO_PLAIN_QUESTION = ("Based on the conversation above, answer the question below.\n\n"
@@ -203,11 +207,29 @@ def context_tokens(units: list[dict]) -> int:
     return sum(count_tokens(u["text"]) for u in units)
 
 
-def context_turns(units: list[dict]) -> int:
-    """Dataset turns of the memory that entered the context: the paper's "# Turns" (distinct source
-    turn ids where units carry them, else utterances)."""
-    ids = {t for u in units for t in (u.get("source_turn_ids") or [])}
-    return len(ids) if ids else sum(int(u["turn_end"]) - int(u["turn_start"]) + 1 for u in units)
+def context_turns(units: list[dict], history: dict[int, list[dict]] | None = None) -> int:
+    """Exchanges of the past that the memory in the context drew from: SeCom's "# Turns", which counts
+    a user-agent interaction (one exchange, as `build_exchanges` cuts a session) as one turn, never an
+    utterance. An exchange counts once when any of its turns is in a unit. A unit whose session is not
+    in `history` (turns by session, as a probe sees them) counts its distinct source turn ids, else its
+    utterances."""
+    exchanges: dict[int, list[tuple[int, int]]] = {}  # session -> (first, last turn_idx) of each exchange
+    seen: set[tuple[int, int]] = set()
+    loose_ids: set[str] = set()
+    loose = 0
+    for u in units:
+        s = int(u["session_idx"])
+        turns = (history or {}).get(s)
+        if turns and u.get("turn_start") is not None and u.get("turn_end") is not None:
+            if s not in exchanges:
+                exchanges[s] = [(turns[a]["turn_idx"], turns[b]["turn_idx"]) for a, b in build_exchanges(turns)]
+            first, last = int(u["turn_start"]), int(u["turn_end"])
+            seen |= {(s, k) for k, (a, b) in enumerate(exchanges[s]) if a <= last and b >= first}
+        elif u.get("source_turn_ids"):
+            loose_ids |= set(u["source_turn_ids"])
+        else:
+            loose += int(u["turn_end"]) - int(u["turn_start"]) + 1
+    return len(seen) + len(loose_ids) + loose
 
 
 # Datasets whose questions are user requests with full reference answers, not short-fact QA.
@@ -223,8 +245,9 @@ def turn_spans(units: list[dict]) -> list[list[int]]:
 
 async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt: QAPrompt = "ours") -> Answer:
     """The shared response frame over memory units in time order (QA or next response), cut to
-    one turn; records the turns and tokens of memory that entered the context, and in `details` the
-    turn spans of that memory (and, under LoCoMo's protocol, the options and the reply before mapping)."""
+    one turn; records the exchanges (`context_turns`) and tokens of memory that entered the context,
+    and in `details` the turn spans of that memory (and, under LoCoMo's protocol, its sampling, the
+    options and the reply before mapping)."""
     ordered = in_time_order(units)
     details: dict[str, Any] = {"context_spans": turn_spans(ordered)}
     speakers = probe.episode.get("speakers") or []
@@ -238,7 +261,9 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
                 options = cat5_options(probe.probe["probe_id"], adversarial) if adversarial else None
                 details["options"] = options  # null: the probe had no adversarial answer, asked plainly
             details["qa_prompt"] = qa_prompt
-            result = await llm.chat(build_locomo_qa_messages(ordered, probe.request, category, speakers, options))
+            details["sampling"] = dict(LOCOMO_SAMPLING)
+            result = await llm.chat(build_locomo_qa_messages(ordered, probe.request, category, speakers, options),
+                                    **LOCOMO_SAMPLING)
         else:
             result = await answer_question(llm, ordered, probe.request, chat=chat)
     else:
@@ -248,4 +273,4 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
         details["raw_answer"] = text
         text = cat5_answer(text, options)
     return Answer(text=text, used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
-                  context_turns=context_turns(ordered), details=details, model=result.model)
+                  context_turns=context_turns(ordered, probe.history), details=details, model=result.model)

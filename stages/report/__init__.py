@@ -2,7 +2,8 @@
 cost beside its quality, judge win rates with p-values, answer judges, reference metrics per
 dataset and category, memory quality, segmentation and retrieval, the run beside the papers it
 reproduces or is compared with (`paper:` sheets), and the per-probe rows.
-Every judged number carries its judge model and prompt fingerprint."""
+Every judged number carries its judge model and prompt fingerprint; every interval it shows first
+resamples whole episodes (stages/report/tables.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ from stages.methods.base import Method, ReportPanel
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
+# How the report's intervals are made, said once in the leaderboard.
+INTERVALS = ("Intervals resample whole episodes (an episode-level cluster bootstrap), because one conversation's "
+             "questions are not independent, so they are wide when n comes from few episodes and absent with one. "
+             "The intervals and tests that treat every item as independent stay in the tables as extra columns "
+             "(`*iid*`, `mcnemar_p`, `sign_p`).")
 
 
 class ReportSettings(Section):
@@ -65,16 +71,19 @@ def reproduction_section(summary: pl.DataFrame, unsheeted: list[str]) -> render.
             "run": [num(r["run"]) + (f" [{num(r['run_low'])}, {num(r['run_high'])}]" if r["run_low"] is not None
                                      else "") if r["produced"] else "not produced"
                     for r in results.iter_rows(named=True)],
-            "n": results["n"], "difference": results["difference"], "looked_up": results["looked_up"]},
-            schema_overrides={"n": pl.Int64, "paper": pl.Float64, "difference": pl.Float64})))
+            "n": results["n"], "episodes": results["episodes"], "difference": results["difference"],
+            "looked_up": results["looked_up"], "scorer": results["scorer"]},
+            schema_overrides={"n": pl.Int64, "episodes": pl.Int64, "paper": pl.Float64, "difference": pl.Float64})))
         off = rows.filter(pl.col("kind") == "deviation")
         shown.append((f"Where this run differs from {sheet}'s protocol ({off.height})", pl.DataFrame({
             "setting": off["name"], "run": off["run_setting"], "paper": off["paper_setting"],
             "source": off["source"]})))
     intro = ("The paper's numbers beside this run's, each looked up in the report table, row and column the "
-             "sheet (`paper:` block) names, scaled as the paper prints it (interval and n as that table gives "
-             "them); `not produced`: the run wrote no such row. Below each, every protocol setting where this "
-             "run differs from the paper's (`mempipe check` lists them before a run).")
+             "sheet (`paper:` block) names, scaled as the paper prints it (interval, n and episodes as that table "
+             "gives them: the interval is the episode-level cluster bootstrap, so it is wide when n comes from few "
+             "episodes, and missing with one), with the scorer that computed it (library, convention and whose: "
+             "the paper's own scorer for every score); `not produced`: the run wrote no such row. Below each, every "
+             "protocol setting where this run differs from the paper's (`mempipe check` lists them before a run).")
     if unsheeted:
         intro += " Compared configs with no `paper:` block yet: " + ", ".join(unsheeted) + "."
     return render.Section("Reproduction", intro, shown)
@@ -196,9 +205,11 @@ def _pairwise_intro(pairwise: pl.DataFrame) -> str:
            "preference that flips with the order counts as a tie" if protocol == "both_orders"
            else "CREEM's protocol: the reference's position drawn per sample (seeded), N samples per item, "
                 "majority vote, no tie")
-    return (f"Win / tie / loss of the reference method against each other method ({how}); p is a two-sided "
-            "sign test of wins against losses; `win_share` = wins / (wins + losses) with a 95% Wilson interval, the "
-            "figure Theanine's Table 1 and CREEM's Tables 3-4 report. Rows with an empty session are the whole "
+    return (f"Win / tie / loss of the reference method against each other method ({how}); `win_share` = wins / "
+            "(wins + losses), the figure Theanine's Table 1 and CREEM's Tables 3-4 report, with a 95% interval that "
+            "resamples whole episodes (`episodes` beside `pairs`); p (`p_value`) is a paired cluster permutation test "
+            "of wins against losses that flips each episode's wins and losses together. `win_share_iid_*` (Wilson) "
+            "and `sign_p` (the sign test) treat every pair as independent. Rows with an empty session are the whole "
             "dataset; `all` pools the datasets. `past_shown`: the judge saw the earlier sessions.")
 
 
@@ -264,13 +275,14 @@ class ReportStage(GlobalStage):
                     [r for m, p in panels if m.report_table and m.report_table[0] == name for r in p.rows], schema))
         written = {name: tables.to_arrow(df, self.outputs[name]) for name, df in summaries.items()}
         summaries["reproduction_summary"] = tables.reproduction_summary(ctx.cfg, run_sheets(ctx.cfg), written)
+        pairs_raw = _frame(inputs, "judge_pairwise.pairwise_judgments")
         self.write_report(ctx, settings, summaries, panels, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
             settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
             teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars),
-            probe_browser_data(_frame(inputs, "probes.probes"), responses, answers_raw,
-                               _frame(inputs, "judge_pairwise.pairwise_judgments"), settings.max_probe_rows,
-                               settings.text_chars))
+            probe_browser_data(_frame(inputs, "probes.probes"), responses, answers_raw, pairs_raw,
+                               settings.max_probe_rows, settings.text_chars),
+            wins=tables.pooled_win_shares(pairs_raw))
         written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],
                                                           tables.REPRODUCTION_SUMMARY)
         return written
@@ -300,7 +312,10 @@ class ReportStage(GlobalStage):
 
     def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
                      panels: list[tuple[Method, ReportPanel]], probes: pl.DataFrame, implementations: pl.DataFrame,
-                     teabag: pl.DataFrame, browser: list[dict[str, Any]] | None = None) -> None:
+                     teabag: pl.DataFrame, browser: list[dict[str, Any]] | None = None,
+                     wins: pl.DataFrame | None = None) -> None:
+        """report.md and report.html from the summary tables `t` (and `wins`: tables.pooled_win_shares,
+        the leaderboard's head-to-head column)."""
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
         cfg = ctx.cfg
@@ -324,14 +339,14 @@ class ReportStage(GlobalStage):
             return [(name, alt)] if figures[name] else []
 
         pairwise = t["pairwise_summary"]
-        board = render.leaderboard(methods, answers, t["teafarm_summary"], t["metric_summary"], pairwise)
+        board = render.leaderboard(methods, answers, t["teafarm_summary"], t["metric_summary"], pairwise, wins)
         sections = [
             render.Section("Leaderboard",
                            "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
-                           "value [95% interval] n=items. gpt4score 0-100 and strict correctness from the answer "
-                           "judges, TeaFarm correctness, token F1 against the gold, and the method's share of decided "
-                           "head-to-head pairs against the reference, pooled over criteria. Details in the sections "
-                           "below.", [("", board)], table_class="leaderboard"),
+                           "value [95% interval] n=items ep=episodes. gpt4score 0-100 and strict correctness from the "
+                           "answer judges, TeaFarm correctness, token F1 against the gold, and the method's share of "
+                           "decided head-to-head pairs against the reference, pooled over criteria. " + INTERVALS
+                           + " Details in the sections below.", [("", board)], table_class="leaderboard"),
             *[s for s in [reproduction_section(
                 t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
             render.Section("Head-to-head (G-Eval)", _pairwise_intro(pairwise) + (
@@ -345,27 +360,43 @@ class ReportStage(GlobalStage):
                           "included), memory tokens in the context, response length, and its scores.",
                           [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
             render.Section("Answers judged against the reference",
-                          "gpt4score: 0-100 (mean, 95% bootstrap interval); strict / lenient: share judged "
-                          "correct (95% Wilson interval); teafarm: TeaFarm correctness. `p_value`: exact McNemar "
-                          "test against the reference method on the questions both answered (`only_reference` / "
-                          "`only_other`: questions only one got right). Failed responses are counted in `failed`, "
-                          "skipped items in `skipped`; `all` pools the datasets. " + judges_differ, [("", answers)]),
+                          "gpt4score: 0-100 (mean); strict / lenient: share judged correct; teafarm: TeaFarm "
+                          "correctness. `ci_low` / `ci_high`: 95% interval resampling whole episodes (`episodes` "
+                          "beside `judged`); `iid_low` / `iid_high`: the same treating questions as independent "
+                          "(Wilson for a share, bootstrap for a mean). `p_value`: paired cluster permutation test "
+                          "against the reference method over episodes, on the questions both answered; `mcnemar_p`: "
+                          "exact McNemar test over those questions taken as independent (`only_reference` / "
+                          "`only_other`: questions only one got right). LongMemEval's `task_average` row is the mean "
+                          "of its per-type scores (its official task-averaged accuracy), `abstention` its abstention "
+                          "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
+                          "pools the datasets. " + judges_differ, [("", answers)]),
             *([render.Section("TeaFarm (counterfactual questions)",
                              "Each question treats an outdated or false thing as true; a method is correct when its "
-                             "answer does not go along with it (Theanine Table 3: correct / total, 95% Wilson interval; "
-                             "`p_value`: exact McNemar test against the reference method). `all` pools every dataset.", [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
+                             "answer does not go along with it (Theanine Table 3: correct / total; `ci_*`: 95% interval "
+                             "resampling whole episodes, `iid_*`: Wilson; `p_value`: paired cluster permutation test "
+                             "against the reference method over episodes, `mcnemar_p`: exact McNemar over questions "
+                             "taken as independent). `all` pools every dataset.",
+                             [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
                              fig("teafarm.png", "TeaFarm correct / total"))]
               if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),
             render.Section("Reference metrics", "Means per dataset, probe kind, category and session (empty = all); a failed response "
-                           "scores 0 (`failed` counts them); `_low` / `_high`: 95% bootstrap interval; `corpus_*`: "
-                           "corpus-level BLEU (as HF evaluate's `bleu`) and distinct-n (RSum's DIST).",
+                           "scores 0 (`failed` counts them); `_low` / `_high`: 95% interval resampling whole episodes "
+                           "(`episodes` beside `responses`), `_iid_low` / `_iid_high`: bootstrap over responses taken "
+                           "as independent. Each paper's numbers are its own scorer's: `evaluate_bleu*` (SeCom: HF "
+                           "evaluate's corpus BLEU by sacrebleu), `evaluate_precision*`, `rsum_*` (RSum), `ldagent_*` "
+                           "(LD-Agent: nlg-eval per reply, averaged per episode and session); the Implementations "
+                           "table names the scorer of every column.",
                           [("", t["metric_summary"]), ("Implementations", implementations)]),
-            render.Section("Memory quality (CREEM G-Eval, 1-5)", "", [("", t["memory_summary"])],
+            render.Section("Memory quality (CREEM G-Eval, 1-5)",
+                           "One rating per (episode, speaker), the mean of its samples; `score_low` / `score_high`: "
+                           "95% interval resampling whole episodes (both speakers together), `score_iid_*`: bootstrap "
+                           "over ratings taken as independent.", [("", t["memory_summary"])],
                           fig("memory_quality.png", "memory quality")),
             *([render.Section("Memory accuracy against gold persona summaries (RSum Table 2)",
                               "Each method's memory after session k-1 (what session k reads) against the corpus's "
-                              "persona summaries of sessions 1..k-1: token precision, recall and F1 (`mem_f1`, 95% "
-                              "bootstrap interval over episodes), sentence BLEU-1/2 (means) and corpus BLEU-1/2; "
+                              "persona summaries of sessions 1..k-1 with RSum's scorer: precision, recall and F1 as its "
+                              "`compute_f1` (`rsum_mem_f1` with a 95% bootstrap interval over episodes), BLEU-1/2 as "
+                              "evaluate's precisions (`evaluate_precision1/2`); our sentence BLEU-1/2 (means); "
                               "`memory_tokens` / `gold_tokens`: mean lengths.",
                               [("", t["memory_accuracy_summary"])])]
               if not t["memory_accuracy_summary"].is_empty() else []),

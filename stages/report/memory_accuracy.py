@@ -4,13 +4,26 @@ against the corpus's gold memory, MSC's per-session persona summaries.
 RSum's "Session k" row scores the memory a response in session k reads, the memory after session
 k-1, against the gold memory of the same point: the persona summaries of sessions 1..k-1
 (MSC's `previous_dialogs[j].personas`, which ingest keeps as the "persona" notes of session j+1; a
-line repeated by a later summary counted once, as gold memory shows it). Table 2's metrics: token
-precision, recall and F1 (`Mem_F1`, the SQuAD-normalised overlap of `stages/metrics/text.py`) and
-BLEU-1/2 (nltk sentence BLEU there, memory as the hypothesis, gold as the reference), plus corpus
-BLEU-1/2 over the episodes. A method's memory at a point is its `memory_view` of the rows visible
-there (`visible_memory`), so every method with memory tables is scored the same way: RSum's summary,
-the memory pools, CREEM's and mem0_style's stores. Only points the gold covers (a session with
-persona summaries at or before it) are scored; a corpus without per-session summaries gives no rows.
+line repeated by a later summary counted once, as gold memory shows it). A method's memory at a
+point is its `memory_view` of the rows visible there (`visible_memory`), so every method with memory
+tables is scored the same way: RSum's summary, the memory pools, CREEM's and mem0_style's stores.
+Only points the gold covers (a session with persona summaries at or before it) are scored; a corpus
+without per-session summaries gives no rows.
+
+Table 2's columns, by RSum's scorer:
+- Prec. / Recall / Mem_F1 (`rsum_precision`, `rsum_recall`, `rsum_mem_f1`): what RSum's
+  main_chatgpt.py logs as `compute_f1(mem_preds, mem_labels)`, the per-pair parts of
+  `stages/metrics/rsum_eval.py`'s `f1_parts` averaged over the episodes (a 95% bootstrap interval on
+  Mem_F1).
+- BLEU-1 / BLEU-2 (`evaluate_precision1`, `evaluate_precision2`): HF evaluate's clipped corpus
+  n-gram precisions over the episodes' memories, the statistic RSum's Table 1 BLEU-1/2 come from.
+  RSum's ChatGPT script, which wrote Table 2, logs no memory BLEU. Its llama script's
+  `evaluate_memory` does (nltk `corpus_bleu`, smoothing method7), but that figure is unusable: each
+  gold memory's token list is passed where nltk expects a list of references, so every gold token
+  becomes a reference of its own and only one-character words can match (clipped against the
+  characters of gold words), and its "BLEU1" / "BLEU2" are the cumulative weights (1/2, 1/2) and
+  (1/3, 1/3, 1/3), i.e. BLEU-2 and BLEU-3. So Table 2's BLEU-1/2 are taken as Table 1's are.
+- `bleu1` / `bleu2`: ours, the mean of nltk sentence BLEU-1/2 (`stages/metrics/text.py`).
 """
 
 from __future__ import annotations
@@ -23,8 +36,12 @@ import pyarrow as pa
 
 from pipeline.retrieval import count_tokens
 from stages.methods.base import EpisodeInput, Method, visible_memory
+from stages.metrics.evaluate_bleu import ngram_precisions
+from stages.metrics.rsum_eval import f1_parts
 from stages.metrics.significance import bootstrap_mean_interval
-from stages.metrics.text import bleu, corpus_bleu, token_prf
+from stages.metrics.text import bleu
+
+PRECISION_ORDERS = (1, 2)  # Table 2's BLEU-1/2
 
 MEMORY_ACCURACY = pa.schema([
     pa.field("dataset", pa.string()),
@@ -32,18 +49,34 @@ MEMORY_ACCURACY = pa.schema([
     pa.field("session_idx", pa.int32()),  # RSum's "Session k": the memory used in session k
     pa.field("memory_after_session", pa.int32()),  # = k - 1
     pa.field("episodes", pa.int64()),
-    pa.field("precision", pa.float64()),
-    pa.field("recall", pa.float64()),
-    pa.field("mem_f1", pa.float64()),
-    pa.field("mem_f1_low", pa.float64()),
-    pa.field("mem_f1_high", pa.float64()),
-    pa.field("bleu1", pa.float64()),
+    pa.field("rsum_precision", pa.float64()),  # RSum's compute_f1: Prec.
+    pa.field("rsum_recall", pa.float64()),  # ... Recall
+    pa.field("rsum_mem_f1", pa.float64()),  # ... Mem_F1
+    pa.field("rsum_mem_f1_low", pa.float64()),
+    pa.field("rsum_mem_f1_high", pa.float64()),
+    *[pa.field(f"evaluate_precision{n}", pa.float64()) for n in PRECISION_ORDERS],  # BLEU-1/2 as Table 1's
+    pa.field("bleu1", pa.float64()),  # ours: mean nltk sentence BLEU-1
     pa.field("bleu2", pa.float64()),
-    pa.field("corpus_bleu1", pa.float64()),
-    pa.field("corpus_bleu2", pa.float64()),
     pa.field("memory_tokens", pa.float64()),  # mean cl100k tokens of the generated memory
     pa.field("gold_tokens", pa.float64()),  # ... of the gold memory (RSum: ~70 in early sessions)
 ])
+
+# Which scorer computes each score column of MEMORY_ACCURACY (as response_metrics.COLUMN_SCORERS).
+_F1 = ("RSum's scorer (Table 2 {}): utils/evaluation.py compute_f1(mem_preds, mem_labels) {} on nltk word_tokenize "
+       "tokens of the normalised texts (punctuation -> space, a/an/the removed); mean over episodes")
+MEMORY_SCORERS: dict[str, str] = {
+    "rsum_precision": _F1.format("Prec.", "precision"),
+    "rsum_recall": _F1.format("Recall", "recall"),
+    "rsum_mem_f1": _F1.format("Mem_F1", "F1") + "; _low/_high a 95% bootstrap interval",
+    **{f"evaluate_precision{n}": f"RSum's scorer as Table 1's BLEU-{n} (its ChatGPT script logs no memory BLEU; "
+                                 f"its llama script's is unusable): HF evaluate bleu precisions[{n - 1}] = sacrebleu "
+                                 f"clipped corpus {n}-gram precision over the episodes' memories, 13a tokens, case kept"
+       for n in PRECISION_ORDERS},
+    **{f"bleu{n}": f"ours: nltk sentence BLEU-{n} (smoothing method1, lowercased regex tokens), mean over episodes"
+       for n in (1, 2)},
+    "memory_tokens": "ours: mean cl100k tokens of the generated memory",
+    "gold_tokens": "ours: mean cl100k tokens of the gold memory",
+}
 
 
 def gold_persona_memory(episode: Mapping[str, Any], upto_session: int) -> str | None:
@@ -87,10 +120,11 @@ def memory_accuracy_rows(methods: Sequence[tuple[Method, Any]], episodes: Sequen
                 gold, built = gold_persona_memory(ep, s), memory_at(method, ep, tables, s, settings)
                 if gold is None or built is None:  # nothing built yet: no memory to score
                     continue
-                p, r, f1 = token_prf(built, gold)
+                p, r, f1 = f1_parts(built, gold)
                 rows.append({"dataset": ep.get("dataset") or "", "episode_id": ep["episode_id"],
                              "method": method.name, "session_idx": s + 1, "memory_after_session": s,
-                             "memory": built, "gold": gold, "precision": p, "recall": r, "mem_f1": f1,
+                             "memory": built, "gold": gold, "rsum_precision": p, "rsum_recall": r,
+                             "rsum_mem_f1": f1,
                              "bleu1": bleu(built, gold, 1), "bleu2": bleu(built, gold, 2),
                              "memory_tokens": count_tokens(built), "gold_tokens": count_tokens(gold)})
     return rows
@@ -98,19 +132,19 @@ def memory_accuracy_rows(methods: Sequence[tuple[Method, Any]], episodes: Sequen
 
 def memory_accuracy_summary(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     """MEMORY_ACCURACY: per dataset, method and session, the means over episodes (a 95% bootstrap
-    interval on Mem_F1) and corpus BLEU-1/2 over the episodes' memories."""
+    interval on RSum's Mem_F1) and evaluate's n-gram precisions over the episodes' memories."""
     if not rows:
         return pl.from_arrow(MEMORY_ACCURACY.empty_table())  # type: ignore[return-value]
     out = []
     df = pl.DataFrame(list(rows))
+    means = ("rsum_precision", "rsum_recall", "rsum_mem_f1", "bleu1", "bleu2", "memory_tokens", "gold_tokens")
     for (dataset, method, session), g in df.group_by(["dataset", "method", "session_idx"], maintain_order=True):
-        low, high = bootstrap_mean_interval(g["mem_f1"].to_list())
+        low, high = bootstrap_mean_interval(g["rsum_mem_f1"].to_list())
+        precisions = ngram_precisions(g["memory"].to_list(), g["gold"].to_list()) or [None] * len(PRECISION_ORDERS)
         out.append({"dataset": dataset, "method": method, "session_idx": session,
                     "memory_after_session": session - 1, "episodes": g.height,
-                    **{c: float(g[c].mean()) for c in ("precision", "recall", "mem_f1", "bleu1", "bleu2")},
-                    "mem_f1_low": low, "mem_f1_high": high,
-                    "corpus_bleu1": corpus_bleu(g["memory"].to_list(), g["gold"].to_list(), 1),
-                    "corpus_bleu2": corpus_bleu(g["memory"].to_list(), g["gold"].to_list(), 2),
-                    "memory_tokens": float(g["memory_tokens"].mean()), "gold_tokens": float(g["gold_tokens"].mean())})
+                    **{c: float(g[c].mean()) for c in means},  # type: ignore[arg-type]
+                    "rsum_mem_f1_low": low, "rsum_mem_f1_high": high,
+                    **{f"evaluate_precision{n}": precisions[n - 1] for n in PRECISION_ORDERS}})
     table = pa.Table.from_pylist(out, MEMORY_ACCURACY)
     return pl.from_arrow(table).sort(["dataset", "method", "session_idx"])  # type: ignore[union-attr]

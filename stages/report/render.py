@@ -12,8 +12,6 @@ from typing import Any
 
 import polars as pl
 
-from stages.metrics.significance import wilson_interval
-
 COLLAPSE_ROWS = 12  # tables longer than this start folded (<details>)
 
 
@@ -75,26 +73,40 @@ def _missing(v: float | None) -> bool:
     return v is None or math.isnan(v)
 
 
-def _share(v: float | None, low: float | None, high: float | None, n: int | None) -> str:
-    if _missing(v):
-        return ""
-    ci = f" [{low * 100:.0f}–{high * 100:.0f}]" if low is not None and high is not None else ""
-    return f"{v * 100:.0f}%{ci}" + (f" n={n}" if n is not None else "")
+def _counts(n: int | None, episodes: int | None) -> str:
+    return (f" n={n}" if n is not None else "") + (f" ep={episodes}" if episodes is not None else "")
 
 
-def _mean(v: float | None, low: float | None, high: float | None, n: int | None, fmt: str) -> str:
+def _share(v: float | None, low: float | None, high: float | None, n: int | None,
+           episodes: int | None = None) -> str:
+    """A share's cell: "62% [41–80] n=200 ep=10" (no interval with one episode)."""
     if _missing(v):
         return ""
-    ci = f" [{low:{fmt}}–{high:{fmt}}]" if low is not None and high is not None else ""
-    return f"{v:{fmt}}{ci}" + (f" n={n}" if n is not None else "")
+    ci = f" [{low * 100:.0f}–{high * 100:.0f}]" if not (_missing(low) or _missing(high)) else ""
+    return f"{v * 100:.0f}%{ci}" + _counts(n, episodes)
+
+
+def _mean(v: float | None, low: float | None, high: float | None, n: int | None, fmt: str,
+          episodes: int | None = None) -> str:
+    """A mean's cell: "70.0 [60.0–80.0] n=40 ep=10"."""
+    if _missing(v):
+        return ""
+    ci = f" [{low:{fmt}}–{high:{fmt}}]" if not (_missing(low) or _missing(high)) else ""
+    return f"{v:{fmt}}{ci}" + _counts(n, episodes)
+
+
+def _get(r: dict[str, Any], col: str) -> Any:
+    return r.get(col)  # a column an older table lacks reads as missing
 
 
 def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFrame, metrics: pl.DataFrame,
-                pairwise: pl.DataFrame) -> pl.DataFrame:
-    """Method x headline metric over the whole run, each cell "value [95% interval] n=N" as a string:
-    gpt4score (0-100) and strict correctness from `answer_summary`, TeaFarm correctness from
-    `teafarm_summary`, token F1 from `metric_summary` (qa probes when there are any), and the method's
-    share of decided head-to-head pairs against the reference pooled over criteria (`pairwise_summary`).
+                pairwise: pl.DataFrame, wins: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Method x headline metric over the whole run, each cell "value [95% interval] n=N ep=E" as a
+    string, the interval the tables' episode-level cluster bootstrap (none with one episode), E the
+    episodes behind the N items: gpt4score (0-100) and strict correctness from `answer_summary`,
+    TeaFarm correctness from `teafarm_summary`, token F1 from `metric_summary` (qa probes when there
+    are any), and the method's share of decided head-to-head pairs against the reference pooled over
+    criteria (`wins`: tables.pooled_win_shares; without it, from `pairwise_summary` with no interval).
     A column no table fills is left out; methods in `method_summary` order."""
     names = methods["method"].to_list() if not methods.is_empty() else []
     cols: dict[str, dict[str, str]] = {}
@@ -103,12 +115,14 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
         rows = answers.filter((pl.col("dataset") == ds) & pl.col("category").is_null() & (pl.col("judge") == judge)) \
             if ds else pl.DataFrame()
         if not rows.is_empty():
-            cols[label] = {r["method"]: _share(r["score"], r["ci_low"], r["ci_high"], r["judged"]) if share
-                           else _mean(r["score"], r["ci_low"], r["ci_high"], r["judged"], ".1f")
+            cols[label] = {r["method"]: _share(r["score"], r["ci_low"], r["ci_high"], r["judged"], _get(r, "episodes"))
+                           if share else _mean(r["score"], r["ci_low"], r["ci_high"], r["judged"], ".1f",
+                                               _get(r, "episodes"))
                            for r in rows.iter_rows(named=True)}
     ds = _overall(teafarm)
     if ds:
-        cols["teafarm correct"] = {r["method"]: _share(r["correctness"], r["ci_low"], r["ci_high"], r["total"])
+        cols["teafarm correct"] = {r["method"]: _share(r["correctness"], r["ci_low"], r["ci_high"], r["total"],
+                                                       _get(r, "episodes"))
                                    for r in teafarm.filter(pl.col("dataset") == ds).iter_rows(named=True)}
     ds = _overall(metrics)
     if ds and "token_f1" in metrics.columns:
@@ -117,17 +131,26 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
         rows = rows.filter(pl.col("kind") == kind)
         if rows.height:
             cols[f"token_f1 ({kind})"] = {r["method"]: _mean(r["token_f1"], r["token_f1_low"], r["token_f1_high"],
-                                                             r["responses"], ".3f") for r in rows.iter_rows(named=True)}
-    ds = _overall(pairwise)
-    if ds:
-        rows = pairwise.filter((pl.col("dataset") == ds) & pl.col("session_idx").is_null())
+                                                             r["responses"], ".3f", _get(r, "episodes"))
+                                          for r in rows.iter_rows(named=True)}
+    if wins is not None and not wins.is_empty():
+        ds = _overall(wins)
+        rows = wins.filter(pl.col("dataset") == ds) if ds else wins.clear()
+        if rows.height:
+            reference = rows["reference"][0]
+            cols[f"win share vs {reference}"] = {reference: "reference", **{
+                r["other"]: _share(r["share"], r["share_low"], r["share_high"], r["pairs"], r["episodes"])
+                if r["won"] + r["lost"] else f"ties only{_counts(r['pairs'], r['episodes'])}"
+                for r in rows.filter(pl.col("reference") == reference).iter_rows(named=True)}}
+    elif _overall(pairwise):
+        # No pair-level data: the pooled share without an interval (one needs the pairs' episodes).
+        rows = pairwise.filter((pl.col("dataset") == _overall(pairwise)) & pl.col("session_idx").is_null())
         reference = rows["reference"][0]
         cell = {reference: "reference"}
         for (other,), part in rows.group_by(["other"], maintain_order=True):
             won, lost = int(part["losses"].sum()), int(part["wins"].sum())  # the other method's view
-            low, high = wilson_interval(won, won + lost)
             n = int(part["pairs"].sum())
-            cell[other] = _share(won / (won + lost), low, high, n) if won + lost else f"ties only n={n}"
+            cell[other] = _share(won / (won + lost), None, None, n) if won + lost else f"ties only n={n}"
         cols[f"win share vs {reference}"] = cell
     for c in cols.values():
         names += [m for m in c if m not in names]
@@ -137,10 +160,11 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
 
 # ---- win-rate heat map ---------------------------------------------------------------------------
 
-def win_cell(share: float | None, p: float | None, n: int | None) -> str:
-    """A heat-map cell's text: "62% (p=0.03, n=40)"."""
+def win_cell(share: float | None, p: float | None, n: int | None, episodes: int | None = None) -> str:
+    """A heat-map cell's text: "62% (p=0.03, n=40, ep=10)"."""
     pv = "" if p is None else "p<0.001" if p < 0.001 else f"p={p:.2g}"
-    inner = ", ".join(x for x in (pv, f"n={n}" if n is not None else "") if x)
+    inner = ", ".join(x for x in (pv, f"n={n}" if n is not None else "",
+                                  f"ep={episodes}" if episodes is not None else "") if x)
     return ("no decided pair" if _missing(share) else f"{share * 100:.0f}%") + (f" ({inner})" if inner else "")
 
 
@@ -155,7 +179,8 @@ def win_matrices(pairwise: pl.DataFrame) -> list[tuple[str, pl.DataFrame, pl.Dat
     for (dataset, reference), rows in whole.group_by(["dataset", "reference"], maintain_order=True):
         others = list(dict.fromkeys(rows["other"].to_list()))
         by = {(r["other"], r["criterion"]): r for r in rows.iter_rows(named=True)}
-        text = {c: [win_cell(by[(o, c)]["win_share"], by[(o, c)]["p_value"], by[(o, c)]["pairs"])
+        text = {c: [win_cell(by[(o, c)]["win_share"], by[(o, c)]["p_value"], by[(o, c)]["pairs"],
+                             by[(o, c)].get("episodes"))
                     if (o, c) in by else "" for o in others] for c in criteria}
         share = {c: [by[(o, c)]["win_share"] if (o, c) in by else None for o in others] for c in criteria}
         label = f"{reference} vs"

@@ -1,5 +1,12 @@
 """The report's summary tables: per-item scores and judgments aggregated per method, dataset,
-category, criterion and session. Pure functions over polars frames; one schema per table."""
+category, criterion and session. Pure functions over polars frames; one schema per table.
+
+Intervals and tests are cluster-aware first: the items of one episode (a conversation's questions,
+its probes, its two speakers' memory ratings) are not independent, so every interval the report
+shows first (`ci_low/ci_high`, `score_low/high`, `<metric>_low/_high`, `win_share_low/high`) is an
+episode-level cluster bootstrap and `p_value` a paired cluster test against the reference, with
+`episodes` beside the item count. The intervals and tests that treat items as independent stay as
+extra columns named `*iid*`, `mcnemar_p` and `sign_p`."""
 
 from __future__ import annotations
 
@@ -11,12 +18,16 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from pipeline.corpus.longmemeval import DATASET as LONGMEMEVAL
 from pipeline.manifest import USAGE_TOTAL_KEYS
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
 from stages.metrics.segmentation import segment_score
 from stages.report.memory_accuracy import MEMORY_ACCURACY
-from stages.metrics.significance import (bootstrap_mean_interval, majority, pair_outcome, wilson_interval, win_rates,
-                                         win_share)
+from stages.response_metrics import BOUNDED_SCORES, GROUP_STATISTICS, RESPONSE_SCORES
+from stages.scorers import scorer
+from stages.metrics.significance import (bootstrap_mean_interval, cluster_bootstrap_interval, majority,
+                                         mcnemar_exact, pair_outcome, paired_cluster_test, wilson_interval,
+                                         win_rates, win_share)
 
 SEGMENTATION_SUMMARY = pa.schema(
     [
@@ -70,7 +81,8 @@ METHOD_SUMMARY = pa.schema(
 )
 
 # Head-to-head per dataset (and "all": every dataset pooled, as Theanine's Table 1 pools MSC and CC),
-# criterion, opponent and session (null: every session).
+# criterion, opponent and session (null: every session). Pairs are clustered by episode: the interval
+# resamples whole episodes and `p_value` flips each episode's wins and losses together.
 PAIRWISE_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
@@ -80,6 +92,7 @@ PAIRWISE_SUMMARY = pa.schema(
         pa.field("other", pa.string()),
         pa.field("protocol", pa.string()),
         pa.field("pairs", pa.int64()),  # pairs with a verdict (both_orders: both orders judged)
+        pa.field("episodes", pa.int64()),  # episodes those pairs come from
         pa.field("wins", pa.int64()),  # pairs the reference won
         pa.field("ties", pa.int64()),
         pa.field("losses", pa.int64()),
@@ -87,9 +100,13 @@ PAIRWISE_SUMMARY = pa.schema(
         pa.field("tie_rate", pa.float64()),
         pa.field("loss_rate", pa.float64()),
         pa.field("win_share", pa.float64()),  # wins / (wins + losses): the rate over decided pairs
-        pa.field("win_share_low", pa.float64()),  # Wilson 95% interval of win_share
+        pa.field("win_share_low", pa.float64()),  # 95% episode-level cluster bootstrap interval of win_share
         pa.field("win_share_high", pa.float64()),
-        pa.field("p_value", pa.float64()),  # two-sided sign test of wins vs losses
+        pa.field("win_share_iid_low", pa.float64()),  # Wilson 95% interval: pairs assumed independent
+        pa.field("win_share_iid_high", pa.float64()),
+        # paired cluster permutation test of wins vs losses: each episode's wins and losses swapped together
+        pa.field("p_value", pa.float64()),
+        pa.field("sign_p", pa.float64()),  # two-sided sign test of wins vs losses (SeCom A.4), pairs independent
         pa.field("incomplete", pa.int64()),  # both_orders pairs with one order missing: not in `pairs`
         pa.field("past_shown", pa.bool_()),  # the judge saw the earlier sessions
         pa.field("past_truncated", pa.int64()),  # pairs whose judge saw a cut past
@@ -98,9 +115,10 @@ PAIRWISE_SUMMARY = pa.schema(
     ]
 )
 
-# Answers judged alone, per dataset ("all": every dataset pooled), category (null: every category),
-# method and judge, with 95% intervals and, for the binary judges, an exact McNemar test of each
-# method against the reference method on the questions both have a verdict on.
+# Answers judged alone, per dataset ("all": every dataset pooled), category (null: every category;
+# "abstention": LongMemEval's abstention questions, also counted in their type; "task_average":
+# LongMemEval's mean of the per-type scores), method and judge, with 95% intervals and a paired test
+# of each method against the reference method on the questions both have a verdict on.
 ANSWER_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
@@ -111,16 +129,25 @@ ANSWER_SUMMARY = pa.schema(
         pa.field("skipped", pa.int64()),  # not judged by design (reasons in skip_reasons)
         pa.field("failed", pa.int64()),  # no response from the method or no verdict from the judge
         pa.field("judged", pa.int64()),  # items - skipped - failed: what score is over
-        pa.field("correct", pa.int64()),  # judged correct; null for gpt4score
-        pa.field("score", pa.float64()),  # mean 0-100 (gpt4score) or share judged correct
-        # 95% interval of score: Wilson for a share, percentile bootstrap (seeded) for a gpt4score mean
+        pa.field("episodes", pa.int64()),  # episodes the judged items come from
+        pa.field("correct", pa.int64()),  # judged correct; null for gpt4score and task_average
+        # mean 0-100 (gpt4score) or share judged correct; task_average: the mean of the per-type scores
+        pa.field("score", pa.float64()),
+        # 95% episode-level cluster bootstrap interval of score (whole episodes resampled, seeded); null
+        # with one episode; task_average: episodes resampled within their type
         pa.field("ci_low", pa.float64()),
         pa.field("ci_high", pa.float64()),
+        # 95% interval with items assumed independent: Wilson for a share, percentile bootstrap for a mean
+        pa.field("iid_low", pa.float64()),
+        pa.field("iid_high", pa.float64()),
         pa.field("reference", pa.string()),  # the method the test compares against; null: no test asked
         pa.field("paired", pa.int64()),  # questions both this method and the reference have a verdict on
-        pa.field("only_reference", pa.int64()),  # of those, correct for the reference only
-        pa.field("only_other", pa.int64()),  # correct for this method only
-        pa.field("p_value", pa.float64()),  # exact McNemar (binary judges); null for the reference itself
+        pa.field("only_reference", pa.int64()),  # of those, correct for the reference only (binary judges)
+        pa.field("only_other", pa.int64()),  # correct for this method only (binary judges)
+        # paired cluster permutation test against the reference over episodes, on the paired questions;
+        # null for the reference itself and when the two agree on every paired question
+        pa.field("p_value", pa.float64()),
+        pa.field("mcnemar_p", pa.float64()),  # exact McNemar (binary judges), questions assumed independent
         pa.field("history_sources", pa.string()),  # memochat: what history the judge saw, with counts
         pa.field("skip_reasons", pa.string()),
         pa.field("judge_model", pa.string()),
@@ -129,27 +156,34 @@ ANSWER_SUMMARY = pa.schema(
 )
 
 # TeaFarm as Theanine's Table 3: correct / total per method and dataset ("all": every dataset), with a
-# Wilson 95% interval and an exact McNemar test against the reference method on the same questions.
+# 95% episode-level cluster bootstrap interval and a paired cluster test against the reference method
+# on the same questions (Wilson and exact McNemar, which assume independent questions, beside them).
 TEAFARM_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
         pa.field("method", pa.string()),
         pa.field("correct", pa.int64()),
         pa.field("total", pa.int64()),  # questions judged
+        pa.field("episodes", pa.int64()),  # episodes those questions come from
         pa.field("correctness", pa.float64()),  # correct / total
-        pa.field("ci_low", pa.float64()),  # Wilson 95% interval of correctness
+        pa.field("ci_low", pa.float64()),  # 95% episode-level cluster bootstrap interval; null with one episode
         pa.field("ci_high", pa.float64()),
+        pa.field("iid_low", pa.float64()),  # Wilson 95% interval: questions assumed independent
+        pa.field("iid_high", pa.float64()),
         pa.field("failed", pa.int64()),  # no response or no verdict: not in total
         pa.field("reference", pa.string()),
         pa.field("paired", pa.int64()),
         pa.field("only_reference", pa.int64()),
         pa.field("only_other", pa.int64()),
-        pa.field("p_value", pa.float64()),  # exact McNemar; null for the reference itself
+        pa.field("p_value", pa.float64()),  # paired cluster permutation test; null for the reference itself
+        pa.field("mcnemar_p", pa.float64()),  # exact McNemar, questions assumed independent
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string()),
     ]
 )
 
+# CREEM's memory-quality ratings per dataset, method and criterion; a rating is one (episode, speaker),
+# so an episode's two speakers are resampled together.
 MEMORY_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
@@ -157,9 +191,12 @@ MEMORY_SUMMARY = pa.schema(
         pa.field("group", pa.string()),
         pa.field("criterion", pa.string()),
         pa.field("ratings", pa.int64()),  # (episode, speaker) ratings, each a mean over samples
+        pa.field("episodes", pa.int64()),
         pa.field("score", pa.float64()),  # mean of the ratings
-        pa.field("score_low", pa.float64()),  # 95% percentile bootstrap interval of that mean
+        pa.field("score_low", pa.float64()),  # 95% episode-level cluster bootstrap interval; null with one episode
         pa.field("score_high", pa.float64()),
+        pa.field("score_iid_low", pa.float64()),  # 95% percentile bootstrap, ratings assumed independent
+        pa.field("score_iid_high", pa.float64()),
         pa.field("memory_truncated", pa.int64()),  # ratings whose memory was cut to the budget
         pa.field("dialogue_truncated", pa.int64()),  # ratings whose dialogue was cut to the budget
         pa.field("judge_model", pa.string()),
@@ -170,7 +207,9 @@ MEMORY_SUMMARY = pa.schema(
 # Reference metrics per dataset, probe kind and method: over every probe (category and session
 # null), per category, and per session of next-response probes (LD-Agent's Table 1 is per session).
 # Means are over responses, a failed one scoring 0.0 (words and distinct-n: over answered ones);
-# `<mean>_low` / `_high` bound the main means (95% percentile bootstrap); `distinct{n}` is the mean
+# `<mean>_low` / `_high` bound the main means (95% episode-level cluster bootstrap: whole episodes
+# resampled; null with one episode), `<mean>_iid_low` / `_iid_high` the same with responses assumed
+# independent (95% percentile bootstrap); `episodes` counts the episodes; `distinct{n}` is the mean
 # per-response statistic, `corpus_*` the corpus-level ones (response_metrics' corpus_metrics table:
 # corpus BLEU as Hugging Face evaluate's "bleu", corpus distinct-n as RSum's DIST-n).
 METRIC_SUMMARY = pa.schema(
@@ -181,20 +220,18 @@ METRIC_SUMMARY = pa.schema(
         pa.field("session_idx", pa.int32()),  # null: every session
         pa.field("method", pa.string()),
         pa.field("responses", pa.int64()),  # failed ones included
+        pa.field("episodes", pa.int64()),  # episodes the responses come from
         pa.field("failed", pa.int64()),  # no response: 0.0 in the means
-        *[pa.field(f, pa.float64()) for m in ("bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL",
-                                             "token_f1", "locomo_f1", "bertscore", "distinct1", "distinct2",
-                                             "distinct3", "words")
-          for f in ([m, f"{m}_low", f"{m}_high"] if m in ("token_f1", "rougeL", "bleu4", "locomo_f1") else [m])],
-        *[pa.field(f"corpus_bleu{n}", pa.float64()) for n in (1, 2, 3, 4)],
-        *[pa.field(f"corpus_distinct{n}", pa.float64()) for n in (1, 2, 3)],
+        *[pa.field(f, pa.float64()) for m in RESPONSE_SCORES
+          for f in ([m, f"{m}_low", f"{m}_high", f"{m}_iid_low", f"{m}_iid_high"] if m in BOUNDED_SCORES else [m])],
+        *[pa.field(name, pa.float64()) for name in GROUP_STATISTICS],
     ]
 )
 
 
 # The run beside each paper it reproduces or is compared with (`paper:` sheets): per sheet, one
-# `result` row per number of the paper's table (the run's value x scale, interval, n, or
-# produced = false), then one `deviation` row per protocol setting where the run differs.
+# `result` row per number of the paper's table (the run's value x scale, its cluster interval, n and
+# episodes, or produced = false), then one `deviation` row per protocol setting where the run differs.
 REPRODUCTION_SUMMARY = pa.schema(
     [
         pa.field("sheet", pa.string()),  # the sheet's title
@@ -204,12 +241,14 @@ REPRODUCTION_SUMMARY = pa.schema(
         pa.field("source", pa.string()),  # where the paper states it ("Table 6", "Sec. 3.1")
         pa.field("paper", pa.float64()),  # result: the paper's number
         pa.field("run", pa.float64()),  # result: the run's number, scaled as the paper prints it
-        pa.field("run_low", pa.float64()),
+        pa.field("run_low", pa.float64()),  # the table's episode-level cluster interval, scaled
         pa.field("run_high", pa.float64()),
         pa.field("n", pa.int64()),
+        pa.field("episodes", pa.int64()),  # the episodes behind n (null: the table has no `episodes`)
         pa.field("produced", pa.bool_()),  # result: the run wrote the row the sheet names
         pa.field("difference", pa.float64()),  # run - paper
         pa.field("looked_up", pa.string()),  # result: table, column, where and scale
+        pa.field("scorer", pa.string()),  # result: the scorer that computed the column (stages/scorers.py)
         pa.field("paper_setting", pa.string()),  # deviation: the paper's value (JSON)
         pa.field("run_setting", pa.string()),  # deviation: the run's value (JSON)
     ]
@@ -234,8 +273,9 @@ def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
             value = got.value if got is not None else None
             rows.append({**base, "kind": "result", "name": r.name, "source": r.source, "paper": r.paper,
                          "run": value, "run_low": got.low if got else None, "run_high": got.high if got else None,
-                         "n": got.n if got else None, "produced": bool(got and got.produced),
-                         "difference": None if value is None else value - r.paper, "looked_up": _looked_up(r)})
+                         "n": got.n if got else None, "episodes": got.episodes if got else None,
+                         "produced": bool(got and got.produced), "difference": None if value is None else value - r.paper,
+                         "looked_up": _looked_up(r), "scorer": scorer(cfg, r)})
         for d in sheet_deviations(cfg, sheet, origin):
             rows.append({**base, "kind": "deviation", "name": d.path, "source": d.source,
                          "paper_setting": json.dumps(d.paper, default=str),
@@ -297,52 +337,73 @@ def retrieval_summary(scores: pl.DataFrame) -> pl.DataFrame:
     ).sort(keys)
 
 
-def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
-    """Win / tie / loss of the reference per criterion and opponent, per dataset and per session,
-    plus the same pooled over datasets (dataset "all", when the run holds more than one).
+_PAIR_KEYS = ("dataset", "episode_id", "probe_id", "session_idx", "criterion", "reference", "other", "protocol")
 
-    A pair is one (probe, criterion, opponent). `both_orders`: the samples of each order are reduced
-    by majority vote, then the two orders by `pair_outcome`; a pair with an order missing (its
-    judgments failed) is counted in `incomplete` and not scored. Other protocols (`creem`, whose
-    order is drawn per sample): the majority vote of every sample of the pair. `win_share` is
-    wins / (wins + losses), the rate the papers report (over decided pairs), with its Wilson interval.
-    """
+
+def pair_outcomes(judgments: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
+    """Each pair (probe, criterion, opponent; keyed by `_PAIR_KEYS`) of head-to-head judgments with
+    its `outcome` ("reference", "other", "tie"; None when a both_orders pair lacks an order), its
+    `episode` ((dataset, episode_id): its cluster), whether the judge saw the past, a cut past, and
+    its judge stamp. `both_orders`: the samples of each order are reduced by majority vote, then
+    the two orders by `pair_outcome`; other protocols (`creem`): the majority of every sample."""
     ok = judgments.filter(pl.col("error").is_null() & pl.col("preferred").is_not_null()) \
         if not judgments.is_empty() else judgments
-    if ok.is_empty():
-        return empty(PAIRWISE_SUMMARY)
-    pair_keys = ("dataset", "episode_id", "probe_id", "session_idx", "criterion", "reference", "other", "protocol")
     pairs: dict[tuple, dict[str, Any]] = {}
     for r in ok.iter_rows(named=True):
-        p = pairs.setdefault(tuple(r[k] for k in pair_keys), {"orders": {}, "past_shown": False,
-                                                              "past_truncated": False, "stamp": {}})
+        p = pairs.setdefault(tuple(r[k] for k in _PAIR_KEYS), {"orders": {}, "past_shown": False,
+                                                               "past_truncated": False, "stamp": {},
+                                                               "episode": (r["dataset"], r["episode_id"])})
         p["orders"].setdefault(r["reference_first"], []).append(r["preferred"])
         p["past_shown"] |= r.get("past_shown") is not None
         p["past_truncated"] |= bool(r.get("past_truncated"))
         for c in ("judge_model", "prompt_fingerprint"):
             if p["stamp"].get(c) is None:
                 p["stamp"][c] = r.get(c)
-    datasets = {key[0] for key in pairs}
-    groups: dict[tuple, list[dict[str, Any]]] = {}
     for key, p in pairs.items():
-        k = dict(zip(pair_keys, key))
-        if k["protocol"] == "both_orders":
+        if dict(zip(_PAIR_KEYS, key))["protocol"] == "both_orders":
             p["outcome"] = pair_outcome(majority(v) for v in p["orders"].values()) if len(p["orders"]) == 2 else None
         else:
             p["outcome"] = majority([v for votes in p["orders"].values() for v in votes])
+    return pairs
+
+
+def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
+    """Win / tie / loss of the reference per criterion and opponent, per dataset and per session,
+    plus the same pooled over datasets (dataset "all", when the run holds more than one).
+
+    A pair is one (probe, criterion, opponent), reduced to its outcome by `pair_outcomes`; a
+    both_orders pair with an order missing (its judgments failed) is counted in `incomplete` and not
+    scored. `win_share` is wins / (wins + losses), the rate the papers report (over decided pairs),
+    with its episode-level cluster bootstrap interval (the decided pairs of an episode resampled
+    together) and its Wilson interval (`win_share_iid_*`); `p_value` is the paired cluster
+    permutation test of wins against losses over episodes, `sign_p` the sign test over pairs.
+    """
+    pairs = pair_outcomes(judgments)
+    if not pairs:
+        return empty(PAIRWISE_SUMMARY)
+    datasets = {key[0] for key in pairs}
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for key, p in pairs.items():
+        k = dict(zip(_PAIR_KEYS, key))
         for dataset in (k["dataset"], "all") if len(datasets) > 1 else (k["dataset"],):
             for session in (None, k["session_idx"]):
                 groups.setdefault((dataset, session, k["criterion"], k["reference"], k["other"], k["protocol"]),
                                   []).append(p)
     rows: list[dict[str, Any]] = []
     for (dataset, session, criterion, reference, other, protocol), part in groups.items():
-        outcomes = [p["outcome"] for p in part if p["outcome"] is not None]
-        rates = win_rates(outcomes)
-        low, high = wilson_interval(rates["wins"], rates["wins"] + rates["losses"])
+        scored = [p for p in part if p["outcome"] is not None]
+        rates = win_rates([p["outcome"] for p in scored])
+        low, high = _share_interval(scored, "reference")
+        iid_low, iid_high = wilson_interval(rates["wins"], rates["wins"] + rates["losses"])
+        # Per pair: did the reference win, did the other; a tie is 0 for both and moves nothing.
+        test = paired_cluster_test([float(p["outcome"] == "reference") for p in scored],
+                                   [float(p["outcome"] == "other") for p in scored], [p["episode"] for p in scored])
         rows.append({"dataset": dataset, "session_idx": session, "criterion": criterion, "reference": reference,
-                     "other": other, "protocol": protocol, **rates,
+                     "other": other, "protocol": protocol, **rates, "sign_p": rates["p_value"], "p_value": test,
+                     "episodes": len({p["episode"] for p in scored}),
                      "win_share": win_share(rates["wins"], rates["losses"]), "win_share_low": low,
-                     "win_share_high": high, "incomplete": len(part) - len(outcomes),
+                     "win_share_high": high, "win_share_iid_low": iid_low, "win_share_iid_high": iid_high,
+                     "incomplete": len(part) - len(scored),
                      "past_shown": any(p["past_shown"] for p in part),
                      "past_truncated": sum(p["past_truncated"] for p in part),
                      "judge_model": next((p["stamp"]["judge_model"] for p in part if p["stamp"]["judge_model"]), None),
@@ -351,6 +412,55 @@ def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
     out = pl.from_arrow(pa.Table.from_pylist(rows, PAIRWISE_SUMMARY))
     pooled_last = pl.when(pl.col("dataset") == "all").then(1).otherwise(0)
     return out.sort([pooled_last, "dataset", "criterion", "other", "session_idx"], nulls_last=False)
+
+
+def _share_interval(scored: list[dict[str, Any]], winner: str) -> tuple[float | None, float | None]:
+    """The cluster bootstrap interval of `winner`'s share of the decided pairs (ties left out)."""
+    decided = [p for p in scored if p["outcome"] != "tie"]
+    return cluster_bootstrap_interval([float(p["outcome"] == winner) for p in decided],
+                                      [p["episode"] for p in decided])
+
+
+# The leaderboard's head-to-head column: each method's share of the decided pairs against the
+# reference over a whole dataset ("all" when the run holds several), every criterion and session pooled.
+POOLED_WIN_SHARES = pa.schema(
+    [
+        pa.field("dataset", pa.string()),
+        pa.field("reference", pa.string()),
+        pa.field("other", pa.string()),
+        pa.field("pairs", pa.int64()),  # scored pairs, every criterion
+        pa.field("episodes", pa.int64()),
+        pa.field("won", pa.int64()),  # pairs the other method won
+        pa.field("lost", pa.int64()),
+        pa.field("share", pa.float64()),  # won / (won + lost); null: ties only
+        pa.field("share_low", pa.float64()),  # 95% episode-level cluster bootstrap interval
+        pa.field("share_high", pa.float64()),
+    ]
+)
+
+
+def pooled_win_shares(judgments: pl.DataFrame) -> pl.DataFrame:
+    """POOLED_WIN_SHARES from the head-to-head judgments: per opponent, its share of the decided pairs
+    against the reference over the whole run (dataset "all" when it holds several datasets), every
+    criterion and session pooled, with the episode-level cluster bootstrap interval of that share
+    (all the pairs of an episode, whatever their criterion, resampled together)."""
+    pairs = pair_outcomes(judgments)
+    datasets = {key[0] for key in pairs}
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for key, p in pairs.items():
+        k = dict(zip(_PAIR_KEYS, key))
+        if p["outcome"] is not None:
+            groups.setdefault(("all" if len(datasets) > 1 else k["dataset"], k["reference"], k["other"]),
+                              []).append(p)
+    rows = []
+    for (dataset, reference, other), scored in groups.items():
+        won, lost = (sum(p["outcome"] == w for p in scored) for w in ("other", "reference"))
+        low, high = _share_interval(scored, "other")
+        rows.append({"dataset": dataset, "reference": reference, "other": other, "pairs": len(scored),
+                     "episodes": len({p["episode"] for p in scored}), "won": won, "lost": lost,
+                     "share": won / (won + lost) if won + lost else None, "share_low": low, "share_high": high})
+    return pl.from_arrow(pa.Table.from_pylist(rows, POOLED_WIN_SHARES)).sort(  # type: ignore[union-attr]
+        ["dataset", "reference", "other"])
 
 
 _QUESTION_KEY = ("dataset", "episode_id", "probe_id")
@@ -369,25 +479,45 @@ def _with_verdict(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.filter(pl.col("error").is_null() & pl.col("skipped").is_null() & pl.col("score").is_not_null())
 
 
-def _question_verdicts(rows: pl.DataFrame) -> dict[tuple, bool]:
-    """Question -> judged correct, over the rows with a verdict."""
-    return {tuple(r[k] for k in _QUESTION_KEY): r["score"] == 1.0 for r in _with_verdict(rows).iter_rows(named=True)}
+def _episodes(rows: pl.DataFrame) -> list[tuple[str, str]]:
+    """Each row's cluster: its (dataset, episode), so that pooled datasets never merge two episodes."""
+    return list(zip(rows["dataset"].to_list(), rows["episode_id"].to_list()))
 
 
-def _paired_test(method: str, rows: pl.DataFrame, reference: str | None,
-                 reference_rows: pl.DataFrame | None) -> dict[str, Any]:
-    """The reference, the questions both have a verdict on, the discordant counts and the exact McNemar p."""
+def _item_values(rows: pl.DataFrame, share: bool) -> list[float]:
+    """Each judged row's value: 1.0 / 0.0 for judged correct or not (`share`), else its score."""
+    scores = rows["score"].cast(pl.Float64).to_list()
+    return [float(v == 1.0) for v in scores] if share else scores
+
+
+def _question_values(rows: pl.DataFrame, share: bool) -> dict[tuple, float]:
+    """Question -> its value (`_item_values`), over the rows with a verdict."""
+    judged = _with_verdict(rows)
+    return {tuple(r[k] for k in _QUESTION_KEY): v
+            for r, v in zip(judged.select(_QUESTION_KEY).iter_rows(named=True), _item_values(judged, share))}
+
+
+def _paired_test(method: str, rows: pl.DataFrame, reference: str | None, reference_rows: pl.DataFrame | None,
+                 share: bool) -> dict[str, Any]:
+    """The reference, the questions both have a verdict on and, over those, the paired cluster test
+    (episodes as clusters) in `p_value`; for a share, the discordant counts and the exact McNemar p
+    (questions assumed independent) too."""
     if reference is None or reference_rows is None:
-        return {"reference": reference, "paired": None, "only_reference": None, "only_other": None, "p_value": None}
-    from stages.metrics.significance import mcnemar_exact  # here: the module's import line is shared
-
-    mine, theirs = _question_verdicts(rows), _question_verdicts(reference_rows)
-    both = mine.keys() & theirs.keys()
-    only_ref = sum(theirs[q] and not mine[q] for q in both)
-    only_other = sum(mine[q] and not theirs[q] for q in both)
-    p = None if method == reference else mcnemar_exact(only_ref, only_other)
-    return {"reference": reference, "paired": len(both), "only_reference": only_ref, "only_other": only_other,
-            "p_value": p}
+        return {"reference": reference, "paired": None, "only_reference": None, "only_other": None, "p_value": None,
+                "mcnemar_p": None}
+    mine, theirs = _question_values(rows, share), _question_values(reference_rows, share)
+    both = sorted(mine.keys() & theirs.keys())  # sorted: the test's random swaps see the same order every run
+    itself = method == reference
+    out = {"reference": reference, "paired": len(both), "only_reference": None, "only_other": None,
+           "p_value": None if itself else paired_cluster_test([theirs[q] for q in both], [mine[q] for q in both],
+                                                              [q[:2] for q in both]),
+           "mcnemar_p": None}
+    if share:
+        only_ref = sum(theirs[q] > mine[q] for q in both)
+        only_other = sum(mine[q] > theirs[q] for q in both)
+        out |= {"only_reference": only_ref, "only_other": only_other,
+                "mcnemar_p": None if itself else mcnemar_exact(only_ref, only_other)}
+    return out
 
 
 def _dataset_scopes(judgments: pl.DataFrame) -> list[tuple[dict[str, Any], pl.DataFrame]]:
@@ -411,10 +541,44 @@ def _counted(values: list[str | None]) -> str | None:
     return ", ".join(f"{k} {n}" for k, n in seen) or None
 
 
+TASK_AVERAGE = "task_average"
+
+
+def task_average(values: Sequence[float], types: Sequence[str]) -> float | None:
+    """LongMemEval's task-averaged accuracy (its print_qa_metrics.py): the mean over the question
+    types of each type's mean value (`values[i]` of a question of type `types[i]`); None for none."""
+    by_type: dict[str, list[float]] = {}
+    for v, t in zip(values, types):
+        by_type.setdefault(t, []).append(v)
+    return sum(sum(v) / len(v) for v in by_type.values()) / len(by_type) if by_type else None
+
+
+def _task_average_row(row: dict[str, Any], sub: pl.DataFrame, share: bool) -> dict[str, Any]:
+    """The `task_average` row of one LongMemEval (method, judge) beside its overall `row`: the mean of
+    the per-type scores (abstention questions counted in their own type, the "abstention" row not a
+    type), with its cluster interval (episodes resampled within their type; a LongMemEval episode is
+    one question, so this is also the iid stratified interval) and counts of the typed questions."""
+    typed = sub.filter(pl.col("category").is_not_null())
+    judged = _with_verdict(typed)
+    values, types = _item_values(judged, share), judged["category"].to_list()
+    low, high = cluster_bootstrap_interval(values, _episodes(judged), strata=types)
+    iid_low, iid_high = cluster_bootstrap_interval(values, list(range(len(values))), strata=types)
+    failed = typed.filter(pl.col("skipped").is_null() & (pl.col("error").is_not_null() | pl.col("score").is_null()))
+    return {**row, "category": TASK_AVERAGE, "items": typed.height,
+            "skipped": typed.filter(pl.col("skipped").is_not_null()).height, "failed": failed.height,
+            "judged": judged.height, "episodes": len(set(_episodes(judged))), "correct": None,
+            "score": task_average(values, types), "ci_low": low, "ci_high": high, "iid_low": iid_low,
+            "iid_high": iid_high, "reference": None, "paired": None, "only_reference": None, "only_other": None,
+            "p_value": None, "mcnemar_p": None}
+
+
 def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.DataFrame:
     """Per dataset (and pooled as "all"), category, method and judge: items, skipped, failed, judged,
-    the mean score or share correct over the judged, its 95% interval and, with `reference` (the run's
-    first method), an exact McNemar test of each method against it for the binary judges."""
+    episodes, the mean score or share correct over the judged, its 95% episode-level cluster bootstrap
+    interval (`ci_*`) and its iid interval (`iid_*`: Wilson for a share, bootstrap for a mean) and, with
+    `reference` (the run's first method), the paired cluster test of each method against it
+    (`p_value`) and, for the binary judges, the exact McNemar test (`mcnemar_p`). A LongMemEval
+    dataset gets a `task_average` row per method and judge (LongMemEval's task-averaged accuracy)."""
     if judgments.is_empty():
         return empty(ANSWER_SUMMARY)
     j = _judgment_columns(judgments)
@@ -422,30 +586,33 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
     for scope, part in _dataset_scopes(j):
         for (judge,), by_judge in part.group_by(["judge"], maintain_order=True):
             methods = {m: sub for (m,), sub in by_judge.group_by(["method"], maintain_order=True)}
+            share = judge != "gpt4score"
             for method, sub in methods.items():
                 judged = _with_verdict(sub)
                 skipped = sub.filter(pl.col("skipped").is_not_null()).height
                 failed = sub.filter(pl.col("skipped").is_null() & (pl.col("error").is_not_null()
                                                                    | pl.col("score").is_null())).height
+                values, episodes = _item_values(judged, share), _episodes(judged)
+                low, high = cluster_bootstrap_interval(values, episodes)
+                correct = int(sum(values)) if share else None
+                iid_low, iid_high = wilson_interval(correct, judged.height) if share \
+                    else bootstrap_mean_interval(values)
                 row: dict[str, Any] = {**scope, "method": method, "judge": judge, "items": sub.height,
-                                       "skipped": skipped, "failed": failed, "judged": judged.height}
-                if judge == "gpt4score":
-                    values = judged["score"].cast(pl.Float64).to_list()
-                    low, high = bootstrap_mean_interval(values)
-                    row |= {"correct": None, "score": sum(values) / len(values) if values else None,
-                            "ci_low": low, "ci_high": high, "reference": None, "paired": None,
-                            "only_reference": None, "only_other": None, "p_value": None}
-                else:
-                    correct = judged.filter(pl.col("score") == 1.0).height
-                    low, high = wilson_interval(correct, judged.height)
-                    row |= {"correct": correct, "score": correct / judged.height if judged.height else None,
-                            "ci_low": low, "ci_high": high,
-                            **_paired_test(method, sub, reference, methods.get(reference) if reference else None)}
-                row |= {"history_sources": _counted(sub["history_source"].to_list()),
-                        "skip_reasons": "; ".join(sorted({r for r in sub["skipped"].to_list() if r})) or None,
-                        "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
-                        "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)}
+                                       "skipped": skipped, "failed": failed, "judged": judged.height,
+                                       "episodes": len(set(episodes)), "correct": correct,
+                                       "score": sum(values) / len(values) if values else None,
+                                       "ci_low": low, "ci_high": high, "iid_low": iid_low, "iid_high": iid_high,
+                                       **_paired_test(method, sub, reference,
+                                                      methods.get(reference) if reference else None, share),
+                                       "history_sources": _counted(sub["history_source"].to_list()),
+                                       "skip_reasons": "; ".join(sorted({r for r in sub["skipped"].to_list() if r}))
+                                       or None,
+                                       "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
+                                       "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls()
+                                                                       .to_list()), None)}
                 rows.append(row)
+                if scope["dataset"] == LONGMEMEVAL and scope["category"] is None:
+                    rows.append(_task_average_row(row, sub, share))
     rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["category"] is not None, r["category"] or "",
                              r["method"], r["judge"]))
     return pl.from_arrow(pa.Table.from_pylist(rows, ANSWER_SUMMARY))  # type: ignore[return-value]
@@ -453,9 +620,10 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
 
 def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.DataFrame:
     """Correct / total of the TeaFarm judge per dataset and method, and over every dataset ("all"),
-    with a Wilson 95% interval and, with `reference` (the run's first method), an exact McNemar test
-    of each method against it on the questions both have a verdict on. Failed rows are counted in
-    `failed`, not in `total`."""
+    with `episodes`, a 95% episode-level cluster bootstrap interval (`ci_*`) beside the Wilson one
+    (`iid_*`) and, with `reference` (the run's first method), the paired cluster test of each method
+    against it on the questions both have a verdict on (`p_value`) beside the exact McNemar test
+    (`mcnemar_p`). Failed rows are counted in `failed`, not in `total`."""
     tf = judgments.filter(pl.col("judge") == "teafarm") if not judgments.is_empty() else judgments
     if tf.is_empty():
         return empty(TEAFARM_SUMMARY)
@@ -465,13 +633,16 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
         methods = {m: sub for (m,), sub in part.group_by(["method"], maintain_order=True)}
         for method, sub in methods.items():
             judged = _with_verdict(sub)
-            correct = judged.filter(pl.col("score") == 1.0).height
-            low, high = wilson_interval(correct, judged.height)
+            values, episodes = _item_values(judged, True), _episodes(judged)
+            correct = int(sum(values))
+            low, high = cluster_bootstrap_interval(values, episodes)
+            iid_low, iid_high = wilson_interval(correct, judged.height)
             rows.append({"dataset": scope["dataset"], "method": method, "correct": correct, "total": judged.height,
+                         "episodes": len(set(episodes)),
                          "correctness": correct / judged.height if judged.height else None,
-                         "ci_low": low, "ci_high": high,
+                         "ci_low": low, "ci_high": high, "iid_low": iid_low, "iid_high": iid_high,
                          "failed": sub.filter(pl.col("skipped").is_null()).height - judged.height,
-                         **_paired_test(method, sub, reference, methods.get(reference) if reference else None),
+                         **_paired_test(method, sub, reference, methods.get(reference) if reference else None, True),
                          "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
                          "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)})
     rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["method"]))
@@ -480,9 +651,10 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
 
 def memory_summary(judgments: pl.DataFrame) -> pl.DataFrame:
     """Mean 1-5 rating per dataset, method and criterion: the samples of each (episode, speaker)
-    are averaged into one rating, the ratings averaged into the score, with a 95% percentile
-    bootstrap interval of that mean (seeded) over the ratings; and how many ratings saw a cut
-    memory or dialogue."""
+    are averaged into one rating, the ratings averaged into the score, with the 95% episode-level
+    cluster bootstrap interval of that mean (an episode's speakers resampled together; `score_*`) and
+    the percentile bootstrap over ratings assumed independent (`score_iid_*`), both seeded; the
+    ratings' episodes; and how many ratings saw a cut memory or dialogue."""
     ok = judgments.filter(pl.col("score").is_not_null()) if not judgments.is_empty() else judgments
     if ok.is_empty():
         return empty(MEMORY_SUMMARY)
@@ -493,29 +665,34 @@ def memory_summary(judgments: pl.DataFrame) -> pl.DataFrame:
         _first("prompt_fingerprint").alias("prompt_fingerprint"))
     keys = ["dataset", "method", "group", "criterion"]
     out = per_rating.group_by(keys).agg(
-        pl.len().alias("ratings"), pl.col("score").mean().alias("mean"), pl.col("score").sort().alias("scores"),
+        pl.len().alias("ratings"), pl.col("episode_id").n_unique().alias("episodes"),
+        pl.col("score").mean().alias("mean"), pl.col("score").sort_by("episode_id", "speaker").alias("scores"),
+        pl.col("episode_id").sort_by("episode_id", "speaker").alias("episode_ids"),
         pl.col("memory_truncated").cast(pl.Int64).sum(), pl.col("dialogue_truncated").cast(pl.Int64).sum(),
         _first("judge_model").alias("judge_model"), _first("prompt_fingerprint").alias("prompt_fingerprint"))
-    intervals = [bootstrap_mean_interval(v) for v in out["scores"].to_list()]
-    out = out.with_columns(pl.col("mean").alias("score"),
-                           pl.Series("score_low", [lo for lo, _ in intervals], dtype=pl.Float64),
-                           pl.Series("score_high", [hi for _, hi in intervals], dtype=pl.Float64))
+    clustered = [cluster_bootstrap_interval(v, e) for v, e in zip(out["scores"].to_list(), out["episode_ids"].to_list())]
+    iid = [bootstrap_mean_interval(v) for v in out["scores"].to_list()]
+    out = out.with_columns(pl.col("mean").alias("score"), pl.col("episodes").cast(pl.Int64),
+                           *[pl.Series(name, [b[i] for b in bounds], dtype=pl.Float64)
+                             for name, bounds, i in (("score_low", clustered, 0), ("score_high", clustered, 1),
+                                                     ("score_iid_low", iid, 0), ("score_iid_high", iid, 1))])
     return out.select(MEMORY_SUMMARY.names).sort(keys)
 
 
 def metric_summary(metrics: pl.DataFrame, corpus: pl.DataFrame | None = None) -> pl.DataFrame:
     """METRIC_SUMMARY from response_metrics rows (one per probe and method) and, when given, the
-    corpus_metrics rows of the same run (joined on dataset, kind, category, session and method)."""
+    corpus_metrics rows of the same run (joined on dataset, kind, category, session and method). Each
+    bounded mean gets its 95% episode-level cluster bootstrap interval (`<m>_low/_high`) and its
+    bootstrap with responses assumed independent (`<m>_iid_low/_iid_high`)."""
     if metrics.is_empty():
         return empty(METRIC_SUMMARY)
     names = METRIC_SUMMARY.names
-    corpus_cols = [n for n in names if n.startswith("corpus_")]
-    bounded = [n.removesuffix("_low") for n in names if n.endswith("_low")]
-    means = [n for n in names[names.index("failed") + 1:]
-             if n not in corpus_cols and not n.endswith(("_low", "_high"))]
-    aggs = [pl.len().cast(pl.Int64).alias("responses"), pl.col("failed").sum().cast(pl.Int64).alias("failed"),
+    corpus_cols, bounded, means = GROUP_STATISTICS, BOUNDED_SCORES, RESPONSE_SCORES
+    aggs = [pl.len().cast(pl.Int64).alias("responses"), pl.col("episode_id").n_unique().cast(pl.Int64).alias("episodes"),
+            pl.col("failed").sum().cast(pl.Int64).alias("failed"),
             *[pl.col(n).cast(pl.Float64).mean() for n in means],
-            *[pl.col(n).cast(pl.Float64).drop_nulls().alias(f"{n}_values") for n in bounded]]
+            *[pl.col(n).cast(pl.Float64).drop_nulls().alias(f"{n}_values") for n in bounded],
+            *[pl.col("episode_id").filter(pl.col(n).is_not_null()).alias(f"{n}_episodes") for n in bounded]]
     # Per session only for next-response probes: a question's session_idx is "after the whole history".
     scopes = [(["dataset", "kind", "method"], metrics),
               (["dataset", "kind", "category", "method"], metrics.filter(pl.col("category").is_not_null())),
@@ -527,9 +704,12 @@ def metric_summary(metrics: pl.DataFrame, corpus: pl.DataFrame | None = None) ->
     out = out.with_columns([pl.col(k).cast(t) if k in out.columns else pl.lit(None, dtype=t).alias(k)
                             for k, t in keys.items()])
     for n in bounded:
-        bounds = [bootstrap_mean_interval(v) for v in out[f"{n}_values"].to_list()]
-        out = out.with_columns(pl.Series(f"{n}_low", [lo for lo, _ in bounds], dtype=pl.Float64),
-                               pl.Series(f"{n}_high", [hi for _, hi in bounds], dtype=pl.Float64))
+        values = out[f"{n}_values"].to_list()
+        clustered = [cluster_bootstrap_interval(v, e) for v, e in zip(values, out[f"{n}_episodes"].to_list())]
+        iid = [bootstrap_mean_interval(v) for v in values]
+        out = out.with_columns(*[pl.Series(name, [b[i] for b in bounds], dtype=pl.Float64)
+                                 for name, bounds, i in ((f"{n}_low", clustered, 0), (f"{n}_high", clustered, 1),
+                                                         (f"{n}_iid_low", iid, 0), (f"{n}_iid_high", iid, 1))])
     if corpus is not None and not corpus.is_empty():
         corpus = corpus.with_columns([pl.col(k).cast(t) for k, t in keys.items()])
         out = out.join(corpus.select([*keys, *corpus_cols]), on=list(keys), how="left", nulls_equal=True)

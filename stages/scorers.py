@@ -1,0 +1,65 @@
+"""Which scorer computed each number a paper sheet can look up: the library and convention behind a
+report table's column, and whose scorer it is ("SeCom's scorer: ...", "ours: ..."). `mempipe check` lists
+them per sheet and the report's reproduction table carries them beside each paper number.
+
+Reference metrics come from the registries beside the tables that compute them (response_metrics'
+`COLUMN_SCORERS`, memory_accuracy's `MEMORY_SCORERS`); judged numbers are named by the judge and its
+protocol as the run's settings choose them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stages.report.memory_accuracy import MEMORY_SCORERS
+from stages.response_metrics import COLUMN_SCORERS
+
+_ANSWER_JUDGES = {
+    "strict": "ours: strict correctness judge against the reference answer (share judged correct)",
+    "lenient": "ours: lenient correctness judge against the reference answer (share judged correct)",
+    "longmemeval": "LongMemEval's scorer: evaluate_qa.py's yes/no judge, one prompt per question type (share judged yes)",
+    "teafarm": "Theanine's scorer: TeaFarm correctness judge (Sec. 5.1), correct / total",
+}
+_PAIRWISE = {
+    "both_orders": "Theanine's scorer: G-Eval head-to-head on its criteria (App. D), judged in both orders as "
+                   "SeCom App. A.4, a flipped preference a tie; win share over decided pairs",
+    "creem": "CREEM's scorer: App. B.1 head-to-head, reference position randomised, majority of the samples, no tie",
+}
+_COUNTS = {
+    "mean_context_turns": "count: exchanges (user-agent interactions) in the response's context, mean per probe",
+    "mean_context_tokens": "count: cl100k tokens of the response's context, mean per probe",
+    "mean_response_words": "count: whitespace words of the response, mean per probe",
+}
+
+
+def _gpt4score(cfg: Any) -> str:
+    if cfg.judge_answers.gpt4score_mode == "memochat":
+        return ("SeCom's scorer: GPT4Score with MemoChat's judge (App. A.4): related history, question and response, "
+                "explanation then an integer rating, mean")
+    return "ours: 0-100 rating against the reference answer, mean"
+
+
+def scorer(cfg: Any, result: Any) -> str | None:
+    """The scorer of one sheet result (`PaperResult`: table, column, where) under the run's settings
+    `cfg`; None for a column no registry names."""
+    table, column, where = result.table, result.column, result.where
+    if table == "metric_summary":
+        return COLUMN_SCORERS.get(column)
+    if table == "memory_accuracy_summary":
+        return MEMORY_SCORERS.get(column)
+    if table == "answer_summary":
+        judge = where.get("judge")
+        return _gpt4score(cfg) if judge == "gpt4score" else _ANSWER_JUDGES.get(judge)
+    if table == "teafarm_summary":
+        return _ANSWER_JUDGES["teafarm"]
+    if table == "pairwise_summary":
+        return _PAIRWISE.get(where.get("protocol") or cfg.judge_pairwise.protocol)
+    if table == "memory_summary":
+        return "CREEM's scorer: App. B.2 memory G-Eval, 1-5 per criterion, samples averaged per (episode, speaker)"
+    if table == "method_summary":
+        return _COUNTS.get(column)
+    if table == "evolution_summary":
+        return "CREEM's scorer: Table 5's share of refined insights per label (New / Redundant / Updated), counted"
+    if table == "segmentation_summary":
+        return "SeCom's scorer: SuperDialseg's evaluation convention (Pk, WindowDiff, F1; segment score = SeCom Eq. 3)"
+    return None
