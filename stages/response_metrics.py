@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from functools import partial
 from importlib.metadata import version
 from typing import Any
 
@@ -32,6 +33,7 @@ from pipeline.config import Section
 from pipeline.errors import ConfigError
 from pipeline.stage import GlobalStage, StageContext
 from stages.metrics import evaluate_bleu, locomo_qa, nlgeval, rsum_eval, text
+from stages.metrics.significance import cluster_bootstrap_interval, cluster_bootstrap_statistic
 from stages.method_stages import respond_stage_name
 from stages.probes import PROBE_KEY_FIELDS
 
@@ -45,7 +47,7 @@ _SCORES = [*_REFERENCE, *_PAPER, *_DISTINCT, "locomo_f1", "bertscore"]
 # What the report averages per group (metric_summary's means, in this order) and which of those it
 # bounds with an interval. nlg-eval's per-reply scores are averaged LD-Agent's way in corpus_metrics.
 RESPONSE_SCORES = [*_REFERENCE, "rsum_f1", "locomo_f1", "bertscore", *_DISTINCT, "words"]
-BOUNDED_SCORES = ["token_f1", "rougeL", "bleu4", "locomo_f1", "rsum_f1"]
+BOUNDED_SCORES = RESPONSE_SCORES  # every mean gets its interval
 ORDERS = (1, 2, 3, 4)  # evaluate's corpus BLEU-n
 PRECISION_ORDERS = (1, 2)  # RSum's BLEU-1/2: evaluate's precisions
 RSUM_DISTINCT_ORDERS = (1, 2)  # RSum's DIST-1/2
@@ -76,18 +78,25 @@ CORPUS_METRICS = pa.schema(
         pa.field("method", pa.string(), nullable=False),
         pa.field("responses", pa.int64(), nullable=False),  # failed ones included
         pa.field("failed", pa.int64(), nullable=False),
-        # null below: no gold text in the group (BLEU, precisions, LD-Agent) or no n-gram (distinct)
-        *[pa.field(f"evaluate_bleu{n}", pa.float64()) for n in ORDERS],
-        *[pa.field(f"evaluate_precision{n}", pa.float64()) for n in PRECISION_ORDERS],
+        # null below: no gold text in the group (BLEU, precisions, LD-Agent) or no n-gram (distinct).
+        # `_low` / `_high`: 95% episode-level cluster bootstrap (whole episodes resampled, the statistic
+        # recomputed from their summed counts or episode means; null with one episode). Distinct-n
+        # has none: its unique n-grams do not add up over episodes.
+        *[pa.field(f, pa.float64()) for name in (*(f"evaluate_bleu{n}" for n in ORDERS),
+                                                 *(f"evaluate_precision{n}" for n in PRECISION_ORDERS))
+          for f in (name, f"{name}_low", f"{name}_high")],
         *[pa.field(f"rsum_distinct{n}", pa.float64()) for n in RSUM_DISTINCT_ORDERS],
-        *[pa.field(f"ldagent_{name}", pa.float64()) for name in nlgeval.SCORES],
+        *[pa.field(f, pa.float64()) for name in nlgeval.SCORES
+          for f in (f"ldagent_{name}", f"ldagent_{name}_low", f"ldagent_{name}_high")],
         *[pa.field(f"corpus_distinct{n}", pa.float64()) for n in DISTINCT_ORDERS],
     ]
 )
 
-# The group statistics of corpus_metrics that metric_summary carries beside the means.
+# The columns of corpus_metrics that metric_summary carries beside the means: the group statistics
+# and their intervals.
 CORPUS_KEYS = ("dataset", "kind", "category", "session_idx", "method", "responses", "failed")
-GROUP_STATISTICS = [f.name for f in CORPUS_METRICS if f.name not in CORPUS_KEYS]
+GROUP_COLUMNS = [f.name for f in CORPUS_METRICS if f.name not in CORPUS_KEYS]
+GROUP_STATISTICS = [name for name in GROUP_COLUMNS if not name.endswith(("_low", "_high"))]
 
 METRIC_IMPLEMENTATIONS = pa.schema(
     [pa.field("metric", pa.string(), nullable=False), pa.field("implementation", pa.string(), nullable=False)]
@@ -212,10 +221,39 @@ def _scopes(r: dict[str, Any]) -> list[tuple[str | None, int | None]]:
     return scopes
 
 
+def _bleu_intervals(with_gold: list[dict[str, Any]], predictions: list[str], golds: list[str]
+                    ) -> dict[str, float | None]:
+    """Cluster bootstrap intervals of evaluate's BLEU-n and precisions: each episode's summed
+    sacrebleu counts resampled whole."""
+    per_episode: dict[Any, Any] = {}
+    for r, stats in zip(with_gold, evaluate_bleu.segment_stats(predictions, golds)):
+        before = per_episode.get(r["episode_id"], [0] * len(stats))
+        per_episode[r["episode_id"]] = [a + b for a, b in zip(before, stats)]
+    stats = list(per_episode.values())
+    out: dict[str, float | None] = {}
+    for name, statistic in [*((f"evaluate_bleu{n}", partial(evaluate_bleu.bleu_from_stats, n=n)) for n in ORDERS),
+                            *((f"evaluate_precision{n}", partial(evaluate_bleu.precision_from_stats, n=n))
+                              for n in PRECISION_ORDERS)]:
+        out[f"{name}_low"], out[f"{name}_high"] = cluster_bootstrap_statistic(stats, statistic)
+    return out
+
+
+def _ldagent(nlg: list[tuple[Any, Any, dict[str, float]]]) -> dict[str, float | None]:
+    """LD-Agent's averages (`nlgeval.nested_mean`) with their cluster bootstrap intervals: the
+    episode means resampled."""
+    out: dict[str, float | None] = {}
+    for name in nlgeval.SCORES:
+        means = nlgeval.episode_means([(e, s, scores[name]) for e, s, scores in nlg])
+        out[f"ldagent_{name}"] = sum(means.values()) / len(means) if means else None
+        out[f"ldagent_{name}_low"], out[f"ldagent_{name}_high"] = cluster_bootstrap_interval(
+            list(means.values()), list(means))
+    return out
+
+
 def group_statistics(part: list[dict[str, Any]]) -> dict[str, float | None]:
     """corpus_metrics' statistics of one group of (probe, response) rows: the BLEU, precisions and
-    LD-Agent averages over the rows with gold text (a failed response as an empty one), the
-    distinct-n over every answered response."""
+    LD-Agent averages over the rows with gold text (a failed response as an empty one), each with its
+    episode-level cluster interval, and the distinct-n over every answered response."""
     with_gold = [r for r in part if r["gold"] is not None]
     predictions, golds = [r["response"] or "" for r in with_gold], [r["gold"] for r in with_gold]
     responses = [r["response"] for r in part if r["response"] is not None]
@@ -224,9 +262,9 @@ def group_statistics(part: list[dict[str, Any]]) -> dict[str, float | None]:
     return {
         **{f"evaluate_bleu{n}": evaluate_bleu.corpus_bleu(predictions, golds, n) for n in ORDERS},
         **{f"evaluate_precision{n}": None if precisions is None else precisions[n - 1] for n in PRECISION_ORDERS},
+        **_bleu_intervals(with_gold, predictions, golds),
         **{f"rsum_distinct{n}": rsum_eval.distinct(responses, n) for n in RSUM_DISTINCT_ORDERS},
-        **{f"ldagent_{name}": nlgeval.nested_mean([(e, s, scores[name]) for e, s, scores in nlg])
-           for name in nlgeval.SCORES},
+        **_ldagent(nlg),
         **{f"corpus_distinct{n}": text.distinct(responses, n) for n in DISTINCT_ORDERS},
     }
 

@@ -297,6 +297,44 @@ def test_ldagents_table_averages_per_episode_and_session_then_over_episodes(nltk
         assert abs(nested - plain) > 1e-4  # the nesting matters here
 
 
+def _episodes_of(pairs: list[tuple[str, str]], episodes: int) -> list[dict[str, Any]]:
+    return [_row(p, g, episode=f"e{i % episodes}", probe=f"p{i}") for i, (p, g) in enumerate(pairs)]
+
+
+def test_a_resample_of_every_episode_scores_as_sacrebleu_scores_the_corpus():
+    # The interval recomputes BLEU from episodes' summed counts: the sum of all of them is the corpus.
+    stats = evaluate_bleu.segment_stats([p for p, _ in PAIRS], [g for _, g in PAIRS])
+    summed = [sum(col) for col in zip(*stats)]
+    for n in (1, 2, 3, 4):
+        assert evaluate_bleu.bleu_from_stats(summed, n) == pytest.approx(_sacrebleu(PAIRS, n).score / 100, abs=1e-12)
+    assert [evaluate_bleu.precision_from_stats(summed, n) for n in (1, 2)] == \
+        pytest.approx([p / 100 for p in _sacrebleu(PAIRS, 4).precisions[:2]], abs=1e-12)
+
+
+def test_paper_corpus_statistics_get_episode_level_cluster_intervals():
+    from stages.metrics.significance import cluster_bootstrap_statistic
+
+    pairs = [(f"I saw {w} at the park today", f"I saw a {w} at the lake today") for w in
+             ("dogs", "cats", "birds", "ducks", "kids", "trees")] + PAIRS
+    rows = _episodes_of(pairs, 3)
+    every = _every(rows)
+    # the cluster interval: whole episodes resampled, BLEU recomputed by sacrebleu from their counts
+    per_episode = {}
+    for r in rows:
+        per_episode.setdefault(r["episode_id"], []).append((r["response"] or "", r["gold"]))
+    stats = [[sum(col) for col in zip(*evaluate_bleu.segment_stats([p for p, _ in ps], [g for _, g in ps]))]
+             for _, ps in sorted(per_episode.items())]
+    expected = cluster_bootstrap_statistic(stats, lambda s: evaluate_bleu.bleu_from_stats(s, 2))
+    assert (every["evaluate_bleu2_low"], every["evaluate_bleu2_high"]) == pytest.approx(expected)
+    for name in ("evaluate_bleu4", "evaluate_precision1", "ldagent_bleu2", "ldagent_rougeL"):
+        low, value, high = every[f"{name}_low"], every[name], every[f"{name}_high"]
+        assert low is not None and low <= value <= high and low < high, name
+    # one episode: no interval between episodes exists
+    single = _every(_episodes_of(pairs, 1))
+    assert single["evaluate_bleu2"] is not None and single["evaluate_bleu2_low"] is None
+    assert single["ldagent_bleu2_low"] is None and single["ldagent_bleu2_high"] is None
+
+
 def test_ldagent_is_scored_on_the_raw_reply_it_kept_and_the_raw_reply_reaches_the_stage():
     from fake_chat import FakeChat
     from stages.methods.base import ProbeInput

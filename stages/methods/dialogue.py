@@ -18,6 +18,19 @@ def sessions_of(turns: Rows) -> dict[int, Rows]:
     return {s: sorted(ts, key=lambda t: t["turn_idx"]) for s, ts in sorted(by_session.items())}
 
 
+Span = tuple[int, int]  # inclusive positions in a session's list of turns
+
+
+def build_exchanges(turns: Sequence[dict]) -> list[Span]:
+    """Turn spans of the exchanges of a session: a new exchange starts at each turn of the first
+    speaker, so whatever follows (answers, or several turns of the other side) joins it."""
+    if not turns:
+        return []
+    first = turns[0]["speaker"]
+    starts = [i for i, t in enumerate(turns) if i == 0 or t["speaker"] == first]
+    return [(s, e - 1) for s, e in zip(starts, [*starts[1:], len(turns)])]
+
+
 def format_unit(turns: Sequence[dict]) -> str:
     """Turns as "Speaker: text" lines: the text of a memory unit (a turn, a segment or a session),
     of a dialogue shown in a prompt, of a transcript shown to a judge."""

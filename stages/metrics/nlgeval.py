@@ -50,13 +50,17 @@ def pair_scores(response: str, gold: str) -> dict[str, float]:
     return dict(zip(SCORES, _pair(response, gold)))
 
 
-def nested_mean(values: Sequence[tuple[Hashable, Hashable, float]]) -> float | None:
-    """LD-Agent's average of (episode, session, score) triples: the mean per (episode, session),
-    the mean of an episode's session means, then the mean over episodes; None for no value."""
+def episode_means(values: Sequence[tuple[Hashable, Hashable, float]]) -> dict[Hashable, float]:
+    """Per episode, LD-Agent's average of its (episode, session, score) triples: the mean of its
+    session means, each the mean of the session's scores."""
     cells: dict[Hashable, dict[Hashable, list[float]]] = defaultdict(lambda: defaultdict(list))
     for episode, session, value in values:
         cells[episode][session].append(value)
-    if not cells:
-        return None
-    per_episode = [sum(sum(v) / len(v) for v in sessions.values()) / len(sessions) for sessions in cells.values()]
-    return sum(per_episode) / len(per_episode)
+    return {e: sum(sum(v) / len(v) for v in sessions.values()) / len(sessions) for e, sessions in cells.items()}
+
+
+def nested_mean(values: Sequence[tuple[Hashable, Hashable, float]]) -> float | None:
+    """LD-Agent's average of (episode, session, score) triples: the mean per (episode, session),
+    the mean of an episode's session means, then the mean over episodes; None for no value."""
+    per_episode = episode_means(values)
+    return sum(per_episode.values()) / len(per_episode) if per_episode else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 VERDICTS = ("reference", "other", "tie")
@@ -195,6 +195,32 @@ def cluster_bootstrap_interval(values: Sequence[float], clusters: Sequence[Hasha
 
             res = bootstrap(samples, task_average, vectorized=True, axis=-1, n_resamples=resamples,
                             confidence_level=level, method="percentile", **_seeded(bootstrap, seed))
+    return _interval(res)
+
+
+def cluster_bootstrap_statistic(cluster_stats: Sequence[Sequence[float]], statistic: Callable[[Any], float | None],
+                                level: float = 0.95, resamples: int = 2000, seed: int = 0
+                                ) -> tuple[float | None, float | None]:
+    """The episode-level cluster bootstrap percentile interval of a statistic that is a function of
+    sufficient statistics summed over items (corpus BLEU of its n-gram counts and lengths, a ratio of
+    sums): row c of `cluster_stats` is cluster c's summed statistics, `statistic` maps a summed row to
+    the value. Whole clusters are resampled with replacement (scipy `stats.bootstrap` over the cluster
+    indices, percentile method, seeded). (None, None) with fewer than two clusters."""
+    import numpy as np
+
+    stats = np.asarray(cluster_stats, dtype=float)
+    if len(stats) < 2:
+        return None, None
+    from scipy.stats import bootstrap
+
+    def of_resample(indices: Any) -> float:
+        value = statistic(stats[indices.astype(int)].sum(axis=0))
+        return float("nan") if value is None else value
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # every resample equal: the interval is that value
+        res = bootstrap((np.arange(len(stats)),), of_resample, vectorized=False, n_resamples=resamples,
+                        confidence_level=level, method="percentile", **_seeded(bootstrap, seed))
     return _interval(res)
 
 

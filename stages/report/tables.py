@@ -23,7 +23,7 @@ from pipeline.manifest import USAGE_TOTAL_KEYS
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
 from stages.metrics.segmentation import segment_score
 from stages.report.memory_accuracy import MEMORY_ACCURACY
-from stages.response_metrics import BOUNDED_SCORES, GROUP_STATISTICS, RESPONSE_SCORES
+from stages.response_metrics import BOUNDED_SCORES, GROUP_COLUMNS, RESPONSE_SCORES
 from stages.scorers import scorer
 from stages.metrics.significance import (bootstrap_mean_interval, cluster_bootstrap_interval, majority,
                                          mcnemar_exact, pair_outcome, paired_cluster_test, wilson_interval,
@@ -60,6 +60,7 @@ METHOD_SUMMARY = pa.schema(
     [
         pa.field("method", pa.string()),
         pa.field("probes", pa.int64()),
+        pa.field("episodes", pa.int64()),  # the episodes those probes come from
         pa.field("failed", pa.int64()),
         pa.field("llm_calls", pa.int64()),
         pa.field("cached_calls", pa.int64()),
@@ -224,7 +225,7 @@ METRIC_SUMMARY = pa.schema(
         pa.field("failed", pa.int64()),  # no response: 0.0 in the means
         *[pa.field(f, pa.float64()) for m in RESPONSE_SCORES
           for f in ([m, f"{m}_low", f"{m}_high", f"{m}_iid_low", f"{m}_iid_high"] if m in BOUNDED_SCORES else [m])],
-        *[pa.field(name, pa.float64()) for name in GROUP_STATISTICS],
+        *[pa.field(name, pa.float64()) for name in GROUP_COLUMNS],
     ]
 )
 
@@ -687,7 +688,7 @@ def metric_summary(metrics: pl.DataFrame, corpus: pl.DataFrame | None = None) ->
     if metrics.is_empty():
         return empty(METRIC_SUMMARY)
     names = METRIC_SUMMARY.names
-    corpus_cols, bounded, means = GROUP_STATISTICS, BOUNDED_SCORES, RESPONSE_SCORES
+    corpus_cols, bounded, means = GROUP_COLUMNS, BOUNDED_SCORES, RESPONSE_SCORES
     aggs = [pl.len().cast(pl.Int64).alias("responses"), pl.col("episode_id").n_unique().cast(pl.Int64).alias("episodes"),
             pl.col("failed").sum().cast(pl.Int64).alias("failed"),
             *[pl.col(n).cast(pl.Float64).mean() for n in means],
@@ -723,7 +724,8 @@ def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], 
     if responses.is_empty():
         return empty(METHOD_SUMMARY)
     out = responses.group_by("method").agg(
-        pl.len().alias("probes"), pl.col("error").is_not_null().sum().alias("failed"),
+        pl.len().alias("probes"), pl.col("episode_id").n_unique().cast(pl.Int64).alias("episodes"),
+        pl.col("error").is_not_null().sum().alias("failed"),
         pl.col("context_tokens").cast(pl.Float64).mean().alias("mean_context_tokens"),
         pl.col("context_turns").cast(pl.Float64).mean().alias("mean_context_turns"),
         pl.col("response").str.split(" ").list.len().cast(pl.Float64).mean().alias("mean_response_words"),

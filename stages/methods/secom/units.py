@@ -16,9 +16,7 @@ import pyarrow as pa
 
 from pipeline.retrieval import Retriever, count_tokens
 from pipeline.stage import Rows
-from stages.methods.dialogue import format_unit, unit_id
-
-Span = tuple[int, int]  # inclusive positions in a session's list of turns
+from stages.methods.dialogue import Span, build_exchanges, format_unit, unit_id
 
 UNIT_FIELDS = [
     pa.field("episode_id", pa.string(), nullable=False),
@@ -33,16 +31,6 @@ UNIT_FIELDS = [
     pa.field("compressed_text", pa.string()),  # the retrieval key after denoising
     pa.field("compression", pa.string()),  # method@rate, or "none"
 ]
-
-
-def build_exchanges(turns: Sequence[dict]) -> list[Span]:
-    """Turn spans of the exchanges of a session: a new exchange starts at each turn of the first
-    speaker, so whatever follows (answers, or several turns of the other side) joins it."""
-    if not turns:
-        return []
-    first = turns[0]["speaker"]
-    starts = [i for i, t in enumerate(turns) if i == 0 or t["speaker"] == first]
-    return [(s, e - 1) for s, e in zip(starts, [*starts[1:], len(turns)])]
 
 
 def unit_exchanges(turns: Sequence[dict]) -> list[str]:
