@@ -71,7 +71,7 @@ class LLMConfig(Section):
     top_p: float | None = None
     max_tokens: int = 256
     seed: int | None = 0
-    max_concurrency: int = 8  # in-flight requests per worker
+    max_concurrency: int = 8  # in-flight requests per worker (per endpoint and model)
     rpm: int | None = None  # requests per minute, shared by every worker of the job
     tpm: int | None = None  # tokens per minute, shared by every worker of the job
     timeout_s: float = 120.0
@@ -82,7 +82,7 @@ class LLMConfig(Section):
     structured_retries: int = 2  # re-asks after an invalid structured answer
     # auto: json_schema, falling back to json_object, then prompt, when the endpoint rejects it
     structured_mode: StructuredMode = "auto"
-    backoff_base_s: float = 0.5
+    backoff_base_s: float = 0.5  # first retry's wait (the openai SDK's INITIAL_RETRY_DELAY), doubling
     backoff_max_s: float = 30.0
     cache_dir: str = PathField(".cache/llm")
     cache_enabled: bool = True

@@ -2,7 +2,9 @@
 
 On a terminal: one live line per running stage (tqdm), with shards, calls done / expected, tokens,
 spend so far and an ETA, redrawn from the run's ledger every second. Elsewhere (logs, CI, `ray job
-logs`): one line when a stage starts and one when it ends, with its wall time, calls and cost.
+logs`): one line when a stage starts, one every `LOG_EVERY_S` while it runs (the live line's
+counts: shards, calls done / expected, tokens, spend, ETA), and one when it ends, with its wall
+time, calls and cost.
 Expected calls come from `mempipe plan`'s estimate (`_plan.json`, when its fingerprint matches);
 without one, from the calls per finished shard. An endpoint the shared breaker finds down shows on
 the live line ("endpoint ... down since 12:01:03"), and in logs as a line when it goes down and
@@ -25,6 +27,9 @@ from pipeline.storage import Location, join
 
 PLAN_FILE = "_plan.json"
 _REDRAW_S = 1.0
+# Without a terminal, a running stage writes a progress line this often (seconds): a long stage
+# piped to a log is never silent between its start and end lines.
+LOG_EVERY_S = 30.0
 
 
 def planned_calls(run_dir: Location, stage: str, fingerprint: str) -> int | None:
@@ -68,6 +73,17 @@ def live_text(counts: dict[str, float], expected: int | None, shards: tuple[int,
     return " · ".join(parts)
 
 
+def log_line(stage: str, counts: dict[str, float] | None, expected: int | None, shards: tuple[int, int],
+             elapsed: float) -> str:
+    """A running stage's line in a log: `memory_creem: 0:30 in, shards 3/12 · calls 120/480 ·
+    45.1k tok · $0.1234 · ETA 1:30` (no call counts for a stage without LLM calls)."""
+    head = f"{stage}: {_clock(elapsed)} in, shards {shards[0]}/{shards[1]}"
+    if counts is not None:
+        return f"{head} · {live_text(counts, expected, shards, elapsed)}"
+    done, total = shards
+    return head + (f" · ETA {_clock(elapsed * (total - done) / done)}" if done else "")
+
+
 def down_text(down: dict[str, float]) -> str:
     """`endpoint http://... down since 12:01:03 (62 s)` for each endpoint the breaker holds down."""
     now = time.time()
@@ -98,7 +114,7 @@ class StageProgress:
     elsewhere. `ledger` is the run's ledger (anything with `snapshot()`), or None."""
 
     def __init__(self, stage: str, total_shards: int, done_shards: int, ledger: Any | None,
-                 expected_calls: int | None, stream: TextIO | None = None) -> None:
+                 expected_calls: int | None, stream: TextIO | None = None, log_every_s: float | None = None) -> None:
         self.stage = stage
         self.ledger = ledger
         self.expected = expected_calls
@@ -106,6 +122,7 @@ class StageProgress:
         self.live = self.stream.isatty()
         self.started = time.time()
         self.shards = [done_shards, total_shards]
+        self.log_every_s = LOG_EVERY_S if log_every_s is None else log_every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # disable=not live: on a terminal only, so piped output and logs carry just the lines below.
@@ -117,7 +134,7 @@ class StageProgress:
             expect = f", ~{self.expected} calls expected" if self.expected else ""
             print(f"{self.stage}: started, {self.shards[1] - self.shards[0]} of {self.shards[1]} shards to run{expect}",
                   file=self.stream, flush=True)
-        if self.ledger is not None:
+        if self.ledger is not None or not self.live:
             self._thread = threading.Thread(target=self._redraw_loop, name=f"progress-{self.stage}", daemon=True)
             self._thread.start()
         return self
@@ -134,10 +151,17 @@ class StageProgress:
 
     def _redraw_loop(self) -> None:
         was_down: dict[str, float] = {}
-        while not self._stop.wait(_REDRAW_S):
-            snap = self.redraw()
+        next_line = time.monotonic() + self.log_every_s
+        while not self._stop.wait(min(_REDRAW_S, self.log_every_s)):
+            snap = self.redraw() if self.ledger is not None else {}
             if self.live:
                 continue
+            # Stopped while reading: the end line is next, so no progress line (the endpoint's lines still go).
+            if time.monotonic() >= next_line and not self._stop.is_set():
+                next_line = time.monotonic() + self.log_every_s
+                counts = (stage_counts(snap, self.stage) if snap else {}) if self.ledger is not None else None
+                print(log_line(self.stage, counts, self.expected, (self.shards[0], self.shards[1]),
+                               time.time() - self.started), file=self.stream, flush=True)
             down = snap.get("down", {})  # in a log: one line when an endpoint goes down, one when back
             if down and down != was_down:
                 print(f"{self.stage}: {down_text(down)}; calls wait, probing it", file=self.stream, flush=True)

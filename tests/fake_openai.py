@@ -9,6 +9,10 @@ a retry of a failed request can succeed.
     server = FakeOpenAI(latency_s=0.05, max_concurrency=8).start()
     server.faults = {"429": 0.05, "500": 0.05, "timeout": 0.02, "malformed": 0.05, "html": 0.05}
 
+Refusals (`reject_formats`, `reject_params`, worded per `reject_shape`: OpenAI's 400, FastAPI's 422,
+llama-cpp-python's 500 validation error) are counted per parameter in `rejected`. An outage
+(`outage_until`) answers `outage_status` (500), at once when `outage_instant`.
+
 Faults: 429 (with Retry-After), 500, 400, timeout (answers after timeout_sleep_s), malformed (an
 invalid structured answer inside a valid response), and three broken 200 bodies a misbehaving proxy
 sends: html (text/html page), badjson (application/json that is not JSON), nochoices (JSON without
@@ -85,8 +89,15 @@ class FakeOpenAI(LoopbackServer):
         self.timeout_sleep_s = timeout_sleep_s  # a "timeout" fault answers after this long
         self.embed_dim = embed_dim
         self.responder: Callable[[dict[str, Any]], str | None] | None = None
-        # response_format types answered with HTTP 400, as older OpenAI models do for json_schema
+        # response_format types refused, as older OpenAI models (400) or llama-cpp-python's own server
+        # (500 validation error) refuse json_schema; request parameters refused the same way (seed, n)
         self.reject_formats: set[str] = set()
+        self.reject_params: set[str] = set()
+        # How a refusal is worded: "openai400" ({"error": {"param": ...}}), "fastapi422" ({"detail":
+        # [{"loc": ["body", param, ...]}]}), "llama500" (llama-cpp-python 0.3's HTTP 500 validation text)
+        self.reject_shape = "openai400"
+        self.outage_status = 500  # what an outage answers
+        self.outage_instant = False  # an outage answers at once, without `latency_s` (a load balancer's 503)
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
         self.outage_until = 0.0  # wall time: until then every chat / embeddings request gets a 500
         self.echo_auth = False  # error bodies repeat the request's Authorization header (a careless proxy)
@@ -115,6 +126,7 @@ class FakeOpenAI(LoopbackServer):
             self.in_flight = 0
             self.max_in_flight = 0
             self.force = []
+            self.rejected: Counter[str] = Counter()  # refused parameter -> requests refused
             self.files: dict[str, dict[str, Any]] = {}  # file id -> {"content": bytes, "purpose", "filename"}
             self.files_made = 0  # ids are never reused, also after a DELETE
             self.batches: dict[str, dict[str, Any]] = {}  # batch id -> the batch object, plus "_polls"
@@ -175,8 +187,8 @@ class FakeOpenAI(LoopbackServer):
             self.seen[h] += 1
             if self.force:
                 return self.force.pop(0)
-            if time.time() < self.outage_until:
-                return "500"
+            if time.time() < self.outage_until:  # "500" as before for bench/faults.py's counts
+                return "500" if self.outage_status == 500 and not self.outage_instant else "outage"
         r = int(hashlib.sha256(f"{self.fault_seed}:{h}:{attempt}".encode()).hexdigest()[:15], 16) / 16**15
         acc = 0.0
         for name in FAULT_ORDER:
@@ -202,6 +214,8 @@ class FakeOpenAI(LoopbackServer):
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if outcome == "outage" and self.outage_instant:
+                return _error(self.outage_status, "fake outage", None, "server_error")
             sem = self._semaphore()
             auth = request.headers.get("Authorization") if self.echo_auth else None
             if sem is not None:
@@ -223,6 +237,8 @@ class FakeOpenAI(LoopbackServer):
             return _error(429, "fake rate limit" + echo, headers, "rate_limit_exceeded")
         if outcome == "500":
             return _error(500, "fake internal error" + echo, None, "server_error")
+        if outcome == "outage":
+            return _error(self.outage_status, "fake internal error" + echo, None, "server_error")
         if outcome == "400":
             return _error(400, "fake bad request" + echo, None, "invalid_request_error")
         if outcome == "timeout":
@@ -245,9 +261,28 @@ class FakeOpenAI(LoopbackServer):
     def _rejected(self, body: dict[str, Any]) -> web.Response | None:
         kind = (body.get("response_format") or {}).get("type")
         if kind in self.reject_formats:
-            return _error(400, f"Invalid parameter: 'response_format' of type '{kind}' is not supported with "
-                               "this model.", None, "invalid_request_error")
-        return None
+            param, value, msg = "response_format", kind, "Input should be 'text' or 'json_object'"
+            said = f"Invalid parameter: 'response_format' of type '{kind}' is not supported with this model."
+        else:
+            param = next((p for p in sorted(self.reject_params) if p in body), None)
+            if param is None:
+                return None
+            value, msg = body[param], "Extra inputs are not permitted"
+            said = f"Unsupported parameter: '{param}' is not supported with this model."
+        with self._lock:
+            self.rejected[param] += 1
+        loc = ["body", param] + (["type"] if param == "response_format" else [])
+        if self.reject_shape == "fastapi422":
+            return web.json_response({"detail": [{"type": "literal_error", "loc": loc, "msg": msg, "input": value}]},
+                                     status=422)
+        if self.reject_shape == "llama500":  # llama-cpp-python 0.3.36's own server, word for word but the path
+            text = (f"1 validation error:\n  {{'type': 'literal_error', 'loc': {tuple(loc)!r}, 'msg': {msg!r}, "
+                    f"'input': {value!r}}}\n\n  File \"llama_cpp/server/app.py\", line 376, in "
+                    "create_chat_completion\n    POST /v1/chat/completions")
+            return web.json_response({"error": {"message": text, "type": "internal_server_error", "param": None,
+                                                "code": None}}, status=500)
+        return web.json_response({"error": {"message": said, "type": "invalid_request_error", "param": param,
+                                            "code": "unsupported_parameter"}}, status=400)
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, self._embed_answer)

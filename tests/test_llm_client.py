@@ -574,16 +574,17 @@ def test_export_import_replays_offline_with_zero_requests(fake_llm: FakeOpenAI, 
     original = run(work(client_for(fake_llm)))
     sent = fake_llm.total
     parquet = tmp_path / "calls.parquet"
-    assert export_cache(fake_llm.cache_dir, parquet) == 6  # type: ignore[attr-defined]
+    # 4 chat answers, 2 vectors, and the structured mode the endpoint took (json_schema, confirmed)
+    assert export_cache(fake_llm.cache_dir, parquet) == 7  # type: ignore[attr-defined]
     elsewhere = tmp_path / "imported"
-    assert import_cache(parquet, elsewhere) == 6
+    assert import_cache(parquet, elsewhere) == 7
     replay_client = LLMClient(llm_config(fake_llm, cache_dir=str(elsewhere)), cache=DiskCallCache(elsewhere))
     assert run(work(replay_client)) == original
     assert fake_llm.total == sent and replay_client.usage.cached_calls == 6
     stats = cache_stats(elsewhere)
-    assert stats["entries"] == 6 and stats["size_bytes"] > 0
-    assert stats["per_model"] == {"fake-model": 4, "fake-embed": 2}
-    assert stats["per_kind"] == {"chat": 4, "embed": 2}
+    assert stats["entries"] == 7 and stats["size_bytes"] > 0
+    assert stats["per_model"] == {"fake-model": 5, "fake-embed": 2}
+    assert stats["per_kind"] == {"chat": 4, "embed": 2, "structured_mode": 1}
 
 
 # ------------------------------------------------------------------ pacing

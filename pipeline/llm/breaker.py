@@ -1,11 +1,13 @@
 """A circuit breaker per endpoint, shared by every worker of a run (through the run's ledger).
 
-When every request to an endpoint fails (5xx, timeouts, connection errors) for a few seconds, the
-endpoint is down: rather than let each row burn its retries and fail, every call waits, and one
-request at a time is let through as a probe, with growing pauses between probes. The first probe
-that is answered closes the breaker and every call resumes. An outage longer than
+When a handful of requests in a row fail (5xx, timeouts, connection errors), the endpoint is down:
+rather than let each row burn its retries and fail, every call waits, and one request at a time
+is let through as a probe, with growing pauses between probes. The first probe that is answered
+closes the breaker and every call resumes. An outage longer than
 `llm.max_outage_s` stops the run cleanly (`EndpointDown`): finished work is kept, a rerun resumes.
-A 429 is not an outage (the rate limiter and Retry-After handle it), nor is a 4xx.
+A 429 is not an outage (the rate limiter and Retry-After handle it), nor is a 4xx, nor a 500 that
+is a validation error naming a parameter (pipeline.llm.structured.rejected_param): only failures
+that a plain request would also meet count.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from dataclasses import dataclass
 
 from pipeline.errors import RunStopped
 
-# Down when at least this many requests in a row failed over at least this long: well before a
-# row's own retries (about 8 s with the default backoff) run out. Opening on a few unlucky faults
-# is cheap (the clients that failed wait for one probe, about a second); opening late fails rows.
+# Down when this many requests in a row failed, across every worker of the run (any answer in
+# between resets the count). No minimum span: an endpoint that fails at once (an instant 503) would
+# otherwise take hundreds of requests in the span. Opening on a few unlucky faults is cheap (the
+# clients that failed wait for one probe, about a second); a rejected parameter is never a failure.
+# At most a lone request's own attempts (llm.max_retries + 1), so that one request in flight still
+# opens it before its retries run out.
 OPEN_AFTER_FAILURES = 3
-OPEN_AFTER_S = 1.0
+OPEN_AFTER_S = 0.0
 # A request whose retries ran out on outage-like failures waits until this long after its first
 # failure for the breaker to decide, so it does not fail just before the breaker would open.
-DECIDE_S = 3 * OPEN_AFTER_S
+DECIDE_S = 3.0
 PROBE_FIRST_S = 1.0  # pause before the first probe, doubling up to PROBE_MAX_S
 PROBE_MAX_S = 10.0  # a long outage costs one request per 10 s and ends at most 10 s late
 PROBE_TIMEOUT_S = 300.0  # a probe that never reports back frees its slot after this long

@@ -66,9 +66,16 @@ def mode_cache_key(endpoint: str, model: str) -> str:
     return make_key({"kind": "structured_mode", "endpoint": endpoint, "model": model})
 
 
+def params_cache_key(endpoint: str, model: str) -> str:
+    """Where the request parameters an endpoint refused (seed) are remembered (see LLMClient)."""
+    return make_key({"kind": "rejected_params", "endpoint": endpoint, "model": model})
+
+
 def _kind(value: dict[str, Any]) -> str:
     if "embedding" in value:
         return "embed"
+    if "rejected_params" in value:
+        return "rejected_params"
     return "structured_mode" if "structured_mode" in value else "chat"
 
 

@@ -12,8 +12,14 @@ request whose re-asks all failed is tried again with up to n new sample indexes.
 
 Structured modes (`structured_mode`): json_schema (strict response_format), json_object (JSON
 mode, schema in the prompt), prompt (schema in the prompt, first JSON object of the text), and
-auto: json_schema, stepping down when the endpoint rejects the response_format with a 400. The
-mode found is remembered in the call cache for (endpoint, model), so later clients start there.
+auto: json_schema, stepping down when the endpoint rejects the response_format. A rejection is
+recognised by what the server says, whatever the status (a 400 or 422 naming the parameter, or
+llama-cpp-python's 500 validation error): it is never retried as sent and never counts as an
+outage. In auto mode the first structured request of an (endpoint, model) is the scout: the others,
+in this process and in every worker of the run (through the run's ledger), wait for its answer and
+then use the mode it decided, so an endpoint sees at most one rejected request per mode. The mode
+decided is remembered in the call cache for (endpoint, model), so later clients start there. A
+rejected `seed` is dropped from the (endpoint, model)'s requests from then on.
 
 The API key comes from the environment only. It is held by the SDK client, and never enters cache
 keys, cache values, usage, reprs, exception messages or logs.
@@ -42,14 +48,17 @@ from pydantic import BaseModel
 
 from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
-from pipeline.llm.cache import CallCache, chat_cache_key, embed_cache_key, mode_cache_key
+from pipeline.llm.cache import CallCache, chat_cache_key, embed_cache_key, mode_cache_key, params_cache_key
 from pipeline.llm.identity import OPENAI_BASE_URL, endpoint_identity
 from pipeline.llm.ratelimit import RateLimiter, estimate_tokens
-from pipeline.llm.structured import (MODES_AFTER, describe_error, parse_structured, rejects_response_format,
-                                     request_format, with_schema_in_prompt)
+from pipeline.llm.slots import EndpointSlots
+from pipeline.llm.structured import (MODES_AFTER, RequestRejected, describe_error, parse_structured,
+                                     rejected_param, rejects_response_format, request_format,
+                                     with_schema_in_prompt)
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
 from pipeline.llm.batch import BATCH_DISCOUNT
 from pipeline.llm.breaker import DECIDE_S, OPEN_AFTER_S, EndpointDown
+from pipeline.llm.ledger import MODE_POLL_S
 from pipeline.llm.prices import prices_for
 from pipeline.llm.usage import Usage, call_cost
 
@@ -125,7 +134,7 @@ class _Reply:
 @dataclass
 class _LoopState:
     clients: list[openai.AsyncOpenAI]  # one connection pool each, taken in turn
-    semaphore: asyncio.Semaphore
+    semaphore: Any  # one endpoint slot per request: pipeline.llm.slots (shared by every worker of a run)
     closers: list[AsyncGenerator[None, None]]
     turn: int = 0
 
@@ -144,6 +153,57 @@ _POOL_REQUESTS = 32
 # once per batch): per loop, the state each (role, endpoint, key) shares; see LLMClient._state.
 _LOOP_STATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _LoopState]] = \
     weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _ModeDecision:
+    """The structured mode of one (endpoint, model) on one loop: `lock` is held by the scout (the
+    request that decides it) and by whoever is asking the run's ledger; `mode` once decided."""
+
+    lock: asyncio.Lock
+    mode: str | None = None
+    why: str = ""
+
+
+# Per loop (asyncio locks belong to one): (endpoint, model) -> its mode decision, shared by clients.
+_MODE_DECISIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], _ModeDecision]] = \
+    weakref.WeakKeyDictionary()
+# (endpoint, model) -> {parameter: why} the endpoint refused (seed), for every client of the process.
+_DROPPED_PARAMS: dict[tuple[str, str], dict[str, str]] = {}
+# Endpoints a request of this process saw failing and no answer since: ask the breaker before
+# sending, also from a client that has not failed yet (a new shard's first request).
+_FAILING_ENDPOINTS: set[str] = set()
+_DOWN_ENDPOINTS: set[str] = set()  # endpoints the breaker said are down, until it says up again
+
+
+class _Scout:
+    """The request deciding an (endpoint, model)'s structured mode: holds the decision's lock (and
+    the ledger's claim) until it publishes the mode or gives up (a transport failure: another
+    request becomes the scout)."""
+
+    def __init__(self, client: LLMClient, model: str, decision: _ModeDecision, claimed: bool) -> None:
+        self.client, self.model, self.decision, self.claimed = client, model, decision, claimed
+        self.done = False
+
+    async def publish(self, mode: str, why: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.decision.mode, self.decision.why = mode, why
+            await self.client._remember_mode(self.model, mode, why)
+            if self.claimed:
+                await self.client.tally.ledger.publish_mode(self.client._mode_key(self.model), mode, why)
+        finally:
+            self.decision.lock.release()
+
+    def release(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.claimed:
+            self.client.tally.ledger.release_mode(self.client._mode_key(self.model))
+        self.decision.lock.release()
 
 
 async def _close_at_loop_end(client: openai.AsyncOpenAI) -> AsyncGenerator[None, None]:
@@ -190,18 +250,22 @@ class LLMClient:
 
     def __init__(self, cfg: LLMConfig, *, cache: CallCache | None = None, limiter: RateLimiter | None = None,
                  api_key: str | None = None, section: str = "llm", retry_samples: int = 0,
-                 tally: Any | None = None) -> None:
+                 tally: Any | None = None, slots: EndpointSlots | None = None) -> None:
         if cfg.provider == "local" and not cfg.base_url:
             raise ConfigError(f"{section}.base_url: not set; start the local server before creating the client")
         self.cfg = cfg
         self.cache = cache
         self.limiter = limiter
+        # The endpoint's `max_concurrency` slots: the run's shared pool (make_client), or per event loop.
+        self.slots = slots if slots is not None else EndpointSlots.for_role(cfg)
         self.usage = Usage()
         self.endpoint = endpoint_identity(cfg)
         self.retry_samples = retry_samples
         self.prices = prices_for(cfg)  # the default table with the config's prices over it
         self.tally = tally  # the run ledger's StageTally (progress, budget); None outside a run
         self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
+        self._params_read: set[str] = set()  # models whose refused parameters were read from the cache
+        self.rejected_params: dict[str, str] = {}  # parameter -> the refusal, for ones nothing drops (n)
         self._endpoint_failing = False  # a request failed and no answer came since: ask the breaker
         self._endpoint_down = False
         self.__key = api_key if api_key is not None else resolve_api_key(cfg, section)
@@ -241,7 +305,7 @@ class LLMClient:
                 await closer.__anext__()  # registers it with this loop's async-generator hooks
                 clients.append(client)
                 closers.append(closer)
-            st = _LoopState(clients, asyncio.Semaphore(self.cfg.max_concurrency), closers)
+            st = _LoopState(clients, self.slots.slot(), closers)
             shared[key] = st
         return st
 
@@ -320,21 +384,28 @@ class LLMClient:
         attempt = 0
         first_failure: float | None = None
         while True:
+            asked = self._breaker_watched()
             probe = await self._wait_for_endpoint()
             retry_after: float | None = None
+            rejected: str | None = None
             fatal = False
             outage = True  # no answer at all: a 5xx, a timeout, a refused connection, a broken body
             async with st.semaphore:
                 # Pace inside the slot so that the reserved send time is the actual send time.
                 if self.limiter is not None:
                     await self.limiter.acquire(est_tokens)
+                if not probe and self._went_quiet(asked):
+                    continue  # the endpoint failed while this request waited for its slot: ask the breaker
                 try:
                     result = read(await call(st.next_client()))
                 except openai.APIStatusError as e:
                     status = e.status_code
                     err = f"HTTP {status}: {_short(e.message, 400)}"
-                    fatal = not _retryable_status(status)
-                    outage = status >= 500
+                    # A parameter the endpoint refuses (even in a 500 validation error): an answer,
+                    # not an outage; sent again it would be refused again.
+                    rejected = rejected_param(status, e.body, str(e.message))
+                    fatal = rejected is not None or not _retryable_status(status)
+                    outage = rejected is None and status >= 500
                     if status in (429, 503):
                         retry_after = parse_retry_after(e.response.headers)
                 except openai.APITimeoutError:
@@ -354,6 +425,8 @@ class LLMClient:
             # the Authorization header) is not chained onto the LLMError.
             err = self._scrub(err)
             down = await self._endpoint_answered(not outage, probe) if outage or probe else False
+            if rejected is not None:
+                raise RequestRejected(err, status=status, param=rejected)
             if fatal:
                 raise LLMError(err, status=status)
             if down:
@@ -370,8 +443,11 @@ class LLMClient:
                     await self.limiter.pause(retry_after)  # every worker sharing the limiter waits
                 delay = retry_after
             else:
+                # From backoff_base_s (0.5 s, the openai SDK's first delay) doubling, with up to a
+                # quarter more as jitter: never the near-zero waits of full jitter, which sent
+                # hundreds of requests into an outage in its first second.
                 cap = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2 ** (attempt - 1))
-                delay = self._rng.uniform(0, cap)  # full jitter
+                delay = cap * self._rng.uniform(1.0, 1.25)
             log.debug("LLM request failed (%s); retry %d in %.2f s", err, attempt, delay)
             await asyncio.sleep(delay)
 
@@ -381,16 +457,29 @@ class LLMClient:
         """Wait while the run's breaker says this endpoint is down; True when this request is
         the probe. Raises EndpointDown after `llm.max_outage_s`. Free while it is up: no ledger
         call until this client has seen a failure."""
-        if self.tally is None or not self._endpoint_failing:
+        if not self._breaker_watched():
             return False
         while True:
             admission = await self.tally.ledger.admit(self.endpoint)
             down_for = admission.down_for_s
+            if down_for is None:
+                _DOWN_ENDPOINTS.discard(self.endpoint)  # up again (another worker's probe was answered)
             if down_for is not None and down_for > self.cfg.max_outage_s:
                 raise EndpointDown(self.endpoint, down_for, self.cfg.max_outage_s)
             if admission.wait_s <= 0:
                 return admission.probe
             await asyncio.sleep(admission.wait_s)
+
+    def _breaker_watched(self) -> bool:
+        """Whether a request must ask the breaker before it goes: this client or another of the
+        process saw the endpoint fail, and no answer came since."""
+        return self.tally is not None and (self._endpoint_failing or self.endpoint in _FAILING_ENDPOINTS)
+
+    def _went_quiet(self, asked: bool) -> bool:
+        """A request that holds its slot now, past the breaker check: the endpoint was seen down
+        since (or failing, where the breaker was not asked), so it must not go out. Without this
+        the requests queued for slots before an instant outage all go out into it."""
+        return self.tally is not None and (self.endpoint in _DOWN_ENDPOINTS or (not asked and self._breaker_watched()))
 
     async def _went_down_since(self, first_failure: float) -> bool:
         """Retries ran out on outage-like failures: give the breaker until DECIDE_S after the first
@@ -410,13 +499,16 @@ class LLMClient:
     async def _endpoint_answered(self, ok: bool, probe: bool) -> bool:
         """Tell the breaker how a request went (failures, and the first answer after them);
         True when the endpoint is down now."""
-        if self.tally is None or (ok and not self._endpoint_failing and not probe):
+        if self.tally is None or (ok and not self._endpoint_failing and not probe
+                                  and self.endpoint not in _FAILING_ENDPOINTS):
             return False
         down = await self.tally.ledger.report(self.endpoint, ok, probe)
         if down and not self._endpoint_down:
             log.warning("endpoint %s is not answering: calls wait and one probe at a time checks it", self.endpoint)
         self._endpoint_down = down
         self._endpoint_failing = not ok or down
+        for flag, on in ((_FAILING_ENDPOINTS, self._endpoint_failing), (_DOWN_ENDPOINTS, down)):
+            flag.add(self.endpoint) if on else flag.discard(self.endpoint)
         return down
 
     # ------------------------------------------------------------ chat
@@ -465,31 +557,46 @@ class LLMClient:
 
     async def _structured(self, model: str, messages: Messages, sampling: dict[str, Any], sample: int,
                           schema: type[BaseModel], validate: Callable[[Any], None] | None) -> LLMResult:
-        mode = await self._structured_mode(model)
-        while True:
-            try:
-                result = await self._ask_valid(model, messages, sampling, sample, schema, validate, mode)
-            except InvalidAnswer:
-                # Counted too: a role whose every answer failed still says which mode it was in.
-                _bump(self.usage.structured_modes, mode)
-                _bump(self.usage.structured_invalid, mode)
-                raise
-            except LLMError as e:
-                if self.cfg.structured_mode != "auto" or not rejects_response_format(e) or mode not in MODES_AFTER:
+        mode, scout = await self._structured_mode(model)
+        try:
+            while True:
+                answered = None
+                if scout is not None and mode != "prompt":
+                    # The scout's first answered request settles the mode for everyone waiting.
+                    answered = functools.partial(scout.publish, mode, self.usage.structured_fallbacks.get(mode, ""))
+                try:
+                    result = await self._ask_valid(model, messages, sampling, sample, schema, validate, mode, answered)
+                except InvalidAnswer:
+                    # Counted too: a role whose every answer failed still says which mode it was in.
+                    _bump(self.usage.structured_modes, mode)
+                    _bump(self.usage.structured_invalid, mode)
                     raise
-                rejected, mode = mode, MODES_AFTER[mode]
-                log.info("%s rejected the response format (%s); structured mode is now %s", self.endpoint,
-                         e.reason, mode)
-                why = f"the endpoint rejected {rejected}: {_short(e.reason, 160)}"
-                self.usage.structured_fallbacks[mode] = why
-                await self._remember_mode(model, mode, why)
-                continue
-            _bump(self.usage.structured_modes, mode)
-            return result
+                except LLMError as e:
+                    if self.cfg.structured_mode != "auto" or not rejects_response_format(e) or mode not in MODES_AFTER:
+                        raise
+                    rejected, mode = mode, MODES_AFTER[mode]
+                    log.info("%s rejected the response format (%s); structured mode is now %s", self.endpoint,
+                             e.reason, mode)
+                    why = f"the endpoint rejected {rejected}: {_short(e.reason, 160)}"
+                    self.usage.structured_fallbacks[mode] = why
+                    self._modes[model] = mode
+                    if scout is not None and mode == "prompt":
+                        await scout.publish(mode, why)  # prompt mode cannot be refused
+                    elif scout is None:
+                        # Sent before the decision reached this client (an older remembered mode).
+                        await self._remember_mode(model, mode, why)
+                    continue
+                _bump(self.usage.structured_modes, mode)
+                return result
+        finally:
+            if scout is not None:
+                scout.release()  # no-op once published; else another request decides
 
     async def _ask_valid(self, model: str, messages: Messages, sampling: dict[str, Any], sample: int,
-                         schema: type[BaseModel], validate: Callable[[Any], None] | None, mode: str) -> LLMResult:
-        """One structured conversation: ask, validate, re-ask with the error; each request cached."""
+                         schema: type[BaseModel], validate: Callable[[Any], None] | None, mode: str,
+                         answered: Callable[[], Awaitable[None]] | None = None) -> LLMResult:
+        """One structured conversation: ask, validate, re-ask with the error; each request cached.
+        `answered` is awaited once the first request got an answer (the endpoint took the mode)."""
         conversation = list(messages) if mode == "json_schema" else with_schema_in_prompt(messages, schema)
         response_format = request_format(schema, mode)
         attempts = 1 + self.cfg.structured_retries
@@ -500,6 +607,9 @@ class LLMClient:
             if i:
                 self.usage.reasks += 1
             reply = await self._request(model, conversation, sampling, response_format, sample)
+            if answered is not None:
+                await answered()
+                answered = None
             prompt_tokens += reply.prompt_tokens
             completion_tokens += reply.completion_tokens
             cached = cached and reply.cached
@@ -516,15 +626,59 @@ class LLMClient:
                              completion_tokens=completion_tokens, model=reply.model, cached=cached)
         raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
 
-    async def _structured_mode(self, model: str) -> str:
+    def _mode_key(self, model: str) -> str:
+        """The ledger's name for this (endpoint, model)'s structured-mode decision."""
+        return f"{self.endpoint} {model}"
+
+    def _learn_mode(self, model: str, mode: str, why: str) -> str:
+        self._modes[model] = mode
+        if mode != "json_schema":  # decided by another request or an earlier run: say why, as it did
+            self.usage.structured_fallbacks.setdefault(mode, why or "found earlier")
+        return mode
+
+    async def _structured_mode(self, model: str) -> tuple[str, _Scout | None]:
+        """The mode for this request, and the scout token when this request is the one deciding it
+        (auto mode, nothing decided yet): it sends json_schema and publishes what the endpoint took.
+        Every other request waits here until the mode is decided, in this process on the
+        decision's lock, across workers through the run's ledger."""
         if self.cfg.structured_mode != "auto":
-            return self.cfg.structured_mode
-        if model not in self._modes:
-            found = await self.cache.get(mode_cache_key(self.endpoint, model)) if self.cache is not None else None
-            self._modes[model] = mode = (found or {}).get("structured_mode", "json_schema")
-            if mode != "json_schema":  # found by an earlier client: say why, as it did
-                self.usage.structured_fallbacks.setdefault(mode, (found or {}).get("why") or "found earlier")
-        return self._modes[model]
+            return self.cfg.structured_mode, None
+        if model in self._modes:
+            return self._modes[model], None
+        decisions = _MODE_DECISIONS.setdefault(asyncio.get_running_loop(), {})
+        decision = decisions.setdefault((self.endpoint, model), _ModeDecision(asyncio.Lock()))
+        if decision.mode is not None:
+            return self._learn_mode(model, decision.mode, decision.why), None
+        await decision.lock.acquire()
+        try:
+            if decision.mode is None:
+                found = await self.cache.get(mode_cache_key(self.endpoint, model)) if self.cache is not None else None
+                if found and found.get("structured_mode"):
+                    decision.mode, decision.why = found["structured_mode"], found.get("why") or ""
+            if decision.mode is None and self.cfg.batch:
+                # A Batch API request answers in minutes to hours: no one waits for a scout there;
+                # each queued request learns from its own rejection.
+                decision.mode = "json_schema"
+            claimed = False
+            if decision.mode is None and self.tally is not None:
+                ledger, key, pause = self.tally.ledger, self._mode_key(model), MODE_POLL_S[0]
+                while True:
+                    state, mode, why = await ledger.claim_mode(key)
+                    if state == "decided":
+                        decision.mode, decision.why = mode, why
+                        break
+                    if state == "scout":
+                        claimed = True
+                        break
+                    await asyncio.sleep(pause)  # another worker's scout is out: ask again soon
+                    pause = min(pause * 2, MODE_POLL_S[1])
+            if decision.mode is None:
+                return "json_schema", _Scout(self, model, decision, claimed)  # the lock stays held
+        except BaseException:
+            decision.lock.release()
+            raise
+        decision.lock.release()
+        return self._learn_mode(model, decision.mode, decision.why), None
 
     async def _remember_mode(self, model: str, mode: str, why: str) -> None:
         self._modes[model] = mode
@@ -532,9 +686,54 @@ class LLMClient:
             await self.cache.set(mode_cache_key(self.endpoint, model), {"structured_mode": mode, "model": model,
                                                                          "why": why})
 
+    # ------------------------------------------------------------ parameters the endpoint refuses
+
+    async def _dropped(self, model: str) -> dict[str, str]:
+        """{parameter: why} this endpoint refused for the model (seed), from this process or an
+        earlier run (the call cache); read from the cache once per client and model."""
+        key = (self.endpoint, model)
+        if key not in _DROPPED_PARAMS and self.cache is not None and model not in self._params_read:
+            self._params_read.add(model)
+            found = await self.cache.get(params_cache_key(self.endpoint, model))
+            if found and found.get("rejected_params"):
+                _DROPPED_PARAMS.setdefault(key, {}).update(found["rejected_params"])
+        return _DROPPED_PARAMS.get(key, {})
+
+    async def _drop_param(self, model: str, param: str, reason: str) -> None:
+        dropped = _DROPPED_PARAMS.setdefault((self.endpoint, model), {})
+        if param in dropped:
+            return
+        why = f"the endpoint rejected {param}: {_short(reason, 160)}"
+        dropped[param] = why
+        log.warning("%s rejected the parameter %r (%s); it is left out of this model's requests from now on",
+                    self.endpoint, param, _short(reason, 160))
+        self.usage.structured_fallbacks[f"without {param}"] = why
+        if self.cache is not None:
+            await self.cache.set(params_cache_key(self.endpoint, model), {"rejected_params": dict(dropped),
+                                                                          "model": model})
+
     async def _request(self, model: str, messages: Messages, sampling: dict[str, Any],
                        response_format: dict[str, Any] | None, sample: int) -> _Reply:
-        """One exact request: from the cache, or sent and then cached (whatever the model said)."""
+        """One exact request: from the cache, or sent and then cached (whatever the model said).
+        A sampling parameter the endpoint refuses (seed) is dropped, and the request sent without."""
+        while True:
+            dropped = await self._dropped(model)
+            if any(p in sampling for p in dropped):
+                sampling = {k: v for k, v in sampling.items() if k not in dropped}
+            try:
+                return await self._request_once(model, messages, sampling, response_format, sample)
+            except RequestRejected as e:
+                if e.param == "seed" and "seed" in sampling:
+                    await self._drop_param(model, "seed", e.reason)
+                    continue
+                if e.param not in ("response_format", "seed"):
+                    # `n` and the like: no caller asks for them yet; say so once, and fail the call.
+                    self.rejected_params.setdefault(e.param, e.reason)
+                raise
+
+    async def _request_once(self, model: str, messages: Messages, sampling: dict[str, Any],
+                            response_format: dict[str, Any] | None, sample: int) -> _Reply:
+        """One exact request as given: from the cache, or sent and then cached."""
         key = chat_cache_key(self.endpoint, model, messages, sampling, response_format, sample)
         if self.cache is not None:
             hit = await self.cache.get(key)

@@ -22,6 +22,9 @@ from pipeline.storage import Location, join
 from pipeline.llm.breaker import Admission, EndpointHealth
 
 SPEND_FILE = "_spend.json"
+# A structured-mode scout that has not published after this long (its worker died) loses its claim.
+MODE_CLAIM_TIMEOUT_S = 600.0
+MODE_POLL_S = (0.05, 0.5)  # a request waiting for another worker's scout asks again, doubling to this
 _FLUSH_EVERY_S = 0.5  # a worker's counts reach the ledger at most this late
 
 
@@ -79,6 +82,8 @@ class LedgerBook:
         self.reserved: dict[str, float] = {}  # role -> USD of calls sent and not yet answered
         self.counts: dict[str, dict[str, dict[str, float]]] = {}  # stage -> role -> counters
         self.health: dict[str, EndpointHealth] = {}  # endpoint -> its breaker
+        self.modes: dict[str, tuple[str, str]] = {}  # "endpoint model" -> (structured mode, why) decided
+        self.mode_claims: dict[str, float] = {}  # "endpoint model" -> when its scout claimed the decision
 
     def _role_spend(self, role: str) -> float:
         return self.spent_before.get(role, 0.0) + self.spent.get(role, 0.0)
@@ -126,6 +131,27 @@ class LedgerBook:
 
     def is_down(self, endpoint: str) -> bool:
         return endpoint in self.health and self.health[endpoint].check(time.time())
+
+    def claim_mode(self, key: str) -> tuple[str, str, str]:
+        """The structured mode of `key` (endpoint and model): ("decided", mode, why) once published;
+        ("scout", "", "") when nobody is deciding it (the caller now is: it sends json_schema and
+        publishes what the endpoint took); ("wait", "", "") while another request decides it."""
+        if key in self.modes:
+            return ("decided", *self.modes[key])
+        now = time.time()
+        claimed = self.mode_claims.get(key)
+        if claimed is not None and now - claimed < MODE_CLAIM_TIMEOUT_S:
+            return ("wait", "", "")
+        self.mode_claims[key] = now
+        return ("scout", "", "")
+
+    def publish_mode(self, key: str, mode: str, why: str) -> None:
+        self.modes[key] = (mode, why)
+        self.mode_claims.pop(key, None)
+
+    def release_mode(self, key: str) -> None:
+        """The scout gave up (its request failed in transport): the next to ask decides."""
+        self.mode_claims.pop(key, None)
 
     def snapshot(self) -> dict[str, Any]:
         return {"counts": self.counts, "spent": dict(self.spent), "spent_before": dict(self.spent_before),
@@ -196,6 +222,15 @@ class LocalLedger:
 
     async def is_down(self, endpoint: str) -> bool:
         return self.book.is_down(endpoint)
+
+    async def claim_mode(self, key: str) -> tuple[str, str, str]:
+        return self.book.claim_mode(key)
+
+    async def publish_mode(self, key: str, mode: str, why: str) -> None:
+        self.book.publish_mode(key, mode, why)
+
+    def release_mode(self, key: str) -> None:
+        self.book.release_mode(key)
 
     def snapshot(self) -> dict[str, Any]:
         return self.book.snapshot()

@@ -101,6 +101,15 @@ class LedgerActor:
     def is_down(self, endpoint: str) -> bool:
         return self._book.is_down(endpoint)
 
+    def claim_mode(self, key: str) -> tuple[str, str, str]:
+        return self._book.claim_mode(key)
+
+    def publish_mode(self, key: str, mode: str, why: str) -> None:
+        self._book.publish_mode(key, mode, why)
+
+    def release_mode(self, key: str) -> None:
+        self._book.release_mode(key)
+
     def snapshot(self) -> dict[str, Any]:
         return self._book.snapshot()
 
@@ -131,6 +140,15 @@ class ActorLedger:
 
     async def is_down(self, endpoint: str) -> bool:
         return await self.handle.is_down.remote(endpoint)
+
+    async def claim_mode(self, key: str) -> tuple[str, str, str]:
+        return tuple(await self.handle.claim_mode.remote(key))  # type: ignore[return-value]
+
+    async def publish_mode(self, key: str, mode: str, why: str) -> None:
+        await self.handle.publish_mode.remote(key, mode, why)
+
+    def release_mode(self, key: str) -> None:
+        self.handle.release_mode.remote(key)  # fire and forget: also called while being cancelled
 
     def snapshot(self) -> dict[str, Any]:
         return ray.get(self.handle.snapshot.remote())

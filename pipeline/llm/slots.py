@@ -1,0 +1,414 @@
+"""One `llm.max_concurrency` per endpoint: the requests in flight at an endpoint, across every LLM
+worker and node of a run, never pass it.
+
+Two sides. A named async Ray actor per (job, endpoint, model, cap), `SlotPoolActor`, leases slots
+to the workers in blocks: each event loop that sends requests is one holder, tells the actor how
+many slots it could use (`want`), and is granted up to its max-min fair share (`target`) of the cap.
+Inside the loop, `_LoopSlots` hands leased slots to requests with plain counters and futures, so a
+request's slot costs no actor call: a reply's slot goes straight to the next waiting request. A
+holder above its share (another holder started wanting) gives slots back as its requests end; a
+holder whose slots sat unused for `LINGER_S` gives them back, so an idle worker's share flows to a
+busy one. Inline runs (no Ray) use one asyncio semaphore per event loop.
+
+    slots = EndpointSlots.for_role(cfg, handle)   # handle: `start_slot_pool(cfg, job)` on the driver, or None
+    async with slots.slot():                      # one slot per HTTP request
+        ...
+
+`llm.max_concurrency_per_worker` (optional; None: no extra cap), when the config has it, also caps
+one event loop's requests.
+
+State: the client takes its per-loop slots from here (`EndpointSlots.for_role(cfg)`, no handle);
+the shared pool is tested on its own (tests/test_slots.py) but not yet started by
+`SharedLLMHandles`: wired in, the Ray variant of test_budget_progress hung on its second run (a
+stage stopped by BudgetExceeded in a long-lived LLM worker left its loop's lease held, and the next
+run in the same job waited for slots that never came back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Slots unused this long go back to the pool (a worker between shards lends its share to the others).
+LINGER_S = 0.05
+# A holder's long poll returns at least this often (its heartbeat); one silent for EXPIRY_S (its
+# process died) loses its slots.
+POLL_S = 1.0
+EXPIRY_S = 20.0
+
+
+def fair_shares(cap: int, wants: dict[str, int]) -> dict[str, int]:
+    """Max-min fair split of `cap` slots over the holders' wants (water filling): a holder wanting
+    less than an equal share gets what it wants, the rest split the remainder evenly. Sums to
+    min(cap, sum of wants)."""
+    out: dict[str, int] = {}
+    remaining = cap
+    items = sorted(wants.items(), key=lambda kv: (kv[1], kv[0]))
+    for i, (holder, want) in enumerate(items):
+        give = min(max(want, 0), -(-remaining // (len(items) - i)))
+        out[holder] = give
+        remaining -= give
+    return out
+
+
+class SlotPool:
+    """The pure core of the actor: who holds how many of `cap` slots, and who wants how many.
+    Not thread-safe: one owner calls it."""
+
+    def __init__(self, cap: int, expiry_s: float = EXPIRY_S) -> None:
+        if cap < 1:
+            raise ValueError("llm.max_concurrency must be at least 1")
+        self.cap = cap
+        self.expiry_s = expiry_s
+        self.held: dict[str, int] = {}
+        self.want: dict[str, int] = {}
+        self.seen: dict[str, float] = {}
+        self.dropped: set[str] = set()
+        self.targets: dict[str, int] = {}
+        self.peak_held = 0
+
+    def free(self) -> int:
+        return self.cap - sum(self.held.values())
+
+    def tell(self, holder: str, want: int, returned: int, now: float) -> bool:
+        """A holder's news: it wants `want` slots in all, and gives `returned` back. True when
+        another holder's share changed or slots came free (its poll should look again)."""
+        if holder in self.dropped:
+            return False
+        self.seen[holder] = now
+        self.held[holder] = max(self.held.get(holder, 0) - returned, 0)
+        self.want[holder] = max(want, 0)
+        if not self.want[holder] and not self.held[holder]:
+            self._forget(holder)
+        before = self.targets
+        self.targets = fair_shares(self.cap, self.want)
+        self.reap(now)
+        return returned > 0 or before != self.targets
+
+    def grant(self, holder: str) -> int:
+        """Slots granted to `holder` now: up to its share, out of what is free."""
+        if holder in self.dropped:
+            return 0
+        n = min(max(self.targets.get(holder, 0) - self.held.get(holder, 0), 0), self.free())
+        if n:
+            self.held[holder] = self.held.get(holder, 0) + n
+            self.peak_held = max(self.peak_held, self.cap - self.free())
+        return n
+
+    def drop(self, holder: str) -> None:
+        """The holder's loop ended: everything it held is free, and it is never granted again."""
+        self.dropped.add(holder)
+        self._forget(holder)
+        self.targets = fair_shares(self.cap, self.want)
+
+    def reap(self, now: float) -> bool:
+        """Free the slots of holders not heard from for `expiry_s` (their process died)."""
+        gone = [h for h, t in self.seen.items() if now - t > self.expiry_s]
+        for h in gone:
+            log.warning("slot holder %s silent for %.0f s: its %d slots are free again", h, now - self.seen[h],
+                        self.held.get(h, 0))
+            self.drop(h)
+        return bool(gone)
+
+    def _forget(self, holder: str) -> None:
+        for d in (self.held, self.want, self.seen):
+            d.pop(holder, None)
+
+
+try:
+    import ray
+except ImportError:  # pragma: no cover - Ray is a dependency; inline slots work without it
+    ray = None  # type: ignore[assignment]
+
+
+class _SlotPoolActor:
+    """The job's slots for one endpoint; async, so a holder's long poll waits without blocking."""
+
+    def __init__(self, cap: int, expiry_s: float = EXPIRY_S) -> None:
+        self._pool = SlotPool(cap, expiry_s)
+        self._changed = asyncio.Event()
+        self._token = uuid.uuid4().hex
+
+    def token(self) -> str:
+        return self._token
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def tell(self, holder: str, want: int, returned: int = 0) -> None:
+        if self._pool.tell(holder, want, returned, time.monotonic()):
+            self._notify()
+
+    async def lease(self, holder: str, want: int, known_target: int, wait_s: float = POLL_S) -> tuple[int, int]:
+        """(slots granted, this holder's share) once it is granted some, its share changes, or
+        `wait_s` passes; `want`: the slots it could use in all, `known_target`: the share it knows."""
+        self.tell(holder, want, 0)
+        deadline = time.monotonic() + wait_s
+        while True:
+            granted = self._pool.grant(holder)
+            target = self._pool.targets.get(holder, 0)
+            left = deadline - time.monotonic()
+            if holder in self._pool.dropped:
+                return 0, -1  # silent past EXPIRY_S: its slots were freed; it starts over as a new holder
+            if granted or target != known_target or left <= 0:
+                return granted, target
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+            if self._pool.reap(time.monotonic()):
+                self._notify()
+
+    def drop(self, holder: str) -> None:
+        self._pool.drop(holder)
+        self._notify()
+
+    def stats(self) -> dict[str, Any]:
+        p = self._pool
+        return {"cap": p.cap, "held": dict(p.held), "want": dict(p.want), "targets": dict(p.targets),
+                "in_use": p.cap - p.free(), "peak_held": p.peak_held}
+
+
+SlotPoolActor = ray.remote(num_cpus=0)(_SlotPoolActor) if ray is not None else None
+
+
+@dataclass(frozen=True)
+class SlotsHandle:
+    """What a worker needs of the job's `SlotPoolActor` (picklable; made by the driver)."""
+
+    actor: Any
+    cap: int
+    token: str  # this actor's own id: a new job's actor of the same name gets new local sides
+
+    def close(self) -> None:
+        """Stop the actor (end of job). Safe to call twice."""
+        try:
+            ray.kill(self.actor)
+        except ray.exceptions.RayError:
+            pass
+
+
+def slot_pool_name(cfg: Any, job_key: str) -> str:
+    from pipeline.llm.identity import endpoint_identity
+
+    digest = hashlib.sha256(repr((endpoint_identity(cfg), cfg.model, cfg.max_concurrency)).encode()).hexdigest()[:12]
+    return f"mempipe-llm-slots-{job_key}-{digest}"
+
+
+def start_slot_pool(cfg: Any, job_key: str) -> SlotsHandle:
+    """Look up or start the job's slot actor for this role's endpoint, model and
+    `max_concurrency` (call on the driver, after ray.init); pinned to the driver's node. Roles
+    with the same endpoint, model and cap share it, as they share a rate limiter."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    actor = SlotPoolActor.options(  # type: ignore[union-attr]
+        name=slot_pool_name(cfg, job_key), get_if_exists=True, scheduling_strategy=here,
+    ).remote(cfg.max_concurrency)
+    return SlotsHandle(actor, cfg.max_concurrency, ray.get(actor.token.remote()))
+
+
+class _LoopSlots:
+    """One event loop's share of the endpoint's slots: leased from the actor in blocks, handed to
+    requests locally. `async with` takes one slot."""
+
+    def __init__(self, handle: SlotsHandle, local_cap: int | None) -> None:
+        self.handle = handle
+        self.actor = handle.actor
+        self.most = min(handle.cap, local_cap or handle.cap)  # never want more than this
+        self.holder = uuid.uuid4().hex[:16]
+        self.loop = asyncio.get_running_loop()
+        self.held = 0  # leased from the actor
+        self.in_use = 0
+        self.target = 0  # the share the actor last gave
+        self.waiters: deque[asyncio.Future] = deque()
+        self.reported = 0  # the want the actor last heard
+        self.returning = 0  # slots to give back at the next flush
+        self.flush_pending = False
+        self.sync_task: asyncio.Task | None = None
+        self.trim_timer: asyncio.TimerHandle | None = None
+        self.min_idle = 0  # fewest unused slots since the last trim: those were unused throughout
+        self.broken = False
+
+    # ---------------------------------------------------------------- requests
+
+    async def __aenter__(self) -> None:
+        if self.in_use < self.held and not self.waiters:
+            self.in_use += 1
+            idle = self.held - self.in_use
+            if idle < self.min_idle:
+                self.min_idle = idle
+            return
+        fut = self.loop.create_future()
+        self.waiters.append(fut)
+        self._news()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed a slot, then cancelled: pass it on
+                self._release()
+            else:
+                try:
+                    self.waiters.remove(fut)
+                except ValueError:
+                    pass
+                self._news()
+            raise
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        self.in_use -= 1
+        if self.held > self.target and not self.broken:
+            # Above our share (another holder wants): this slot goes back, not to our next request.
+            self.held -= 1
+            self.returning += 1
+            self._news()
+            return
+        self._dispatch()
+        if self.in_use < self.held and self.trim_timer is None and not self.broken:
+            self.min_idle = self.held - self.in_use
+            self.trim_timer = self.loop.call_later(LINGER_S, self._trim)
+
+    def _dispatch(self) -> None:
+        while self.waiters and self.in_use < self.held:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                self.in_use += 1
+                fut.set_result(None)
+
+    def _trim(self) -> None:
+        """Give back the slots unused since the last trim; look again while some are unused."""
+        self.trim_timer = None
+        unused = min(self.held - self.in_use, self.min_idle)
+        if unused > 0 and not self.waiters:
+            self.held -= unused
+            self.returning += unused
+            self._news()
+        if self.in_use < self.held:
+            self.min_idle = self.held - self.in_use
+            self.trim_timer = self.loop.call_later(LINGER_S, self._trim)
+
+    # ---------------------------------------------------------------- the actor
+
+    def _want(self) -> int:
+        return min(self.in_use + len(self.waiters), self.most)
+
+    def _news(self) -> None:
+        """Something the actor may need to hear (slots back, a want that concerns slots we do not
+        hold): one `tell` per loop turn, and a lease poll running while we hold or wait."""
+        if self.broken:
+            self._dispatch()
+            return
+        if self.sync_task is None and (self.waiters or self.held):
+            self.sync_task = self.loop.create_task(self._sync())
+            return  # its first poll carries the want
+        want = self._want()
+        if not self.flush_pending and (self.returning or (want != self.reported and max(want, self.reported) > self.held)):
+            self.flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_pending = False
+        want, returned = self._want(), self.returning
+        if returned or want != self.reported:
+            self.returning = 0
+            self.reported = want
+            self.actor.tell.remote(self.holder, want, returned)  # fire and forget; calls keep their order
+
+    async def _sync(self) -> None:
+        """The lease poll: one actor call at a time while this loop holds or wants slots."""
+        try:
+            while self.held or self.waiters:
+                if self.returning:
+                    self._flush()
+                self.reported = want = self._want()
+                granted, target = await self.actor.lease.remote(self.holder, want, self.target, POLL_S)
+                if target < 0:  # the actor took our slots back (we were silent too long)
+                    self.holder, self.held, self.target = uuid.uuid4().hex[:16], 0, 0
+                    continue
+                self.held += granted
+                self.target = target
+                while self.held > self.target and self.in_use < self.held:  # unused slots above our share
+                    self.held -= 1
+                    self.returning += 1
+                self._dispatch()
+                if self.returning:
+                    self._flush()
+        except asyncio.CancelledError:
+            self._close()
+            raise
+        except Exception as e:  # noqa: BLE001 - the actor is gone: go on with a per-loop cap
+            log.warning("endpoint slots unavailable (%s); this worker keeps at most %d requests in flight",
+                        e, self.most)
+            self.broken = True
+            self.held = self.target = self.most
+            self._dispatch()
+        finally:
+            self.sync_task = None
+
+    def _close(self) -> None:
+        """The loop is ending: every slot this holder has (or was being granted) is free again."""
+        if not self.broken:
+            self.broken = True
+            try:
+                self.actor.drop.remote(self.holder)
+            except Exception:  # noqa: BLE001 - Ray already shut down
+                pass
+        self.held = self.target = 0
+
+
+_SHARED: dict[tuple, "EndpointSlots"] = {}
+
+
+@dataclass(eq=False)
+class EndpointSlots:
+    """The endpoint's concurrency slots for one role in this process. `slot()` is an async context
+    manager holding one slot; each event loop gets its own local side."""
+
+    cap: int
+    handle: SlotsHandle | None = None
+    local_cap: int | None = None
+    _loops: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+
+    @classmethod
+    def for_role(cls, cfg: Any, handle: SlotsHandle | None = None) -> EndpointSlots:
+        """The slots of a role's config: the job's shared pool through `handle`, or (None: inline
+        runs, tests) `cfg.max_concurrency` per event loop. Clients of one process with the same
+        pool (or, inline, the same endpoint, model and cap) share one object."""
+        from pipeline.llm.identity import endpoint_identity
+
+        local_cap = getattr(cfg, "max_concurrency_per_worker", None)
+        key = ((handle.token,) if handle is not None else
+               (endpoint_identity(cfg), cfg.model, cfg.max_concurrency)) + (local_cap,)
+        slots = _SHARED.get(key)
+        if slots is None:
+            slots = _SHARED[key] = cls(cfg.max_concurrency, handle, local_cap)
+        return slots
+
+    def slot(self) -> Any:
+        """`async with slots.slot():` around one HTTP request (call inside the running loop)."""
+        loop = asyncio.get_running_loop()
+        side = self._loops.get(loop)
+        if side is None:
+            side = self._loops[loop] = self._local_side(loop)
+        return side
+
+    def _local_side(self, loop: asyncio.AbstractEventLoop) -> Any:
+        if self.handle is None:
+            return asyncio.Semaphore(min(self.cap, self.local_cap or self.cap))
+        # Its lease poll runs while it holds slots; asyncio.run's end cancels the poll, which
+        # gives everything back (pipeline.llm.slots._LoopSlots._close).
+        return _LoopSlots(self.handle, self.local_cap)
