@@ -125,6 +125,7 @@ class StageProgress:
         self.log_every_s = LOG_EVERY_S if log_every_s is None else log_every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._was_down: dict[str, float] = {}  # endpoints the log last said were down
         # disable=not live: on a terminal only, so piped output and logs carry just the lines below.
         self.bar = tqdm(total=total_shards, initial=done_shards, desc=stage, unit="shard", disable=not self.live,
                         file=self.stream)
@@ -150,7 +151,6 @@ class StageProgress:
             return {}
 
     def _redraw_loop(self) -> None:
-        was_down: dict[str, float] = {}
         next_line = time.monotonic() + self.log_every_s
         while not self._stop.wait(min(_REDRAW_S, self.log_every_s)):
             snap = self.redraw() if self.ledger is not None else {}
@@ -162,13 +162,16 @@ class StageProgress:
                 counts = (stage_counts(snap, self.stage) if snap else {}) if self.ledger is not None else None
                 print(log_line(self.stage, counts, self.expected, (self.shards[0], self.shards[1]),
                                time.time() - self.started), file=self.stream, flush=True)
-            down = snap.get("down", {})  # in a log: one line when an endpoint goes down, one when back
-            if down and down != was_down:
-                print(f"{self.stage}: {down_text(down)}; calls wait, probing it", file=self.stream, flush=True)
-            for endpoint in set(was_down) - set(down):
-                print(f"{self.stage}: endpoint {endpoint} answers again after {time.time() - was_down[endpoint]:.0f} s;"
-                      " calls resumed", file=self.stream, flush=True)
-            was_down = dict(down)
+            self._log_endpoints(snap.get("down", {}))
+
+    def _log_endpoints(self, down: dict[str, float]) -> None:
+        """In a log: one line when an endpoint goes down, one when it answers again."""
+        if down and down != self._was_down:
+            print(f"{self.stage}: {down_text(down)}; calls wait, probing it", file=self.stream, flush=True)
+        for endpoint in set(self._was_down) - set(down):
+            print(f"{self.stage}: endpoint {endpoint} answers again after "
+                  f"{time.time() - self._was_down[endpoint]:.0f} s; calls resumed", file=self.stream, flush=True)
+        self._was_down = dict(down)
 
     def redraw(self) -> dict[str, Any]:
         snap = self._snapshot()
@@ -192,6 +195,8 @@ class StageProgress:
             self._thread.join(timeout=2 * _REDRAW_S)
         if exc_type is None and self.ledger is not None and self.live:
             self.redraw()  # the final counts stay on the line
+        elif self._was_down and self.ledger is not None:
+            self._log_endpoints(self._snapshot().get("down", {}))  # back between the last redraw and the end
         if exc_type is not None:
             self.bar.leave = False  # erase the bar so the error is the last thing on screen
         self.bar.close()
