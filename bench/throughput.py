@@ -100,8 +100,8 @@ def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int,
     sets = fake_sets(workdir, srv.base_url, corpus, run_name=name) + [
         "methods=[turn]", STAGES, "compress.method=none", "compress.granularities=[turn]",
         "banks.granularities=[turn]", "probes.next_response=false", "probes.max_qa_per_episode=null",
-        # One LLM worker per core (ray.llm_task_cpus=1, the default), each with `cap` requests in
-        # flight: twice the endpoint's cap, so it stays saturated while a shard starts or ends.
+        # One LLM worker per core (ray.llm_task_cpus=1, the default); `cap` requests in flight at
+        # the endpoint for the whole run, shared by the workers (pipeline.llm.slots).
         f"llm.max_concurrency={cap}", "ray.episodes_per_shard=4", *extra]
     srv.reset()
     with CpuSampler(srv.proc.pid) as cpu:
@@ -251,7 +251,7 @@ def main() -> int:
             "is bound by the cores, not by the pipeline's concurrency. CPU ms per call: CPU-seconds the machine "
             "spent outside the fake server's process over that span, per completed call (for the pipeline: "
             "driver, Ray and workers; for the bare client: the benchmark's process).\n\n"
-            + "Settings: `llm.max_concurrency` = cap per LLM worker, `ray.episodes_per_shard=4`, defaults otherwise "
+            + "Settings: `llm.max_concurrency` = cap for the whole run (the workers share it), `ray.episodes_per_shard=4`, defaults otherwise "
             "(one LLM worker per core, `ray.llm_shards_per_worker` shards at once on each).\n\n"
             + table(["run", "cap", "latency s", "ideal req/s", "chat calls", "span s", "requests/s", "share of ideal",
                      "share of bare client", "stage wall s", "max in flight", "endpoint under cap", "CPU busy",

@@ -71,7 +71,10 @@ class LLMConfig(Section):
     top_p: float | None = None
     max_tokens: int = 256
     seed: int | None = 0
-    max_concurrency: int = 8  # in-flight requests per worker (per endpoint and model)
+    # In-flight requests at the endpoint and model, across every LLM worker and node of the run
+    # (pipeline.llm.slots); roles with the same endpoint, model and cap share the slots.
+    max_concurrency: int = Field(default=8, ge=1)
+    max_concurrency_per_worker: int | None = Field(default=None, ge=1)  # also cap one worker's share
     rpm: int | None = None  # requests per minute, shared by every worker of the job
     tpm: int | None = None  # tokens per minute, shared by every worker of the job
     timeout_s: float = 120.0
@@ -118,6 +121,7 @@ class RoleConfig(Section):
     max_tokens: int | None = None
     seed: int | None = None
     max_concurrency: int | None = None
+    max_concurrency_per_worker: int | None = None
     rpm: int | None = None
     tpm: int | None = None
     timeout_s: float | None = None

@@ -170,24 +170,23 @@ def test_a_shard_whose_llm_worker_is_gone_for_good_runs_on_a_new_worker(runner, 
     assert [c["episode_id"] for c in counts] == [f"ep{i:02d}" for i in range(5)]
 
 
-def test_an_llm_worker_runs_several_shards_at_once_within_its_concurrency(runner, fake_llm, monkeypatch):
+def test_llm_workers_run_several_shards_at_once_within_one_cap_per_endpoint(runner, fake_llm, monkeypatch):
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
     fake_llm.latency_s = 1.0
     llm = ["llm.provider=openai", f"llm.base_url={fake_llm.base_url}", "llm.model=fake-model",
-           "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={fake_llm.cache_dir}", "ray.episodes_per_shard=1"]
-    r = runner("stages=[ingest,ask_once]", *llm, "llm.max_concurrency=4")
-    assert r.run() == {"ingest": "ran", "ask_once": "ran"}
-    # Five one-episode shards on two workers of 4 slots, three on the first: at least its three
-    # requests at once, all five when the workers start together (a shard at a time per worker: 2).
-    assert 3 <= fake_llm.max_in_flight <= 5
-    assert StageDir(r.run_dir, "ask_once").manifest().tables == {"counts": 5}
-    # The slots are the worker's, shared by its shards: one slot each, two workers, at most 2 at a
-    # time (slots per shard would let five go).
-    fake_llm.reset()
+           "llm.api_key_env=MEMPIPE_TEST_KEY", "ray.episodes_per_shard=1"]
+    # Five one-episode shards on two workers, one request each. One slot for the run: one request
+    # at a time over both workers (this run also starts the workers, so the next one's start together).
     one = runner("stages=[ingest,ask_once]", *llm, "llm.max_concurrency=1", "run_name=one_slot",
-                 f"llm.cache_dir={fake_llm.cache_dir}-again")
-    one.run()
-    assert fake_llm.max_in_flight <= 2 and fake_llm.count() == 5
+                 f"llm.cache_dir={fake_llm.cache_dir}-one")
+    assert one.run() == {"ingest": "ran", "ask_once": "ran"}
+    assert fake_llm.max_in_flight == 1 and fake_llm.count() == 5
+    # 4 slots: the workers together fill them and never pass them (a cap per worker would let all 5 go).
+    fake_llm.reset()
+    r = runner("stages=[ingest,ask_once]", *llm, "llm.max_concurrency=4", f"llm.cache_dir={fake_llm.cache_dir}")
+    assert r.run() == {"ingest": "ran", "ask_once": "ran"}
+    assert fake_llm.max_in_flight == 4
+    assert StageDir(r.run_dir, "ask_once").manifest().tables == {"counts": 5}
 
 
 def test_no_retries_configured_fails_the_stage_and_says_why(runner):

@@ -134,7 +134,6 @@ class _Reply:
 @dataclass
 class _LoopState:
     clients: list[openai.AsyncOpenAI]  # one connection pool each, taken in turn
-    semaphore: Any  # one endpoint slot per request: pipeline.llm.slots (shared by every worker of a run)
     closers: list[AsyncGenerator[None, None]]
     turn: int = 0
 
@@ -284,9 +283,9 @@ class LLMClient:
         raise TypeError("LLMClient is not picklable; pass (cfg, handles) and call make_client in the task")
 
     async def _state(self) -> _LoopState:
-        """This loop's HTTP client and concurrency slots. Shared by every client of one role and
-        endpoint on the loop: a worker running several shards at once (pipeline.executors) keeps
-        `max_concurrency` requests in flight across them, on one connection pool."""
+        """This loop's HTTP clients. Shared by every client of one role and endpoint on the loop: a
+        worker running several shards at once (pipeline.executors) sends their requests on one
+        connection pool."""
         loop = asyncio.get_running_loop()
         shared = _LOOP_STATES.setdefault(loop, {})
         key = (self._section, self.cfg.base_url or OPENAI_BASE_URL, self.cfg.timeout_s, self.cfg.max_concurrency,
@@ -305,7 +304,7 @@ class LLMClient:
                 await closer.__anext__()  # registers it with this loop's async-generator hooks
                 clients.append(client)
                 closers.append(closer)
-            st = _LoopState(clients, self.slots.slot(), closers)
+            st = _LoopState(clients, closers)
             shared[key] = st
         return st
 
@@ -390,7 +389,9 @@ class LLMClient:
             rejected: str | None = None
             fatal = False
             outage = True  # no answer at all: a 5xx, a timeout, a refused connection, a broken body
-            async with st.semaphore:
+            # One endpoint slot per request (pipeline.llm.slots): shared by every worker of a run, so
+            # taken per request, not kept with the loop's HTTP clients that outlive a run in a worker.
+            async with self.slots.slot():
                 # Pace inside the slot so that the reserved send time is the actual send time.
                 if self.limiter is not None:
                     await self.limiter.acquire(est_tokens)

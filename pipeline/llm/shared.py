@@ -1,4 +1,5 @@
-"""What the workers of one Ray job share: the call cache and the rate limiter, as named actors.
+"""What the workers of one Ray job share: the call cache, the rate limiter and the endpoint's
+concurrency slots (pipeline.llm.slots), as named actors.
 
 Both actors are pinned to the node of the driver that creates them. The cache actor is the only
 process that opens the cache's SQLite file, so a multi-node cluster never has two nodes (or NFS)
@@ -28,6 +29,7 @@ from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.breaker import Admission
 from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook
 from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
+from pipeline.llm.slots import EndpointSlots, SlotsHandle, start_slot_pool
 
 # Threads let cache reads overlap SQLite writes; diskcache keeps one connection per thread.
 _CACHE_ACTOR_THREADS = 8
@@ -278,6 +280,7 @@ class SharedLLMHandles:
 
     cache: Any | None = None  # CallCacheActor handle, None when the cache is disabled
     limiter: Any | None = None  # RateLimiterActor handle, None when neither rpm nor tpm is set
+    slots: SlotsHandle | None = None  # the endpoint's `max_concurrency` slots for every worker of the job
 
     @classmethod
     def get_or_create(cls, cfg: LLMConfig, job_key: str) -> SharedLLMHandles:
@@ -303,7 +306,7 @@ class SharedLLMHandles:
                 name=f"mempipe-llm-limiter-{job_key}-{_digest(endpoint_identity(cfg), cfg.model, cfg.rpm, cfg.tpm)}",
                 get_if_exists=True, scheduling_strategy=here,
             ).remote(cfg.rpm, cfg.tpm)
-        return cls(cache=cache, limiter=limiter)
+        return cls(cache=cache, limiter=limiter, slots=start_slot_pool(cfg, job_key))
 
     def close(self) -> None:
         """Close the cache file and stop the actors (end of job). Safe to call twice."""
@@ -318,6 +321,8 @@ class SharedLLMHandles:
                     ray.kill(actor)
                 except ray.exceptions.RayError:
                     pass
+        if self.slots is not None:
+            self.slots.close()
 
 
 def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, section: str = "llm",
@@ -336,4 +341,4 @@ def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, sect
     # Without a shared limiter (no rpm/tpm) a local one still honours Retry-After within the worker.
     limiter = ActorRateLimiter(handles.limiter) if handles.limiter is not None else LocalRateLimiter()
     return LLMClient(cfg, cache=cache, limiter=limiter, section=section, retry_samples=retry_samples,
-                     tally=tally)
+                     tally=tally, slots=EndpointSlots.for_role(cfg, handles.slots))

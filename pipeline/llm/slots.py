@@ -17,11 +17,9 @@ busy one. Inline runs (no Ray) use one asyncio semaphore per event loop.
 `llm.max_concurrency_per_worker` (optional; None: no extra cap), when the config has it, also caps
 one event loop's requests.
 
-State: the client takes its per-loop slots from here (`EndpointSlots.for_role(cfg)`, no handle);
-the shared pool is tested on its own (tests/test_slots.py) but not yet started by
-`SharedLLMHandles`: wired in, the Ray variant of test_budget_progress hung on its second run (a
-stage stopped by BudgetExceeded in a long-lived LLM worker left its loop's lease held, and the next
-run in the same job waited for slots that never came back).
+Wiring: `SharedLLMHandles` starts the pool with the job's other actors and `make_client` hands each
+client its role's `EndpointSlots`; the client takes one slot per request (never keeps a loop's
+side beyond a run: an LLM worker's loop outlives runs, and each run's pool is a new actor).
 """
 
 from __future__ import annotations
