@@ -83,7 +83,7 @@ def main(run_dir: Path) -> int:
     report = run_dir / "report" / "report.html"
     if not report.exists():
         sys.exit(f"no report at {report}: run `mempipe run` first")
-    methods = pq.read_table(run_dir / "report" / "method_summary").column("method").to_pylist()
+    methods = list(dict.fromkeys(pq.read_table(run_dir / "report" / "method_summary").column("method").to_pylist()))
     browser = chromium()
     with tempfile.TemporaryDirectory() as tmp:
         page = report.with_name("_render_check.html")

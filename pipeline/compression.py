@@ -12,7 +12,9 @@ turns. LLMLingua-2 compresses the list of exchanges in one call, as SeCom's offi
 its keep threshold is set per exchange; newlines, full stops and the unit's own speaker tags
 ("Name:", taken from the turns, never guessed from the text) are forced to stay. If an exchange
 still comes back with a line or a tag missing, the unit is compressed line by line instead, and
-the result says which path ran (`Compressed.path`). LLMLingua with SmolLM2 always goes line by
+the result says which path ran (`Compressed.path`). An intact exchange is tidied (spaces collapsed,
+a line pruned to punctuation given its text back, counted in `Compressed.restored`), or with
+`restore_pruned_lines=False` kept exactly as LLMLingua-2 returned it. LLMLingua with SmolLM2 always goes line by
 line: measured, compressing a whole dialogue at once drops speaker tags and newlines (they are
 low-perplexity tokens). Line by line, each utterance is compressed on its own and its tag
 re-attached; utterances shorter than `min_words` are kept verbatim (pruning "Yes." leaves ".").
@@ -47,6 +49,7 @@ class Compressed:
 
     text: str
     path: CompressionPath
+    restored: int = 0  # lines pruned to nothing or punctuation that got their original text back
 
 
 def speaker_tags(speakers: Iterable[str]) -> list[str]:
@@ -88,6 +91,26 @@ def restore_exchange(original: str, compressed: str, tags: Sequence[str]) -> str
     return "\n".join(kept)
 
 
+def exchange_intact(original: str, compressed: str, tags: Sequence[str]) -> bool:
+    """Whether a compressed exchange kept every line and every line's speaker tag."""
+    before, after = original.split("\n"), compressed.split("\n")
+    if len(after) != len(before):
+        return False
+    return all(short.strip().startswith(tag) for line, short in zip(before, after)
+               for tag in [split_known_tag(line, tags)[0]] if tag)
+
+
+def pruned_lines(original: str, compressed: str, tags: Sequence[str]) -> int:
+    """Lines of an intact compressed exchange left with nothing but punctuation after their tag
+    (those `restore_exchange` gives their original text back)."""
+    count = 0
+    for line, short in zip(original.split("\n"), compressed.split("\n")):
+        tag, _ = split_known_tag(line, tags)
+        rest = short.strip()[len(tag):].strip(" \t,;:") if tag else short.strip()
+        count += not rest.strip(" .")
+    return count
+
+
 # Module level, not per instance: the model is shared, and compressors must stay picklable for Ray.
 _COMPRESS_LOCK = threading.Lock()
 
@@ -115,7 +138,7 @@ class Compressor:
 
     def __init__(self, method: CompressMethod = "llmlingua", model: str | None = None,
                  rate: float = 0.75, cache_dir: str | Path = DEFAULT_CACHE_DIR,
-                 device: str = "cpu", min_words: int = 4) -> None:
+                 device: str = "cpu", min_words: int = 4, restore_pruned_lines: bool = True) -> None:
         if method not in ("llmlingua2", "llmlingua", "none"):
             raise ValueError(f"unknown compression method {method!r} (llmlingua2, llmlingua, none)")
         if not 0.0 < rate <= 1.0:
@@ -131,13 +154,17 @@ class Compressor:
         self.cache_dir = Path(cache_dir)
         self.device = device
         self.min_words = min_words
+        # LLMLingua-2's exchanges tidied by `restore_exchange` (ours), or kept exactly as returned once
+        # every line and tag is there (False: what SeCom's official code indexes)
+        self.restore_pruned_lines = restore_pruned_lines
 
     @property
     def name(self) -> str:
         """Identity of the compressor for fingerprints."""
         if self.method == "none":
             return "none"
-        return f"{self.method}:{self.model or 'default'}:rate={self.rate}:min_words={self.min_words}"
+        kept = "" if self.restore_pruned_lines else ":as_returned"
+        return f"{self.method}:{self.model or 'default'}:rate={self.rate}:min_words={self.min_words}{kept}"
 
     def _compressor(self) -> Any:
         from pipeline.models import ensure_tiktoken_offline
@@ -198,10 +225,15 @@ class Compressor:
         with _COMPRESS_LOCK:  # the shared torch model is not safe to call from several threads at once
             if not self.per_line:
                 out = pc.compress_prompt(**llmlingua2_arguments(exchanges, tags, self.rate))
-                parts = list(out["compressed_prompt_list"])
-                restored = [restore_exchange(o, c, tags) for o, c in zip(exchanges, parts)]
-                if len(parts) == len(exchanges) and all(r is not None for r in restored):
-                    return Compressed("\n".join(restored), "per_exchange")  # type: ignore[arg-type]
+                parts = [str(c) for c in out["compressed_prompt_list"]]
+                if not self.restore_pruned_lines:
+                    if len(parts) == len(exchanges) and all(exchange_intact(o, c, tags) for o, c in zip(exchanges, parts)):
+                        return Compressed("\n".join(parts), "per_exchange")
+                else:
+                    restored = [restore_exchange(o, c, tags) for o, c in zip(exchanges, parts)]
+                    if len(parts) == len(exchanges) and all(r is not None for r in restored):
+                        n = sum(pruned_lines(o, c, tags) for o, c in zip(exchanges, parts))
+                        return Compressed("\n".join(restored), "per_exchange", n)  # type: ignore[arg-type]
             cache = {} if lines is None else lines
             out_lines = []
             for line in text.split("\n"):

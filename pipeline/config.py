@@ -220,7 +220,10 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 class CorpusSource(Section):
     format: CorpusFormat = "sample"
     path: str = PathField("data/sample")
-    limit: int | None = Field(default=None, ge=1)  # first N episodes
+    limit: int | None = Field(default=None, ge=1)  # first N episodes (of the selected ones)
+    # Only these episodes, in the file's order: a list of ids, or a file of them (.json: a list; else
+    # one per line, '#' comments). An id is the episode id or the corpus's own (`dataID`, ...).
+    episode_ids: list[str] | str | None = PathField(None)
 
 
 class CorpusConfig(CorpusSource):

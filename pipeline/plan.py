@@ -177,11 +177,11 @@ def _num(key: str, value: float) -> float | int:
 # episodes and sampling
 
 def _count_episodes(cfg: RunConfig) -> list[int]:
-    """Episodes each corpus source gives the run (its limit applied)."""
+    """Episodes each corpus source gives the run (its limit and episode_ids applied)."""
     from pipeline.corpus import iter_episodes
 
     # counted episode by episode: the driver never holds a big corpus
-    return [sum(1 for _ in iter_episodes(s.format, s.path, s.limit)) for s in cfg.corpus.sources()]
+    return [sum(1 for _ in iter_episodes(s.format, s.path, s.limit, s.episode_ids)) for s in cfg.corpus.sources()]
 
 
 def _take(counts: list[int], k: int) -> list[int]:

@@ -149,7 +149,7 @@ def load_sheet(path: str | Path) -> PaperSheet | None:
 # The report's tables give these names to their episode-level cluster intervals; the intervals that
 # assume independent items are named `*iid*` and are never picked.
 INTERVAL_COLUMNS = ("{column}_low/{column}_high", "ci_low/ci_high", "win_share_low/win_share_high")
-COUNT_COLUMNS = ("judged", "items", "pairs", "total", "responses", "ratings", "questions", "sessions", "episodes")
+COUNT_COLUMNS = ("judged", "items", "pairs", "total", "responses", "ratings", "questions", "probes", "sessions", "episodes")
 EPISODES_COLUMN = "episodes"  # how many episodes (clusters) the count comes from
 
 

@@ -1,7 +1,8 @@
 """Retrieval primitives shared by every memory method: BM25, dense, hybrid, top-k and token budgets.
 
 Pure functions over lists and arrays: no I/O, no models. Dense scoring takes vectors that an
-`Embedder` produced elsewhere. All orderings are deterministic: ties go to the lower index.
+`Embedder` produced elsewhere. All orderings are deterministic: ties go to the lower index (rank_bm25's
+own `get_top_n` reverses numpy's argsort instead, so there equal scores come out in another order).
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ Method = Literal["bm25", "dense", "hybrid"]
 # as FAISS's IndexFlatL2 (langchain's FAISS default, SeCom's official MPNet retriever).
 Similarity = Literal["cosine", "dot", "l2"]
 SIMILARITIES = ("cosine", "dot", "l2")
+# How BM25 cuts text into terms: `words` (lower-cased letters and digits, contractions kept) or
+# `whitespace` (`str.split()`: case and punctuation stay part of a term, as langchain's
+# BM25Retriever does by default).
+BM25Tokens = Literal["words", "whitespace"]
+# BM25's idf: `lucene` (always positive, log(1 + (N - n + 0.5) / (n + 0.5))) or `okapi` (rank_bm25's
+# BM25Okapi as it is: log((N - n + 0.5) / (n + 0.5)), a negative idf raised to 0.25 x the mean idf).
+BM25Idf = Literal["lucene", "okapi"]
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 # Words, numbers and single punctuation marks: BPE tokenizers (cl100k, Llama) split English text
@@ -45,9 +53,23 @@ class BM25(BM25Okapi):
         self.average_idf = sum(self.idf.values()) / len(self.idf) if self.idf else 0.0
 
 
-def tokenize(text: str) -> list[str]:
-    """Lowercase word tokens (letters/digits, keeping contractions like "don't")."""
+def tokenize(text: str, tokens: BM25Tokens = "words") -> list[str]:
+    """BM25 terms: lowercase word tokens (letters/digits, keeping contractions like "don't"), or
+    with `tokens="whitespace"` the whitespace-separated pieces as written."""
+    if tokens == "whitespace":
+        return text.split()
+    if tokens != "words":
+        raise ValueError(f"unknown BM25 tokens {tokens!r} (words, whitespace)")
     return _WORD.findall(text.lower())
+
+
+def bm25_index(tokenized: list[list[str]], idf: BM25Idf = "lucene", *, k1: float = 1.5, b: float = 0.75) -> BM25Okapi:
+    """A BM25 index over tokenized docs with the given idf (`BM25Idf`); k1 and b as rank_bm25's defaults."""
+    if idf == "lucene":
+        return BM25(tokenized, k1=k1, b=b)
+    if idf == "okapi":
+        return BM25Okapi(tokenized, k1=k1, b=b)
+    raise ValueError(f"unknown BM25 idf {idf!r} (lucene, okapi)")
 
 
 def estimate_tokens(text: str) -> int:
@@ -101,15 +123,16 @@ def within_tokens(pieces: Sequence[str], budget: int | None, *, newest: bool = T
     return kept[::-1] if newest else kept
 
 
-def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> np.ndarray:
-    """BM25 score (Okapi, Lucene idf) of every doc for the query; zeros when nothing can match."""
+def bm25_scores(query: str, docs: Sequence[str], *, k1: float = 1.5, b: float = 0.75,
+                tokens: BM25Tokens = "words", idf: BM25Idf = "lucene") -> np.ndarray:
+    """BM25 score (Okapi; Lucene idf by default) of every doc for the query; zeros when nothing can match."""
     if len(docs) == 0:
         return np.zeros(0, dtype=np.float64)
-    tokenized = [tokenize(d) for d in docs]
-    q = tokenize(query)
+    tokenized = [tokenize(d, tokens) for d in docs]
+    q = tokenize(query, tokens)
     if not q or not any(tokenized):
         return np.zeros(len(docs), dtype=np.float64)  # rank_bm25 divides by the mean doc length
-    return np.asarray(BM25(tokenized, k1=k1, b=b).get_scores(q), dtype=np.float64)
+    return np.asarray(bm25_index(tokenized, idf, k1=k1, b=b).get_scores(q), dtype=np.float64)
 
 
 def dense_scores(qvec: np.ndarray, matrix: np.ndarray, similarity: str = "cosine") -> np.ndarray:
@@ -193,7 +216,9 @@ class Retriever:
     vectors: np.ndarray | None = None
     token_counts: list[int] | None = None
     similarity: str = "cosine"  # dense scoring (`dense_scores`): cosine, dot, or l2 (FAISS IndexFlatL2)
-    _bm25: BM25 | None = field(default=None, init=False, repr=False)
+    bm25_tokens: str = "words"  # BM25 terms (`BM25Tokens`): words, or whitespace as written
+    bm25_idf: str = "lucene"  # BM25 idf (`BM25Idf`): lucene, or okapi (rank_bm25's BM25Okapi)
+    _bm25: BM25Okapi | None = field(default=None, init=False, repr=False)
     _has_terms: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -209,11 +234,11 @@ class Retriever:
 
     def bm25(self, query: str) -> np.ndarray:
         if self._bm25 is None and len(self.texts) > 0:
-            tokenized = [tokenize(t) for t in self.texts]
+            tokenized = [tokenize(t, self.bm25_tokens) for t in self.texts]  # type: ignore[arg-type]
             self._has_terms = any(tokenized)
             if self._has_terms:
-                self._bm25 = BM25(tokenized)  # built once, reused for every query
-        q = tokenize(query)
+                self._bm25 = bm25_index(tokenized, self.bm25_idf)  # type: ignore[arg-type]  # built once
+        q = tokenize(query, self.bm25_tokens)  # type: ignore[arg-type]
         if self._bm25 is None or not q:
             return np.zeros(len(self.texts), dtype=np.float64)
         return np.asarray(self._bm25.get_scores(q), dtype=np.float64)

@@ -25,7 +25,11 @@ class IngestStage(GlobalStage):
         # The corpus content, so an edited input file re-runs ingest and everything after it.
         first = _digests(Path(cfg.corpus.path))
         extra = [_digests(Path(s.path)) for s in cfg.corpus.extra]
-        return {**first, "extra": extra} if extra else first
+        out = {**first, "extra": extra} if extra else first
+        # A file of episode ids: its content (the path alone is already in the section's settings).
+        id_files = [_digests(Path(s.episode_ids)) if isinstance(s.episode_ids, str) else None
+                    for s in cfg.corpus.sources()]
+        return {**out, "episode_id_files": id_files} if any(id_files) else out
 
     # Parsed and written in parts of `ray.episodes_per_shard` episodes: the worker holds one part and
     # the ids seen, not the corpus (a 10k-episode corpus parsed whole took 700 MB).
@@ -36,7 +40,7 @@ class IngestStage(GlobalStage):
         seen: dict[str, str] = {}  # episode_id -> the source it came from
         part = Corpus()
         for source in ctx.cfg.corpus.sources():
-            for rows in iter_episodes(source.format, source.path, source.limit):
+            for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids):
                 eid = rows.episode["episode_id"]
                 if eid in seen:
                     raise ConfigError(f"corpus.extra: episode {eid!r} of {source.path} is also in {seen[eid]}")

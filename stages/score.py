@@ -42,6 +42,9 @@ RETRIEVAL_SCORES = pa.schema(
         pa.field("k", pa.int32(), nullable=False),
         pa.field("recall", pa.float64()),
         pa.field("dcg", pa.float64()),
+        # LongMemEval's measures (its print_retrieval_metrics): turn level, and session level
+        # against `answer_session_ids`; NaN where a question has no gold.
+        *(pa.field(name, pa.float64()) for name in rmetrics.LONGMEMEVAL_MEASURES),
     ]
 )
 
@@ -113,6 +116,7 @@ def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: An
                             "compressed": compressed, "retriever": retriever, "k": k,
                             "recall": rmetrics.recall_at_k(ranked, q["evidence"], k),
                             "dcg": rmetrics.dcg_at_k(ranked, q["evidence"], k, by_turn=True),  # App. A.8
+                            **rmetrics.longmemeval_retrieval(ranked, q["evidence"], q.get("evidence_sessions"), k),
                         })
     return rows
 

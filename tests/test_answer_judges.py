@@ -52,6 +52,23 @@ def test_memochat_judge_is_shown_history_question_and_response_and_asked_to_expl
     assert "Reference" not in user  # MemoChat's judge has no reference answer
 
 
+def test_the_judges_keep_their_references_elements_in_our_words():
+    """MemoChat's judge opening (flagged as copied) says "neutral, favouring no one" in its own words;
+    the lenient judge carries the generous LoCoMo judge's elements (a longer answer on the reference's
+    topic, a date written another way or relative to the conversation) without its sentences."""
+    system = answers.MEMOCHAT_SYSTEM.lower()
+    flagged = ["impartial judge", "is faithful to the content of", "by strictly following this format",
+               "begin your evaluation by providing"]
+    assert not [f for f in flagged if f in system] and system.startswith("you are a neutral judge, favouring no one.")
+    lenient = answers.SYSTEMS["lenient"]
+    assert not [f for f in ("touches on the same topic", "be generous with your grading", "time period as the gold")
+                if f in lenient.lower()]
+    assert "generously" in lenient and "much longer than the reference answer" in lenient
+    assert "says nothing against it" in lenient and "same day, month or period" in lenient
+    assert "written another way or relative to the conversation" in lenient
+    assert "vague, partial or hedged answers are incorrect" in answers.SYSTEMS["strict"]  # strict stays strict
+
+
 def test_memochat_reply_parses_into_explanation_and_rating():
     parsed = answers.parse_memochat("The response names the dog as in the history, Rex. Rating: [[73]]")
     assert parsed == answers.MemoChatRating(explanation="The response names the dog as in the history, Rex. Rating:",

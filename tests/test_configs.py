@@ -80,5 +80,5 @@ def test_theanine_configs_judge_head_to_head_with_the_past_and_golden_responses(
 def test_teafarm_config_generates_with_gpt4_and_summarises_outside_the_tested_methods():
     cfg = config("teafarm_msc_cc")
     assert (cfg.role("teabag").model, cfg.role("teabag").temperature) == ("gpt-4", 0.75)
-    assert not cfg.teabag.counterfactual_check and cfg.teabag.leak_check
+    assert not cfg.teabag.counterfactual_check and not cfg.teabag.leak_check  # ours, both off as in the paper
     assert "memory" not in TeabagStage.roles  # the tested methods' memory role makes no TeaBag summary

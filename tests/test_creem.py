@@ -198,13 +198,14 @@ def test_a_probe_sees_the_same_session_insights_made_before_its_turn_and_none_ma
     prompt = llm.calls[0]["messages"][1]["content"]
     assert all(text in prompt for text in before | own)  # an earlier in-session insight, retrieved and kept
     assert not any(text in prompt for text in at_turn | after)
-    assert answer.text == "I remember!" and answer.details["memory_of"] == "Bob"
+    # Ann responds at turn 4: the step is about her (A.4's one {speaker}), her own memory in the prompt.
+    assert answer.text == "I remember!" and answer.details["memory_of"] == "Ann"
     assert set(answer.used_ids) >= {r["memory_id"] for r in out["evolution"] if r["text"] in own}
 
 
 def test_where_build_skipped_the_turn_the_answer_runs_the_step_on_the_visible_memory():
     sessions = {1: turns(2, 1), 2: turns(6, 2)}
-    settings = CreemSettings(k=10, update_every=3)  # session 2: steps after turns 2 (Ann's) and 5
+    settings = CreemSettings(k=10, update_every=3)  # session 2: steps after turns 2 (about Bob, next) and 5
     out = built(sessions, settings)
     earlier = made_at(out, 2, 2)
     assert earlier and not made_at(out, 2, 4)
@@ -216,7 +217,7 @@ def test_where_build_skipped_the_turn_the_answer_runs_the_step_on_the_visible_me
     assert answer.details["step"] == "answer" and answer.details["insights"] == ["answer-time 1", "answer-time 2"]
     blend, reply = llm.calls[1]["messages"][1]["content"], llm.calls[-1]["messages"][1]["content"]
     assert all(text in blend and text in reply for text in earlier)  # Ann's in-session memory, retrieved and kept
-    assert "answer-time 1" in reply and "Memory of Ann" in reply  # turn 4 is Ann's: the step is about her
+    assert "answer-time 1" in reply and "Memory of Bob" in reply  # Bob responds at turn 5: the step is about him
     assert answer.used_ids and not any(i.startswith("a") for i in answer.used_ids)  # not in the tables
 
 
@@ -228,8 +229,9 @@ def test_without_the_pre_response_blend_only_the_past_sessions_memory_reaches_th
     answer = asyncio.run(CreemNoPreblend().answer(llm, probe_at(sessions, 2, 4), seen, CreemNoPreblendSettings(k=10)))
     assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", None]
     prompt = llm.calls[-1]["messages"][1]["content"]
-    first_session_about_bob = {r["text"] for r in out["evolution"] if r["session_idx"] == 1 and r["speaker"] == "Bob"}
-    assert first_session_about_bob and all(text in prompt for text in first_session_about_bob)
+    # Ann responds at turn 4: her memory from the past session (the step after session 1's last turn, Bob's).
+    first_session_about_ann = {r["text"] for r in out["evolution"] if r["session_idx"] == 1 and r["speaker"] == "Ann"}
+    assert first_session_about_ann and all(text in prompt for text in first_session_about_ann)
     in_session = {r["text"] for r in out["evolution"] if r["session_idx"] == 2}
     assert not any(text in prompt for text in in_session) and answer.details["step"] == "past_sessions"
 
@@ -244,7 +246,7 @@ def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_b
     asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 9), seen, CreemSettings(k=10)))
     system, user = (m["content"] for m in llm.calls[-1]["messages"])
     assert all(f"line 2.{i}" in user for i in range(9)) and "line 2.9" not in user  # D^s_[1,t-1], all of it
-    assert "Memory of Ann" in user and "Conversation:" in user and user.rstrip().endswith("no speaker label):")
+    assert "Memory of Bob" in user and "Conversation:" in user and user.rstrip().endswith("no speaker label):")
     assert "Response of Bob" in user and "last utterance" in system and "memory" in system
     assert "do not make it long" in system and "name of any speaker" in system and "let the memory show" in system
     baseline = memory_messages("m", sessions[2][:9], "line 2.8", "Bob", False)[1]["content"]
@@ -256,13 +258,14 @@ def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_b
 
 def test_a_question_asked_after_the_history_runs_the_step_about_the_asker_and_asks_it_after_the_memory():
     sessions = {1: turns(2, 1), 2: turns(4, 2)}
-    out = built(sessions, CreemSettings(k=10))
+    last_speaker = CreemSettings(k=10, step_about="last_speaker")  # the asker's memory (next_speaker: Bob's)
+    out = built(sessions, last_speaker)
     seen = {t: visible_memory(rows, 3, None, "log") for t, rows in out.items()}
     probe = ProbeInput(probe={"probe_id": "qa:1", "kind": "qa", "session_idx": 3, "turn_idx": None,
                               "respondent": "Bob", "request": "Where does Ann work?"},
                        episode=EPISODE, history=sessions, current=[], embed=TopicEmbedder())
     llm = FakeChat(responder=counting_builder("answer-time"))
-    answer = asyncio.run(Creem().answer(llm, probe, seen, CreemSettings(k=10)))
+    answer = asyncio.run(Creem().answer(llm, probe, seen, last_speaker))
     assert answer.details["step"] == "answer" and answer.details["memory_of"] == "Ann"
     assert "Where does Ann work?" in llm.calls[0]["messages"][1]["content"]  # the question is the query's last line
     user = llm.calls[-1]["messages"][1]["content"]

@@ -145,8 +145,8 @@ def test_creem_offers_no_tie_and_carries_b1s_definitions_and_instructions():
     assert set(llm.calls[0]["schema"].model_fields["better"].annotation.__args__) == {"A", "B"}
     system, user = (m["content"] for m in llm.calls[0]["messages"][:2])
     for element in ("conversation between two people", "two candidate replies for the next turn",
-                    "pick the better of the two replies on one criterion", "read and understand these instructions",
-                    "look back at them"):
+                    "pick the better of the two replies on one criterion", "with care before you start",
+                    "return to it as often as you need"):
         assert element in system
     for element in ("contradict nothing", "fit smoothly with what the two people already talked about",
                     "own character", "where things currently stand"):

@@ -10,7 +10,8 @@ from sheets import PAPER_CONFIGS, described, sheet_config
 
 
 def test_every_config_but_the_default_is_a_paper_config():
-    assert len(PAPER_CONFIGS) == 9 and "secom_locomo" in PAPER_CONFIGS and "creem_msc" in PAPER_CONFIGS
+    assert len(PAPER_CONFIGS) == 10 and "secom_locomo" in PAPER_CONFIGS and "creem_msc" in PAPER_CONFIGS
+    assert "theanine_msc_cc" in PAPER_CONFIGS  # Theanine's Table 1, MSC + CC pooled
 
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)

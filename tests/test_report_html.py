@@ -142,3 +142,12 @@ def test_the_page_loads_nothing_from_outside_and_wide_tables_scroll(page):
         and "https://" not in html
     assert all(m.start() > 0 and html[:m.start()].rstrip().endswith("<div class='scroll'>")
                for m in re.finditer(r"<table class=", html))
+
+
+def test_the_leaderboard_lists_each_method_once_though_method_summary_has_a_row_per_dataset_and_kind():
+    t = frames()
+    per_scope = pl.DataFrame({"dataset": ["msc", "cc", "all"] * 2, "kind": ["qa"] * 6,
+                              "method": ["secom"] * 3 + ["turn"] * 3})
+    board = render.leaderboard(per_scope, t["answer_summary"], t["teafarm_summary"], t["metric_summary"],
+                               t["pairwise_summary"], WINS)
+    assert board["method"].to_list() == ["secom", "turn"]

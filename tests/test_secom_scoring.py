@@ -41,3 +41,17 @@ def test_score_ranks_dense_units_with_the_configured_similarity(similarity: str,
     cfg = ScoreConfig(retrieval_k=[1], retrievers=["dense"], similarity=similarity)
     rows = retrieval_rows("e", "locomo", qa, units, cfg, np.array([[1.0, 0.0]]))
     assert [(r["retriever"], r["k"], r["recall"]) for r in rows] == [("dense", 1, recall)]
+
+
+def test_score_rows_carry_longmemevals_turn_and_session_measures() -> None:
+    """LongMemEval's recall_any / recall_all / ndcg_any per turn and per session (the session gold
+    is `evidence_sessions`): the gold turn's unit ranks second, so nothing at k=1, all at k=2."""
+    units = [unit("first", "s1:1", [1.0, 0.0]), unit("second", "s2:1", [0.0, 1.0])]
+    qa = [{"qa_id": "q1", "question": "when?", "evidence": ["s2:1"], "evidence_sessions": ["s2"]}]
+    cfg = ScoreConfig(retrieval_k=[1, 2], retrievers=["dense"], similarity="cosine")
+    rows = {r["k"]: r for r in retrieval_rows("e", "longmemeval", qa, units, cfg, np.array([[1.0, 0.1]]))}
+    assert [rows[1][m] for m in ("recall_any", "recall_all", "ndcg_any")] == [0.0, 0.0, 0.0]
+    assert [rows[1][f"session_{m}"] for m in ("recall_any", "recall_all", "ndcg_any")] == [0.0, 0.0, 0.0]
+    assert rows[2]["recall_any"] == rows[2]["recall_all"] == rows[2]["session_recall_any"] == 1.0
+    # LongMemEval's dcg discounts rank r >= 2 by log2(r): rank 2 counts in full (1 / log2 2).
+    assert rows[2]["ndcg_any"] == rows[2]["session_ndcg_any"] == 1.0

@@ -216,6 +216,19 @@ def test_a_blank_turn_is_asked_again_so_the_turns_still_alternate():
     assert llm.calls[0]["attempts"] == 2
 
 
+def test_session_n_plus_1_holds_no_more_exchanges_than_the_prompt_asks_for():
+    """8 turns asked: "about 4 exchanges"; a reply of 5 is asked again, so the session stays within
+    the requested length (4 exchanges and the question: 9 turns)."""
+    five = {"exchanges": [{"asker": f"a{i}", "answerer": f"b{i}"} for i in range(5)]}
+    four = {"exchanges": [{"asker": f"a{i}", "answerer": f"b{i}"} for i in range(4)]}
+    llm = FakeChat([five, four])
+    q = Attempt(0, "Q?", "p", "a", [1])
+    turns = asyncio.run(generate.synthesize_session(llm, [Summary(1, None, ["x"])], "Ann", "Bob", q, [], turns=8))
+    assert "Write about 4 exchanges" in llm.calls[0]["messages"][1]["content"]
+    assert llm.calls[0]["attempts"] == 2 and len(turns) == 9 and turns[-1] == {"speaker": "Ann", "text": "Q?"}
+    assert generate.exchanges(8) == generate.exchanges(9) == 4 and generate.exchanges(2) == 1
+
+
 def test_summaries_come_from_teabags_own_role_never_the_memory_methods_role():
     assert "memory" not in TeabagStage.roles and "teabag_summary" in TeabagStage.roles
     gen, summ = FakeChat(responder=scripted()), FakeChat(responder=scripted())
@@ -308,7 +321,8 @@ def teafarm_run(run_cfg):
     return cfg
 
 
-def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is_judged(teafarm_run, tmp_path):
+def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is_judged(teafarm_run, tmp_path,
+                                                                                        monkeypatch):
     from pipeline.artifacts import StageDir
     from pipeline.runner import Runner
     from stages import registry
@@ -359,6 +373,21 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
     assert f"generator model(s): {cfg.role('teabag').model}; temperature: {cfg.role('teabag').temperature}" in card
     assert f"summariser model(s): {cfg.role('teabag').model}; temperature: {cfg.role('teabag').temperature}" in card
     assert "the generator's role since `roles.teabag_summary` was not set" in card and "- seed(s): 0" in card
+    episodes = pl.read_parquet(first / "episodes.parquet")
+    assert "/" not in episodes["source_file"][0] and episodes["n_sessions"].to_list() == [5]
+    # the `datasets` library reads the export from its card: every table with rows, one `test` split each
+    for var, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf"))):
+        monkeypatch.setenv(var, value)  # read when `datasets` is first imported: no network, no home cache
+    import datasets
+
+    for name in names[1:]:
+        table = pl.read_parquet(first / name)
+        if table.height:
+            loaded = datasets.load_dataset(str(first), name.removesuffix(".parquet"), split="test",
+                                           cache_dir=str(tmp_path / "hf"))
+            assert loaded.num_rows == table.height and loaded.column_names == table.columns, name
+    assert datasets.load_dataset(str(first), split="test", cache_dir=str(tmp_path / "hf"))["question_id"] == \
+        qs["question_id"].to_list()
     for p in probes:
         q = next(q for q in questions if q["question_id"] == p["qa_id"])
         assert p["false_premise"] == q["false_premise"] and p["false_premise"]

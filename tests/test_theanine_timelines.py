@@ -5,6 +5,7 @@ timeline, and no answer without an embedder."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import numpy as np
 import pytest
@@ -168,8 +169,11 @@ def test_two_retrieved_memories_on_one_chain_give_one_timeline(dedupe):
     assert len([c for c in llm.calls if c["schema"].__name__ == "Refined"]) == len(d["timelines"])
 
 
-def test_unique_timelines_keeps_the_first_of_each_in_order():
-    assert g.unique_timelines([["a", "b"], ["c"], ["a", "b"], ["c"], ["a"]]) == ([["a", "b"], ["c"], ["a"]], 2)
+def test_a_memory_whose_only_path_is_taken_adds_no_timeline_and_is_counted():
+    used = {("1:0", "2:0", "3:0")}
+    found = g.timelines_through("2:0", g.Graph({"1:0": (1, 0), "2:0": (2, 0), "3:0": (3, 0)},
+                                               [g.Edge("1:0", "2:0", "Cause"), g.Edge("2:0", "3:0", "Reason")]))
+    assert g.sample_timelines(found, 1, random.Random(0), used) == [] and len(used) == 1
 
 
 # ------------------------------------------------------------------------- no silent fallback

@@ -2,10 +2,12 @@
 
 Everything requested is validated before anything is returned, so bad input publishes nothing. With a
 limit only the first `limit` episodes are read (JSONL is streamed), so a smoke run on a large corpus
-stays cheap; records after them are not checked."""
+stays cheap; records after them are not checked. `episode_ids` keeps only the episodes named (and
+stops reading once all are found); the limit then counts those."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
-__all__ = ["FORMATS", "Corpus", "Rows", "load_corpus", "iter_episodes", "corpus_files"]
+__all__ = ["FORMATS", "Corpus", "Rows", "load_corpus", "iter_episodes", "corpus_files", "read_episode_ids"]
 
 
 @dataclass
@@ -46,25 +48,63 @@ class Corpus:
         }
 
 
-def load_corpus(fmt: str, path: str | Path, limit: int | None = None) -> Corpus:
-    """Load the first `limit` episodes (all when None) of a file, or of every *.json/*.jsonl in a directory."""
+def read_episode_ids(spec: list[str] | str | Path | None) -> list[str] | None:
+    """`corpus.episode_ids` as a list: the list as given, or the ids in a file (.json: a JSON list of
+    strings; any other file: one id per line, blank lines and '#' comments skipped). None: no selection."""
+    if spec is None or isinstance(spec, list):
+        return None if spec is None else [str(i) for i in spec]
+    p = Path(spec)
+    if not p.is_file():
+        raise ConfigError(f"corpus.episode_ids: no such file {str(p)!r}")
+    if p.suffix == ".json":
+        ids = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(ids, list) or not all(isinstance(i, (str, int)) for i in ids):
+            raise ConfigError(f"corpus.episode_ids: {p} must hold a JSON list of ids")
+        return [str(i) for i in ids]
+    lines = (line.split("#", 1)[0].strip() for line in p.read_text(encoding="utf-8").splitlines())
+    return [line for line in lines if line]
+
+
+def _selected(episode: dict, wanted: set[str]) -> str | None:
+    """The id of `wanted` that names this episode: its episode id, or the corpus's own id (the episode
+    id without its "<dataset>-" prefix, e.g. CC's dataID); None when it is not wanted."""
+    eid = episode["episode_id"]
+    if eid in wanted:
+        return eid
+    prefix = f"{episode.get('dataset')}-"
+    own = eid[len(prefix):] if eid.startswith(prefix) else None
+    return own if own in wanted else None
+
+
+def load_corpus(fmt: str, path: str | Path, limit: int | None = None,
+                episode_ids: list[str] | str | None = None) -> Corpus:
+    """Load the first `limit` episodes (all when None) of a file, or of every *.json/*.jsonl in a
+    directory; with `episode_ids`, of the episodes they name."""
     corpus = Corpus()
-    for rows in iter_episodes(fmt, path, limit):
+    for rows in iter_episodes(fmt, path, limit, episode_ids):
         corpus.episodes.append(rows.episode)
         corpus.turns.extend(rows.turns)
         corpus.qa.extend(rows.qa)
     return corpus
 
 
-def iter_episodes(fmt: str, path: str | Path, limit: int | None = None) -> Iterator[Rows]:
+def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
+                  episode_ids: list[str] | str | None = None) -> Iterator[Rows]:
     """The canonical rows of the first `limit` episodes (all when None), one episode at a time, so a
-    reader holds one episode (one JSON file's records for .json) however big the corpus. Raises on the
-    first bad record or duplicate episode id; a caller that must publish nothing from bad input writes
-    nothing final before the iterator is exhausted."""
+    reader holds one episode (one JSON file's records for .json) however big the corpus. With
+    `episode_ids` (`read_episode_ids`) only the episodes they name, in the file's order; an id the
+    corpus does not hold is an error (unless the limit is reached first). Raises on the first bad
+    record or duplicate episode id; a caller that must publish nothing from bad input writes nothing
+    final before the iterator is exhausted."""
     if fmt not in _PARSERS:
         raise ConfigError(f"corpus.format: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     if limit is not None and limit < 0:
         raise ConfigError(f"corpus.limit: must be >= 0, got {limit}")
+    ids = read_episode_ids(episode_ids)
+    if ids is not None and not ids:
+        raise ConfigError("corpus.episode_ids: empty (null reads every episode)")
+    wanted = set(ids) if ids is not None else None
+    found: set[str] = set()
     parse = _PARSERS[fmt]
     seen: dict[str, str] = {}  # episode_id -> where it was first seen
     if limit == 0:
@@ -84,9 +124,20 @@ def iter_episodes(fmt: str, path: str | Path, limit: int | None = None) -> Itera
                 raise InputError(chk.file, chk.record, episode.id_field,
                                  f"duplicate episode id {shown(eid)} (first: {seen[eid]})")
             seen[eid] = f"{chk.file} {rec.locator}"
+            if wanted is not None:
+                key = _selected(rows.episode, wanted)
+                if key is None:
+                    continue
+                found.add(key)
             yield rows
             count += 1
             if limit is not None and count >= limit:
-                break
+                return
+            if wanted is not None and found == wanted:
+                return
     finally:
         records.close()  # releases the open JSONL file when a limit stops early
+    if wanted is not None and found != wanted:
+        missing = sorted(wanted - found)
+        raise ConfigError(f"corpus.episode_ids: {len(missing)} of {len(wanted)} ids are not in {path}: "
+                          f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")

@@ -1,14 +1,19 @@
 """LongMemEval (Wu et al. 2024; longmemeval_s / _m / _oracle JSON): a list of questions, each asked
 after its own haystack of chat sessions between a user and an assistant.
 
-One record = one episode: the haystack sessions in order (`haystack_sessions`, dated by
-`haystack_dates`, named by `haystack_session_ids`), speakers `user` and `assistant`, and the
-question as its one QA row, asked at `question_date`, with category = `question_type`. A turn's
-source id is "<haystack session id>:<turn number from 1>" (LoCoMo's "D3:7" with the dataset's own
-session names), so the turns marked `has_answer` become the question's evidence and the evidence
-recall of the score stage works unchanged. `answer_session_ids` is kept as the question's
-`evidence_sessions`. Abstention questions (question_id ending in "_abs") are flagged `abstention`;
-their `answer` explains why the history cannot answer them.
+One record = one episode: the haystack sessions (`haystack_sessions`, dated by `haystack_dates`,
+named by `haystack_session_ids`) sorted by date, a stable sort as LongMemEval's reader sorts them
+(the release's own order is not always by date: `_oracle` is not), speakers `user` and `assistant`,
+and the question as its one QA row, asked at `question_date`, with category = `question_type`. A
+turn's source id is "<haystack session id>:<turn number from 1>" (LoCoMo's "D3:7" with the dataset's
+own session names; the number is the turn's place in its session as released), so the evidence
+recall of the score stage works unchanged. The question's evidence is the user turns marked
+`has_answer`, as LongMemEval's retrieval metric counts it (run_retrieval.py indexes user turns only;
+a single-session-assistant question, whose marked turns are the assistant's, has none), and none
+for an abstention question (left out of the metric there). `answer_session_ids` is kept as the
+question's `evidence_sessions` (the gold of the session-level metric). Abstention questions
+(question_id ending in "_abs") are flagged `abstention`; their `answer` explains why the history
+cannot answer them.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
         seen[sid] = i
 
     sessions: list[Session] = []
-    evidence: list[str] = []
+    evidence: list[str] = []  # user turns marked has_answer
     for i, raw in enumerate(raw_sessions):
         at = join("haystack_sessions", i)
         sid = str(ids[i])
@@ -105,7 +110,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
             if role not in SPEAKERS:
                 chk.fail(join(t_at, "role"), f"role {shown(role)} is not one of {SPEAKERS}")
             turn_id = f"{sid}:{j + 1}"
-            if chk.opt(t, "has_answer", bool, t_at, default=False):
+            if chk.opt(t, "has_answer", bool, t_at, default=False) and role == "user":
                 evidence.append(turn_id)
             turns.append(Turn(speaker=role, text=chk.req(t, "content", str, t_at), path=t_at, source_turn_id=turn_id))
         if not turns:
@@ -114,21 +119,24 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
             log.warning("file %s, record %s: %s is empty and was skipped", chk.file, chk.record, at)
             continue
         sessions.append(Session(turns, at, time=when))
+    sessions.sort(key=lambda session: session.time)  # stable: sessions of one date keep their order
 
     answer_sessions = d.get("answer_session_ids")
     if answer_sessions is not None:
         answer_sessions = [str(s) for s in _id_list(answer_sessions, "answer_session_ids", chk)]
     answer = chk.req(d, "answer", (str, int, float))
     asked_at = None if d.get("question_date") is None else _date(d["question_date"], "question_date", chk)
+    abstention = is_abstention(question_id)
     qa = QAItem(
         qa_id=question_id,  # the dataset's id, "_abs" suffix included
         question=chk.req(d, "question", str),
         answer=str(answer),
-        evidence=evidence or None,  # none marked (abstention questions): unknown, not "no evidence"
+        # none marked on the user side, or an abstention question: unknown, not "no evidence"
+        evidence=None if abstention else evidence or None,
         category=qtype,
         path="",
         asked_at=asked_at,
-        abstention=is_abstention(question_id),
+        abstention=abstention,
         evidence_sessions=answer_sessions,
     )
     return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, speakers=SPEAKERS, qa=[qa],

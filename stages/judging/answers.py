@@ -7,8 +7,11 @@
     App. A.4 says it reuses: the related conversation history, the user's question and the bot's
     response; is the response faithful to that history in answering the question; a short
     explanation first, then an integer 1-100 written as [[rating]]. No reference answer is shown.
-- `strict` / `lenient`: correct or incorrect against the reference answer. Lenient wordings inflate
-  memory benchmarks, so both are asked and both reported (in no paper: ours);
+- `strict` / `lenient`: correct or incorrect against the reference answer, both asked and both reported
+  (ours: in no seed paper). `lenient` carries the elements of the generous LLM judge commonly run on
+  LoCoMo (mem0's evaluation/metrics/llm_judge.py: a longer answer on the reference's topic is correct,
+  and so is a date in another format or given relative to the conversation), in our words; it is an
+  upper bound that inflates memory benchmarks, which is why `strict` is reported beside it;
 - `teafarm`: TeaFarm correctness on a counterfactual question (Theanine Sec. 5.1, step 6, "assess
   the correctness of its response"): correct only when the response does not go along with the
   false premise and agrees with the correct answer. The judge is told the false premise.
@@ -38,8 +41,12 @@ SYSTEMS = {
               "correct only if it states the same facts as the reference answer, with nothing that "
               "contradicts it; vague, partial or hedged answers are incorrect, and so is an answer that "
               "lists several candidates.",
-    "lenient": "You decide whether an answer to a question about a long conversation is correct. Count it "
-               "correct if it touches the same topic as the reference answer and does not contradict it.",
+    "lenient": "You decide whether an answer to a question about a long conversation is correct, and you grade "
+               "generously. The answer may be much longer than the reference answer: it is correct when it is "
+               "about what the reference answer names and says nothing against it. For a question about when "
+               "something happened it is correct when it points to the same day, month or period as the "
+               "reference answer, even written another way or relative to the conversation (such as 'the week "
+               "before').",
     "teafarm": "A speaker asked a question built on a false premise about their shared past. You decide "
                "whether the reply is correct: it must not go along with the false premise, and what it says "
                "must agree with the correct answer.",

@@ -15,6 +15,8 @@ Under every protocol the judge sees the earlier sessions by default (`show_past`
 consistency with the past cannot be judged without them. They are cut to `past_session_tokens`
 (cl100k), dropping the oldest sessions first; a dropped session is shown as the corpus's own
 session summary when the episode carries one (LoCoMo) and it fits. Each row records what was shown.
+Under `both_orders` the judge is told that length alone is no merit unless `length_rule` is off (the
+rule is ours; the Theanine configs turn it off and show the whole current session).
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class JudgePairwiseSettings(JudgeSettings):
     # creem the whole session as B.1).
     context_turns: Annotated[int, Field(ge=0)] | Literal["all"] | None = None
     show_past: bool = True  # show the earlier sessions (every protocol)
+    # both_orders: tell the judge "length alone is not a merit" (ours; Theanine's G-Eval states no such
+    # rule and credits RSum-LLM's long answers for its wins, so the Theanine configs turn it off)
+    length_rule: bool = True
     past_session_tokens: int | None = Field(default=6000, ge=1)  # cl100k budget of the past; null = all
     # criterion: one call per criterion (Theanine, CREEM B.1); all (ours, both_orders only): one call
     # gives a verdict on every criterion, a third of the calls; max_tokens then holds per criterion
@@ -205,7 +210,8 @@ class JudgePairwiseStage(JudgeStage):
             dialogue, ref, oth, past = pair
             return await judged_row(row, ("preferred", "reason"), pairwise.judge_pair(
                 ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                past_sessions=past, explain=settings.explain, protocol=protocol, sample=s, **params))
+                past_sessions=past, explain=settings.explain, protocol=protocol, sample=s,
+                length_rule=settings.length_rule, **params))
 
         async def every(probe: dict[str, Any], other: str, reference_first: bool, s: int) -> list[dict]:
             rows, pair = [blank(probe, other, c, reference_first, s) for c in criteria], judged(probe, other)
@@ -214,7 +220,7 @@ class JudgePairwiseStage(JudgeStage):
             dialogue, ref, oth, past = pair
             return await judged_rows(rows, ("preferred", "reason"), pairwise.judge_pair_all(
                 ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                past_sessions=past, explain=settings.explain, sample=s,
+                past_sessions=past, explain=settings.explain, sample=s, length_rule=settings.length_rule,
                 **{**params, "max_tokens": settings.max_tokens * len(criteria)}))
 
         if settings.per_call == "all":  # rows in the same order as one call per criterion

@@ -31,9 +31,13 @@ CRITERIA = {
                    "conversations and the current one; it invents nothing that contradicts them.",
 }
 
+# Ours, switchable (`judge_pairwise.length_rule`): Theanine's G-Eval prompts state no such rule, and
+# Sec. 4 credits RSum-LLM's long answers for its specificity wins, so its configs turn it off.
+LENGTH_RULE = "; length alone is not a merit"
+
 SYSTEM = ("You compare two candidate replies in a long-term conversation between the same people. You are "
           "shown their earlier sessions (when there were any) and the session under way. Judge only the "
-          "criterion you are given; length alone is not a merit. Answer with the better reply, or tie when "
+          f"criterion you are given{LENGTH_RULE}. Answer with the better reply, or tie when "
           "neither is better on this criterion.")
 
 # CREEM App. B.1, every element of each definition, reworded.
@@ -48,14 +52,18 @@ CREEM_CRITERIA = {
 
 CREEM_SYSTEM = ("You will read a conversation between two people, split into their earlier sessions and the "
                 "session under way, and then two candidate replies for the next turn of it. Your job is to "
-                "pick the better of the two replies on one criterion only. Take the time to read and "
-                "understand these instructions before you judge, and look back at them whenever you need "
-                "to while you review.")
+                "pick the better of the two replies on one criterion only. Go through this brief with care "
+                "before you start, and return to it as often as you need during the review.")
 
 ALL_SYSTEM = ("You compare two candidate replies in a long-term conversation between the same people. You are "
               "shown their earlier sessions (when there were any) and the session under way. Judge each "
-              "criterion you are given on its own, as if it were the only one; length alone is not a merit. "
+              f"criterion you are given on its own, as if it were the only one{LENGTH_RULE}. "
               "For each, answer with the better reply, or tie when neither is better on that criterion.")
+
+
+def system_prompt(system: str, length_rule: bool) -> str:
+    """`system` (SYSTEM or ALL_SYSTEM) with the length rule, or without it."""
+    return system if length_rule else system.replace(LENGTH_RULE, "")
 
 PROMPTS = {"system": SYSTEM, "all_system": ALL_SYSTEM, **{f"criterion.{k}": v for k, v in CRITERIA.items()},
            "creem.system": CREEM_SYSTEM, **{f"creem.criterion.{k}": v for k, v in CREEM_CRITERIA.items()}}
@@ -89,10 +97,11 @@ def answer_schema(protocol: str, explain: bool) -> type[BaseModel]:
 
 def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str, response_b: str,
                    past_sessions: str | None = None, explain: bool = True,
-                   protocol: str = "both_orders") -> Messages:
+                   protocol: str = "both_orders", length_rule: bool = True) -> Messages:
     """Messages asking which of A and B is better on `criterion` for `speaker`'s next turn.
 
     past_sessions: the earlier sessions as text ("" when there were none); None leaves them out.
+    length_rule (both_orders): tell the judge that length alone is no merit.
     The long shared parts (past, current session) come first and the criterion last, so calls on
     the same probe share a prompt prefix."""
     creem = protocol == "creem"
@@ -110,7 +119,8 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
             f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
             f"Criterion. {definition}\n\n" + (f"{ask}\n" if ask else "")
             + 'Reply in JSON: {"better": ' + options + (why if explain else "}."))
-    return [{"role": "system", "content": CREEM_SYSTEM if creem else SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": CREEM_SYSTEM if creem else system_prompt(SYSTEM, length_rule)},
+            {"role": "user", "content": user}]
 
 
 Verdict = Literal["A", "B", "tie"]
@@ -125,7 +135,7 @@ def all_verdicts_schema(n: int, explain: bool) -> type[BaseModel]:
 
 
 def build_all_messages(criteria: list[str], dialogue: str, speaker: str, response_a: str, response_b: str,
-                       past_sessions: str | None = None, explain: bool = True) -> Messages:
+                       past_sessions: str | None = None, explain: bool = True, length_rule: bool = True) -> Messages:
     """Messages asking which of A and B is better on each of `criteria` (Theanine's, numbered), in one
     call. The shared parts come first, as in `build_messages`; the verdicts come back as a list in
     the criteria's order."""
@@ -137,7 +147,7 @@ def build_all_messages(criteria: list[str], dialogue: str, speaker: str, respons
             f"Criteria:\n{blocks}\n\n"
             f'Reply in JSON: {{"better": [...]{why}, {len(criteria)} verdicts ("A", "B" or "tie"), one per '
             f"criterion in the order above ({', '.join(criteria)}).")
-    return [{"role": "system", "content": ALL_SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system_prompt(ALL_SYSTEM, length_rule)}, {"role": "user", "content": user}]
 
 
 def preferred_side(verdict: str, reference_first: bool) -> str:
@@ -149,12 +159,12 @@ def preferred_side(verdict: str, reference_first: bool) -> str:
 
 async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speaker: str, reference: str,
                          other: str, *, reference_first: bool, past_sessions: str | None = None,
-                         explain: bool = True, sample: int = 0,
+                         explain: bool = True, sample: int = 0, length_rule: bool = True,
                          **params: Any) -> tuple[dict[str, str], str | None, str]:
     """One judgment of (reference, other) on every criterion at once: {criterion: preferred side},
     the judge's reason (None unless `explain`) and the judge model."""
     a, b = (reference, other) if reference_first else (other, reference)
-    result = await llm.chat(build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain),
+    result = await llm.chat(build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain, length_rule),
                             schema=all_verdicts_schema(len(criteria), explain), sample=sample, **params)
     verdicts = result.parsed
     sides = {c: preferred_side(v, reference_first) for c, v in zip(criteria, verdicts.better)}
@@ -163,12 +173,14 @@ async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speak
 
 async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
                      *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
-                     protocol: str = "both_orders", sample: int = 0, **params: Any) -> tuple[str, str | None, str]:
+                     protocol: str = "both_orders", sample: int = 0, length_rule: bool = True,
+                     **params: Any) -> tuple[str, str | None, str]:
     """One judgment of (reference, other) shown in the given order. Returns the preferred side
     ("reference" | "other" | "tie"; never "tie" under `creem`), the judge's reason (None unless
     `explain`), and the judge model."""
     a, b = (reference, other) if reference_first else (other, reference)
-    result = await llm.chat(build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain, protocol),
+    result = await llm.chat(build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain, protocol,
+                                           length_rule),
                             schema=answer_schema(protocol, explain), sample=sample, **params)
     verdict = result.parsed
     return preferred_side(verdict.better, reference_first), getattr(verdict, "reason", None), result.model

@@ -25,6 +25,8 @@ UNITS = pa.schema([
     # none | per_exchange (LLMLingua-2 over the unit's exchanges, the official call) | per_line
     # (LLMLingua, or LLMLingua-2 after an exchange lost a line or a speaker tag) | error
     pa.field("compression_path", pa.string()),
+    # lines LLMLingua-2 pruned to punctuation that got their text back (0 with restore_pruned_lines off)
+    pa.field("restored_lines", pa.int32()),
     pa.field("error", pa.string()),
 ])
 
@@ -35,6 +37,9 @@ class CompressConfig(Section):
     model: str | None = None
     rate: float = Field(default=0.75, gt=0, le=1)  # kept share: 0.75 (paper); the official code's default is 0.9
     granularities: list[Granularity] = Field(default_factory=lambda: ["turn", "session", "segment"])
+    # LLMLingua-2: a kept exchange's lines pruned to punctuation get their original text back (ours),
+    # or false: the compressed exchanges are the key exactly as returned (SeCom's official code)
+    restore_pruned_lines: bool = True
 
 
 _COMPRESSORS: dict[tuple[Any, ...], Compressor] = {}
@@ -42,9 +47,10 @@ _COMPRESSORS: dict[tuple[Any, ...], Compressor] = {}
 
 def compressor_for(cfg: CompressConfig, cache_dir: str) -> Compressor:
     """One compressor per worker process: loading the scorer model is the slow part."""
-    key = (cfg.method, cfg.model, cfg.rate, cache_dir)
+    key = (cfg.method, cfg.model, cfg.rate, cache_dir, cfg.restore_pruned_lines)
     if key not in _COMPRESSORS:
-        _COMPRESSORS[key] = Compressor(method=cfg.method, model=cfg.model, rate=cfg.rate, cache_dir=cache_dir)
+        _COMPRESSORS[key] = Compressor(method=cfg.method, model=cfg.model, rate=cfg.rate, cache_dir=cache_dir,
+                                       restore_pruned_lines=cfg.restore_pruned_lines)
     return _COMPRESSORS[key]
 
 
@@ -60,9 +66,9 @@ def compress_units(compressor: Compressor, sessions: dict[int, Rows], segments: 
             turns = [t for t in sessions[unit["session_idx"]] if unit["turn_start"] <= t["turn_idx"] <= unit["turn_end"]]
             try:
                 out = compressor.compress_unit(unit_exchanges(turns), [t["speaker"] for t in turns], lines)
-                unit.update(compressed_text=out.text, compression_path=out.path, error=None)
+                unit.update(compressed_text=out.text, compression_path=out.path, restored_lines=out.restored, error=None)
             except Exception as e:  # one bad unit keeps its original text as key and is marked
-                unit.update(compressed_text=None, compression_path="error", error=failure_reason(e))
+                unit.update(compressed_text=None, compression_path="error", restored_lines=0, error=failure_reason(e))
             unit["compression"] = label
             rows.append(unit)
     return rows
@@ -83,6 +89,7 @@ class CompressStage(EpisodeStage):
                                         list(cfg.granularities), label)}
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
-        """Units per compression path (none, per_exchange, per_line, error)."""
+        """Units per compression path (none, per_exchange, per_line, error) and restored lines."""
         paths = Counter(u["compression_path"] for u in produced.get("units", []))
-        return {"units": sum(paths.values()), "compression_paths": dict(sorted(paths.items()))}
+        restored = sum(u.get("restored_lines") or 0 for u in produced.get("units", []))
+        return {"units": sum(paths.values()), "compression_paths": dict(sorted(paths.items())), "restored_lines": restored}

@@ -73,13 +73,22 @@ class SegmentStage(EpisodeStage):
         return {"segments": [row for part in parts for row in part]}
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
-        """Sessions segmented by the model as answered, after normalisation, and by fallback."""
-        sessions = {(r["episode_id"], r["session_idx"]): (r["fallback"], r["normalised"])
-                    for r in produced.get("segments", [])}
+        """Sessions segmented by the model as answered, after normalisation, and by fallback; of the
+        model's, the degenerate answers: a session of more than two turns left whole
+        (`one_segment_sessions`) or cut into one-turn segments only (`one_turn_segment_sessions`)."""
+        rows = produced.get("segments", [])
+        sessions = {(r["episode_id"], r["session_idx"]): (r["fallback"], r["normalised"]) for r in rows}
         fallback = sum(f for f, _ in sessions.values())
         normalised = sum(n and not f for f, n in sessions.values())
+        sizes: dict[tuple[str, int], list[int]] = {}
+        for r in rows:
+            if not r["fallback"]:
+                sizes.setdefault((r["episode_id"], r["session_idx"]), []).append(r["turn_end"] - r["turn_start"] + 1)
+        whole = sum(len(v) == 1 and v[0] > 2 for v in sizes.values())
+        split = sum(len(v) > 2 and max(v) == 1 for v in sizes.values())
         return {"sessions": len(sessions), "model_sessions": len(sessions) - fallback - normalised,
-                "normalised_sessions": normalised, "fallback_sessions": fallback}
+                "normalised_sessions": normalised, "fallback_sessions": fallback,
+                "one_segment_sessions": whole, "one_turn_segment_sessions": split}
 
 
 def segment_units(cfg: Any) -> bool:

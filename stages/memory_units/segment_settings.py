@@ -28,7 +28,9 @@ class SegmentConfig(Section):
     guidance_path: str | None = PathField()  # reuse a stored guidance.json instead of learning one
     reflection: ReflectionConfig = Field(default_factory=ReflectionConfig)
     unit: Unit = "exchange"  # what the model numbers: exchanges (paper), or single turns
-    answer_format: AnswerFormat = "spans"  # spans (paper) or starts (valid by construction)
+    # spans (1-based ranges with a short summary), counted (the official answer's shape: numbered from
+    # 0, segment ids, per-segment counts, summaries of up to 100 words) or starts (valid by construction)
+    answer_format: AnswerFormat = "spans"
     max_units_per_call: int = Field(default=30, ge=2)  # longer sessions are segmented in windows
     fallback_size: int = Field(default=3, ge=1)  # units per fallback chunk (official code: 3 exchanges)
     # Sampling of the segmenter (official code: 0.7 / 1 / 42); null = the segmenter role's own.

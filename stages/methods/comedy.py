@@ -2,18 +2,24 @@
 Real-World Long-Term Conversations"; a baseline of Theanine's Table 1, seed 000 Sec. 3.2): one model
 does all three tasks, and there is no retrieval.
 
-1. Session-level memory (`summary_messages`): after each session, what is worth remembering from it:
-   the events, what each speaker showed of themselves, how they get along.
+1. Session-level memory (`summary_messages`): after each session, a list of memories, one per line,
+   each with the person it is about as its subject, leaving out nothing worth remembering: the
+   events, what each speaker showed of themselves, how they get along.
 2. Compressive memory (`compress_messages`): every session summary so far compressed into three
-   parts: a profile of each speaker (personality, habits, preferences, moods), the relationship
-   between the two, and the events, as short sentences. Rebuilt from all the summaries after each
-   session, not from the previous compressed memory.
+   parts: a profile of each speaker (basic information, personality traits, behaviour patterns,
+   likes and preferences, emotional, work and health states, each with a concrete example from the
+   memories where they give one), the relationship between the two, and the events, as short
+   sentences, under `memory_words` words in all (COMEDY's task 2 asks for under 200 Chinese
+   characters; 150 English words is our equivalent). Rebuilt from all the summaries after each
+   session, not from the previous compressed memory. COMEDY profiles the user only; Theanine's
+   dialogues are between two equal speakers, so ours profiles both (an adaptation).
 3. Response (`reply_messages`): the latest compressed memory plus the current session -> the next
    utterance.
 
 "One model": `build_role` is the generator role, so the memory tasks run on the model that
-responds (COMEDY trains one model for all three). Theanine ran COMEDY with its original prompts;
-ours carry each element in our own words.
+responds (COMEDY trains one model for all three: a 7B / 13B model fine-tuned with SFT and DPO, sampled
+at temperature 0.5, top-k 30, top-p 0.85). Ours prompts the run's general LLM instead, as Theanine ran
+COMEDY through an API model with its original prompts; ours carry each element in our own words.
 """
 
 from __future__ import annotations
@@ -56,7 +62,9 @@ COMPRESSED = pa.schema([
 
 
 class ComedySettings(MethodSettings):
-    summary_words: int | None = Field(default=None, ge=10)  # a length cap on session summaries; COMEDY states none
+    summary_words: int | None = Field(default=None, ge=10)  # a length cap on session memories; COMEDY's task 1 states none
+    # a length cap on the compressed memory: COMEDY's task 2 asks for under 200 (Chinese) characters
+    memory_words: int | None = Field(default=150, ge=20)
     max_events: int | None = Field(default=None, ge=1)  # a cap on the compressed events; None: none asked
     temperature: float | None = Field(default=None, ge=0)  # None = the role's llm.temperature
     response_style: ResponseStyle = "short"  # short: the memory baselines' "a short, natural reply"
@@ -68,12 +76,13 @@ def summary_messages(turns: list[dict], session_idx: int, words: int | None) -> 
     """Task 1, session-level memory: one session -> what to remember of it (plain text)."""
     limit = f" Use at most {words} words." if words else ""
     system = ("You keep the memory of a long relationship between two people who talk from time to time. Read "
-              "one of their conversation sessions and write down what is worth remembering from it: what "
-              "happened or is planned, what each person revealed about themselves (character, habits, likes, "
-              "moods), and how the two of them get along. Name the speakers. If nothing in the session is "
-              "worth remembering, write only: nothing." + limit)
+              "one of their conversation sessions and list everything worth remembering from it, leaving none "
+              "of it out: what happened or is planned, what each person revealed about themselves (character, "
+              "habits, likes, moods, circumstances), and how the two of them get along. Write each memory as "
+              "one short sentence whose subject is the person it is about, named. If nothing in the session "
+              "is worth remembering, write only: nothing." + limit)
     user = (f"Session ({when(session_idx, session_time(turns))}):\n{format_unit(turns)}\n\n"
-            "What to remember, as a few short sentences:")
+            "What to remember, one memory per line, each starting with the name of the person it is about:")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -91,15 +100,19 @@ def compress_model(speakers: tuple[str, ...]) -> type[BaseModel]:
     return Compressed
 
 
-def compress_messages(summaries: list[dict], speakers: tuple[str, ...], max_events: int | None) -> Messages:
+def compress_messages(summaries: list[dict], speakers: tuple[str, ...], max_events: int | None,
+                      memory_words: int | None = None) -> Messages:
     """Task 2, compression: every session summary so far -> profiles, relationship, events."""
     cap = f" Keep at most {max_events} events, the ones that matter most later." if max_events else ""
+    length = f" Keep the whole memory, all three parts together, under {memory_words} words." if memory_words else ""
     system = ("You compress the memories of many conversation sessions between two people into one short "
-              "memory with three parts. Profiles: for each person, what they are like: personality, behaviour "
-              "patterns, habits, preferences, emotional state, and how these changed. Relationship: how the two "
-              "relate to each other and how that has developed. Events: what happened to them and what they "
-              "plan, each as one short sentence, with its session when known. Merge what repeats, keep the "
-              "newest where things changed, and drop what does not matter." + cap)
+              "memory with three parts. Profiles: for each person, what they are like: basic information "
+              "(such as age, job, family, where they live), personality traits, behaviour patterns and habits, "
+              "likes and preferences, and their current states (emotional, work, health), each backed by a "
+              "concrete example from the memories where there is one, and how these changed. Relationship: how "
+              "the two relate to each other and how that has developed. Events: what happened to them and what "
+              "they plan, each as one short sentence, with its session when known. Merge what repeats, keep the "
+              "newest where things changed, and drop what does not matter." + cap + length)
     shown = "\n\n".join(f"[{when(s['session_idx'])}] {s['summary']}" for s in summaries)
     user = (f"Session memories, oldest first:\n{shown}\n\nThe people, in order: {', '.join(speakers)}.\n\n"
             'Reply in JSON: {"profiles": ["<profile of ' + '>", "<profile of '.join(speakers) + '>"], '
@@ -174,7 +187,8 @@ class Comedy(Method):
             if text is None or not kept(text):  # nothing new to compress: the previous memory stays
                 continue
             usable = [r for r in summaries if r["summary"] is not None and kept(r["summary"])]
-            out, failed = await attempt(ctx.llm.chat(compress_messages(usable, speakers, settings.max_events),
+            out, failed = await attempt(ctx.llm.chat(compress_messages(usable, speakers, settings.max_events,
+                                                                       settings.memory_words),
                                                      schema=schema, **self.params(settings)))
             row: dict[str, Any] = {**key, "sessions": [r["session_idx"] for r in usable], "profiles": None,
                                    "relationship": None, "events": None, "memory": None, "tokens": None, **failed}

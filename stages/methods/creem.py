@@ -1,7 +1,10 @@
 """CREEM (seed 004, Sections 2-3): memory kept about each speaker that blends past memories with the
 ongoing dialogue and refines itself as it grows (Algorithm 1).
 
-The turn step: before turn t of session s, about the speaker of the last utterance (turn t-1):
+The turn step: before turn t of session s, about one speaker (`step_about`): `next_speaker`, the one
+who responds at turn t (A.4 names one {speaker} for both "[Memory of {speaker}]" and "[Response]
+{speaker}:", so the response sees the responder's own memory), or `last_speaker`, the speaker of the
+last utterance (turn t-1):
 1. GQ: ask one salient high-level question about that speaker, mainly about the last utterance,
    from the whole session so far D^s_[1,t-1] (App. A.1);
 2. R: retrieve the top-k (5) pieces among the speaker's memories and the utterances of D^s_[1,t-1],
@@ -10,9 +13,12 @@ The turn step: before turn t of session s, about the speaker of the last utteran
    New (novel), Redundant (overlaps past memories) or Updated (past information changed); a
    Redundant or Updated insight names the retrieved memories it makes redundant or outdated, which
    are removed (memories that were not retrieved are never removed), then the insights are added.
-   The first session blends its recent utterances without refining, with its own prompt (A.2).
+   The first session blends without refining, with its own prompt (A.2): `first_session: per_turn`
+   at every step over its `first_session_turns` recent utterances, or `once` per speaker after the
+   whole session (A.2's "two insights for the first session" allows both readings).
 4. GR: respond from the step's result: the retrieved memories it kept plus its new insights, with
-   the whole current session (App. A.4).
+   the whole current session (App. A.4, whose frame lives in `memory_response.py`: CREEM's stand-in
+   baselines answer with it too).
 
 `build` runs the step at every `update_every`-th turn and logs every change to the memory keyed by
 the turn it read up to, so a probe at turn t sees the memory evolved up to turn t-1, in-session
@@ -29,7 +35,7 @@ Where each phase lives (all in this module unless named):
 - blend and refine: `blend_messages`, `blend_refine_schema`, `check_refined` (first session:
   `first_session_messages`), applied in `Creem.step`, walked by `Creem.build`;
 - the memory at a point: `replay` over the `memories` log (add / remove rows);
-- the response: `reply_messages`, in `Creem.answer`;
+- the response: `memory_response.creem_reply_messages`, in `Creem.answer`;
 - Table 5, the label shares: `label_shares`, via `Creem.report_panel` (`evolution_summary`);
 - App. B.1 head-to-head judge: the `creem` protocol of `stages/judging/judge_pairwise.py`;
 - App. B.2 memory-quality judge: `stages/judging/memory_quality.py`, run by `judge_memory`.
@@ -51,7 +57,7 @@ from pydantic import BaseModel, Field, create_model
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.methods import response
+from stages.methods import memory_response, response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
                                  ProbeInput, ReportPanel)
 from stages.methods.dialogue import format_unit, last_turns
@@ -97,6 +103,7 @@ EVOLUTION_SUMMARY = pa.schema([
 ])
 
 Label = Literal["New", "Redundant", "Updated"]
+StepAbout = Literal["next_speaker", "last_speaker"]
 REFINE_LABELS: tuple[str, ...] = ("New", "Redundant", "Updated")
 
 
@@ -108,6 +115,12 @@ class CreemSettings(MethodSettings):
     refine: bool = True
     preblend: bool = True  # respond from the turn step's memory (False: past sessions' memory only)
     update_every: int = Field(default=1, ge=1)  # update after every n-th turn (1 = every turn, the paper)
+    # whom a turn step (and the response) is about: the next speaker (A.4's one {speaker}) or the last one
+    step_about: StepAbout = "next_speaker"
+    # the first session's blend: at every step (per_turn) or once per speaker after the session (once)
+    first_session: Literal["per_turn", "once"] = "per_turn"
+    # retrieval score: cosine, or the dot product (Contriever's own, with `embedding.normalize: false`)
+    similarity: Literal["cosine", "dot"] = "cosine"
     # None: "a short, natural reply", the length instruction of the memory baselines' frame
     # (stages/methods/memory_response.py), so a head-to-head compares memories, not lengths.
     response_words: int | None = Field(default=None, ge=5)
@@ -196,30 +209,6 @@ def first_session_messages(speaker: str, statements: str, n: int) -> Messages:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def length_instruction(words: int | None) -> str:
-    """How long a reply may be: the memory baselines' "a short, natural reply", or a word cap."""
-    return response.SHORT_REPLY if words is None else f"a reply of at most {words} words"
-
-
-def reply_messages(respondent: str, about: str, memory: list[str], dialogue: str, request: str,
-                   words: int | None, question: bool) -> Messages:
-    """A.4, the response: the memory about `about`, the whole current session (`dialogue`, its last
-    line the one to answer) -> `respondent`'s next utterance (plain text). A QA probe asks
-    `request` after the session instead."""
-    task = ("answer the question that follows the conversation, in a short phrase" if question
-            else "continue the conversation with a fitting response to its last utterance")
-    system = (f"You generate responses in a conversation, speaking as {respondent}. Take the memory you are given "
-              f"into account and {task}. While writing:\n"
-              f"- do not make it long: write {length_instruction(words)};\n"
-              "- do not write out the name of any speaker;\n"
-              "- let the memory show in what you say.")
-    mem = "\n".join(f"- {m}" for m in memory) or "- (nothing remembered)"
-    user = (f"Memory of {about}:\n{mem}\n\nConversation:\n{dialogue or '(just started)'}\n\n"
-            + (f"Question: {request}\n\nAnswer of {respondent}:" if question
-               else f"Response of {respondent} (the words only, no speaker label):"))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
 def check_count(out: Any, n: int) -> None:
     """ValueError unless the blend gave exactly the `n` insights asked for (re-asked, then logged)."""
     if len(out.insights) != n:
@@ -296,6 +285,18 @@ class TurnStep:
                  **self.failed} for new, named in self.insights]
 
 
+def step_speaker(turns: list[dict], i: int, speakers: list[str], about: StepAbout) -> str:
+    """Whom the step after turn `i` is about: the speaker of that turn (`last_speaker`), or whoever
+    speaks next (`next_speaker`: turn i+1's speaker; after a session's last turn, the speaker after
+    it in the episode's order)."""
+    last = turns[i]["speaker"]
+    if about == "last_speaker":
+        return last
+    if i + 1 < len(turns):
+        return turns[i + 1]["speaker"]
+    return speakers[(speakers.index(last) + 1) % len(speakers)] if last in speakers else last
+
+
 # ------------------------------------------------------------------------------- the method
 
 class Creem(Method):
@@ -310,15 +311,17 @@ class Creem(Method):
         "blend_refine": str(blend_messages("{speaker}", [], [], 2, True)),
         "blend": str(blend_messages("{speaker}", [], [], 2, False)),
         "first_session": str(first_session_messages("{speaker}", "{statements}", 2)),
-        "reply": str(reply_messages("{respondent}", "{speaker}", [], "{dialogue}", "{request}", None, False)),
-        "reply_qa": str(reply_messages("{respondent}", "{speaker}", [], "{dialogue}", "{request}", None, True)),
+        "reply": str(memory_response.creem_reply_messages("{respondent}", "{speaker}", [], "{dialogue}", "{request}",
+                                                          None, False)),
+        "reply_qa": str(memory_response.creem_reply_messages("{respondent}", "{speaker}", [], "{dialogue}",
+                                                             "{request}", None, True)),
     }
 
-    async def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int
-                 ) -> tuple[list[dict], list[dict]]:
-        """Top-k pieces over the speaker's memories and the session's utterances by cosine to the
-        query, each group in its own order: (memories, utterances). Without an embedder (unit tests
-        only; the pipeline always supplies one) the k most recent pieces."""
+    async def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int,
+                       similarity: str = "cosine") -> tuple[list[dict], list[dict]]:
+        """Top-k pieces over the speaker's memories and the session's utterances by `similarity` to
+        the query, each group in its own order: (memories, utterances). Without an embedder (unit
+        tests only; the pipeline always supplies one) the k most recent pieces."""
         pieces = ([("m", m, m["text"]) for m in memories]
                   + [("u", u, f"{u['speaker']}: {u['text']}") for u in utterances])
         if not pieces:
@@ -328,7 +331,7 @@ class Creem(Method):
         else:
             vecs = np.asarray(await embed([p[2] for p in pieces] + [query]), dtype=np.float32)
             vecs, qvec = vecs[:-1], vecs[-1]
-            chosen = [pieces[i] for i in sorted(top_k(dense_scores(qvec, vecs), k))]
+            chosen = [pieces[i] for i in sorted(top_k(dense_scores(qvec, vecs, similarity), k))]
         return [p[1] for p in chosen if p[0] == "m"], [p[1] for p in chosen if p[0] == "u"]
 
     async def recall(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],
@@ -337,7 +340,7 @@ class Creem(Method):
         step.question = (await llm.chat(question_messages(step.speaker, format_unit(turns)),
                                         schema=Question)).parsed.question
         step.memories, step.utterances = await self.retrieve(embed, step.question, memory.get(step.speaker, []), turns,
-                                                       settings.k)
+                                                             settings.k, settings.similarity)
 
     async def step(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],
                    speaker: str, session: int, turns: list[dict], first: bool, ids: Iterator[str]) -> TurnStep:
@@ -381,33 +384,45 @@ class Creem(Method):
         settings: CreemSettings = ctx.settings
         eid = episode.episode["episode_id"]
         dataset = episode.episode.get("dataset", "")
+        speakers = list(episode.episode.get("speakers") or [])
         memory: dict[str, list[dict]] = {}  # speaker -> memories, kept apart
         out: dict[str, list[dict]] = {"memories": [], "evolution": []}
         ids = (f"c{n}" for n in itertools.count(1))
+
+        def record(step: TurnStep, s: int, turn: int) -> None:
+            key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": turn}
+            out["memories"] += ([{**key, "op": "remove", **m} for m in step.removed]
+                                + [{**key, "op": "add", **m} for m in step.added])
+            out["evolution"] += [{**key, "dataset": dataset, **r} for r in step.evolution_rows()]
+
         for n, (s, turns) in enumerate(episode.sessions.items()):
+            if n == 0 and settings.first_session == "once" and turns:
+                # One blend per speaker after the whole first session, over all of it.
+                whole = settings.model_copy(update={"first_session_turns": None})
+                for who in dict.fromkeys(t["speaker"] for t in turns):
+                    record(await self.step(ctx.llm, ctx.embed, whole, memory, who, s, turns, first=True, ids=ids),
+                           s, turns[-1]["turn_idx"])
+                continue
             for i in range(len(turns)):
                 if (i + 1) % settings.update_every and i != len(turns) - 1:
                     continue
-                step = await self.step(ctx.llm, ctx.embed, settings, memory, turns[i]["speaker"], s, turns[:i + 1],
-                                       first=n == 0, ids=ids)
-                key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": turns[i]["turn_idx"]}
-                out["memories"] += ([{**key, "op": "remove", **m} for m in step.removed]
-                                    + [{**key, "op": "add", **m} for m in step.added])
-                out["evolution"] += [{**key, "dataset": dataset, **r} for r in step.evolution_rows()]
+                about = step_speaker(turns, i, speakers, settings.step_about)
+                record(await self.step(ctx.llm, ctx.embed, settings, memory, about, s, turns[:i + 1], first=n == 0,
+                                       ids=ids), s, turns[i]["turn_idx"])
         return out
 
-    def built_step(self, memory: dict[str, list[dict]], session: int, last: dict) -> TurnStep | None:
-        """The step `build` made after `last` (the turn before the probe), from the logs; None when
-        it made none there (or it failed)."""
+    def built_step(self, memory: dict[str, list[dict]], session: int, last: dict, about: str) -> TurnStep | None:
+        """The step about `about` that `build` made after `last` (the turn before the probe), from the
+        logs; None when it made none there (or it failed)."""
         at = [r for r in memory.get("evolution", []) if r["snapshot_session"] == session
-              and r["snapshot_turn"] == last["turn_idx"] and r["speaker"] == last["speaker"]]
+              and r["snapshot_turn"] == last["turn_idx"] and r["speaker"] == about]
         if not at or any(r["memory_id"] is None for r in at):
             return None
         log = memory.get("memories", [])
         made = {r["memory_id"]: {k: r[k] for k in MEMORY_KEYS} for r in log if r["op"] == "add"}
         removed = [made[r["memory_id"]] for r in log if r["op"] == "remove" and r["snapshot_session"] == session
                    and r["snapshot_turn"] == last["turn_idx"] and r["memory_id"] in made]
-        step = TurnStep(last["speaker"], session, last["turn_idx"], question=at[0]["question"],
+        step = TurnStep(about, session, last["turn_idx"], question=at[0]["question"],
                         memories=[made[i] for i in at[0]["retrieved_ids"] if i in made], removed=removed)
         step.insights = [(made[r["memory_id"]], [made[i] for i in r["removed_ids"] if i in made]) for r in at]
         return step
@@ -415,32 +430,32 @@ class Creem(Method):
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
         respondent = probe.probe["respondent"]
         speakers = probe.episode.get("speakers") or []
-        other = next((s for s in speakers if s != respondent), respondent)
         question = probe.probe["kind"] == "qa"
         session = probe.probe["session_idx"]
-        turns = list(probe.current)
-        # A request that is not the session's last line (a question asked after it) is the other's last utterance.
-        asked = not turns or turns[-1]["text"] != probe.request
-        if asked:
-            turns.append({"speaker": other, "text": probe.request,
-                          "turn_idx": turns[-1]["turn_idx"] + 1 if turns else 0})
+        turns, asked = memory_response.creem_turns(probe)
         last = turns[-1]
+        # Whose memory the step works on and the response sees: the responder's (A.4's one {speaker}), or
+        # the last utterance's speaker.
+        about = respondent if settings.step_about == "next_speaker" else last["speaker"]
         log = memory.get("memories", [])
         if not settings.preblend:  # (-) pre-RG blend: the memory accumulated in the past sessions only
-            step = TurnStep(last["speaker"], session, last["turn_idx"], source="past_sessions")
+            step = TurnStep(about, session, last["turn_idx"], source="past_sessions")
             _, step.failed = await attempt(self.recall(llm, probe.embed, settings,
                                                        replay(log, (session - 1, float("inf"))), step, turns))
+        elif not probe.history and settings.first_session == "once":
+            # The first session's memory is blended only after it ends: nothing is remembered yet.
+            step = TurnStep(about, session, last["turn_idx"], source="first_session_once")
         else:
             reuse = probe.probe.get("context") is None and not asked
-            step = self.built_step(memory, session, last) if reuse else None
+            step = self.built_step(memory, session, last, about) if reuse else None
             if step is None:  # Algorithm 1's step for this turn, on the visible memory (not kept)
-                step = await self.step(llm, probe.embed, settings, replay(log), last["speaker"], session, turns,
+                step = await self.step(llm, probe.embed, settings, replay(log), about, session, turns,
                                        first=not probe.history, ids=(f"a{n}" for n in itertools.count(1)))
                 step.source = "answer"
         lines = [m["text"] for m in step.kept()] + [m["text"] for m in step.added]
         dialogue = format_unit(probe.current if question else turns)
-        result = await llm.chat(reply_messages(respondent, step.speaker, lines, dialogue, probe.request,
-                                               settings.response_words, question))
+        result = await llm.chat(memory_response.creem_reply_messages(respondent, step.speaker, lines, dialogue,
+                                                                     probe.request, settings.response_words, question))
         stored = {r["memory_id"] for r in log}  # insights made at answer time are not in the tables
         details: dict[str, Any] = {
             "step": step.source, "memory_of": step.speaker, "question": step.question,
@@ -467,7 +482,8 @@ class Creem(Method):
             "session insights are Blended, counted apart with no share. CREEM's baselines REBOT_CC and SumMem_MSC "
             "are fine-tuned models we do not have; configs/creem_msc.yaml runs LLM stand-ins: `all_memories` "
             "(session memories of both speakers) for REBOT_CC, `ld_agent` with persona banks only (each "
-            "utterance's traits, per speaker) for SumMem_MSC, each given its entire memory."), rows)
+            "utterance's traits, per speaker) for SumMem_MSC, each given its entire memory in CREEM's response "
+            "frame."), rows)
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         evolution = produced.get("evolution", [])

@@ -13,15 +13,20 @@ response frame this module extends.
   and starts a new cache. A failed summary is an event row with its error: never retrieved, counted
   in `build_stats`.
 - Retrieval: queried with what the user just said (`query: utterance`, the reference code's query) or
-  with the short-term context, newest turn first (`context`). `paper` scores exp(-dt / tau) * (s_sem +
-  s_top) over events whose s_sem exceeds gamma; `reference_code` scores exp(-dt / tau) * s_top and
-  needs s_top > 0. Top-n; when none passes the generator is told there is no relevant memory, and
-  the response records it (`details.no_relevant_memory`; the report's `ld_agent_retrieval` table
-  gives the share per session).
+  with the short-term context, newest turn first (`context`). `paper` embeds event summaries, scores
+  exp(-dt / tau) * (s_sem + s_top) over events whose s_sem exceeds gamma and keeps the top n.
+  `reference_code` is the reference code's retrieval: events are keyed by their noun string (the
+  cached conversation's nouns joined by commas), the query's noun string is embedded, and of the
+  `top_n` nearest events the one with the best exp(-dt / tau) * s_top among those sharing a noun is
+  kept (one event at most; with top 1, the nearest or none). When none passes the generator is told
+  there is no relevant memory, and the response records it (`details.no_relevant_memory`; the
+  report's `ld_agent_retrieval` table gives the share per session).
 - Personas (App. D.2, with two examples of our own): one call per utterance extracts its speaker's
   traits, or NO_TRAIT. Rows are keyed by (session, turn), so a probe at turn t sees the traits of
   turns before t, its own session's included: the user's just-said utterance, not the agent's gold
-  turn (as the reference code updates its banks). `persona_every` k > 1 (ours, to size small runs)
+  turn (as the reference code updates its banks). `persona_from_session`: the first session whose
+  utterances are read (the reference code starts its banks empty in session 2: 2; the paper does not
+  say). `persona_every` k > 1 (ours, to size small runs)
   sends only each speaker's 1st, (k+1)th, ... utterance of a session to the extractor; the others get
   no row.
 - Generator (App. D.3 Prompt 4): the agent's traits in the system prompt; the short-term context (the
@@ -29,6 +34,9 @@ response frame this module extends.
   traits, what the user just said; at most `response_words` words.
 - Ablations (Table 2): `events`, `user_personas`, `agent_personas` switch a part off, and its section
   of the prompt with it.
+- `reply_frame: creem` answers in CREEM's A.4 frame instead (`memory_response.creem_reply_messages`:
+  the whole current session, every retrieved event and trait of both speakers tagged with whose it
+  is), for CREEM's stand-in of SumMem_MSC.
 """
 
 from __future__ import annotations
@@ -50,9 +58,10 @@ from pydantic import Field
 from pipeline.errors import ConfigError
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.llm.types import ChatLLM, LLMError, Messages
-from pipeline.retrieval import count_tokens, dense_scores
+from pipeline.retrieval import count_tokens, dense_scores, top_k
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, ProbeInput,
                                  ReportPanel)
+from stages.methods import memory_response
 from stages.methods.dialogue import format_unit
 from stages.methods.ld_agent_base import PROMPTS as FRAME_PROMPTS
 from stages.methods.ld_agent_base import (LDAgentBaseSettings, frame_messages, partner, raw_reply_details,
@@ -69,7 +78,7 @@ EVENTS = pa.schema([
     pa.field("time_s", pa.float64(), nullable=False),  # seconds; the last cached utterance's time
     pa.field("time_source", pa.string(), nullable=False),  # date | gap_label | fixed_gap
     pa.field("nouns", pa.list_(pa.string())),
-    pa.field("vector", pa.list_(pa.float32())),
+    pa.field("vector", pa.list_(pa.float32())),  # of the summary (paper) or of the noun string (reference_code)
     pa.field("turns", pa.int32()),  # utterances summarised
     *FAILURE_FIELDS,
 ])
@@ -115,6 +124,10 @@ class LDAgentSettings(LDAgentBaseSettings):  # short_term_turns, response_words:
     persona_words: int = Field(default=20, ge=5)
     # Ours, to size small runs; the defaults are the paper's (every utterance, the role's limit).
     persona_every: int = Field(default=1, ge=1)  # each speaker's every k-th utterance of a session
+    # the first session whose utterances' traits are extracted (reference code: 2; its banks start empty then)
+    persona_from_session: int = Field(default=1, ge=1)
+    # ld_agent: App. D.3 Prompt 4; creem: CREEM App. A.4's frame (the stand-in for CREEM's SumMem_MSC)
+    reply_frame: Literal["ld_agent", "creem"] = "ld_agent"
     max_tokens: int | None = Field(default=None, ge=16)  # summary and persona calls; None = the role's
     events: bool = True  # the event memory (Table 2's "Mem")
     user_personas: bool = True  # the user's persona bank
@@ -228,6 +241,11 @@ def spacy_nouns(text: str) -> list[str]:
     return list(dict.fromkeys(t.lemma_.lower() for t in _spacy()(text) if t.pos_ == "NOUN"))
 
 
+def noun_key(nouns: Sequence[str]) -> str:
+    """The reference code's retrieval key: the nouns joined by commas ("dog,park")."""
+    return ",".join(nouns)
+
+
 def topic_overlap(query: set[str], key: set[str]) -> float:
     """s_top = 1/2 (|Vq & Vk| / |Vq| + |Vq & Vk| / |Vk|); 0 when either set is empty."""
     if not query or not key:
@@ -275,10 +293,10 @@ PERSONA_USER = ("If the sentence reveals no personal trait, reply {no_trait}. Tw
 
 # App. D.3 Prompt 4 on top of the Prompt 3 frame (ld_agent_base): the agent's own traits, the memories
 # linked to the conversation, the traits noticed in the user.
-AGENT_TRAITS = " These are some of your own distinctive personal traits:\n{traits}"
-MEMORY = "<MEMORY>\nThe memories connected with the ongoing conversation:\n{memories}"
-USER_TRAITS = ("<USER TRAITS>\nIn your recent conversations with this user you have noticed that {user} has these "
-               "personal traits:\n{traits}")
+AGENT_TRAITS = " Personal traits that make you distinct from others:\n{traits}"
+MEMORY = "<MEMORY>\nPast events that bear on what the two of you are discussing now:\n{memories}"
+USER_TRAITS = ("<USER TRAITS>\nPersonal traits of {user} that have come out over your recent chats with them:\n"
+               "{traits}")
 NO_TRAITS = "(none noted yet)"
 PROMPTS = {**FRAME_PROMPTS, "summary_system": SUMMARY_SYSTEM, "summary_user": SUMMARY_USER,
            "persona_system": PERSONA_SYSTEM, "persona_user": PERSONA_USER, "agent_traits": AGENT_TRAITS,
@@ -363,6 +381,7 @@ class LDAgent(Method):
         if settings.user_personas or settings.agent_personas:  # who is the agent is known only per probe
             out["personas"] = list(await asyncio.gather(*(self.trait(ctx.llm, eid, s, t, settings)
                                                           for s, turns in episode.sessions.items()
+                                                          if s >= settings.persona_from_session
                                                           for t in persona_turns(turns, settings.persona_every))))
         return out
 
@@ -382,7 +401,8 @@ class LDAgent(Method):
             summary = cleaned(raw)
             if not summary:
                 raise LLMError("empty event summary", raw=raw)
-            vector = (await ctx.embed([summary]))[0] if ctx.embed else []
+            key = noun_key(row["nouns"]) if settings.scoring == "reference_code" else summary
+            vector = (await ctx.embed([key]))[0] if ctx.embed else []
             return {"summary": summary, "vector": list(map(float, vector))}
 
         return await row_or_failure(row, summarised())
@@ -408,7 +428,12 @@ class LDAgent(Method):
     async def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str, query_nouns: set[str],
                  settings: LDAgentSettings) -> tuple[list[tuple[dict, float]], list[float]]:
         """Every event that may be retrieved with its score, best first (the caller keeps `top_n`), and
-        every event's semantic score."""
+        every event's semantic score. `query`: what is embedded (under `reference_code`, the noun key).
+
+        `reference_code` (DataLoader/MSC.py, Module/EventMemory.py relevance_retrieve): the `top_n` events
+        whose noun keys lie nearest the query's noun key, of which the one with the best decay x overlap
+        among those sharing a noun with the query; at most one event (a tie goes to the farther one,
+        as its `>=`). Without an embedder (unit tests only) every event is a candidate."""
         if not events:
             return [], []
         semantic = [0.0] * len(events)
@@ -419,6 +444,14 @@ class LDAgent(Method):
                                -1.0, 1.0).tolist()
         overlaps = [topic_overlap(query_nouns, set(e["nouns"] or [])) for e in events]
         scores = retrieval_scores(semantic, overlaps, [now - e["time_s"] for e in events], settings)
+        if settings.scoring == "reference_code":
+            near = top_k(semantic, settings.top_n) if probe.embed is not None else range(len(events))
+            best: tuple[dict, float] | None = None
+            for i in near:
+                score = scores[i]
+                if score is not None and (best is None or score >= best[1]):
+                    best = (events[i], score)
+            return ([best] if best else []), semantic
         return sorted(((e, sc) for e, sc in zip(events, scores) if sc is not None), key=lambda x: -x[1]), semantic
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
@@ -437,8 +470,10 @@ class LDAgent(Method):
             flushed = [e for e in memory.get("events", []) if e["error"] is None and e["summary"]
                        and (not cache or e["time_s"] < cache[0][0])]
             query = self.query_text(probe, context, settings)
-            query_nouns = set(self.nouns(query))
-            passing, semantic = await self.retrieve(probe, flushed, now, query, query_nouns, settings)
+            nouns = self.nouns(query)
+            query_nouns = set(nouns)
+            key = noun_key(nouns) if settings.scoring == "reference_code" else query
+            passing, semantic = await self.retrieve(probe, flushed, now, key, query_nouns, settings)
             hits = passing[: settings.top_n]
             lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
             details.update(query_nouns=sorted(query_nouns), events=len(flushed), passing=len(passing),
@@ -454,6 +489,11 @@ class LDAgent(Method):
                                          for ts in (agent_traits, user_traits))
         details.update(agent_traits=None if agent_traits is None else len(agent_traits),
                        user_traits=None if user_traits is None else len(user_traits), context_turns=len(context))
+        if settings.reply_frame == "creem":  # CREEM's frame: the whole session, every memory line tagged
+            tagged = ([f"[{respondent}] {t}" for t in agent_traits or []] + [f"[{user}] {t}" for t in user_traits or []])
+            details["context_turns"] = len(probe.current)
+            return await memory_response.answer_creem_frame(llm, probe, (lines or []) + tagged,
+                                                            [e["event_id"] for e, _ in hits], details=details)
         result = await llm.chat(reply_messages(respondent, user, agent_traits, user_traits, lines, context,
                                                probe.request, settings.response_words))
         memory_text = "\n".join((lines or []) + (agent_traits or []) + (user_traits or []))
@@ -471,7 +511,8 @@ class LDAgent(Method):
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
         events = [f"[session {e['session_idx']}] {e['summary']}" for e in memory.get("events", []) if e["summary"]]
-        traits = [f"{p['speaker']}: {p['trait']}" for p in memory.get("personas", []) if p["trait"]]
+        # tagged "[speaker] trait", so the memory judge rates each speaker on that speaker's traits only
+        traits = [f"[{p['speaker']}] {p['trait']}" for p in memory.get("personas", []) if p["trait"]]
         return "\n".join(events + traits) or None
 
     def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:

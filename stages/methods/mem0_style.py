@@ -7,17 +7,23 @@ UPDATE / DELETE / NONE events, `search` by similarity). We follow the paper's tw
 (mem0's library later moved to add-only extraction) and call NOOP "NONE" as mem0's events do. None
 of mem0's code or prompt text is used: every prompt here is our own wording.
 
-1. Extraction: after each unit of conversation (`extract_every`: a whole session, or every turn with
-   the `recent_turns` before it as context, as the paper reads the latest exchange beside the
-   recent messages), one LLM call per speaker lists the salient facts about that speaker.
+1. Extraction: after each unit of conversation (`extract_every`: `pair`, each exchange with the
+   `recent_turns` before it as context, as the paper reads the latest message pair beside the m = 10
+   recent messages; `turn`, each utterance with the same context; `session`, a whole session at
+   once, coarser than the paper), one LLM call per speaker lists the salient facts about that
+   speaker. Each fact carries the date of its session (`fact_date`), as mem0 stores a timestamp
+   with each memory.
 2. Update: each candidate fact, in order, is compared with the `top_s` stored facts of the same
    speaker most similar to it (cosine over the embedder's vectors; the paper's s = 10), and the LLM
    chooses ADD (new), UPDATE (which stored fact, and its new text: same subject, more or changed
    detail), DELETE (which stored fact the candidate contradicts; the candidate itself is not
    stored, as in mem0's own DELETE example) or NONE (already known). A speaker with nothing stored
    yet gets ADD without a call (ours: no other choice makes sense).
-3. Answer: the `top_k` stored facts most similar to the request, in the memory baselines' response
-   frame.
+3. Answer: the `top_k` stored facts of each speaker most similar to the request (`per_speaker`, as
+   mem0's LoCoMo evaluation searches each speaker's memories; else `top_k` pooled), shown per
+   speaker as "date: fact" lines. A QA probe is asked with the answer rules of mem0's evaluation
+   (`answer_prompt: mem0`, `MEM0_ANSWER_SYSTEM`); a next-response probe, and QA under
+   `answer_prompt: ours`, in the memory baselines' response frame.
 
 Tables: `facts` is the whole store after every unit that changed it (a `snapshots` memory, so a probe
 sees the store as it was before its turn, never a later fact); `operations` is the log, one row per
@@ -26,7 +32,9 @@ candidate fact with its decision, the fact it touched, the old and new text and 
 
 Where ours differs from the paper: no running conversation summary in the extraction prompt; the
 store is kept per speaker (mem0 scopes memories by user id); a decision call that fails adds the
-candidate (nothing is lost) and records the error. An episode whose store is emptied by DELETEs
+candidate (nothing is lost) and records the error; the default unit is a session (`extract_every:
+pair` is the paper's, about one call per speaker and exchange); the answer prompt asks for the answer
+alone, not the worked steps mem0's asks to show. An episode whose store is emptied by DELETEs
 writes no `facts` rows for that point, so a later probe sees the last non-empty store.
 """
 
@@ -44,11 +52,13 @@ from pydantic import BaseModel, Field
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM, Messages
-from pipeline.retrieval import dense_scores, top_k
+from pipeline.retrieval import count_tokens, dense_scores, top_k
 from stages.methods import memory_response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, Embed, EpisodeInput, Method, MethodSettings,
                                  ProbeInput)
-from stages.methods.dialogue import format_unit, last_turns
+from stages.methods import response
+from stages.methods.dialogue import build_exchanges, format_unit, last_turns
+from stages.methods.session_memories import session_time
 
 FACTS = pa.schema([
     *SNAPSHOT_FIELDS,  # the store after this unit
@@ -58,6 +68,7 @@ FACTS = pa.schema([
     pa.field("session_idx", pa.int32(), nullable=False),  # where the fact was added
     pa.field("turn_idx", pa.int32()),  # ... its turn (null: extracted from the whole session)
     pa.field("updated_session", pa.int32()),  # where an UPDATE last rewrote it (null: never)
+    pa.field("fact_date", pa.string()),  # the date of the session its text comes from (null: undated corpus)
 ])
 OPERATIONS = pa.schema([
     *SNAPSHOT_FIELDS,  # the unit whose extraction gave the candidate
@@ -84,8 +95,11 @@ Op = Literal["ADD", "UPDATE", "DELETE", "NONE"]
 class Mem0Settings(MethodSettings):
     top_s: int = Field(default=10, ge=1)  # stored facts shown to each decision (the paper's s = 10)
     top_k: int = Field(default=10, ge=1)  # facts retrieved for a response
-    extract_every: Literal["session", "turn"] = "session"
-    recent_turns: int = Field(default=10, ge=0)  # context before the turn in `turn` mode (the paper's m = 10)
+    # the unit read at once: an exchange (`pair`, the paper's), an utterance, or a whole session (coarser)
+    extract_every: Literal["session", "pair", "turn"] = "session"
+    recent_turns: int = Field(default=10, ge=0)  # context before the unit in pair / turn mode (the paper's m = 10)
+    per_speaker: bool = True  # top_k facts of each speaker (mem0's evaluation); false: top_k pooled
+    answer_prompt: Literal["mem0", "ours"] = "mem0"  # QA probes: mem0's evaluation answer rules, or our frame
     temperature: float | None = Field(default=0.0, ge=0)  # None: the role's llm.temperature
     # short: the memory baselines' "a short, natural reply"; paper: no length asked for
     response_style: memory_response.ResponseStyle = "short"
@@ -103,16 +117,17 @@ class Decision(BaseModel):
 
 # ------------------------------------------------------------------------------- prompts
 
-def extract_messages(speaker: str, dialogue: str, focus: str | None) -> Messages:
-    """Candidate facts about `speaker` from `dialogue`; `focus`: the one utterance to read them from
-    (turn mode), the rest being context."""
+def extract_messages(speaker: str, dialogue: str, focus: str | None, exchange: bool = False) -> Messages:
+    """Candidate facts about `speaker` from `dialogue`; `focus`: the utterance (turn mode) or the
+    exchange (pair mode) to read them from, the rest being context."""
     system = ("You build a long-term memory of a person from what they say in conversations. Write down only "
               "lasting facts about that person: who they are, their preferences, relationships, work, health, "
               "plans, and what has happened to them. Skip greetings, small talk and anything about the other "
               "speaker. Each fact is one short sentence that can be read on its own and names the person.")
+    read = "these lines" if exchange else "this line"
     where = (f"Conversation:\n{dialogue}" if focus is None
              else (f"Earlier lines, for context only:\n{dialogue or '(none)'}\n\n"
-                   f"Read the facts from this line:\n{focus}"))
+                   f"Read the facts from {read}:\n{focus}"))
     user = (f"{where}\n\nList the facts about {speaker} (an empty list when there are none). "
             'Reply in JSON: {"facts": ["...", "..."]}.')
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -163,6 +178,8 @@ def apply_decision(store: list[dict], similar: list[dict], decision: Decision, n
                 {"op": "DELETE", "fact_id": target["fact_id"], "old_text": target["text"], "new_text": None})
     text = (decision.text or "").strip()
     rewritten = {**target, "text": text, "updated_session": new_fact["session_idx"]}
+    if "fact_date" in new_fact:  # the merged text speaks as of the newer statement
+        rewritten["fact_date"] = new_fact["fact_date"]
     return ([rewritten if f["fact_id"] == target["fact_id"] else f for f in store],
             {"op": "UPDATE", "fact_id": target["fact_id"], "old_text": target["text"], "new_text": text})
 
@@ -182,6 +199,53 @@ def fact_lines(facts: list[dict]) -> str:
     return "\n".join(f"[{f['speaker']}] {f['text']}" for f in facts)
 
 
+def fact_when(fact: dict) -> str:
+    """A fact's date (its session's, "session N" when the corpus has none)."""
+    return fact.get("fact_date") or f"session {fact['session_idx']}"
+
+
+def dated_lines(facts: list[dict]) -> str:
+    """mem0's "timestamp: memory" lines."""
+    return "\n".join(f"{fact_when(f)}: {f['text']}" for f in facts)
+
+
+def speaker_blocks(groups: list[tuple[str, list[dict]]]) -> str:
+    """Each speaker's retrieved facts under that speaker's name, dated."""
+    return "\n\n".join(f"Memories about {speaker}:\n{dated_lines(facts) or '(none)'}" for speaker, facts in groups)
+
+
+# The answer rules of mem0's LoCoMo evaluation (mem0ai/mem0 evaluation/prompts.py, ANSWER_PROMPT), in
+# our words with every element except its "show your work" (the reply is scored as written): read
+# both speakers' memories; the dates decide; look for a memory that states the fact asked about; the
+# most recent memory wins a contradiction; relative times are resolved from the memory's date and
+# given as dates, months or years; names inside memories are not the speakers; under six words;
+# worked through step by step before answering.
+MEM0_ANSWER_SYSTEM = (
+    "You answer questions from the memories kept of a conversation between two people. Each memory is "
+    "about one of the two and is dated with the day of the conversation it came from.\n"
+    "Rules:\n"
+    "1. Go through the memories of both people before you answer.\n"
+    "2. Let the dates guide you: they often decide the answer.\n"
+    "3. For a question about a particular event or fact, find the memory that states it.\n"
+    "4. When memories disagree, trust the most recent one.\n"
+    "5. A time given relative to a memory (\"last year\", \"two months ago\") is counted from that "
+    "memory's date: a memory dated 10 March 2021 saying someone moved house two months ago puts the move "
+    "in January 2021.\n"
+    "6. Always answer with a date, a month or a year, never with a relative time expression.\n"
+    "7. Rely on the memories alone, and keep the two people apart from other names that appear inside "
+    "the memories.\n"
+    "8. Keep the answer under six words.\n"
+    "Work it out step by step before answering: find the memories that bear on the question, read their "
+    "dates and contents closely, look for explicit dates, places and events, do any date arithmetic, and "
+    "check that your answer is precise, specific about time, and answers exactly what was asked. Reply "
+    "with the answer only.")
+
+
+def mem0_answer_messages(groups: list[tuple[str, list[dict]]], question: str) -> Messages:
+    user = f"{speaker_blocks(groups)}\n\nQuestion: {question}\nAnswer:"
+    return [{"role": "system", "content": MEM0_ANSWER_SYSTEM}, {"role": "user", "content": user}]
+
+
 class Mem0Style(Method):
     name = "mem0_style"
     Settings = Mem0Settings
@@ -191,7 +255,9 @@ class Mem0Style(Method):
     prompts = {  # each prompt with its slots, so a prompt edit shows in the stage's fingerprint inputs
         "extract_session": str(extract_messages("{speaker}", "{dialogue}", None)),
         "extract_turn": str(extract_messages("{speaker}", "{dialogue}", "{utterance}")),
+        "extract_pair": str(extract_messages("{speaker}", "{dialogue}", "{exchange}", exchange=True)),
         "decide": str(decide_messages("{speaker}", "{candidate}", [{"text": "{similar}"}])),
+        "answer_mem0": str(mem0_answer_messages([("{speaker}", [])], "{question}")),
     }
 
     def params(self, settings: Mem0Settings) -> dict[str, Any]:
@@ -202,6 +268,15 @@ class Mem0Style(Method):
         if settings.extract_every == "session":
             speakers = list(dict.fromkeys(t["speaker"] for t in turns))
             return [(None, [(sp, extract_messages(sp, format_unit(turns), None)) for sp in speakers])]
+        if settings.extract_every == "pair":  # each exchange, keyed by its last turn
+            pairs = []
+            for lo, hi in build_exchanges(turns):
+                pair = turns[lo:hi + 1]
+                before = format_unit(last_turns(turns[:lo], settings.recent_turns)) if settings.recent_turns else ""
+                calls = [(sp, extract_messages(sp, before, format_unit(pair), exchange=True))
+                         for sp in dict.fromkeys(t["speaker"] for t in pair)]
+                pairs.append((pair[-1]["turn_idx"], calls))
+            return pairs
         out = []
         for i, t in enumerate(turns):
             before = format_unit(last_turns(turns[:i], settings.recent_turns)) if settings.recent_turns else ""
@@ -228,6 +303,7 @@ class Mem0Style(Method):
         store: list[dict] = []
         ids: Iterator[str] = (f"f{n}" for n in itertools.count(1))
         for s, turns in episode.sessions.items():
+            date = session_time(turns)  # the session's date, mem0's timestamp of each memory
             for turn, calls in self.units(turns, settings):
                 key = {"episode_id": eid, "snapshot_session": s, "snapshot_turn": turn}
                 extracted = await asyncio.gather(*(attempt(ctx.llm.chat(msgs, schema=Facts, **self.params(settings)))
@@ -242,7 +318,7 @@ class Mem0Style(Method):
                         decision, decided, failed_call = await self.decide(ctx.llm, speaker, candidate, similar,
                                                                            settings)
                         new = {"fact_id": "", "speaker": speaker, "text": candidate, "session_idx": s,
-                               "turn_idx": turn, "updated_session": None}
+                               "turn_idx": turn, "updated_session": None, "fact_date": date}
                         if decision.op == "ADD":
                             new["fact_id"] = next(ids)
                         store, fields = apply_decision(store, similar, decision, new)
@@ -254,15 +330,32 @@ class Mem0Style(Method):
                     out["facts"] += [{**key, **f} for f in store]
         return out
 
+    async def retrieve(self, probe: ProbeInput, facts: list[dict], settings: Mem0Settings
+                       ) -> list[tuple[str, list[dict]]]:
+        """(speaker, the facts retrieved for them, nearest first) for each speaker: the episode's
+        speakers in order, then any other speaker with facts."""
+        speakers = list(dict.fromkeys([*(probe.episode.get("speakers") or []), *(f["speaker"] for f in facts)]))
+        if settings.per_speaker:
+            return [(sp, await most_similar(probe.embed, probe.request, [f for f in facts if f["speaker"] == sp],
+                                            settings.top_k)) for sp in speakers]
+        pooled = await most_similar(probe.embed, probe.request, facts, settings.top_k)
+        return [(sp, [f for f in pooled if f["speaker"] == sp]) for sp in speakers]
+
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
         facts = memory.get("facts", [])
-        chosen = await most_similar(probe.embed, probe.request, facts, settings.top_k)
+        groups = await self.retrieve(probe, facts, settings)
+        chosen = [f for _, group in groups for f in group]
         snapshot = max(((f["snapshot_session"], f["snapshot_turn"]) for f in facts),
                        key=lambda k: (k[0], float("inf") if k[1] is None else k[1]), default=None)
+        details = {"memory_after_session": snapshot[0] if snapshot else None,
+                   "memory_after_turn": snapshot[1] if snapshot else None, "facts_stored": len(facts)}
+        if probe.probe["kind"] == "qa" and settings.answer_prompt == "mem0":
+            result = await llm.chat(mem0_answer_messages(groups, probe.request), **self.params(settings))
+            return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []),
+                          used_ids=[f["fact_id"] for f in chosen], context_tokens=count_tokens(speaker_blocks(groups)),
+                          model=result.model, details={**details, "answer_prompt": "mem0"})
         return await memory_response.answer_from_memory(
-            llm, probe, fact_lines(chosen), [f["fact_id"] for f in chosen],
-            details={"memory_after_session": snapshot[0] if snapshot else None,
-                     "memory_after_turn": snapshot[1] if snapshot else None, "facts_stored": len(facts)},
+            llm, probe, speaker_blocks(groups) if chosen else "", [f["fact_id"] for f in chosen], details=details,
             style=settings.response_style, **self.params(settings))
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:

@@ -15,15 +15,28 @@ structured memos and runs three steps, memorization -> retrieval -> response.
 
 Theanine ran MemoChat with its original prompts; ours carry the same instructions in our own words,
 with JSON answers (the original asks for JSON memos and "#"-joined option numbers).
+
+Ours by default (`preset: project`): memorize at session ends (`write_every` adds in-session writes
+that keep the last topic pending, an addition of ours), retrieval reads the request with the 4 turns
+before it and chooses at most 3 memos, the role's temperature, and a failed write keeps its turns
+pending. `preset: original` sets every setting left unset to MemoChat's own loop
+(get_model_infer_memochat.py): a write once 10 lines are buffered (the 2 kept from the last write, so
+8 new ones: `write_every: 8`) or they hold more than 1,024 words (`write_words`), every topic closed at
+each write (`close_topics`), a write that yields no memo filed as a NOTO memo naming two of its lines
+drawn at random, shown among the options but never used (`noto_fallback`), the user input alone as
+the retrieval query (`query_turns: 0`), any number of memos chosen (`max_retrieved: null`), and
+temperature 0.2. The 2 kept lines are the original's recent dialogue for the response; ours shows the
+whole current session.
 """
 
 from __future__ import annotations
 
+import random
 from functools import lru_cache
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, create_model, model_validator
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM, Messages
@@ -61,14 +74,32 @@ WRITES = pa.schema([
 ])
 
 
+NOTO_TOPIC = "NOTO"  # MemoChat's "none of the others" topic: the fallback memos filed under it are never used
+# What `preset: original` sets (every setting the config leaves unset): MemoChat's own loop.
+ORIGINAL = {"write_every": 8, "write_words": 1024, "close_topics": True, "noto_fallback": True,
+            "max_retrieved": None, "query_turns": 0, "temperature": 0.2}
+
+
 class MemoChatSettings(MethodSettings):
+    # project: our defaults; original: MemoChat's own loop for every setting left unset (`ORIGINAL`)
+    preset: Literal["project", "original"] = "project"
     # Memorize every n new turns inside a session too (its finished topics); None: at session ends only.
     write_every: int | None = Field(default=None, ge=2)
-    max_retrieved: int = Field(default=3, ge=1)  # memos one response may use
+    write_words: int | None = Field(default=None, ge=1)  # ... or once the pending lines hold more words than this
+    close_topics: bool = False  # an in-session write closes every topic; false: the last one stays pending
+    noto_fallback: bool = False  # a write that fails files its lines as a NOTO memo (never used); false: kept pending
+    max_retrieved: int | None = Field(default=3, ge=1)  # memos one response may use; None: no cap
     query_turns: int = Field(default=4, ge=0)  # turns before the request that retrieval reads
     show_dialogue: bool = True  # the chosen memos' dialogue spans enter the response (topic-summary-dialogue)
     temperature: float | None = Field(default=None, ge=0)  # None = the role's llm.temperature
     response_style: ResponseStyle = "short"  # short: the memory baselines' "a short, natural reply"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") == "original":
+            return {**ORIGINAL, **data}
+        return data
 
 
 # ------------------------------------------------------------------------------- prompts
@@ -137,14 +168,15 @@ def memo_options(memos: list[dict]) -> str:
     return "\n".join(f"[{i + 1}] {m['topic']}: {m['summary']}" for i, m in enumerate(memos))
 
 
-def retrieve_messages(memos: list[dict], dialogue: str, request: str, limit: int, question: bool) -> Messages:
+def retrieve_messages(memos: list[dict], dialogue: str, request: str, limit: int | None, question: bool) -> Messages:
     """Retrieval: the numbered memos (topic and summary) and the dialogue -> the chosen numbers."""
     system = ("You help someone in a conversation remember what matters from earlier talks. You get the memos of "
               "those talks, each numbered with its topic and summary, and the conversation now. Choose the memos "
               "that the reply to the latest message needs; if none of them is related, choose none.")
     latest = "Question" if question else "Latest message"
     user = (f"Memos:\n{memo_options(memos)}\n\nConversation now:\n{dialogue or '(just started)'}\n\n"
-            f"{latest}: {request}\n\nChoose at most {limit} memo numbers, most useful first. "
+            f"{latest}: {request}\n\n{f'Choose at most {limit}' if limit else 'Choose any number of'} memo numbers, "
+            "most useful first. "
             'Reply in JSON: {"chosen": [<memo numbers>]} (an empty list for none).')
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -183,6 +215,20 @@ def memo_rows(key: dict[str, Any], session_idx: int, turns: list[dict],
     return rows
 
 
+def noto_row(key: dict[str, Any], session_idx: int, turns: list[dict]) -> dict[str, Any]:
+    """MemoChat's fallback when a write yields no memo: the lines filed under NOTO, summarised by two
+    of them drawn at random (seeded by the episode and the first line, so reruns agree)."""
+    lines = [f"{t['speaker']}: {t['text']}" for t in turns]
+    rng = random.Random(f"memochat-noto:{key['episode_id']}:{session_idx}:{turns[0]['turn_idx']}")
+    picked = [lines[i] for i in rng.sample(range(len(lines)), min(2, len(lines)))]
+    [row] = memo_rows(key, session_idx, turns, [(Topic(topic=NOTO_TOPIC, summary="", start=1), 0, len(turns) - 1)])
+    return {**row, "summary": f"Partial dialogue about: {' or '.join(picked)}."}
+
+
+def pending_words(turns: list[dict]) -> int:
+    return len(format_unit(turns).split())
+
+
 def in_order(memos: list[dict]) -> list[dict]:
     return sorted(memos, key=lambda m: (m["session_idx"], m["turn_start"]))
 
@@ -199,19 +245,23 @@ class MemoChat(Method):
     async def memorize(self, llm: ChatLLM, settings: MemoChatSettings, key: dict[str, Any], session_idx: int,
                        pending: list[dict], session_over: bool) -> tuple[list[dict], dict[str, Any], list[dict]]:
         """One memorization of the pending turns: (memo rows, its `writes` row, the turns still
-        pending). The last topic stays pending unless the session is over; a failed call keeps every
-        pending turn for the next one (at a session's end they are lost, and the row says why)."""
+        pending). The last topic stays pending unless the session is over (or `close_topics`); a failed
+        call keeps every pending turn for the next one (at a session's end they are lost, and the row
+        says why), or files them as a NOTO memo (`noto_fallback`)."""
         result, failed = await attempt(llm.chat(write_messages(pending, session_idx, session_over), schema=Topics,
                                                 **self.params(settings)))
         log = {**key, "session_idx": session_idx, "turn_start": pending[0]["turn_idx"],
                "turn_end": pending[-1]["turn_idx"], **failed}
+        if result is None and settings.noto_fallback:
+            return [noto_row(key, session_idx, pending)], {**log, "topics": None, "memos": 1, "pending_from": None}, []
         if result is None:
             left = [] if session_over else pending
             return [], {**log, "topics": None, "memos": 0,
                         "pending_from": left[0]["turn_idx"] if left else None}, left
         spans = topic_spans(result.parsed.topics, len(pending))
-        closed = spans if session_over else spans[:-1]
-        left = [] if session_over else pending[spans[-1][1]:]
+        close_all = session_over or settings.close_topics
+        closed = spans if close_all else spans[:-1]
+        left = [] if close_all else pending[spans[-1][1]:]
         memos = memo_rows(key, session_idx, pending, closed)
         return memos, {**log, "topics": len(spans), "memos": len(memos),
                        "pending_from": left[0]["turn_idx"] if left else None}, left
@@ -228,7 +278,9 @@ class MemoChat(Method):
                 pending.append(turn)
                 new += 1
                 over = i == len(turns) - 1
-                if not over and not (settings.write_every and new >= settings.write_every):
+                due = ((settings.write_every and new >= settings.write_every)
+                       or (settings.write_words and pending_words(pending) > settings.write_words))
+                if not over and not due:
                     continue
                 key = (after_session(eid, s) if over
                        else {"episode_id": eid, "snapshot_session": s, "snapshot_turn": turn["turn_idx"]})
@@ -253,7 +305,9 @@ class MemoChat(Method):
                 schema=choice_schema(len(memos)), validate=lambda out: check_choice(out, len(memos)),
                 **self.params(settings)))
             details.update(failed)  # a failed retrieval answers from the dialogue alone, and says so
-            picks = list(dict.fromkeys(result.parsed.chosen))[:settings.max_retrieved] if result else []
+            # A NOTO memo chosen is dropped, as MemoChat drops it.
+            picks = [c for c in dict.fromkeys(result.parsed.chosen) if memos[c - 1]["topic"] != NOTO_TOPIC] if result else []
+            picks = picks[:settings.max_retrieved] if settings.max_retrieved else picks
             chosen = [memos[c - 1] for c in picks]
             details["chosen"] = [m["memo_id"] for m in chosen]
         out = await llm.chat(reply_messages(chosen, probe.current, probe.request, probe.probe["respondent"], question,

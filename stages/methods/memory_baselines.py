@@ -8,6 +8,9 @@
   `target`), append (it is new), delete (it shows pool item `target` no longer holds; the item is
   removed and the new memory is not added). Every operation is recorded with what it touched.
 
+`reply_frame: creem` answers in CREEM App. A.4's frame (`memory_response.creem_reply_messages`, the
+whole current session) instead of the memory baselines' one: CREEM's stand-in for REBOT_CC.
+
 Every session's summary call is logged in `build_log` (a failed one adds no memories and says
 why), and the counts reach the memory stage's manifest. `memory_retrieval*` refuses to answer
 without an embedder rather than silently showing every memory.
@@ -50,6 +53,8 @@ BUILD_LOG = pa.schema([
 class MemorySettings(MethodSettings):
     max_memories: int = Field(default=10, ge=1)  # memories summarised per session
     k: int | None = Field(default=None, ge=1)  # retrieved memories; None = all (in time order)
+    # memory_baselines: the shared frame of memory_response.py; creem: CREEM's A.4 frame (its REBOT_CC stand-in)
+    reply_frame: Literal["memory_baselines", "creem"] = "memory_baselines"
 
 
 class RetrievalSettings(MemorySettings):
@@ -158,6 +163,10 @@ class SessionMemoryMethod(Method):
         chosen = await self.select(probe, memory.get(self.table, []), settings.k)
         snapshot = max((m["snapshot_session"] for m in memory.get(self.table, [])), default=None)
         turns = {t for m in chosen for t in (m.get("source_turn_ids") or [])}
+        if settings.reply_frame == "creem":
+            return await memory_response.answer_creem_frame(
+                llm, probe, memory_lines(chosen).splitlines(), [m["memory_id"] for m in chosen],
+                context_turns=len(turns), details={"memory_after_session": snapshot})
         return await memory_response.answer_from_memory(
             llm, probe, memory_lines(chosen), [m["memory_id"] for m in chosen], len(turns),
             details={"memory_after_session": snapshot})

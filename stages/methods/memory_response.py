@@ -4,10 +4,15 @@ Its own module, so editing it re-runs only these methods.
 
 `style`: "short" asks for a short reply; "paper" sets no length (RSum's prompt states none, and
 Theanine credits RSum-LLM's long answers, 77 words on average, for its specificity wins).
-`example`: an optional worked example appended to the instructions (RSum's one-shot)."""
+`example`: an optional worked example appended to the instructions (RSum's one-shot).
+
+Also CREEM's response frame (App. A.4, `creem_reply_messages`): CREEM answers with it, and so do its
+stand-in baselines with `reply_frame: creem` (CREEM Sec. 3.2 gives every method the same response
+generator), which is why it lives here and not in creem.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pipeline.llm.types import ChatLLM, Messages
@@ -54,3 +59,66 @@ async def answer_from_memory(llm: ChatLLM, probe: ProbeInput, memory: str, used_
     return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []), used_ids=used_ids,
                   context_tokens=count_tokens(memory) if memory else 0, context_turns=context_turns,
                   model=result.model, details=details)
+
+
+# ------------------------------------------------------------------------------- CREEM's frame
+# CREEM App. A.4's response frame, here rather than in creem.py because CREEM's stand-in baselines
+# answer with it too (`reply_frame: creem` of all_memories and ld_agent): CREEM Sec. 3.2 gives every
+# method the same response generator, so Table 3 compares memories, not prompts or lengths. Every
+# element of A.4, in our words: a response generator that takes the memory into account and
+# continues the conversation with a fitting response to its last utterance; three rules (not long,
+# no speaker's name, let the memory show); then the memory, the conversation, whose response.
+
+def creem_length(words: int | None) -> str:
+    """How long a reply may be: the memory baselines' "a short, natural reply", or a word cap."""
+    return response.SHORT_REPLY if words is None else f"a reply of at most {words} words"
+
+
+def creem_reply_messages(respondent: str, about: str | None, memory: Sequence[str], dialogue: str, request: str,
+                         words: int | None, question: bool) -> Messages:
+    """A.4: the memory about `about` (None: a memory of both speakers, as the stand-ins keep, each
+    line saying whom it concerns where it can), the whole current session (`dialogue`, its last line
+    the one to answer) -> `respondent`'s next utterance (plain text). A QA probe asks `request`
+    after the session instead."""
+    task = ("answer the question that follows the conversation, in a short phrase" if question
+            else "continue the conversation with a fitting response to its last utterance")
+    system = (f"You generate responses in a conversation, speaking as {respondent}. Take the memory you are given "
+              f"into account and {task}. While writing:\n"
+              f"- do not make it long: write {creem_length(words)};\n"
+              "- do not write out the name of any speaker;\n"
+              "- let the memory show in what you say.")
+    mem = "\n".join(f"- {m}" for m in memory) or "- (nothing remembered)"
+    header = f"Memory of {about}" if about else "Memory of both speakers"
+    user = (f"{header}:\n{mem}\n\nConversation:\n{dialogue or '(just started)'}\n\n"
+            + (f"Question: {request}\n\nAnswer of {respondent}:" if question
+               else f"Response of {respondent} (the words only, no speaker label):"))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def creem_turns(probe: ProbeInput) -> tuple[list[dict], bool]:
+    """The current session with the request as its last line, and whether the request had to be
+    added (a question asked after the session, or a probe with its own context): it is then the
+    other speaker's last utterance."""
+    turns = list(probe.current)
+    asked = not turns or turns[-1]["text"] != probe.request
+    if asked:
+        respondent = probe.probe["respondent"]
+        other = next((s for s in probe.episode.get("speakers") or [] if s != respondent), respondent)
+        turns.append({"speaker": other, "text": probe.request, "turn_idx": turns[-1]["turn_idx"] + 1 if turns else 0})
+    return turns, asked
+
+
+async def answer_creem_frame(llm: ChatLLM, probe: ProbeInput, memory: Sequence[str], used_ids: list[str],
+                             about: str | None = None, words: int | None = None, context_turns: int = 0,
+                             details: dict | None = None, **params: Any) -> Answer:
+    """A response in CREEM's frame from memory lines, with the whole current session (a QA probe:
+    the session as it stands, then the question)."""
+    question = probe.probe["kind"] == "qa"
+    turns, _ = creem_turns(probe)
+    dialogue = format_unit(probe.current if question else turns)
+    result = await llm.chat(creem_reply_messages(probe.probe["respondent"], about, memory, dialogue, probe.request,
+                                                 words, question), **params)
+    text = "\n".join(memory)
+    return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []), used_ids=used_ids,
+                  context_tokens=count_tokens(text) if text else 0, context_turns=context_turns,
+                  model=result.model, details={**(details or {}), "reply_frame": "creem"})

@@ -1,7 +1,9 @@
 """The response frame shared by the retrieval and history methods (SeCom Sec. 2.1 and its
 baselines, Theanine Sec. 3.2's full / zero history): memory units placed in time order, then the
 current session, then the request; `generate` runs it for a probe. A QA probe is asked with our
-prompt, or (`qa_prompt: locomo_official`) as LoCoMo's task_eval asks it.
+prompt, as LoCoMo's task_eval asks it (`qa_prompt: locomo_official`), or as LongMemEval's reader
+asks it (`qa_prompt: longmemeval`, with Chain-of-Note: `longmemeval_con`), or in SeCom's official
+chat frame (`qa_prompt: secom_chat`: the units as ranked, no headers).
 
 Its own module so that editing these prompts re-runs only the respond stages of the methods
 that use them, never segmentation, compression or banks.
@@ -9,9 +11,12 @@ that use them, never segmentation, compression or banks.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import re
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 from pipeline.corpus.locomo import CATEGORIES as LOCOMO_CATEGORIES
@@ -20,9 +25,12 @@ from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
 from stages.methods.dialogue import build_exchanges, format_unit, in_time_order
 
-# How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned") or
-# `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`).
-QAPrompt = Literal["ours", "locomo_official"]
+# How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned"),
+# `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`), or
+# `longmemeval` / `longmemeval_con` (LongMemEval's reader, without / with Chain-of-Note; see
+# `build_longmemeval_messages`).
+# `secom_chat`: SeCom's experiment/chat.py frame (see `build_secom_chat_messages`).
+QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat"]
 
 # The length instruction every compared method's response prompt shares, so a comparison between
 # methods is not one of reply lengths (CREEM and the memory baselines use it too).
@@ -182,6 +190,136 @@ def build_locomo_qa_messages(units: list[dict], question: str, category: Any, sp
     return [{"role": "user", "content": f"{opening}\n\n{context}\n\n{ask}"}]
 
 
+# LongMemEval's reader (xiaowu0162/LongMemEval src/generation/run_generation.py), in our words with
+# every element: one user message; the history as chat sessions between the assistant and a user,
+# sorted by date (stable), each numbered, under its date, its turns as JSON ({"role", "content"}, the
+# reader's recommended format; a unit whose turns are not known is shown as its text); then the
+# current date (the question's `question_date`) and the question; no answer length asked for (the
+# reader allows 500 tokens) and no word on declining. A retrieved round is a session block of its own
+# with its session's date, as there. `longmemeval_con` adds Chain-of-Note: one call per session
+# writes reading notes of what in it helps answer the question ("empty" when nothing does), and the
+# answer reads each session's notes in its place. Greedy, 500 tokens per call, as there.
+LONGMEMEVAL_SAMPLING: dict[str, Any] = {"temperature": 0.0, "max_tokens": 500}
+LONGMEMEVAL_INTRO = ("What follows are earlier chat sessions between a user and you, the assistant, oldest first, "
+                     "each with the date it took place. Answer the user's question from whichever of them bear on it.")
+LONGMEMEVAL_NOTES_INTRO = ("What follows are reading notes taken from earlier chat sessions between a user and you, "
+                           "the assistant, oldest first, each with the date of its session. Answer the user's question "
+                           "from whichever of them bear on it.")
+LONGMEMEVAL_NOTE_TASK = ("What follows is one earlier chat session between a user and you, the assistant, with its "
+                         "date, then a question the user asks now. Take reading notes: write down everything the "
+                         "session says about the user that helps answer the question. If it holds nothing of the "
+                         "kind, write only: empty.")
+_DATED_REQUEST = re.compile(r"^\[Current date: ([^\]]*)\] (.*)$", re.DOTALL)  # stages.probes.dated_question
+
+
+def split_dated(request: str) -> tuple[str | None, str]:
+    """(the current date, the bare question) of a QA request; the date is None when not given."""
+    m = _DATED_REQUEST.match(request)
+    return (m[1], m[2]) if m else (None, request)
+
+
+def longmemeval_date(when: Any) -> str:
+    """A session date as LongMemEval's release writes it ("2023/05/20 (Sat) 02:21")."""
+    if isinstance(when, datetime):
+        return f"{when:%Y/%m/%d (%a) %H:%M}"
+    return "unknown" if when in (None, "") else str(when)
+
+
+def longmemeval_content(turns: Sequence[dict]) -> str:
+    """Turns as the reader's JSON list of {"role", "content"} (json.dumps' defaults, as there)."""
+    return json.dumps([{"role": t["speaker"], "content": t["text"]} for t in turns])
+
+
+def unit_turns(unit: dict, history: dict[int, list[dict]] | None) -> list[dict]:
+    """The turns a unit spans, from the probe's history (none when its session or span is not there)."""
+    turns = (history or {}).get(int(unit["session_idx"])) or []
+    lo, hi = unit.get("turn_start"), unit.get("turn_end")
+    if lo is None or hi is None:
+        return []
+    return [t for t in turns if int(lo) <= int(t["turn_idx"]) <= int(hi)]
+
+
+def by_date(units: Sequence[dict]) -> list[dict]:
+    """Units sorted by their session's date, stable (undated ones last), then in time order."""
+    def key(u: dict) -> tuple:
+        when = u.get("session_time")
+        dated = isinstance(when, datetime)
+        return (not dated, when if dated else datetime.min, int(u["session_idx"]), int(u.get("turn_start") or 0))
+    return sorted(units, key=key)
+
+
+def longmemeval_blocks(units: Sequence[dict], history: dict[int, list[dict]] | None) -> list[tuple[str, str]]:
+    """(date, content) of each unit, by date: its turns as JSON, else its text."""
+    blocks = []
+    for u in by_date(units):
+        turns = unit_turns(u, history)
+        blocks.append((longmemeval_date(u.get("session_time")), longmemeval_content(turns) if turns else u["text"]))
+    return blocks
+
+
+def build_longmemeval_messages(blocks: Sequence[tuple[str, str]], question: str, current_date: str | None,
+                               notes: bool = False) -> Messages:
+    """One user message as LongMemEval's reader asks: the dated sessions (or their notes), the current
+    date, the question."""
+    shown = "\n\n".join(f"Session {i} (date: {date})\n{'Notes' if notes else 'Turns'}:\n{content}"
+                        for i, (date, content) in enumerate(blocks, start=1)) or "(no earlier sessions)"
+    intro = LONGMEMEVAL_NOTES_INTRO if notes else LONGMEMEVAL_INTRO
+    user = f"{intro}\n\n{shown}\n\nToday's date: {current_date or 'not given'}\nQuestion: {question}\nAnswer:"
+    return [{"role": "user", "content": user}]
+
+
+def build_longmemeval_note_messages(date: str, content: str, question: str, current_date: str | None) -> Messages:
+    """Chain-of-Note's first step for one session: its reading notes for the question."""
+    user = (f"{LONGMEMEVAL_NOTE_TASK}\n\nSession (date: {date})\nTurns:\n{content}\n\n"
+            f"Date of the question: {current_date or 'not given'}\nQuestion: {question}\nNotes:")
+    return [{"role": "user", "content": user}]
+
+
+async def answer_longmemeval(llm: ChatLLM, units: Sequence[dict], request: str,
+                             history: dict[int, list[dict]] | None, notes: bool) -> tuple[LLMResult, list[str] | None]:
+    """LongMemEval's reader over the units (with Chain-of-Note when `notes`): (the answer, the notes)."""
+    current_date, question = split_dated(request)
+    blocks = longmemeval_blocks(units, history)
+    written = None
+    if notes:
+        results = await asyncio.gather(*(llm.chat(build_longmemeval_note_messages(date, content, question, current_date),
+                                                  **LONGMEMEVAL_SAMPLING) for date, content in blocks))
+        written = [r.text.strip() for r in results]
+        blocks = [(date, note) for (date, _), note in zip(blocks, written)]
+    result = await llm.chat(build_longmemeval_messages(blocks, question, current_date, notes), **LONGMEMEVAL_SAMPLING)
+    return result, written
+
+
+# SeCom's answer frame (microsoft/SeCom experiment/chat.py, the one answer prompt of the official
+# code; the paper shows none), in our words with every element: the model is a dialogue agent; it is
+# shown evidence that bears on the user's input and the recent dialogue between the user and itself;
+# it is to read, retain and understand that material, then give one reply that is brief, coherent
+# and helpful. One user message, no system message: the frame, the retrieved units in the order
+# retrieval ranked them (each unit's text as it is, units separated by a blank line, no headers),
+# then the question after "Question:". The official code shows no dates, so none are added.
+SECOM_CHAT_FRAME = ("You are a capable conversational agent. What follows is evidence that bears on the user's "
+                    "input, along with recent dialogue between the user and you. Go through the material "
+                    "carefully, keep it in memory and make sense of it; then write a single reply that is "
+                    "brief, hangs together and is of real help.")
+# Where the official post-processing (chat.py get_answer) cuts a reply that goes on to a new question.
+SECOM_CHAT_CUTS = ("\nQuestion:", "\nQ:")
+
+
+def build_secom_chat_messages(ranked_units: Sequence[dict], question: str) -> Messages:
+    """The `secom_chat` request: one user message with the frame, the units in the order given (rank
+    order for retrieval; session order for full history) joined by blank lines, and the question."""
+    context = "\n\n".join(u["text"] for u in ranked_units)
+    parts = [SECOM_CHAT_FRAME, *([context] if context else []), f"Question: {question}"]
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
+def cut_secom_chat(text: str) -> str:
+    """A reply cut where it starts a new question, as the official post-processing does."""
+    for marker in SECOM_CHAT_CUTS:
+        text = text.split(marker)[0]
+    return text
+
+
 _BRACKET_TAG = r"\[[^\]\n]{1,40}\]:"
 
 
@@ -246,14 +384,17 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
     """The shared response frame over memory units in time order (QA or next response), cut to
     one turn; records the exchanges (`context_turns`) and tokens of memory that entered the context,
     and in `details` the turn spans of that memory (and, under LoCoMo's protocol, its sampling, the
-    options and the reply before mapping)."""
+    options and the reply before mapping; under LongMemEval's reader, its sampling and any notes)."""
     ordered = in_time_order(units)
     details: dict[str, Any] = {"context_spans": turn_spans(ordered)}
     speakers = probe.episode.get("speakers") or []
     options = None
     if probe.probe["kind"] == "qa":
         chat = probe.episode.get("dataset") in CHAT_QA_DATASETS
-        if qa_prompt == "locomo_official" and not chat:
+        if qa_prompt == "secom_chat":  # both QA benchmarks; the units as ranked, not re-sorted
+            details["qa_prompt"] = qa_prompt
+            result = await llm.chat(build_secom_chat_messages(units, probe.request))
+        elif qa_prompt == "locomo_official" and not chat:
             category = probe.probe.get("category")
             adversarial = probe.probe.get("adversarial_answer")
             if _locomo_category(category) == 5:
@@ -263,11 +404,19 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
             details["sampling"] = dict(LOCOMO_SAMPLING)
             result = await llm.chat(build_locomo_qa_messages(ordered, probe.request, category, speakers, options),
                                     **LOCOMO_SAMPLING)
+        elif qa_prompt in ("longmemeval", "longmemeval_con") and not chat:
+            details["qa_prompt"] = qa_prompt
+            details["sampling"] = dict(LONGMEMEVAL_SAMPLING)
+            result, notes = await answer_longmemeval(llm, ordered, probe.request, probe.history,
+                                                     notes=qa_prompt == "longmemeval_con")
+            if notes is not None:
+                details["notes"] = notes  # Chain-of-Note's reading notes, one per session block by date
         else:
             result = await answer_question(llm, ordered, probe.request, chat=chat)
     else:
         result = await respond(llm, ordered, probe.current, probe.request, probe.probe["respondent"])
-    text = one_turn(result.text, speakers)
+    raw = cut_secom_chat(result.text) if details.get("qa_prompt") == "secom_chat" else result.text
+    text = one_turn(raw, speakers)
     if options is not None:
         details["raw_answer"] = text
         text = cat5_answer(text, options)

@@ -1,6 +1,10 @@
 """RSum (seed 002, Sections 3-4): recursively summarised memory. The memory starts empty; at the end
 of each session the LLM rewrites it from the previous memory and that session (one call per
-session; the memory after every session is kept). A response uses the latest memory before the
+session; the memory after every session is kept). The memory prompt carries the elements of RSum's
+own (reference code: llama/prompt.txt, chatgpt/data_loader.py MSCDataset) in our words: the key
+personality information of both speakers, the traits the session shows, weighed for relevance and
+importance, one coherent memory of at most `max_sentences` (20) sentences that serves as the
+reference for replying. A response uses the latest memory before the
 probe's session and the current session's context. Theanine's "RSum-LLM" variant first selects
 the parts of the memory relevant to the current dialogue (`select_relevant`).
 
@@ -63,7 +67,8 @@ def response_example() -> str:
 
 
 class RSumSettings(MethodSettings):
-    max_words: int | None = Field(default=None, ge=10)  # a memory-length instruction; the paper states none
+    max_words: int | None = Field(default=None, ge=10)  # a word limit (ours); RSum's prompt limits sentences
+    max_sentences: int | None = Field(default=20, ge=1)  # RSum's prompt: at most 20 sentences; None = no limit
     one_shot: bool = False  # one worked dialogue (ours) in the memory and the response prompt
     select_relevant: bool = False  # Theanine's RSum-LLM: pick the memory relevant to the dialogue first
     temperature: float | None = Field(default=0.0, ge=0)  # RSum: 0; None = the role's llm.temperature
@@ -73,15 +78,29 @@ class RSumSettings(MethodSettings):
 
 
 def update_messages(previous: str, turns: list[dict], session_idx: int, settings: RSumSettings) -> Messages:
+    """RSum's memory update (Sec. 3 Memory Management; its prompt's elements in our words): the memory
+    keeps the key personality information of both speakers; the update takes the traits the latest
+    session reveals, weighs how relevant and important each is, and keeps the memory one coherent
+    whole of at most `max_sentences` sentences (RSum's 20), a reference for replying consistently."""
     limit = f" Keep it under {settings.max_words} words." if settings.max_words else ""
     example = f"\n\nExample:\n{memory_example()}" if settings.one_shot else ""
-    system = ("You maintain the memory of a long conversation between two people: what each of them is like, "
-              "what happened to them, their plans and preferences. Given the memory so far and the latest "
-              "session, write the new memory: keep what still holds, update what changed, add what is new."
+    system = ("You keep the memory of a long conversation between two people. The memory holds the key facts "
+              "about the personality of each of them (what they are like, what they do, like and plan, what "
+              "has happened to them), so that whoever carries the conversation on can refer to it and answer "
+              "both of them in keeping with who they are. Given the memory so far and the latest session, "
+              "write the new memory in three steps:\n"
+              "1. Go through the latest session and pick out the personality traits and other key facts it "
+              "reveals about each speaker.\n"
+              "2. Weigh how relevant and how important each piece is: keep what matters most about them and "
+              "leave out passing details.\n"
+              "3. Fold it into the memory so far, keeping what still holds and changing what no longer does, "
+              "so that the memory reads as one coherent account."
               + limit + example)
+    length = (f"in {settings.max_sentences} sentences at most" if settings.max_sentences
+              else "as plain sentences")
     user = (f"Memory so far:\n{previous or '(empty: this is the first session)'}\n\n"
             f"Latest session ({when(session_idx, session_time(turns))}):\n{format_unit(turns)}\n\n"
-            "Write the new memory as a few plain sentences.")
+            f"Write the new memory {length}.")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

@@ -77,9 +77,21 @@ def memory_when(memory: dict) -> str:
     return when(memory["session_idx"], memory.get("session_time"), memory.get("session_gap"))
 
 
+# Theanine's summary prompt (official dialogue-summarization.txt) keeps only what the speakers' own
+# words support and shows one worked example; ours does both, with an example of our own invention.
 SUMMARY_SYSTEM = ("You keep a long-term memory of conversations between two people. From one conversation "
                   "session, write down what is worth remembering later: events, plans, changes, feelings and "
-                  "facts about each speaker. Each memory is one short sentence that names the speaker.")
+                  "facts about each speaker. Each memory is one short sentence that names the speaker. Write "
+                  "only what the speakers say, or what plainly follows from their words; never guess at what "
+                  "they leave unsaid.\n\n"
+                  "Example (made up):\n"
+                  "Maya: I finally sold my old bike. The new one arrives on Friday.\n"
+                  "Tom: Lucky you. I can't ride at all this month, my wrist is still in a cast.\n"
+                  "Maya: Oh no, I hope it heals before my lake trip in June.\n"
+                  '{"memories": ["Maya sold her old bike and expects her new one on Friday.", '
+                  '"Tom cannot ride this month because his wrist is in a cast.", '
+                  '"Maya has a lake trip planned for June."]}\n'
+                  'Not: "Maya is a keen cyclist" or "Tom broke his wrist cycling": neither of them says so.')
 
 
 def summarize_messages(turns: Sequence[dict], session_idx: int, time: str | None, max_memories: int) -> Messages:

@@ -327,7 +327,7 @@ class ReportStage(GlobalStage):
         judges_differ = self.strict_vs_lenient(answers)
         figures = {
             "win_rates.png": plots.win_rates(t["pairwise_summary"], out / "win_rates.png"),
-            "cost_quality.png": plots.cost_quality(methods, quality, out / "cost_quality.png"),
+            "cost_quality.png": plots.cost_quality(tables.whole_run_rows(methods), quality, out / "cost_quality.png"),
             "teafarm.png": plots.bars_by_method({r["method"]: r["correctness"] for r in teafarm.iter_rows(named=True)},
                                                 out / "teafarm.png", "TeaFarm correct / total", 1.0),
             "memory_quality.png": plots.memory_quality(t["memory_summary"], out / "memory_quality.png"),

@@ -107,8 +107,9 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
     TeaFarm correctness from `teafarm_summary`, token F1 from `metric_summary` (qa probes when there
     are any), and the method's share of decided head-to-head pairs against the reference pooled over
     criteria (`wins`: tables.pooled_win_shares; without it, from `pairwise_summary` with no interval).
-    A column no table fills is left out; methods in `method_summary` order."""
-    names = methods["method"].to_list() if not methods.is_empty() else []
+    A column no table fills is left out; methods in `method_summary` order (each once: that table has
+    a row per dataset and probe kind)."""
+    names = list(dict.fromkeys(methods["method"].to_list())) if not methods.is_empty() else []
     cols: dict[str, dict[str, str]] = {}
     ds = _overall(answers)
     for judge, label, share in (("gpt4score", "gpt4score (0-100)", False), ("strict", "strict correct", True)):

@@ -21,6 +21,7 @@ import pyarrow as pa
 from pipeline.corpus.longmemeval import DATASET as LONGMEMEVAL
 from pipeline.manifest import USAGE_TOTAL_KEYS
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
+from stages.metrics.retrieval import LONGMEMEVAL_MEASURES
 from stages.metrics.segmentation import segment_score
 from stages.report.memory_accuracy import MEMORY_ACCURACY
 from stages.response_metrics import BOUNDED_SCORES, GROUP_COLUMNS, RESPONSE_SCORES
@@ -51,18 +52,26 @@ RETRIEVAL_SUMMARY = pa.schema(
         pa.field("questions", pa.int64()),
         pa.field("recall", pa.float64()),
         pa.field("dcg", pa.float64()),
+        # LongMemEval's measures (stages/score.py): means over the questions that have gold.
+        *(pa.field(name, pa.float64()) for name in LONGMEMEVAL_MEASURES),
     ]
 )
 
-# Cost beside quality, one row per method: what it spent (LLM calls and tokens of its memory and
-# respond stages, memory in the context, response length) and how it scored.
+# Cost beside quality per dataset, probe kind and method: what it spent (LLM calls and tokens of its
+# memory and respond stages, memory in the context, response length) and how it scored. Rows labelled
+# `all` pool every dataset, or every kind, of the run (only when it holds several). The stages' LLM
+# usage is the whole run's, so the cost columns are filled on the whole-run row only (dataset and
+# kind both the whole run's); memory quality rates a method's memory of an episode whatever the probe
+# kind, so it sits on the rows of every kind (`all`, or the run's only kind).
 METHOD_SUMMARY = pa.schema(
     [
+        pa.field("dataset", pa.string()),  # "all": every dataset of the run
+        pa.field("kind", pa.string()),  # next_response | qa | teafarm; "all": every kind of the run
         pa.field("method", pa.string()),
         pa.field("probes", pa.int64()),
         pa.field("episodes", pa.int64()),  # the episodes those probes come from
         pa.field("failed", pa.int64()),
-        pa.field("llm_calls", pa.int64()),
+        pa.field("llm_calls", pa.int64()),  # the cost columns: on the whole-run row only
         pa.field("cached_calls", pa.int64()),
         pa.field("prompt_tokens", pa.int64()),
         pa.field("completion_tokens", pa.int64()),
@@ -70,14 +79,14 @@ METHOD_SUMMARY = pa.schema(
         pa.field("batch_calls", pa.int64()),  # of llm_calls, sent through the Batch API
         pa.field("mean_context_tokens", pa.float64()),
         pa.field("mean_context_turns", pa.float64()),
-        pa.field("mean_response_words", pa.float64()),
+        pa.field("mean_response_words", pa.float64()),  # whitespace words of the answered responses
         pa.field("gpt4score", pa.float64()),
         pa.field("strict_accuracy", pa.float64()),
         pa.field("lenient_accuracy", pa.float64()),
         pa.field("teafarm_correctness", pa.float64()),
         pa.field("token_f1", pa.float64()),
         pa.field("rougeL", pa.float64()),
-        pa.field("memory_quality", pa.float64()),  # mean 1-5 over CREEM's criteria
+        pa.field("memory_quality", pa.float64()),  # mean 1-5 over CREEM's criteria; on the rows of every kind
     ]
 )
 
@@ -261,6 +270,36 @@ def _looked_up(r: Any) -> str:
     return f"{r.table}.{r.column}" + (f" where {where}" if where else "") + (f" x {r.scale:g}" if r.scale != 1 else "")
 
 
+def whole_run_scope(frame: pl.DataFrame) -> dict[str, Any]:
+    """{"dataset": ..., "kind": ...} of the rows standing for the whole run: the value labelled `all`
+    when the run pooled several, else the run's only one (None when there is no single one)."""
+    scope = {}
+    for col in ("dataset", "kind"):
+        if col in frame.columns:
+            values = set(frame[col].to_list())
+            scope[col] = ALL if ALL in values else next(iter(values)) if len(values) == 1 else None
+    return scope
+
+
+def whole_run_rows(methods: pl.DataFrame) -> pl.DataFrame:
+    """`method_summary`'s whole-run rows: one per method (the cost columns live there)."""
+    out = methods
+    for col, value in whole_run_scope(methods).items():
+        out = out.filter(pl.col(col).is_null() if value is None else pl.col(col) == value)
+    return out
+
+
+def _whole_run_where(table: Any, result: Any) -> Any:
+    """A `method_summary` result that names no `dataset` (or no `kind`) reads the whole-run row, as
+    the table held a single pooled row per method before it was split by dataset and probe kind.
+    Any other result: as is."""
+    if result.table != "method_summary":
+        return result
+    frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    where = {**result.where, **{k: v for k, v in whole_run_scope(frame).items() if k not in result.where}}
+    return result.model_copy(update={"where": where})
+
+
 def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
                          produced: Mapping[str, Any]) -> pl.DataFrame:
     """`REPRODUCTION_SUMMARY` rows for each (origin, sheet): its results looked up in the run's
@@ -270,6 +309,7 @@ def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
     for origin, sheet in sheets:
         base = {"sheet": sheet.title, "origin": origin}
         for r in sheet.results:
+            r = _whole_run_where(produced[r.table], r) if r.table in produced else r
             got = run_value(produced[r.table], r) if r.table in produced else None
             value = got.value if got is not None else None
             rows.append({**base, "kind": "result", "name": r.name, "source": r.source, "paper": r.paper,
@@ -335,6 +375,7 @@ def retrieval_summary(scores: pl.DataFrame) -> pl.DataFrame:
     return scores.group_by(keys).agg(
         pl.col("qa_id").n_unique().alias("questions"), pl.col("recall").fill_nan(None).mean(),
         pl.col("dcg").fill_nan(None).mean(),
+        *(pl.col(m).fill_nan(None).mean() for m in LONGMEMEVAL_MEASURES),
     ).sort(keys)
 
 
@@ -718,36 +759,105 @@ def metric_summary(metrics: pl.DataFrame, corpus: pl.DataFrame | None = None) ->
     return out.select(names).sort(list(keys), nulls_last=False)
 
 
+ALL = "all"  # the label of a row that pools every dataset, or every probe kind, of the run
+# A probe's kind from its id (stages/probes.py: "nr:...", "qa:...", "tf:..."), for a response that
+# no scored or judged row names.
+_KIND_OF_PREFIX = {"nr": "next_response", "qa": "qa", "tf": "teafarm"}
+_COST_COLUMNS = ("llm_calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "batch_calls")
+
+
+def _named(frames: Sequence[pl.DataFrame], keys: list[str], columns: list[str]) -> pl.DataFrame | None:
+    """`keys` -> `columns` from every frame that has them (the first frame naming a key wins)."""
+    parts = [f.select(*keys, *columns).with_columns([pl.col(c).cast(pl.String) for c in columns])
+             for f in frames if not f.is_empty() and set(keys) | set(columns) <= set(f.columns)]
+    return pl.concat(parts).drop_nulls(columns).unique(keys, keep="first", maintain_order=True) if parts else None
+
+
+def _labelled(responses: pl.DataFrame, probes: Sequence[pl.DataFrame], episodes: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    """`responses` with each probe's `dataset` and `kind`: as the scored and judged rows of the probe
+    name them (`probes`: frames keyed by episode and probe), else the kind from the probe id and the
+    dataset from another row of its episode (`episodes`); null when nothing names it."""
+    keys = ["episode_id", "probe_id"]
+    out = responses.drop([c for c in ("dataset", "kind") if c in responses.columns])
+    named = _named(probes, keys, ["dataset", "kind"])
+    out = out.join(named, on=keys, how="left") if named is not None else \
+        out.with_columns(pl.lit(None, pl.String).alias("dataset"), pl.lit(None, pl.String).alias("kind"))
+    by_episode = _named(episodes, ["episode_id"], ["dataset"])
+    if by_episode is not None:
+        out = out.join(by_episode.rename({"dataset": "_dataset"}), on="episode_id", how="left").with_columns(
+            pl.coalesce("dataset", "_dataset").alias("dataset")).drop("_dataset")
+    return out.with_columns(pl.coalesce("kind", _kind_from_id()).alias("kind"))
+
+
+def _kind_from_id() -> pl.Expr:
+    return pl.col("probe_id").cast(pl.String).str.split(":").list.first().replace_strict(
+        _KIND_OF_PREFIX, default=None, return_dtype=pl.String)
+
+
 def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], answers: pl.DataFrame,
                    metrics: pl.DataFrame, memory: pl.DataFrame) -> pl.DataFrame:
-    """One row per method: cost (usage: method -> summed LLM usage of its stages) beside quality."""
+    """Cost beside quality per method, dataset and probe kind, never pooled silently: a row per
+    (dataset, kind, method) the run's responses hold, plus rows labelled `all` that pool every dataset
+    (when the run holds several) and every kind (likewise), so a run of one dataset and one kind has
+    one row per method. usage: method -> the LLM usage of its memory and respond stages over the whole
+    run, on the whole-run row only; the judges' means (answers), token F1 and ROUGE-L (metrics) over
+    each row's own probes; memory quality (memory: per episode, whatever the kind) on the rows of every
+    kind. Words: whitespace words of the answered responses."""
     if responses.is_empty():
         return empty(METHOD_SUMMARY)
-    out = responses.group_by("method").agg(
-        pl.len().alias("probes"), pl.col("episode_id").n_unique().cast(pl.Int64).alias("episodes"),
-        pl.col("error").is_not_null().sum().alias("failed"),
+    answers, metrics = [f if f.is_empty() or "kind" in f.columns else f.with_columns(_kind_from_id().alias("kind"))
+                        for f in (answers, metrics)]  # an older table without `kind`
+    r = _labelled(responses, [answers, metrics], [answers, metrics, memory])
+    datasets, kinds = r["dataset"].unique().to_list(), r["kind"].unique().to_list()
+    whole_dataset = ALL if len(datasets) > 1 else datasets[0]
+    whole_kind = ALL if len(kinds) > 1 else kinds[0]
+
+    def scoped(df: pl.DataFrame) -> pl.DataFrame:
+        """`df` once per scope its rows fall in: their own dataset and kind, and the pooled ones."""
+        df = df.with_columns(pl.col("dataset").cast(pl.String), pl.col("kind").cast(pl.String),
+                             pl.concat_str([pl.col("dataset").fill_null(""), pl.col("episode_id")],
+                                           separator="\x1f").alias("_episode"))
+        frames = [df]
+        if len(datasets) > 1:
+            frames.append(df.with_columns(pl.lit(ALL).alias("dataset")))
+        if len(kinds) > 1:
+            frames += [f.with_columns(pl.lit(ALL).alias("kind")) for f in frames]
+        return pl.concat(frames)
+
+    keys = ["dataset", "kind", "method"]
+    answered = pl.col("error").is_null()
+    out = scoped(r).group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("probes"), pl.col("_episode").n_unique().cast(pl.Int64).alias("episodes"),
+        (~answered).sum().cast(pl.Int64).alias("failed"),
         pl.col("context_tokens").cast(pl.Float64).mean().alias("mean_context_tokens"),
         pl.col("context_turns").cast(pl.Float64).mean().alias("mean_context_turns"),
-        pl.col("response").str.split(" ").list.len().cast(pl.Float64).mean().alias("mean_response_words"),
+        # whitespace words, as response_metrics counts them (str.split()), of the answered responses
+        pl.col("response").cast(pl.String).filter(answered).str.extract_all(r"\S+").list.len()
+        .cast(pl.Float64).mean().alias("mean_response_words"),
     )
     cost = pl.DataFrame([{"method": m, **{k: u.get(k, 0) for k in USAGE_TOTAL_KEYS}} for m, u in usage.items()],
                         schema={"method": pl.String, "calls": pl.Int64, "cached_calls": pl.Int64,
                                 "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "cost_usd": pl.Float64,
                                 "batch_calls": pl.Int64})
-    out = out.join(cost.rename({"calls": "llm_calls"}), on="method", how="left")
+    cost = cost.rename({"calls": "llm_calls"}).with_columns(pl.lit(whole_dataset, pl.String).alias("dataset"),
+                                                              pl.lit(whole_kind, pl.String).alias("kind"))
+    parts = [cost]
     if not answers.is_empty():
-        judged = answers.group_by("method").agg(
-            *[pl.col("score").filter(pl.col("judge") == j).mean().alias(name) for j, name in
+        parts.append(scoped(answers).group_by(keys).agg(
+            *[pl.col("score").cast(pl.Float64).filter(pl.col("judge") == j).mean().alias(name) for j, name in
               (("gpt4score", "gpt4score"), ("strict", "strict_accuracy"), ("lenient", "lenient_accuracy"),
-               ("teafarm", "teafarm_correctness"))])
-        out = out.join(judged, on="method", how="left")
+               ("teafarm", "teafarm_correctness"))]))
     if not metrics.is_empty():
-        out = out.join(metrics.group_by("method").agg(pl.col("token_f1").mean(), pl.col("rougeL").mean()),
-                       on="method", how="left")
+        parts.append(scoped(metrics).group_by(keys).agg(pl.col("token_f1").cast(pl.Float64).mean(),
+                                                       pl.col("rougeL").cast(pl.Float64).mean()))
     if not memory.is_empty():
-        out = out.join(memory.filter(pl.col("score").is_not_null()).group_by("method").agg(
-            pl.col("score").cast(pl.Float64).mean().alias("memory_quality")), on="method", how="left")
-    for f in METHOD_SUMMARY:
-        if f.name not in out.columns:
-            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(f.name))
-    return out.sort("method")
+        rated = memory.filter(pl.col("score").is_not_null()).with_columns(pl.lit(whole_kind, pl.String).alias("kind"))
+        if len(datasets) > 1:
+            rated = pl.concat([rated, rated.with_columns(pl.lit(ALL).alias("dataset"))], how="diagonal_relaxed")
+        parts.append(rated.group_by(keys).agg(pl.col("score").cast(pl.Float64).mean().alias("memory_quality")))
+    for part in parts:
+        out = out.join(part, on=keys, how="left", nulls_equal=True)
+    out = out.with_columns([pl.lit(None, dtype=pl.Float64).alias(f.name) for f in METHOD_SUMMARY
+                            if f.name not in out.columns])
+    pooled = [pl.col("dataset") == ALL, "dataset", pl.col("kind") == ALL, "kind", "method"]
+    return out.sort(pooled, nulls_last=False).select(METHOD_SUMMARY.names)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -30,7 +30,9 @@ from stages.teabag import SETTINGS_FILE, TeabagConfig, TeabagStage
 log = logging.getLogger(__name__)
 
 FIELDS = {
-    "episodes": "the source episodes, cut to their past sessions (`n_sessions` = N)",
+    "episodes": "the source episodes as of session N: `n_sessions` = N; `notes` of sessions 1..N only (a note "
+                "with no session is left out); `personas` only where the source episode ends at session N (null "
+                "where it goes on: a corpus's personas describe its last session); `source_file` the file's name only",
     "sessions": "turns of sessions 1..N of each episode, as in the source corpus",
     "questions": "one counterfactual question per row: `asker` asks it of `answerer`; `false_premise` is what it "
                  "wrongly takes for granted; `answer` is what a partner who remembers says; `evidence_sessions` "
@@ -40,43 +42,75 @@ FIELDS = {
                  "`prompt_fingerprint`, `seed` made it",
     "next_sessions": "session N+1 for each question: turns leading to it, the two speakers alternating from the "
                      "asker, the last turn (`is_question`) being the question itself spoken by the asker",
-    "rejects": "questions the counterfactual check rejected, with its reason (kept, never used)",
+    "rejects": "tries of the exported questions that the counterfactual check rejected, with its reason (kept, "
+               "never used; the tries of a question that was never accepted are not exported)",
     "summaries": "step (1): the notes of each past session 1..N of the exported episodes (`memories`), which the "
                  "generator read in session order; `model` is the summariser (TeaBag's own role, not the memory "
                  "methods under test)",
-    "session_rejects": "sessions N+1 the leak check rejected because they gave the truth away: the `turns` (ending "
-                       "with the question) and the check's `reason` (kept, never used)",
+    "session_rejects": "sessions N+1 of the exported questions that the leak check rejected because they gave the "
+                       "truth away: the `turns` (ending with the question) and the check's `reason` (kept, never used)",
 }
+SPLIT = "test"  # TeaBag is an evaluation set: every table is one `test` split
+DEFAULT_CONFIG = "questions"
+LICENSE_NAME = "teabag-academic-non-commercial"  # the card's Licence section says what it allows
 
 
 def _sorted(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys]) if table.num_rows else table
 
 
+def file_name(path: str) -> str:
+    """The bare name of a source file, whatever its path or URI (a local path never leaves the run)."""
+    return PurePosixPath(path.replace("\\", "/")).name
+
+
+def past_episodes(episodes: pa.Table, past: dict[str, int], last_session: dict[str, int]) -> pa.Table:
+    """The source episodes as of their session N (`past`: episode -> N): `n_sessions` = N, the notes
+    of sessions 1..N only (a note without a session could be any session's, so it is left out), the
+    personas only where the episode has no session after N (`last_session`: its last session in the
+    corpus; a corpus's personas describe the episode's last session), and the source file's name."""
+    rows = []
+    for r in episodes.to_pylist():
+        n = past[r["episode_id"]]
+        later = max(r["n_sessions"], last_session.get(r["episode_id"], 0)) > n
+        notes = None if r["notes"] is None else [x for x in r["notes"]
+                                                 if x["session_idx"] is not None and x["session_idx"] <= n]
+        rows.append({**r, "n_sessions": n, "notes": notes, "personas": None if later else r["personas"],
+                     "source_file": file_name(r["source_file"])})
+    return pa.Table.from_pylist(rows, episodes.schema)
+
+
 def teabag_tables(ingest: StageDir, teabag: StageDir) -> dict[str, pa.Table]:
-    """The dataset's tables from a finished run: usable questions, their episodes and sessions."""
+    """The dataset's tables from a finished run (`ingest`, `teabag`: its StageDirs): usable questions,
+    their episodes as of session N and sessions 1..N, their summaries and sessions N+1, and the rejects
+    of those questions only."""
     questions = teabag.read_table("questions")
     questions = questions.filter(pc.is_null(questions["error"])).drop_columns(["error"])
     ids = sorted(set(questions["episode_id"].to_pylist()))
     past = dict(zip(questions["episode_id"].to_pylist(), questions["memory_sessions"].to_pylist()))
     episodes = ingest.read_table("episodes", ids) if ids else ingest.read_table("episodes").slice(0, 0)
-    episodes = episodes.set_column(episodes.schema.get_field_index("n_sessions"), "n_sessions",
-                                   pa.array([past[e] for e in episodes["episode_id"].to_pylist()], pa.int32()))
     turns = ingest.read_table("turns", ids) if ids else ingest.read_table("turns").slice(0, 0)
+    last_session: dict[str, int] = {}
+    for e, s in zip(turns["episode_id"].to_pylist(), turns["session_idx"].to_pylist()):
+        last_session[e] = max(s, last_session.get(e, 0))
+    episodes = past_episodes(episodes, past, last_session)
     keep = [past[e] >= s for e, s in zip(turns["episode_id"].to_pylist(), turns["session_idx"].to_pylist())]
     turns = turns.filter(pa.array(keep, pa.bool_()))
     used = pa.array(questions["question_id"].to_pylist(), pa.string())
     sessions = teabag.read_table("sessions")
     sessions = sessions.filter(pc.is_in(sessions["question_id"], used))
     summaries = teabag.read_table("summaries", ids) if ids else teabag.read_table("summaries").slice(0, 0)
+    rejects, session_rejects = teabag.read_table("rejects"), teabag.read_table("session_rejects")
+    rejects = rejects.filter(pc.is_in(rejects["question_id"], used))
+    session_rejects = session_rejects.filter(pc.is_in(session_rejects["question_id"], used))
     return {
         "episodes": _sorted(episodes, ["episode_id"]),
         "sessions": _sorted(turns, ["episode_id", "session_idx", "turn_idx"]),
         "summaries": _sorted(summaries.drop_columns(["error"]), ["episode_id", "session_idx"]),
         "questions": _sorted(questions, ["episode_id", "question_idx"]),
         "next_sessions": _sorted(sessions, ["question_id", "turn_idx"]),
-        "rejects": _sorted(teabag.read_table("rejects"), ["question_id", "attempt"]),
-        "session_rejects": _sorted(teabag.read_table("session_rejects"), ["question_id", "attempt"]),
+        "rejects": _sorted(rejects, ["question_id", "attempt"]),
+        "session_rejects": _sorted(session_rejects, ["question_id", "attempt"]),
     }
 
 
@@ -140,6 +174,21 @@ def _role_line(record: dict[str, Any]) -> str:
            f"(role `{record.get('role')}`)"
 
 
+def front_matter(tables: dict[str, pa.Table]) -> list[str]:
+    """The card's YAML header as the `datasets` library and the Hub read it: a named `other` licence and
+    one config per table with rows, `questions` first and the default, each a single `test` split. A
+    table without rows is written but not listed: `datasets` cannot load a 0-row Parquet file."""
+    lines = ["---", "license: other", f"license_name: {LICENSE_NAME}", "pretty_name: TeaBag"]
+    listed = sorted((name for name, table in tables.items() if table.num_rows), key=lambda n: n != DEFAULT_CONFIG)
+    if listed:
+        lines.append("configs:")
+    for name in listed:
+        lines += [f"- config_name: {name}", "  data_files:", f"  - split: {SPLIT}", f"    path: {name}.parquet"]
+        if name == DEFAULT_CONFIG:
+            lines.append("  default: true")
+    return [*lines, "---"]
+
+
 def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, recorded: dict[str, Any]) -> str:
     """The card, from the run's recorded settings (`recorded`) and its manifest, never a live config."""
     settings = recorded["teabag"]
@@ -151,17 +200,15 @@ def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, recorded: dict
     seeds = sorted({s for s in q["seed"].to_pylist() if s is not None})
     datasets = q["dataset"].to_pylist()
     per_dataset = ", ".join(f"{d}: {datasets.count(d)}" for d in sorted(set(datasets))) or "none"
-    front = ["---", "license: other", "pretty_name: TeaBag", "configs:"]
-    for name in tables:
-        front += [f"- config_name: {name}", f"  data_files: {name}.parquet"]
+    empty = [name for name, table in tables.items() if not table.num_rows]
     lines = [
-        *front, "---", "", "# TeaBag", "",
+        *front_matter(tables), "", "# TeaBag", "",
         "Counterfactual questions for testing whether a dialogue system remembers a long conversation "
         "(TeaFarm, Theanine paper, Sec. 5 and App. C), generated by mempipe's `teabag` stage.", "",
         "## Counts", "",
         f"- episodes: {tables['episodes'].num_rows}; questions: {q.num_rows} ({per_dataset}); "
-        f"session N+1 turns: {tables['next_sessions'].num_rows}; rejected questions: {tables['rejects'].num_rows}; "
-        f"leaking sessions N+1: {tables['session_rejects'].num_rows}",
+        f"session N+1 turns: {tables['next_sessions'].num_rows}; rejected tries of these questions: "
+        f"{tables['rejects'].num_rows}; their leaking sessions N+1: {tables['session_rejects'].num_rows}",
         "", "## How it was made", "",
         f"1. Each of the past sessions 1..N (N = `teabag.sessions` = {settings['sessions']}) was summarised into at "
         f"most {settings['max_memories']} notes with TeaBag's own summary prompt by TeaBag's own summariser, "
@@ -201,10 +248,16 @@ def dataset_card(tables: dict[str, pa.Table], manifest: Manifest, recorded: dict
     lines += [
         "## Licence", "",
         "The source dialogues keep their own licences (MSC and Conversation Chronicles are released for "
-        "academic and non-commercial use). TeaBag itself is for academic, non-commercial use.", "",
-        "## Loading", "", "```python",
-        "import polars as pl", "questions = pl.read_parquet('questions.parquet')",
-        "# or: datasets.load_dataset('parquet', data_files={'questions': 'questions.parquet'})", "```", "",
+        "academic and non-commercial use). TeaBag itself is for academic, non-commercial use, as the Theanine "
+        f"paper releases it (`license_name: {LICENSE_NAME}` in the header above).", "",
+        "## Loading", "",
+        f"Each table with rows is a config of one `{SPLIT}` split; `{DEFAULT_CONFIG}` is the default."
+        + (f" Written without rows, so not a config: {', '.join(f'`{n}.parquet`' for n in empty)}." if empty else ""),
+        "", "```python",
+        "from datasets import load_dataset",
+        f"questions = load_dataset('DIR', split='{SPLIT}')  # DIR: this folder",
+        f"sessions = load_dataset('DIR', 'sessions', split='{SPLIT}')",
+        "# or: polars.read_parquet('DIR/questions.parquet')", "```", "",
     ]
     return "\n".join(lines)
 
@@ -221,7 +274,11 @@ def export_teabag(run_dir: Location, out: Path, config: RunConfig | TeabagConfig
         raise PipelineError(f"no finished teabag stage under {run_dir}; run it first (teabag.enabled=true)")
     recorded = recorded_settings(teabag)
     check_config(run_dir, manifest, recorded, config, on_mismatch)
-    tables = teabag_tables(ingest, teabag)
+    return write_dataset(out, teabag_tables(ingest, teabag), manifest, recorded)
+
+
+def write_dataset(out: Path, tables: dict[str, pa.Table], manifest: Manifest, recorded: dict[str, Any]) -> Path:
+    """Every table as `<name>.parquet` (a table without rows too) and the card as `README.md` in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         atomic_write_parquet(out / f"{name}.parquet", table)

@@ -248,12 +248,18 @@ class WrittenSession:
     rejects: list[SessionAttempt] = field(default_factory=list)
 
 
+def exchanges(turns: int) -> int:
+    """The exchanges (the asker's turn and the answerer's reply) of a session N+1 of about `turns`
+    turns before the question: what the prompt asks for and the most the reply may hold."""
+    return max(1, turns // 2)
+
+
 def session_messages(notes: str, style: str, asker: str, answerer: str, q: Attempt, turns: int,
                      feedback: str | None) -> Messages:
     names = {"asker": asker, "answerer": answerer}
     feedback_text = f"A reviewer rejected the previous try: {feedback}\n\n" if feedback else ""
     user = SESSION_USER.format(notes=notes, style=style, question=q.question, false_premise=q.false_premise,
-                               answer=q.answer, feedback=feedback_text, exchanges=max(1, turns // 2), **names)
+                               answer=q.answer, feedback=feedback_text, exchanges=exchanges(turns), **names)
     return [{"role": "system", "content": SESSION_SYSTEM.format(**names)}, {"role": "user", "content": user}]
 
 
@@ -277,7 +283,8 @@ async def synthesize_session(llm: ChatLLM, summaries: Sequence[Summary], asker: 
     with `q.question` spoken verbatim by `asker`. `sample` and `feedback` make a retry a new call."""
     messages = session_messages(notes_text(summaries), style_sample(last_session, style_turns), asker, answerer,
                                 q, turns, feedback)
-    result = await llm.chat(messages, schema=session_schema(max(1, turns)), validate=_no_blank_turns,
+    # The schema allows the exchanges the prompt asks for (`turns // 2`), never more.
+    result = await llm.chat(messages, schema=session_schema(exchanges(turns)), validate=_no_blank_turns,
                             sample=sample, **(params or {}))
     lines = [line for e in result.parsed.exchanges
              for line in ({"speaker": asker, "text": e.asker.strip()}, {"speaker": answerer, "text": e.answerer.strip()})]

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.llm.types import ChatLLM
-from pipeline.retrieval import Similarity
+from pipeline.retrieval import BM25Idf, BM25Tokens, Similarity
 from stages.methods import response
 from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
 from stages.methods.response import QAPrompt, generate
@@ -35,7 +35,12 @@ class RetrievalSettings(MethodSettings):
     # Dense scoring: cosine, dot (inner product), or l2 (minus the squared distance: FAISS IndexFlatL2,
     # the official code's MPNet retriever, over unnormalised multi-qa-mpnet-base-dot-v1 vectors).
     similarity: Similarity = "cosine"
-    # How QA probes are asked: ours, or LoCoMo's task_eval protocol (stages/methods/response.py)
+    # BM25 terms and idf: lower-cased words with Lucene's idf, or (whitespace, okapi) as the official
+    # code's langchain BM25Retriever builds rank_bm25's BM25Okapi (pipeline/retrieval.py).
+    bm25_tokens: BM25Tokens = "words"
+    bm25_idf: BM25Idf = "lucene"
+    # How QA probes are asked: ours, LoCoMo's task_eval protocol, or SeCom's chat frame
+    # (stages/methods/response.py)
     qa_prompt: QAPrompt = "ours"
 
     @model_validator(mode="after")
@@ -73,11 +78,12 @@ class RetrievalMethod(Method):
         counting tokens per probe was most of a response's CPU time."""
         bank = probe.upstream.get(BANK, [])
         before = probe.probe["session_idx"]
-        key = (id(bank), before, settings.use_compression, settings.similarity)
+        key = (id(bank), before, settings.use_compression, settings.similarity, settings.bm25_tokens, settings.bm25_idf)
         memo = self.__dict__.setdefault("_indexes", {})
         if key not in memo:
             pool = [u for u in bank if u["granularity"] == self.granularity and u["session_idx"] < before]
-            retriever = unit_retriever(pool, use_compression=settings.use_compression, similarity=settings.similarity)
+            retriever = unit_retriever(pool, use_compression=settings.use_compression, similarity=settings.similarity,
+                                       bm25_tokens=settings.bm25_tokens, bm25_idf=settings.bm25_idf)
             if len(memo) >= _INDEXES_KEPT:
                 memo.pop(next(iter(memo)))  # oldest first: episodes are answered one shard at a time
             memo[key] = (bank, pool, retriever)  # holding `bank` keeps its id from being reused

@@ -13,6 +13,10 @@ Two answer formats:
 - `spans`: the segments as inclusive {start, end} exchange ranges with a short summary each,
   validated (in range, in order, no gap, no overlap); an invalid answer is re-asked, then the
   session falls back to fixed chunks of `fallback_size` exchanges (recorded).
+- `counted`: the official answer's shape: exchanges numbered from 0, each segment with its id (from
+  0), first and last exchange, the count of its exchanges (end - start + 1; the counts add up to the
+  session's) and a summary of at most 100 words that keeps every key detail and states it directly;
+  validated as `spans`, counts and ids included.
 - `starts`: the exchange numbers where a new segment starts. The JSON schema only allows numbers
   in range, and any list of integers is normalised deterministically (out-of-range dropped, sorted,
   deduplicated, the first exchange implied), so a small model's answer is valid by construction;
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -35,7 +40,7 @@ from pipeline.llm.types import ChatLLM, LLMError, Messages
 from stages.methods.dialogue import Span, build_exchanges
 
 Unit = Literal["exchange", "turn"]
-AnswerFormat = Literal["spans", "starts"]
+AnswerFormat = Literal["spans", "starts", "counted"]
 
 
 # ---------------------------------------------------------------- units the model numbers
@@ -59,9 +64,10 @@ class Numbered:
     def __len__(self) -> int:
         return len(self.units)
 
-    def text(self) -> str:
+    def text(self, first: int = 1) -> str:
+        """The units as numbered blocks, "Exchange k:" from `first` on, each turn a "[speaker]: text" line."""
         blocks = []
-        for k, (s, e) in enumerate(self.units, start=1):
+        for k, (s, e) in enumerate(self.units, start=first):
             lines = "\n".join(f"[{t['speaker']}]: {t['text']}" for t in self.turns[s : e + 1])
             blocks.append(f"{self.label} {k}:\n{lines}")
         return "\n\n".join(blocks)
@@ -106,6 +112,37 @@ class SpansAnswer(BaseModel):
     segments: list[SegmentSpan]
 
 
+# The official summary spec, in our words: short, every key detail kept, told directly.
+SUMMARY_SPEC = ("what the segment covers in at most 100 words, keeping every key detail, stated directly "
+                "without narrating the conversation's course (no openers such as 'first they talk about' "
+                "or 'then the subject moves to')")
+
+
+class CountedSegment(BaseModel):
+    segment_id: int = Field(description="the segment's index: 0 for the first segment, then 1, 2, ...")
+    start: int = Field(description="number of the first exchange of the segment")
+    end: int = Field(description="number of the last exchange of the segment (inclusive)")
+    count: int = Field(description="how many exchanges the segment holds: end - start + 1")
+    summary: str = Field(description=SUMMARY_SPEC)
+
+
+class CountedAnswer(BaseModel):
+    """`counted` format: the segments in order, numbered from 0, each with its id and count."""
+
+    segments: list[CountedSegment]
+
+
+def check_counted(segments: Sequence[CountedSegment], n: int, label: str = "exchange") -> None:
+    """Raise ValueError unless 0-based segments tile 0..n-1 with ids 0, 1, ... and true counts."""
+    check_spans([(g.start, g.end) for g in segments], n, label, first=0)
+    for i, g in enumerate(segments):
+        if g.segment_id != i:
+            raise ValueError(f"segment {i} has segment_id {g.segment_id}; number the segments 0, 1, 2, ... in order")
+        if g.count != g.end - g.start + 1:
+            raise ValueError(f"segment {i} ({g.start}-{g.end}) gives count {g.count}, but it holds "
+                             f"{g.end - g.start + 1} {label}s")
+
+
 @lru_cache(maxsize=512)
 def starts_answer_model(n_units: int) -> type[BaseModel]:
     """`starts` format for n units: numbers from 1 to n (an enum in the JSON schema, which
@@ -122,28 +159,30 @@ def starts_answer_model(n_units: int) -> type[BaseModel]:
         starts=(list[int], Field(description="numbers of the exchanges where a new segment starts, ascending")))
 
 
-def check_spans(spans: Sequence[Span], n: int, label: str = "exchange") -> None:
-    """Raise ValueError (a message the model can act on) unless 1-based `spans` tile 1..n."""
+def check_spans(spans: Sequence[Span], n: int, label: str = "exchange", first: int = 1) -> None:
+    """Raise ValueError (a message the model can act on) unless `spans` tile first..first+n-1
+    (1-based by default; segments are named by their position from 1 in the messages)."""
     if not spans:
         raise ValueError("no segments were returned")
+    last = first + n - 1
     for i, (start, end) in enumerate(spans, start=1):
-        if not (1 <= start <= n and 1 <= end <= n):
-            raise ValueError(f"segment {i} ({start}-{end}) is out of range; {label}s are numbered 1 to {n}")
+        if not (first <= start <= last and first <= end <= last):
+            raise ValueError(f"segment {i} ({start}-{end}) is out of range; {label}s are numbered {first} to {last}")
         if end < start:
             raise ValueError(f"segment {i} ({start}-{end}) is empty: its end comes before its start")
     for i in range(1, len(spans)):
         if spans[i][0] < spans[i - 1][0]:
             raise ValueError(f"segment {i + 1} ({spans[i][0]}-{spans[i][1]}) is out of order: "
                              f"list segments by {label} number")
-    prev_end = 0
+    prev_end = first - 1
     for i, (start, end) in enumerate(spans, start=1):
         if start <= prev_end:
             raise ValueError(f"segment {i} ({start}-{end}) overlaps the previous segment, which ends at {label} {prev_end}")
         if start > prev_end + 1:
             raise ValueError(f"{label}s {prev_end + 1}-{start - 1} are in no segment; every {label} must be in one")
         prev_end = end
-    if prev_end != n:
-        raise ValueError(f"{label}s {prev_end + 1}-{n} are in no segment; the last segment must end at {label} {n}")
+    if prev_end != last:
+        raise ValueError(f"{label}s {prev_end + 1}-{last} are in no segment; the last segment must end at {label} {last}")
 
 
 def normalise_starts(starts: Sequence[int], n: int) -> tuple[list[Span], bool]:
@@ -183,10 +222,11 @@ class SegmentationGuidance:
 
 # ---------------------------------------------------------------- prompt
 
+# The task as the official prompts state it (a segment: consecutive units on one topic; a new one
+# where the topic shifts), and nothing more: no rule of ours on where greetings or follow-ups go.
 SEGMENT_SYSTEM = (
     "You divide conversations into topical segments. A segment is a run of consecutive {units} "
-    "about one subject; a new segment begins where the speakers move on to something else. Keep "
-    "greetings, short acknowledgements and follow-up questions with the subject they belong to."
+    "about one subject; a new segment begins where the speakers move on to something else."
 )
 
 
@@ -194,11 +234,36 @@ def answer_json(spans: Sequence[Sequence[int]], answer_format: AnswerFormat) -> 
     """A correct answer in the requested format, from 1-based inclusive spans (for examples)."""
     if answer_format == "starts":
         return json.dumps({"starts": [s for s, _ in spans]})
+    if answer_format == "counted":
+        return json.dumps({"segments": [{"segment_id": i, "start": s - 1, "end": e - 1, "count": e - s + 1,
+                                         "summary": "..."} for i, (s, e) in enumerate(spans)]})
     return json.dumps({"segments": [{"start": s, "end": e, "summary": "..."} for s, e in spans]})
+
+
+def first_number(answer_format: AnswerFormat) -> int:
+    """The number of a session's first unit in the prompt: 0 in the official (`counted`) shape, else 1."""
+    return 0 if answer_format == "counted" else 1
+
+
+_UNIT_NUMBER = re.compile(r"^(Exchange|Turn) (\d+):", re.MULTILINE)
+
+
+def renumbered(conversation: str, first: int) -> str:
+    """A stored example conversation (numbered from 1, as reflection writes it) numbered from `first`."""
+    return _UNIT_NUMBER.sub(lambda m: f"{m[1]} {int(m[2]) - 1 + first}:", conversation) if first != 1 else conversation
 
 
 def _instructions(n: int, label: str, answer_format: AnswerFormat) -> str:
     unit = label.lower()
+    if answer_format == "counted":
+        return (
+            f"Answer with JSON {{\"segments\": [...]}}, one object per segment, in order, with \"segment_id\" (0 "
+            f"for the first segment, then 1, 2, ...), \"start\" and \"end\" (the first and last {unit} numbers "
+            f"of the segment, inclusive), \"count\" (how many {unit}s the segment holds: end - start + 1) and "
+            f"\"summary\" ({SUMMARY_SPEC}). Requirements: every {unit} from 0 to {n - 1} is in a segment, none "
+            f"left out: the first segment starts at 0, each next one starts right after the previous one ends, "
+            f"the last ends at {n - 1}; no two segments share a {unit}; the counts add up to {n}, the number of "
+            f"{unit}s above; use the numbers exactly as they are written above.")
     if answer_format == "starts":
         return (f"Answer with JSON {{\"starts\": [...]}}: the numbers of the {unit}s where a new segment "
                 f"begins, in ascending order, each between 1 and {n}. {label} 1 always begins the first "
@@ -223,7 +288,7 @@ def build_segmentation_messages(session: Numbered, guidance: SegmentationGuidanc
     if guidance is not None and guidance.examples:
         shown = []
         for j, ex in enumerate(guidance.examples, start=1):
-            block = (f"Example {j}:\n{ex['conversation']}\n"
+            block = (f"Example {j}:\n{renumbered(ex['conversation'], first_number(answer_format))}\n"
                      f"Correct answer: {answer_json(ex['segments'], answer_format)}")
             if ex.get("prediction"):  # App. A.1: the example shows the model's own wrong answer too
                 block += f"\nA segmenter's wrong answer: {answer_json(ex['prediction'], answer_format)}"
@@ -231,7 +296,8 @@ def build_segmentation_messages(session: Numbered, guidance: SegmentationGuidanc
                 block += f"\nWhy it is easy to get wrong: {ex['reflection']}"
             shown.append(block)
         parts.append("Worked examples:\n\n" + "\n\n".join(shown))
-    parts.append(f"Conversation ({n} {label.lower()}s, numbered 1 to {n}):\n\n{session.text()}")
+    first = first_number(answer_format)
+    parts.append(f"Conversation ({n} {label.lower()}s, numbered {first} to {first + n - 1}):\n\n{session.text(first)}")
     parts.append(_instructions(n, label, answer_format))
     system = SEGMENT_SYSTEM.format(units=f"{label.lower()}s")
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
@@ -289,6 +355,11 @@ async def _segment_window(llm: ChatLLM, session: Numbered, guidance: Segmentatio
             spans, changed = normalise_starts(result.parsed.starts, n)
             return SegmentationResult(spans, [None] * len(spans), normalised=changed)
         label = session.label.lower()
+        if answer_format == "counted":
+            result = await llm.chat(messages, schema=CountedAnswer, **params,
+                                    validate=lambda out: check_counted(out.segments, n, label))
+            segs = result.parsed.segments
+            return SegmentationResult([(g.start, g.end) for g in segs], [g.summary.strip() or None for g in segs])
         result = await llm.chat(messages, schema=SpansAnswer, **params,
                                 validate=lambda out: check_spans([(s.start, s.end) for s in out.segments], n, label))
     except LLMError as e:

@@ -89,10 +89,12 @@ def build_units(sessions: dict[int, Rows], segments: Rows, granularity: str) -> 
     return units
 
 
-def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosine") -> Retriever:
+def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosine", bm25_tokens: str = "words",
+                   bm25_idf: str = "lucene") -> Retriever:
     """A retriever over memory units. The key is the compressed text (SeCom's denoising) or the
     original, dense search uses the matching stored vector scored by `similarity` (cosine, dot or
-    l2), and budgets count the original text, which is what enters the context."""
+    l2), BM25 cuts terms by `bm25_tokens` and weighs them by `bm25_idf` (pipeline.retrieval), and
+    budgets count the original text, which is what enters the context."""
     vec_col = "vector" if use_compression else "text_vector"
     has_vectors = bool(pool) and all(u.get(vec_col) is not None for u in pool)
     return Retriever(
@@ -101,4 +103,6 @@ def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosi
         vectors=np.asarray([u[vec_col] for u in pool], dtype=np.float32) if has_vectors else None,
         token_counts=[count_tokens(u["text"]) for u in pool],
         similarity=similarity,
+        bm25_tokens=bm25_tokens,
+        bm25_idf=bm25_idf,
     )

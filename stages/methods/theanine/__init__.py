@@ -16,8 +16,8 @@ Where each phase lives:
 - Phase II-1 timeline retrieval (Algorithm 2): `graph.timelines_through`, `graph.sample_timelines`,
   `graph.group_by_component`, run by `Theanine.timelines`;
 - Phase II-2 timeline refinement: `prompts.timeline_text` (each edge read earlier -> later, App. A.1),
-  `prompts.refine_messages` (with `prompts.relation_guide`), in `Theanine.answer`; repeated timelines
-  are refined once (`dedupe_timelines`);
+  `prompts.refine_messages` (with `prompts.relation_guide`), in `Theanine.answer`; a timeline already
+  chosen is replaced by another unused path of the next memory (`dedupe_timelines`);
 - Phase III chain-of-thought response: `prompts.response_messages`, in `Theanine.answer`;
 - the report's memory graph: `figure.memory_graph`, via `Theanine.report_panel`;
 - TeaBag / TeaFarm (Section 5): `stages/teabag/`; Theanine's judges (App. D):
@@ -76,6 +76,7 @@ LINK_LABELS = pa.schema([
     pa.field("rank", pa.int32(), nullable=False),  # similarity rank among the top-j candidates
     # the LLM's label; "None" = no relation; null when the call failed; `graph.SIMILAR` without labelling
     pa.field("relation", pa.string()),
+    pa.field("explanation", pa.string()),  # the labeller's reasoning, written before the label; null without one
     pa.field("linked", pa.bool_(), nullable=False),
     *FAILURE_FIELDS,
 ])
@@ -99,8 +100,9 @@ class TheanineSettings(MethodSettings):
     # k*n timelines: `memory` (default) = n per retrieved memory; `component` = n per component.
     timelines_per: Literal["memory", "component"] = "memory"
     max_paths: int = Field(default=1000, ge=1)  # bound on enumerated paths per retrieved memory
-    # Section 2.2 writes the timelines as a union (a set): a path sampled for two retrieved memories
-    # of one chain is refined and shown once (the count dropped goes to the response's details).
+    # Section 2.2 writes the timelines as a union (a set): a path already chosen for an earlier
+    # retrieved memory is not drawn again; the memory draws another of its paths (the official
+    # retrieve_timeline), or none when all are taken (counted as `dropped` in the response's details).
     dedupe_timelines: bool = True
     origin_tokens: int | None = Field(default=600, ge=1)  # origin dialogue shown when labelling
     seed: int = 0  # timeline sampling
@@ -146,11 +148,11 @@ class Theanine(Method):
     # ---------------------------------------------------------------- Phase I
 
     async def label(self, llm: ChatLLM, older: dict, newer: dict, sessions: dict[int, list[dict]],
-                    settings: Any) -> str:
+                    settings: Any) -> prompts.RelationLabel:
         msgs = prompts.relation_messages(
             older, newer, origin_dialogue(sessions[older["session_idx"]], settings.origin_tokens),
             origin_dialogue(sessions[newer["session_idx"]], settings.origin_tokens))
-        return (await llm.chat(msgs, schema=prompts.RelationLabel)).parsed.relation
+        return (await llm.chat(msgs, schema=prompts.RelationLabel)).parsed
 
     def link_mode(self, settings: Any) -> g.LinkMode:
         if not settings.relation_aware and not getattr(settings, "per_component", True):
@@ -201,20 +203,23 @@ class Theanine(Method):
         async def one(m: dict, vec: np.ndarray) -> tuple[list[g.Edge], list[dict]]:
             candidates = g.top_similar(vec, pool, pool_vectors, settings.j)
             errors: dict[str, dict[str, Any]] = {}
+            explained: dict[str, str] = {}
             if settings.relation_aware:
                 async def ask(c: str) -> str:
                     label, failed = await attempt(self.label(llm, by_id[c], m, sessions, settings))
                     if label is None:  # a failed label is no relation, and recorded
                         errors[c] = failed
                         return g.NO_RELATION
-                    return label
+                    explained[c] = label.explanation
+                    return label.relation
                 labels = dict(zip(candidates, await asyncio.gather(*(ask(c) for c in candidates))))
             else:
                 labels = {c: g.SIMILAR for c in candidates}  # similarity and order only, no relation
             edges = g.links_for(m["memory_id"], labels, graph, components, mode)
             linked = {e.source for e in edges}
             rows = [{**after_session(m["episode_id"], m["session_idx"]), "new_id": m["memory_id"], "candidate_id": c,
-                     "rank": r, "relation": None if c in errors else labels[c], "linked": c in linked,
+                     "rank": r, "relation": None if c in errors else labels[c],
+                     "explanation": explained.get(c) or None, "linked": c in linked,
                      **errors.get(c, NO_FAILURE)} for r, c in enumerate(candidates)]
             return edges, rows
 
@@ -224,15 +229,23 @@ class Theanine(Method):
     # ---------------------------------------------------------------- Phase II and III
 
     def timelines(self, graph: g.Graph, retrieved: list[str], settings: Any, probe_id: str
-                  ) -> tuple[list[list[str]], bool]:
+                  ) -> tuple[list[list[str]], bool, int]:
+        """Algorithm 2's timelines for the retrieved memories, in their order: (paths, whether an
+        enumeration hit `max_paths`, timelines short). With `dedupe_timelines` a path already chosen
+        for an earlier memory is never drawn again: the memory draws from its unused paths instead
+        (the official retrieve_timeline, theanine.py:140-152), and when it has none left it adds
+        nothing, counted as short."""
         targets = retrieved if settings.timelines_per == "memory" else g.group_by_component(retrieved, graph)
         chosen: list[list[str]] = []
-        bound_hit = False
+        used: set[tuple[str, ...]] | None = set() if settings.dedupe_timelines else None
+        bound_hit, short = False, 0
         for m in targets:
             found = g.timelines_through(m, graph, settings.max_paths)
             bound_hit |= found.bound_hit
-            chosen += g.sample_timelines(found, settings.n, random.Random(f"{settings.seed}:{probe_id}:{m}"))
-        return chosen, bound_hit
+            drawn = g.sample_timelines(found, settings.n, random.Random(f"{settings.seed}:{probe_id}:{m}"), used)
+            short += min(settings.n, len(found.paths)) - len(drawn)
+            chosen += drawn
+        return chosen, bound_hit, short
 
     async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
         if probe.embed is None:  # without it there is no retrieval, so no timelines: refuse, do not guess
@@ -249,10 +262,7 @@ class Theanine(Method):
             qvec = np.asarray((await probe.embed([dialogue]))[0], dtype=np.float32)
             retrieved = g.top_similar(qvec, ids, np.asarray([m["vector"] for m in memories], dtype=np.float32),
                                       settings.k)
-        paths, bound_hit = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])
-        dropped = 0
-        if settings.dedupe_timelines:
-            paths, dropped = g.unique_timelines(paths)
+        paths, bound_hit, dropped = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])
         raw = [prompts.timeline_text([by_id[i] for i in p], [graph.relation(a, b) for a, b in zip(p, p[1:])])
                for p in paths]
         if settings.refine:

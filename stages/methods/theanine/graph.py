@@ -173,23 +173,17 @@ def timelines_through(retrieved: str, graph: Graph, max_paths: int = 1000) -> Ti
     return Timelines(paths, start, hit)
 
 
-def sample_timelines(found: Timelines, n: int, rng: random.Random) -> list[list[str]]:
-    """n of the paths, sampled without replacement with a seeded generator (all when fewer)."""
-    if len(found.paths) <= n:
-        return list(found.paths)
-    return [found.paths[i] for i in sorted(rng.sample(range(len(found.paths)), n))]
-
-
-def unique_timelines(paths: Sequence[list[str]]) -> tuple[list[list[str]], int]:
-    """The paths without repeats, first occurrence kept in order, and how many repeats were dropped
-    (two retrieved memories on one chain often sample the same path)."""
-    seen: set[tuple[str, ...]] = set()
-    kept: list[list[str]] = []
-    for p in paths:
-        if tuple(p) not in seen:
-            seen.add(tuple(p))
-            kept.append(list(p))
-    return kept, len(paths) - len(kept)
+def sample_timelines(found: Timelines, n: int, rng: random.Random,
+                     used: set[tuple[str, ...]] | None = None) -> list[list[str]]:
+    """n of the paths, sampled without replacement with a seeded generator (all when fewer). With
+    `used` (the paths already chosen for this response) only the paths not in it are drawn, and the
+    drawn ones are added to it: a repeat is replaced by another unused path, and a memory whose
+    paths are all taken gives none."""
+    paths = found.paths if used is None else [p for p in found.paths if tuple(p) not in used]
+    chosen = list(paths) if len(paths) <= n else [paths[i] for i in sorted(rng.sample(range(len(paths)), n))]
+    if used is not None:
+        used.update(tuple(p) for p in chosen)
+    return chosen
 
 
 def group_by_component(retrieved: Iterable[str], graph: Graph) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pipeline.llm.types import Messages
 from stages.methods.session_memories import memory_when
@@ -52,6 +52,10 @@ Relation = Literal["Changed", "Cause", "Reason", "HinderedBy", "React", "Want", 
 
 
 class RelationLabel(BaseModel):
+    # The explanation comes first, so the label is written after the reasoning (Fig. 16's order). Its
+    # default only spares a caller that sends the label alone; the endpoint is held to both fields
+    # (strict mode makes every property required).
+    explanation: str = Field(default="", description="why the relation holds, or why none does, in a sentence or two")
     relation: Relation
 
 
@@ -66,16 +70,32 @@ class ReasonedResponse(BaseModel):
 
 def relation_messages(older: dict, newer: dict, older_dialogue: str, newer_dialogue: str) -> Messages:
     """The labelling call for one (older, newer) memory pair: both events, their times (with the
-    corpus's gaps) and their origin dialogues; the answer is a RelationLabel from A to B."""
-    definitions = "\n".join(f"- {name}: {relation_meaning(name)}" for name in RELATION_DEFINITIONS)
-    system = ("You connect memories of a long conversation. Memory A was formed before memory B. Pick the "
-              "relation that holds from A to B, or None when they share words but no real relation.\n"
-              f"Relations:\n{definitions}\n- None: no relation beyond surface similarity")
+    corpus's gaps) and their origin dialogues; the answer is a RelationLabel from A to B, its
+    explanation first. Fig. 16's protocol in our words: the six specific relations are tried first,
+    SameTopic / None only when none fits; a relation needs clear support (else None, no reading
+    beyond the memories); who each memory is about matters."""
+    named = [n for n in RELATION_DEFINITIONS if n != "SameTopic"]
+    step1 = "\n".join(f"- {name}: {relation_meaning(name)}" for name in named)
+    system = ("You connect memories of a long conversation. Memory A was formed before memory B. Decide "
+              "which relation, if any, holds from A to B. Work in two steps.\n"
+              "Step 1. Go through the six specific relations and check each against the two memories:\n"
+              f"{step1}\n"
+              "Step 2. Only when none of the six fits, choose one of the two remaining labels:\n"
+              f"- SameTopic: {relation_meaning('SameTopic')}\n"
+              "- None: the memories are unrelated, or share words but nothing more\n"
+              "Rules:\n"
+              "- Give a relation (SameTopic included) only when the memories and their dialogues plainly "
+              "support it; when in doubt, answer None. Do not infer more than the memories and their "
+              "dialogues say.\n"
+              "- Check who each memory is about. The two memories may concern different speakers: a relation "
+              "must hold between those people as stated, not between events you attach to the wrong person.")
     user = (f"Memory A [{memory_when(older)}]: {older['event']}\n"
             f"Where A comes from:\n{older_dialogue}\n\n"
             f"Memory B [{memory_when(newer)}]: {newer['event']}\n"
             f"Where B comes from:\n{newer_dialogue}\n\n"
-            'Reply in JSON: {"relation": one of ' + ", ".join([*RELATION_DEFINITIONS, "None"]) + "}.")
+            "First explain in one or two sentences how the memories relate (or why they do not), then give "
+            'the label. Reply in JSON, the fields in this order: {"explanation": "...", "relation": one of '
+            + ", ".join([*RELATION_DEFINITIONS, "None"]) + "}.")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -97,10 +117,13 @@ def timeline_text(timeline: Sequence[dict], relations: Sequence[str | None]) -> 
 def refine_messages(dialogue: str, timeline: str, relation_aware: bool = True) -> Messages:
     """The refinement call for one raw timeline (`timeline_text`) given the current dialogue; the
     answer is Refined. The system message explains the timeline's links (`relation_guide`)."""
+    # Fig. 17's fallback, in our words: a label that does not suit its link is dropped, not forced.
+    misfit = (" When the relation on a link does not fit the two events it joins, leave the label out and "
+              "connect the events in plain words as they naturally follow." if relation_aware else "")
     system = ("You prepare background for a reply in an ongoing conversation. Given a timeline of how "
               "related past events developed, write what in it matters for the next reply right now: keep "
-              "the facts that apply, note what changed and what is current, drop what does not help.\n\n"
-              + relation_guide(relation_aware))
+              "the facts that apply, note what changed and what is current, drop what does not help."
+              + misfit + "\n\n" + relation_guide(relation_aware))
     user = (f"Current conversation:\n{dialogue}\n\nTimeline of past events:\n{timeline}\n\n"
             'Reply in JSON: {"information": "..."}.')
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -119,9 +142,13 @@ def response_messages(dialogue: str, background: Sequence[str], respondent: str,
         remembered = ("What you remember, prepared for this moment:\n"
                       + ("\n".join(f"- {r}" for r in background) or "- (nothing relevant remembered)"))
     task = ("answer the question in a short phrase" if question
-            else f"write {respondent}'s next utterance: a short, natural reply without a speaker label")
+            else f"write {respondent}'s next utterance: a short, natural reply in the manner of the conversation "
+                 "so far (its tone, wording and length of turns), without a speaker label")
+    # Fig. 18's cautions, in our words: memory is optional, and misleading memory is left out.
     system = (f"You are {respondent}, in a conversation with someone you have talked with before. Think first: "
-              "what is the other person after, and which remembered facts help? Then reply.")
+              "what is the other person after, and which remembered facts help? Then reply. Use what you "
+              "remember only where it helps: leave out any remembered detail that would lead the reply astray "
+              "(outdated, beside the point, or at odds with the conversation).")
     user = (f"{remembered}\n\nCurrent conversation:\n{dialogue}\n\n"
             f"First give your reasoning in one or two sentences, then {task}. Reply in JSON: "
             '{"rationale": "...", "response": "..."}.')
