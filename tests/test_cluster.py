@@ -181,11 +181,12 @@ def test_llm_workers_run_several_shards_at_once_within_one_cap_per_endpoint(runn
                  f"llm.cache_dir={fake_llm.cache_dir}-one")
     assert one.run() == {"ingest": "ran", "ask_once": "ran"}
     assert fake_llm.max_in_flight == 1 and fake_llm.count() == 5
-    # 4 slots: the workers together fill them and never pass them (a cap per worker would let all 5 go).
+    # 4 slots: never passed (a cap per worker lets all 5 go when the workers start together); at
+    # least 3 at once, the first worker's shards (a busy machine may start the second one late).
     fake_llm.reset()
     r = runner("stages=[ingest,ask_once]", *llm, "llm.max_concurrency=4", f"llm.cache_dir={fake_llm.cache_dir}")
     assert r.run() == {"ingest": "ran", "ask_once": "ran"}
-    assert fake_llm.max_in_flight == 4
+    assert 3 <= fake_llm.max_in_flight <= 4
     assert StageDir(r.run_dir, "ask_once").manifest().tables == {"counts": 5}
 
 
