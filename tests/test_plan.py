@@ -135,11 +135,14 @@ def test_json_total_is_the_sum_of_its_stages_and_plan_file_feeds_the_progress_li
 
 def test_prices_default_table_config_override_and_batch():
     table = prices_for(LLMConfig(provider="openai", model="gpt-4o-mini"))
-    assert table["gpt-4o-mini"] == {"input": 0.15, "output": 0.6} == DEFAULT_PRICES["gpt-4o-mini"]
+    assert table["gpt-4o-mini"] == {"input": 0.15, "cached_input": 0.075, "output": 0.6} == DEFAULT_PRICES["gpt-4o-mini"]
     assert table["gpt-4-0125-preview"] == {"input": 10.0, "output": 30.0}
     over = LLMConfig(provider="openai", model="gpt-4o-mini",
                      prices={"gpt-4o-mini": {"input": 1.0}, "my-model": {"input": 2.0, "output": 3.0}})
-    assert prices_for(over)["gpt-4o-mini"] == {"input": 1.0, "output": 0.6}  # the config wins, key by key
+    # the config wins, key by key; a new input price without a cached one bills cached tokens at it
+    assert prices_for(over)["gpt-4o-mini"] == {"input": 1.0, "output": 0.6}
+    cached = LLMConfig(provider="openai", model="gpt-4o", prices={"gpt-4o": {"output": 9.0}})
+    assert role_prices(cached) == {"input": 2.5, "cached_input": 1.25, "output": 9.0}
     assert prices_for(over)["my-model"] == {"input": 2.0, "output": 3.0}
     assert role_prices(LLMConfig(provider="openai", model="gpt-4", batch=True)) == {
         "input": 30.0 * BATCH_DISCOUNT, "output": 60.0 * BATCH_DISCOUNT}

@@ -7,8 +7,10 @@ Tokens and cost include calls served from the cache (the spec reports usage of c
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 
 @dataclass
@@ -19,10 +21,20 @@ class Usage:
     retries: int = 0  # transport retries (429, 5xx, timeouts, connection errors)
     reasks: int = 0  # structured-output re-asks after an invalid answer
     batch_calls: int = 0  # requests answered fresh through the Batch API (llm.batch)
+    # Chat requests sent to the endpoint (fresh, each once however many samples it asked for); of
+    # them, those asking several samples with `n`, and the samples (choices) those brought back.
+    requests: int = 0
+    sampled_requests: int = 0
+    sampled_choices: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the endpoint reported as a cached prefix
     completion_tokens: int = 0
     cost_usd: float = 0.0
     cached_cost_usd: float = 0.0
+    # cost_usd and cached_cost_usd split by the method a call was made for (memory, respond, and the
+    # judges' calls about that method's output); calls made for no one method are under "".
+    cost_by_method: dict[str, float] = field(default_factory=dict)
+    cached_cost_by_method: dict[str, float] = field(default_factory=dict)
     # Structured conversations per mode they ended in, valid or not; of them, those all invalid;
     # and why a role is in a mode other than json_schema (mode -> reason), when it stepped down.
     structured_modes: dict[str, int] = field(default_factory=dict)
@@ -44,6 +56,8 @@ class Usage:
         d = asdict(self)
         d["cost_usd"] = round(d["cost_usd"], 8)
         d["cached_cost_usd"] = round(d["cached_cost_usd"], 8)
+        for k in ("cost_by_method", "cached_cost_by_method"):
+            d[k] = {m: round(v, 8) for m, v in d[k].items()}
         if not d["batch_calls"]:  # written only by roles in batch mode: other manifests keep their layout
             del d["batch_calls"]
         return d
@@ -56,12 +70,21 @@ class Usage:
 
 
 def call_cost(prices: Mapping[str, Mapping[str, float]], model: str, prompt_tokens: int,
-              completion_tokens: int) -> float:
-    """USD for one call from per-1M-token prices; 0 for a model without a price."""
+              completion_tokens: int, cached_prompt_tokens: int = 0) -> float:
+    """USD for one call from per-1M-token prices; 0 for a model without a price. The prompt tokens
+    the endpoint served from its prompt cache are billed at `cached_input` (else at `input`)."""
     p = prices.get(model)
     if not p:
         return 0.0
-    return (prompt_tokens * p.get("input", 0.0) + completion_tokens * p.get("output", 0.0)) / 1_000_000
+    return tokens_cost(p, prompt_tokens, completion_tokens, cached_prompt_tokens)
+
+
+def tokens_cost(p: Mapping[str, float], prompt_tokens: float, completion_tokens: float,
+                cached_prompt_tokens: float = 0) -> float:
+    """USD for these tokens at one model's per-1M-token prices (`input`, `output`, `cached_input`)."""
+    cached = min(cached_prompt_tokens, prompt_tokens)
+    return ((prompt_tokens - cached) * p.get("input", 0.0) + cached * p.get("cached_input", p.get("input", 0.0))
+            + completion_tokens * p.get("output", 0.0)) / 1_000_000
 
 
 def describe_structured(u: Usage) -> str | None:
@@ -79,3 +102,19 @@ def describe_structured(u: Usage) -> str | None:
             text += f", {invalid} of {n} all invalid"
         parts.append(text)
     return "; ".join(parts)
+
+
+# The method the calls of the current asyncio task are made for: a judge sets it per judged row, a
+# method's memory and respond stages for the whole episode; the client adds each call's cost under
+# it in `Usage.cost_by_method`. asyncio copies it into every task a gather creates.
+BILLED_METHOD: ContextVar[str] = ContextVar("billed_method", default="")
+
+
+@contextmanager
+def billed_to(method: str) -> Iterator[None]:
+    """Calls made inside are costed to `method` (see `Usage.cost_by_method`)."""
+    token = BILLED_METHOD.set(method)
+    try:
+        yield
+    finally:
+        BILLED_METHOD.reset(token)
