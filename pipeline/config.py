@@ -83,6 +83,9 @@ class LLMConfig(Section):
     # outages pause every call (the shared circuit breaker) and cost no retries.
     max_outage_s: float = Field(default=900.0, gt=0)
     structured_retries: int = 2  # re-asks after an invalid structured answer
+    # A prompt's k samples (a judge's N ratings) as one request with `n=k` (billed for the prompt
+    # once); false: one request per sample. An endpoint that refuses or ignores `n` gets one each.
+    sample_with_n: bool = True
     # auto: json_schema, falling back to json_object, then prompt, when the endpoint rejects it
     structured_mode: StructuredMode = "auto"
     backoff_base_s: float = 0.5  # first retry's wait (the openai SDK's INITIAL_RETRY_DELAY), doubling
@@ -128,6 +131,7 @@ class RoleConfig(Section):
     max_retries: int | None = None
     max_outage_s: float | None = None
     structured_retries: int | None = None
+    sample_with_n: bool | None = None
     structured_mode: StructuredMode | None = None
     backoff_base_s: float | None = None
     backoff_max_s: float | None = None

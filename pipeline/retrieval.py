@@ -108,6 +108,12 @@ def count_tokens(text: str) -> int:
     return len(_cl100k().encode_ordinary(text))
 
 
+def cl100k_ids(text: str) -> list[int]:
+    """The cl100k token ids of `text` (special tokens as plain text, as `count_tokens` counts them):
+    the prefixes the simulated endpoint's prompt cache compares. PipelineError as `count_tokens`."""
+    return _cl100k().encode_ordinary(text)
+
+
 def within_tokens(pieces: Sequence[str], budget: int | None, *, newest: bool = True) -> list[str]:
     """The pieces (lines, sessions, units) that fit `budget` cl100k tokens together, in their order:
     the last ones when `newest`, else the first ones; all of them when `budget` is None."""

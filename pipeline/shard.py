@@ -26,6 +26,8 @@ from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.manifest import Manifest
 from pipeline.stage import EpisodeStage, GlobalStage, Rows, Stage, StageContext
+from pipeline.llm.types import LLMError, ask_samples
+from pipeline.llm.usage import costed_to
 
 
 @dataclass
@@ -137,11 +139,21 @@ class EpisodeUsage:
 
     async def chat(self, messages: Any, **kwargs: Any) -> Any:
         result = await self.inner.chat(messages, **kwargs)
+        self._count(result)
+        return result
+
+    async def chat_samples(self, messages: Any, samples: Any, **kwargs: Any) -> list[Any]:
+        results = await ask_samples(self.inner, messages, samples, **kwargs)
+        for result in results:
+            if not isinstance(result, LLMError):
+                self._count(result)
+        return results
+
+    def _count(self, result: Any) -> None:
         self.counts["calls"] += 1
         self.counts["cached_calls"] += int(result.cached)
         self.counts["prompt_tokens"] += result.prompt_tokens
         self.counts["completion_tokens"] += result.completion_tokens
-        return result
 
     def __getattr__(self, name: str) -> Any:  # cfg, usage, embed, ... of the shared client
         return getattr(self.inner, name)
@@ -246,7 +258,7 @@ async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dic
         ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
         counting = {role: EpisodeUsage(c) for role, c in clients.items()}
         counters.append(counting)
-        jobs.append(stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs))
+        jobs.append(costed_to(stage.billed_method, stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs)))
     results = await asyncio.gather(*jobs)
     merged: dict[str, Rows] = {t: [] for t in stage.outputs}
     for ep, res, counting in zip(task.episode_ids or [], results, counters):

@@ -100,6 +100,7 @@ class Stage:
     version: ClassVar[str] = "1"  # bump when behaviour changes in a way the source hash misses
     prompts: dict[str, str] = {}  # prompt texts; a change re-runs the stage
     uses_embedder: bool = False
+    billed_method: str = ""  # the method its LLM calls are costed to (Usage.cost_by_method), if it serves one
 
     def llm_roles(self, cfg: "RunConfig") -> tuple[str, ...]:
         """The roles whose clients its shards get: its own, and `embedder` when it embeds through

@@ -9,6 +9,17 @@ a retry of a failed request can succeed.
     server = FakeOpenAI(latency_s=0.05, max_concurrency=8).start()
     server.faults = {"429": 0.05, "500": 0.05, "timeout": 0.02, "malformed": 0.05, "html": 0.05}
 
+Sampling `n` (1 to 128): `n` choices, choice j answered as the same request without `n` and with
+`seed` + j would be (with no seed, choice 0 as without `n` and choice j > 0 varied by j); a
+`responder` is asked once per choice, with that body. Usage counts the prompt once and the
+completions of every choice. `ignore_n` answers one choice whatever `n` is (as llama-cpp-python's
+server does); `reject_params={"n"}` refuses it.
+
+Prompt caching, as OpenAI reports it (`pipeline.llm.prompt_cache`): `usage.prompt_tokens_details.
+cached_tokens` is the longest prefix (in prompt words, from `cache_min_tokens` by `cache_step`) that
+an earlier request to the same model sent; always present, 0 with `prompt_cache` off. Each chat
+request's entry in `requests` records `n` (asked), `choices` (answered) and `cached_tokens`.
+
 Refusals (`reject_formats`, `reject_params`, worded per `reject_shape`: OpenAI's 400, FastAPI's 422,
 llama-cpp-python's 500 validation error) are counted per parameter in `rejected`. An outage
 (`outage_until`) answers `outage_status` (500), at once when `outage_instant`.
@@ -51,9 +62,12 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from pipeline.llm.prompt_cache import PrefixCache
 from pipeline.llm.simulated import LoopbackServer, SchemaInstance, hashed_vector  # shared with `mempipe plan`'s dry run
 
 FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
+# What answers a request the fault logic let through: (body, outcome, its entry in `requests`).
+Answer = Callable[[dict[str, Any], str | None, dict[str, Any] | None], web.Response]
 _HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
 
 
@@ -61,9 +75,11 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _answer_hash(body: dict[str, Any]) -> str:
-    """What a chat answer depends on: the messages, model and seed (not the sampling settings)."""
-    return _hash({"messages": body.get("messages", []), "model": body.get("model"), "seed": body.get("seed")})
+def _answer_hash(body: dict[str, Any], choice: int = 0) -> str:
+    """What a chat answer depends on: the messages, model and seed (not the sampling settings); and
+    the choice index j > 0 of an `n` request without a seed (one with a seed varies the seed)."""
+    key = {"messages": body.get("messages", []), "model": body.get("model"), "seed": body.get("seed")}
+    return _hash({**key, "choice": choice} if choice else key)
 
 
 def _answer_id(body: dict[str, Any]) -> str:
@@ -74,12 +90,38 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+def _prompt_words(messages: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
+    """The prompt as the prefix cache sees it: each content word tagged with its message's index and
+    role (so two prompts share a prefix only with the same messages, split alike), as many as the
+    prompt tokens counted, so cached_tokens never exceeds prompt_tokens."""
+    return [(i, str(m.get("role")), w) for i, m in enumerate(messages) for w in str(m.get("content") or "").split()]
+
+
+MAX_N = 128  # OpenAI's upper bound on `n`
+
+
+def _asked_n(body: dict[str, Any]) -> int | None:
+    """The body's `n` (1 when absent), or None when it is not an integer in 1..MAX_N."""
+    n = body.get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N else None
+
+
+def choice_body(body: dict[str, Any], j: int) -> dict[str, Any]:
+    """The request whose single answer is choice j of `body`: `n` removed and, with a seed, seed + j."""
+    out = {k: v for k, v in body.items() if k != "n"}
+    if j and isinstance(out.get("seed"), int):
+        out["seed"] += j
+    return out
+
+
 class FakeOpenAI(LoopbackServer):
     thread_name = "fake-openai"
 
     def __init__(self, *, latency_s: float = 0.0, max_concurrency: int | None = None,
                  faults: dict[str, float] | None = None, fault_seed: int = 0,
-                 retry_after_s: float | None = 1, timeout_sleep_s: float = 3.0, embed_dim: int = 16) -> None:
+                 retry_after_s: float | None = 1, timeout_sleep_s: float = 3.0, embed_dim: int = 16,
+                 ignore_n: bool = False, prompt_cache: bool = True, cache_min_tokens: int = 1024,
+                 cache_step: int = 128) -> None:
         super().__init__()  # port 0; set .port before start() to bind a fixed one
         self.latency_s = latency_s
         self.max_concurrency = max_concurrency
@@ -88,6 +130,13 @@ class FakeOpenAI(LoopbackServer):
         self.retry_after_s = retry_after_s  # None: 429 without a Retry-After header
         self.timeout_sleep_s = timeout_sleep_s  # a "timeout" fault answers after this long
         self.embed_dim = embed_dim
+        self.ignore_n = ignore_n  # answer one choice whatever `n` asks (llama-cpp-python's server)
+        # OpenAI's prompt caching (see the module docstring); tests lower the sizes to short prompts
+        self.prompt_cache = prompt_cache
+        self.cache_min_tokens = cache_min_tokens
+        self.cache_step = cache_step
+        self._cache_lock = threading.Lock()  # not _lock: _finish_batch answers under _lock
+        self._cache: PrefixCache | None = None
         self.responder: Callable[[dict[str, Any]], str | None] | None = None
         # response_format types refused, as older OpenAI models (400) or llama-cpp-python's own server
         # (500 validation error) refuse json_schema; request parameters refused the same way (seed, n)
@@ -132,6 +181,8 @@ class FakeOpenAI(LoopbackServer):
             self.batches: dict[str, dict[str, Any]] = {}  # batch id -> the batch object, plus "_polls"
             self.batch_seen: Counter[str] = Counter()  # body hash -> batch attempts
             self.batch_failed: list[str] = []  # custom_ids of the items written as failed
+        with self._cache_lock:
+            self._cache = None  # the prompts sent so far are forgotten too
 
     @property
     def total(self) -> int:
@@ -197,8 +248,7 @@ class FakeOpenAI(LoopbackServer):
                 return name
         return None
 
-    async def _handle(self, request: web.Request, answer: Callable[[dict[str, Any], str | None], web.Response]
-                      ) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, answer: Answer) -> web.StreamResponse:
         try:
             body = await request.json()
         except json.JSONDecodeError:
@@ -206,6 +256,8 @@ class FakeOpenAI(LoopbackServer):
         outcome = self._decide(body)
         record = {"path": request.path, "body": body, "t": time.time(), "outcome": outcome,
                   "auth": request.headers.get("Authorization"), "done": None}
+        if request_path_is_chat(body):  # filled in when answered
+            record.update(n=body.get("n", 1), choices=0, cached_tokens=0)
         with self._lock:
             self.requests.append(record)
             self.by_path[request.path] += 1
@@ -220,16 +272,15 @@ class FakeOpenAI(LoopbackServer):
             auth = request.headers.get("Authorization") if self.echo_auth else None
             if sem is not None:
                 async with sem:
-                    return await self._respond(body, outcome, answer, auth)
-            return await self._respond(body, outcome, answer, auth)
+                    return await self._respond(body, outcome, answer, auth, record)
+            return await self._respond(body, outcome, answer, auth, record)
         finally:
             with self._lock:
                 self.in_flight -= 1
                 record["done"] = time.time()  # answered (or the client went away)
 
-    async def _respond(self, body: dict[str, Any], outcome: str | None,
-                       answer: Callable[[dict[str, Any], str | None], web.Response],
-                       auth: str | None = None) -> web.StreamResponse:
+    async def _respond(self, body: dict[str, Any], outcome: str | None, answer: Answer,
+                       auth: str | None = None, record: dict[str, Any] | None = None) -> web.StreamResponse:
         await self._sleep(self.latency_s)
         echo = f" (request sent with {auth})" if auth else ""
         if outcome == "429":
@@ -253,7 +304,7 @@ class FakeOpenAI(LoopbackServer):
             return web.Response(status=200, text=_HTML_PAGE, content_type="application/json")
         if outcome == "nochoices":
             return web.json_response({"object": "error", "detail": "upstream unavailable"})
-        return answer(body, outcome)
+        return answer(body, outcome, record)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, self._chat_answer)
@@ -301,8 +352,8 @@ class FakeOpenAI(LoopbackServer):
         characters // 4 + max_tokens, what its tpm pacing budgeted for the request) and `head`
         (the first 120 characters of the first message: which prompt, hence which stage, sent it) and
         `answer` (the id in the reply text, "fake reply <answer>" for a plain call: finds the reply in a
-        call cache). `embeddings`: one entry per embeddings request: `t`, `done`, `outcome` and
-        `inputs` (how many texts it carried)."""
+        call cache), `n` (asked), `choices` (answered) and `cached_tokens`. `embeddings`: one entry per
+        embeddings request: `t`, `done`, `outcome` and `inputs` (how many texts it carried)."""
         with self._lock:
             chat = [{"t": r["t"], "done": r["done"], "key": _hash(r["body"])[:16], "outcome": r["outcome"],
                      "structured": bool(r["body"].get("response_format")),
@@ -311,7 +362,8 @@ class FakeOpenAI(LoopbackServer):
                      "est_tokens": sum(len(str(m.get("content") or "")) for m in r["body"].get("messages", [])) // 4
                      + int(r["body"].get("max_tokens") or 0),
                      "head": str((r["body"].get("messages") or [{}])[0].get("content") or "")[:120],
-                     "answer": _answer_id(r["body"])}
+                     "answer": _answer_id(r["body"]), "n": r.get("n"), "choices": r.get("choices"),
+                     "cached_tokens": r.get("cached_tokens")}
                     for r in self.requests if r["path"] == "/v1/chat/completions"]
             embeddings = [{"t": r["t"], "done": r["done"], "outcome": r["outcome"],
                            "inputs": len(r["body"].get("input") or []) if isinstance(r["body"].get("input"), list)
@@ -333,12 +385,31 @@ class FakeOpenAI(LoopbackServer):
         self.reset()
         return web.json_response({"ok": True})
 
-    def _chat_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
-        return web.json_response(self._chat_body(body, outcome))
+    def _chat_answer(self, body: dict[str, Any], outcome: str | None,
+                     record: dict[str, Any] | None = None) -> web.Response:
+        if _asked_n(body) is None and not self.ignore_n:  # as OpenAI answers n=0 or n="2"
+            return web.json_response({"error": {"message": f"Invalid 'n': expected an integer in 1..{MAX_N}, "
+                                                f"got {body.get('n')!r}.", "type": "invalid_request_error",
+                                                "param": "n", "code": "invalid_value"}}, status=400)
+        out = self._chat_body(body, outcome)
+        if record is not None:
+            with self._lock:
+                record.update(choices=len(out["choices"]),
+                              cached_tokens=out["usage"]["prompt_tokens_details"]["cached_tokens"])
+        return web.json_response(out)
 
-    def _chat_body(self, body: dict[str, Any], outcome: str | None) -> dict[str, Any]:
+    def _prefix_cache(self) -> PrefixCache:
+        """The prompt cache, rebuilt (empty) when a test changes its sizes."""
+        with self._cache_lock:
+            c = self._cache
+            if c is None or (c.min_tokens, c.step) != (self.cache_min_tokens, self.cache_step):
+                c = self._cache = PrefixCache(self.cache_min_tokens, self.cache_step)
+            return c
+
+    def _chat_content(self, body: dict[str, Any], outcome: str | None, choice: int) -> str:
+        """One choice's text; `body` is that choice's own request (`choice_body`)."""
         messages = body.get("messages", [])
-        h = _answer_hash(body)
+        h = _answer_hash(body, 0 if isinstance(body.get("seed"), int) else choice)
         rf = body.get("response_format") or {}
         # The schema comes with the response_format (json_schema), or in the prompt (json_object and
         # prompt modes); in prompt mode the JSON comes wrapped in prose, as chat models write it.
@@ -354,15 +425,24 @@ class FakeOpenAI(LoopbackServer):
                     content = f"Here is the JSON you asked for:\n{content}\nLet me know if you need more."
             else:
                 content = f"fake reply {h[:8]}"
-        prompt = sum(_words(str(m.get("content") or "")) for m in messages)
-        completion = max(1, _words(content))
+        return content
+
+    def _chat_body(self, body: dict[str, Any], outcome: str | None) -> dict[str, Any]:
+        messages = body.get("messages", [])
+        h = _answer_hash(body)
+        n = 1 if self.ignore_n else _asked_n(body) or 1
+        contents = [self._chat_content(choice_body(body, j), outcome, j) for j in range(n)]
+        prompt = sum(_words(str(m.get("content") or "")) for m in messages)  # once, whatever n is
+        completion = sum(max(1, _words(c)) for c in contents)
+        cached = self._prefix_cache().observe(str(body.get("model")), _prompt_words(messages)) \
+            if self.prompt_cache else 0
         return {
             "id": f"chatcmpl-fake-{h[:12]}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fake-model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": "stop", "logprobs": None}],
+            "choices": [{"index": j, "message": {"role": "assistant", "content": c},
+                         "finish_reason": "stop", "logprobs": None} for j, c in enumerate(contents)],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": prompt + completion},
+                      "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}},
         }
 
     # ------------------------------------------------------------ Batch API
@@ -516,7 +596,8 @@ class FakeOpenAI(LoopbackServer):
                 batch[name] = file_id
         batch.update(status="expired" if batch["_expire"] is not None else "completed", request_counts=counts)
 
-    def _embed_answer(self, body: dict[str, Any], outcome: str | None) -> web.Response:
+    def _embed_answer(self, body: dict[str, Any], outcome: str | None,
+                      record: dict[str, Any] | None = None) -> web.Response:
         inputs = body.get("input", [])
         if isinstance(inputs, str):
             inputs = [inputs]

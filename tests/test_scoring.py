@@ -123,10 +123,10 @@ def test_the_judge_sees_both_orders_and_its_letter_maps_back_to_the_method():
     past = "[Session 1]\nAnn: I adopted a dog"
 
     async def both() -> list[str]:
-        first = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER", reference_first=True,
-                                          past_sessions=past)
-        second = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER", reference_first=False,
-                                           past_sessions=past)
+        [first] = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER",
+                                            reference_first=True, past_sessions=past)
+        [second] = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER",
+                                             reference_first=False, past_sessions=past)
         return [first[0], second[0]]
 
     # "A" both times: the first position wins whatever is in it, a pure position bias -> a tie.
@@ -161,7 +161,7 @@ def test_answer_judges_read_their_scales_and_teafarm_questions_get_teafarm_corre
 
 def test_memory_rating_is_about_one_speaker_and_one_criterion_given_the_dialogue():
     llm = FakeChat([{"score": 4}])
-    score, _ = asyncio.run(memory_quality.rate_memory(llm, "concreteness", "Ann", "[Ann] adopted a dog named Rex.",
+    [(score, _)] = asyncio.run(memory_quality.rate_memory(llm, "concreteness", "Ann", "[Ann] adopted a dog named Rex.",
                                                       "[Session 1]\nAnn: I adopted Rex today"))
     prompt = llm.calls[0]["messages"][1]["content"]
     assert score == 4 and "Person: Ann" in prompt and "Concreteness" in prompt and "Integration" not in prompt

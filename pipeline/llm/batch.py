@@ -50,7 +50,7 @@ POLL_MAX_FACTOR = 10.0  # ... up to this many times `batch_poll_s`
 ENDPOINT = "/v1/chat/completions"
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 
-Answer = tuple[str, int, int, str]  # text, prompt tokens, completion tokens, model
+Answer = Any  # the client's `_Answer`: the choices' texts, prompt / cached / completion tokens, model
 
 
 def _client_helpers() -> Any:

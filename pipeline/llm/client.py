@@ -21,6 +21,15 @@ then use the mode it decided, so an endpoint sees at most one rejected request p
 decided is remembered in the call cache for (endpoint, model), so later clients start there. A
 rejected `seed` is dropped from the (endpoint, model)'s requests from then on.
 
+Samples (`chat_samples`): k samples of one prompt go as one request with `n` (OpenAI's, billed for
+the prompt once) where the role allows it (`sample_with_n`) and the endpoint serves it; each choice
+is cached under its own sample's key, exactly where a single request for that sample would be, so
+a later call for <= k samples (or any one of them) is served from the cache. An endpoint that
+refuses `n`, or answers fewer choices than asked (llama-cpp-python's server ignores `n`), gets the
+rest as one request per sample, from then on for that (endpoint, model). Prompt tokens the endpoint
+served from its prompt cache (`usage.prompt_tokens_details.cached_tokens`) are recorded and billed
+at the model's `cached_input` price.
+
 The API key comes from the environment only. It is held by the SDK client, and never enters cache
 keys, cache values, usage, reprs, exception messages or logs.
 """
@@ -41,7 +50,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 from pydantic import BaseModel
@@ -55,12 +64,12 @@ from pipeline.llm.slots import EndpointSlots
 from pipeline.llm.structured import (MODES_AFTER, RequestRejected, describe_error, parse_structured,
                                      rejected_param, rejects_response_format, request_format,
                                      with_schema_in_prompt)
-from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages
+from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages, gather_samples
 from pipeline.llm.batch import BATCH_DISCOUNT
 from pipeline.llm.breaker import DECIDE_S, OPEN_AFTER_S, EndpointDown
 from pipeline.llm.ledger import MODE_POLL_S
 from pipeline.llm.prices import prices_for
-from pipeline.llm.usage import Usage, call_cost
+from pipeline.llm.usage import BILLED_METHOD, Usage, call_cost
 
 if TYPE_CHECKING:
     import openai
@@ -129,6 +138,7 @@ class _Reply:
     completion_tokens: int
     model: str
     cached: bool
+    cached_prompt_tokens: int = 0  # of prompt_tokens, served from the endpoint's prompt cache
 
 
 @dataclass
@@ -166,6 +176,9 @@ class _ModeDecision:
 
 # Per loop (asyncio locks belong to one): (endpoint, model) -> its mode decision, shared by clients.
 _MODE_DECISIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], _ModeDecision]] = \
+    weakref.WeakKeyDictionary()
+# Per loop: (endpoint, model) -> done once the sample deciding its structured mode came back (chat_samples).
+_SAMPLING_SCOUTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Future]] = \
     weakref.WeakKeyDictionary()
 # (endpoint, model) -> {parameter: why} the endpoint refused (seed), for every client of the process.
 _DROPPED_PARAMS: dict[tuple[str, str], dict[str, str]] = {}
@@ -273,6 +286,9 @@ class LLMClient:
         # Cache key -> the reply of that exact request, while it is being sent (per loop).
         self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future]] = \
             weakref.WeakKeyDictionary()
+        # Cache key -> a sample's reply that came as one choice of an `n` request (chat_samples),
+        # already accounted, until its own chat call takes it (works with the cache off too).
+        self._preloaded: dict[str, _Reply] = {}
 
     def __repr__(self) -> str:
         return (f"LLMClient(model={self.cfg.model!r}, endpoint={self.endpoint!r}, "
@@ -320,21 +336,27 @@ class LLMClient:
 
     # ------------------------------------------------------------ accounting
 
-    def _cost(self, model: str, prompt: int, completion: int, batch: bool = False) -> float:
-        """USD of one request at the role's prices (pipeline.llm.prices); `batch`: answered through
-        the Batch API now, billed at its discount. A cached replay (batch made or not) is costed at
-        the normal price: the cache value does not say how its answer was made."""
-        cost = call_cost(self.prices, model, prompt, completion)
+    def _cost(self, model: str, prompt: int, completion: int, batch: bool = False, cached_prompt: int = 0) -> float:
+        """USD of one request at the role's prices (pipeline.llm.prices), its prompt-cached tokens at
+        `cached_input`; `batch`: answered through the Batch API now, billed at its discount. A cached
+        replay (batch made or not) is costed at the normal price: the cache value does not say how
+        its answer was made."""
+        cost = call_cost(self.prices, model, prompt, completion, cached_prompt)
         return cost * BATCH_DISCOUNT if batch else cost
 
-    def _add_tokens(self, model: str, prompt: int, completion: int, cached: bool, batch: bool = False) -> None:
+    def _add_tokens(self, model: str, prompt: int, completion: int, cached: bool, batch: bool = False,
+                    cached_prompt: int = 0) -> None:
         u = self.usage
         u.prompt_tokens += prompt
+        u.cached_prompt_tokens += cached_prompt
         u.completion_tokens += completion
-        cost = self._cost(model, prompt, completion, batch)
+        cost = self._cost(model, prompt, completion, batch, cached_prompt)
         u.cost_usd += cost
+        method = BILLED_METHOD.get()
+        u.cost_by_method[method] = u.cost_by_method.get(method, 0.0) + cost
         if cached:
             u.cached_cost_usd += cost
+            u.cached_cost_by_method[method] = u.cached_cost_by_method.get(method, 0.0) + cost
         if self.tally is not None:
             self.tally.add(prompt_tokens=prompt, completion_tokens=completion, cost_usd=0.0 if cached else cost)
 
@@ -361,9 +383,11 @@ class LLMClient:
         await self.tally.ledger.reserve(self.tally.role, worst)
         return worst
 
-    async def _settle(self, held: float, model: str, prompt: int, completion: int, batch: bool = False) -> None:
+    async def _settle(self, held: float, model: str, prompt: int, completion: int, batch: bool = False,
+                      cached_prompt: int = 0) -> None:
         if self._budgeted():
-            await self.tally.ledger.settle(self.tally.role, held, self._cost(model, prompt, completion, batch))
+            await self.tally.ledger.settle(self.tally.role, held,
+                                           self._cost(model, prompt, completion, batch, cached_prompt))
 
 
     # ------------------------------------------------------------ retry loop
@@ -542,6 +566,142 @@ class LLMClient:
         self._count_call(result)
         return result
 
+    async def chat_samples(self, messages: Messages, samples: int | Sequence[int], *,
+                           schema: type[BaseModel] | None = None, validate: Callable[[Any], None] | None = None,
+                           **params: Any) -> list[LLMResult | LLMError]:
+        """Several samples of one prompt (`samples`: how many, from index 0, or their indexes), each
+        exactly what `chat(messages, sample=i)` answers, in order; a sample that failed is its
+        LLMError. The samples not yet cached go out as one request with `n` (see the module's
+        docstring); each is then parsed, validated and re-asked on its own."""
+        indexes = list(range(samples)) if isinstance(samples, int) else list(samples)
+        results: list[LLMResult | LLMError] = []
+        if len(indexes) > 1 and self._asks_n():
+            model, _ = self._sampling(indexes[0], params)
+            if schema is not None and self._known_mode(model) is None:
+                deciding = _SAMPLING_SCOUTS.setdefault(asyncio.get_running_loop(), {})
+                scout = deciding.get((self.endpoint, model))
+                if scout is not None:
+                    await asyncio.shield(scout)  # another prompt's first sample is finding the mode
+                else:
+                    # This prompt's first sample alone decides the structured mode (auto mode's
+                    # scout); its other samples, and every other prompt's, then go with `n` in it.
+                    scout = deciding[self.endpoint, model] = asyncio.get_running_loop().create_future()
+                    try:
+                        results = await self._each(messages, indexes[:1], schema, validate, params)
+                    finally:
+                        scout.set_result(None)
+                        deciding.pop((self.endpoint, model), None)
+                    indexes = indexes[1:]
+            failed = await self._prefetch(model, messages, indexes, schema, params)
+            if failed is not None:
+                for _ in indexes:
+                    self._count_call(None)
+                return results + [failed] * len(indexes)
+        return results + await self._each(messages, indexes, schema, validate, params)
+
+    async def _each(self, messages: Messages, indexes: list[int], schema: type[BaseModel] | None,
+                    validate: Callable[[Any], None] | None, params: dict[str, Any]) -> list[LLMResult | LLMError]:
+        return await gather_samples(self, messages, indexes, schema=schema, validate=validate, **params)
+
+    def _asks_n(self) -> bool:
+        """Whether this role sends a prompt's samples as one request with `n`: the config allows it,
+        not through the Batch API (one answer per line there), and the endpoint has not refused or
+        ignored `n` for the model."""
+        if not self.cfg.sample_with_n or self.cfg.batch:
+            return False
+        return "n" not in _DROPPED_PARAMS.get((self.endpoint, self.cfg.model), {})
+
+    def _known_mode(self, model: str) -> str | None:
+        """The structured mode requests of `model` go in, when already decided (no waiting)."""
+        if self.cfg.structured_mode != "auto":
+            return self.cfg.structured_mode
+        if model in self._modes:
+            return self._modes[model]
+        decision = _MODE_DECISIONS.get(asyncio.get_running_loop(), {}).get((self.endpoint, model))
+        return self._learn_mode(model, decision.mode, decision.why) if decision and decision.mode else None
+
+    async def _prefetch(self, model: str, messages: Messages, indexes: list[int], schema: type[BaseModel] | None,
+                        params: dict[str, Any]) -> LLMError | None:
+        """Ask for the samples in `indexes` that are not cached in one request with `n`, leaving each
+        choice where `chat(..., sample=i)` finds it (the cache and `_preloaded`). Returns the error
+        when that request failed for good (each sample then fails with it rather than being sent
+        again into the same failure); a refusal of `n` or fewer choices than asked leaves the rest to
+        one request each."""
+        mode = self._known_mode(model) if schema is not None else None
+        if schema is not None and mode is None:
+            return None  # the first sample could not decide the mode: each goes alone
+        conversation = messages if schema is None or mode == "json_schema" else with_schema_in_prompt(messages, schema)
+        response_format = request_format(schema, mode) if schema is not None and mode else None
+        while True:
+            dropped = await self._dropped(model)
+            if "n" in dropped:
+                return None
+            keyed = []
+            for i in indexes:
+                _, sampling = self._sampling(i, params)
+                sampling = {k: v for k, v in sampling.items() if k not in dropped}
+                keyed.append((i, sampling, chat_cache_key(self.endpoint, model, conversation, sampling,
+                                                          response_format, i)))
+            hits = await _cache_get_many(self.cache, [k for *_, k in keyed]) if self.cache is not None \
+                else [None] * len(keyed)
+            missing = [(i, sampling, key) for (i, sampling, key), hit in zip(keyed, hits)
+                       if hit is None and key not in self._preloaded]
+            if len(missing) < 2:
+                return None  # nothing to share a request
+            try:
+                await self._ask_n(model, conversation, missing, response_format)
+                return None
+            except RequestRejected as e:
+                if e.param == "seed" and "seed" not in dropped:
+                    await self._drop_param(model, "seed", e.reason)
+                    continue
+                if e.param == "n":
+                    await self._drop_param(model, "n", e.reason)
+                return None  # asked one by one, where each meets (and handles) the refusal itself
+            except LLMError as e:
+                return e
+
+    async def _ask_n(self, model: str, messages: Messages, missing: list[tuple[int, dict[str, Any], str]],
+                     response_format: dict[str, Any] | None) -> None:
+        """One request for len(missing) samples: the first missing sample's parameters with `n`."""
+        _, sampling, _ = missing[0]
+        n = len(missing)
+        body: dict[str, Any] = {"model": model, "messages": messages, **sampling, "n": n}
+        if response_format is not None:
+            body["response_format"] = response_format
+
+        async def call(client: openai.AsyncOpenAI) -> Any:
+            from openai.types.chat import ChatCompletion
+
+            return await client.post("/chat/completions", cast_to=ChatCompletion, body=body)
+
+        max_tokens = int(sampling.get("max_tokens") or 0)
+        held = await self._reserve(model, estimate_tokens(messages, 0) * 4 // 3 + 8, max_tokens * n)
+        try:
+            answer = await self._send(call, estimate_tokens(messages, max_tokens * n), _read_chat)
+        except BaseException:
+            await self._settle(held, model, 0, 0)
+            raise
+        await self._settle(held, model, answer.prompt, answer.completion, cached_prompt=answer.cached_prompt)
+        got = answer.texts[:n]
+        u = self.usage
+        u.requests += 1
+        u.sampled_requests += 1
+        u.sampled_choices += len(got)
+        self._add_tokens(model, answer.prompt, answer.completion, cached=False, cached_prompt=answer.cached_prompt)
+        # The prompt is billed once: its tokens go with the first choice; completions by length.
+        shares = _split_tokens(answer.completion, [max(1, len(t)) for t in got])
+        replies = [(key, _Reply(text, answer.prompt if j == 0 else 0, shares[j], answer.model or model, cached=False,
+                                cached_prompt_tokens=answer.cached_prompt if j == 0 else 0))
+                   for j, ((_, _, key), text) in enumerate(zip(missing, got))]
+        self._preloaded.update(replies)
+        if self.cache is not None:
+            await _cache_set_many(self.cache, [(key, _cache_value(reply)) for key, reply in replies])
+        if len(got) < n:
+            # llama-cpp-python's server answers one choice whatever `n` says: the rest go one by one,
+            # and so do this model's samples from now on.
+            await self._drop_param(model, "n", f"asked for {n} choices, the endpoint answered {len(got)}")
+
     async def _structured_samples(self, messages: Messages, schema: type[BaseModel],
                                   validate: Callable[[Any], None] | None, sample: int,
                                   params: dict[str, Any]) -> LLMResult:
@@ -706,8 +866,10 @@ class LLMClient:
             return
         why = f"the endpoint rejected {param}: {_short(reason, 160)}"
         dropped[param] = why
-        log.warning("%s rejected the parameter %r (%s); it is left out of this model's requests from now on",
-                    self.endpoint, param, _short(reason, 160))
+        # `n` only costs more when gone (one request per sample), and the embedded server ignores it.
+        log.log(logging.INFO if param == "n" else logging.WARNING,
+                "%s rejected the parameter %r (%s); it is left out of this model's requests from now on",
+                self.endpoint, param, _short(reason, 160))
         self.usage.structured_fallbacks[f"without {param}"] = why
         if self.cache is not None:
             await self.cache.set(params_cache_key(self.endpoint, model), {"rejected_params": dict(dropped),
@@ -728,7 +890,7 @@ class LLMClient:
                     await self._drop_param(model, "seed", e.reason)
                     continue
                 if e.param not in ("response_format", "seed"):
-                    # `n` and the like: no caller asks for them yet; say so once, and fail the call.
+                    # a parameter nothing drops: say so once, and fail the call.
                     self.rejected_params.setdefault(e.param, e.reason)
                 raise
 
@@ -736,18 +898,22 @@ class LLMClient:
                             response_format: dict[str, Any] | None, sample: int) -> _Reply:
         """One exact request as given: from the cache, or sent and then cached."""
         key = chat_cache_key(self.endpoint, model, messages, sampling, response_format, sample)
+        preloaded = self._preloaded.pop(key, None)
+        if preloaded is not None:
+            return preloaded  # a choice of this call's `n` request: sent and accounted there
         if self.cache is not None:
             hit = await self.cache.get(key)
             if hit is not None:
-                reply = _Reply(hit["text"], int(hit.get("prompt_tokens", 0)), int(hit.get("completion_tokens", 0)),
-                               hit.get("model") or model, cached=True)
-                self._add_tokens(model, reply.prompt_tokens, reply.completion_tokens, cached=True)
+                reply = _reply_of(hit, model)
+                self._add_tokens(model, reply.prompt_tokens, reply.completion_tokens, cached=True,
+                                 cached_prompt=reply.cached_prompt_tokens)
                 return reply
             # The same request already on its way (two rows with one prompt): share its answer
             # rather than pay twice and cache whichever came last.
             twin = await self._twin(key)
             if twin is not None:
-                self._add_tokens(model, twin.prompt_tokens, twin.completion_tokens, cached=True)
+                self._add_tokens(model, twin.prompt_tokens, twin.completion_tokens, cached=True,
+                                 cached_prompt=twin.cached_prompt_tokens)
                 return twin
         # Before the claim: a refused call leaves no twin waiting on it.
         # 3 characters a token: a worst case for the prompt as max_tokens is for the answer.
@@ -764,7 +930,8 @@ class LLMClient:
         finally:
             if pending is not None:
                 self._in_flight[asyncio.get_running_loop()].pop(key, None)
-        await self._settle(held, model, reply.prompt_tokens, reply.completion_tokens, self.cfg.batch)
+        await self._settle(held, model, reply.prompt_tokens, reply.completion_tokens, self.cfg.batch,
+                           reply.cached_prompt_tokens)
         if pending is not None:
             pending.set_result(reply)
         return reply
@@ -781,7 +948,8 @@ class LLMClient:
             if pending.done():  # that request failed or was cancelled: this one is sent on its own
                 return None
             raise  # this call itself was cancelled
-        return _Reply(reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model, cached=True)
+        return _Reply(reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model, cached=True,
+                      cached_prompt_tokens=reply.cached_prompt_tokens)
 
     def _claim(self, key: str) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -811,16 +979,17 @@ class LLMClient:
 
             # Waits in this loop's Batch API queue, holding no `max_concurrency` slot; the custom_id
             # is the cache key, and the reply is cached below exactly as a direct call's.
-            text, pt, ct, resp_model = await queue_for(self).submit(body, key)
+            answer = await queue_for(self).submit(body, key)
             self.usage.batch_calls += 1
         else:
-            text, pt, ct, resp_model = await self._send(call, estimate_tokens(messages, sampling.get("max_tokens")),
-                                                        _read_chat)
-        self._add_tokens(model, pt, ct, cached=False, batch=self.cfg.batch)
-        reply = _Reply(text, pt, ct, resp_model or model, cached=False)
+            answer = await self._send(call, estimate_tokens(messages, sampling.get("max_tokens")), _read_chat)
+        text, pt, ct, cpt, resp_model = answer.texts[0], answer.prompt, answer.completion, answer.cached_prompt, \
+            answer.model
+        self.usage.requests += 1
+        self._add_tokens(model, pt, ct, cached=False, batch=self.cfg.batch, cached_prompt=cpt)
+        reply = _Reply(text, pt, ct, resp_model or model, cached=False, cached_prompt_tokens=cpt)
         if self.cache is not None:
-            await self.cache.set(key, {"text": text, "prompt_tokens": pt, "completion_tokens": ct,
-                                       "model": reply.model})
+            await self.cache.set(key, _cache_value(reply))
         return reply
 
     # ------------------------------------------------------------ embeddings
@@ -949,19 +1118,48 @@ def _read_embeddings(resp: Any, n: int) -> tuple[list[list[float]], int]:
     return vectors, int((usage.get("prompt_tokens") if isinstance(usage, dict) else 0) or 0)
 
 
-def _read_chat(resp: Any) -> tuple[str, int, int, str]:
+@dataclass
+class _Answer:
+    """A chat completion's choices (by index) and usage: prompt tokens once, completion tokens over
+    every choice, and the prompt tokens the endpoint served from its prompt cache."""
+
+    texts: list[str]
+    prompt: int
+    completion: int
+    cached_prompt: int
+    model: str
+
+
+def _read_chat(resp: Any) -> _Answer:
     choices = getattr(resp, "choices", None)
-    if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
+    if not isinstance(choices, list) or not choices or any(getattr(c, "message", None) is None for c in choices):
         raise MalformedResponse(f"no choices in {_describe_body(resp)}")
-    msg = choices[0].message
-    text = msg.content
-    if text is None:
-        refusal = getattr(msg, "refusal", None)
-        text = "" if not refusal else f"(refused: {refusal})"
+    texts = []
+    for choice in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0):
+        msg = choice.message
+        text = msg.content
+        if text is None:
+            refusal = getattr(msg, "refusal", None)
+            text = "" if not refusal else f"(refused: {refusal})"
+        texts.append(text)
     usage = getattr(resp, "usage", None)
-    pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-    ct = int(getattr(usage, "completion_tokens", 0) or 0)
-    return text, pt, ct, getattr(resp, "model", "") or ""
+    details = getattr(usage, "prompt_tokens_details", None)
+    return _Answer(texts, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0),
+                   int(getattr(details, "cached_tokens", 0) or 0), getattr(resp, "model", "") or "")
+
+
+def _reply_of(hit: dict[str, Any], model: str) -> _Reply:
+    """A cached chat value as a reply (marked cached)."""
+    return _Reply(hit["text"], int(hit.get("prompt_tokens", 0)), int(hit.get("completion_tokens", 0)),
+                  hit.get("model") or model, cached=True, cached_prompt_tokens=int(hit.get("cached_prompt_tokens", 0)))
+
+
+def _cache_value(reply: _Reply) -> dict[str, Any]:
+    value = {"text": reply.text, "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+             "model": reply.model}
+    if reply.cached_prompt_tokens:
+        value["cached_prompt_tokens"] = reply.cached_prompt_tokens
+    return value
 
 
 def _split_tokens(total: int, weights: list[int]) -> list[int]:

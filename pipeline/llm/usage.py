@@ -10,7 +10,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterator, Mapping
+from typing import Any, Awaitable, Iterator, Mapping, TypeVar
+
+
+_WRITTEN_WHEN_SET = ("batch_calls", "requests", "sampled_requests", "sampled_choices", "cached_prompt_tokens",
+                     "cost_by_method", "cached_cost_by_method")
 
 
 @dataclass
@@ -58,8 +62,11 @@ class Usage:
         d["cached_cost_usd"] = round(d["cached_cost_usd"], 8)
         for k in ("cost_by_method", "cached_cost_by_method"):
             d[k] = {m: round(v, 8) for m, v in d[k].items()}
-        if not d["batch_calls"]:  # written only by roles in batch mode: other manifests keep their layout
-            del d["batch_calls"]
+        # Written only when used (batch mode, n, prompt caching, any call at all): a manifest
+        # written before these existed reads and writes back in its own layout.
+        for k in _WRITTEN_WHEN_SET:
+            if not d[k]:
+                del d[k]
         return d
 
     @classmethod
@@ -118,3 +125,12 @@ def billed_to(method: str) -> Iterator[None]:
         yield
     finally:
         BILLED_METHOD.reset(token)
+
+
+T = TypeVar("T")
+
+
+async def costed_to(method: str, work: Awaitable[T]) -> T:
+    """`work` with its calls costed to `method` (a task of its own, e.g. one row of a gather)."""
+    with billed_to(method):
+        return await work

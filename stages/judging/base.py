@@ -4,12 +4,13 @@ judge re-runs only judging and the report."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.failures import attempt, row_or_failure
+from pipeline.failures import attempt, failure, row_or_failure
+from pipeline.llm.types import LLMError
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.method_stages import respond_stage_name
@@ -54,23 +55,39 @@ class JudgeStage(EpisodeStage):
                 "prompt_fingerprint": prompt_fingerprint(self.prompts), "judge_model": ctx.llm.cfg.model}
 
 
+def sampled_rows(rows: Rows, fields: tuple[str, ...], judgments: Sequence[tuple | LLMError]) -> Rows:
+    """`rows` (one per sample) each filled from its sample's judgment, as `judged_row` does, or with
+    the failure columns where that sample failed."""
+    return [{**row, **failure(j)} if isinstance(j, LLMError) else _filled(row, fields, j)
+            for row, j in zip(rows, judgments, strict=True)]
+
+
+def sampled_criteria_rows(rows_per_sample: Sequence[Rows], fields: tuple[str, ...],
+                          judgments: Sequence[tuple | LLMError]) -> Rows:
+    """One group of rows (one per criterion) per sample, each group filled from its sample's one
+    judgment of every criterion: a value given as {criterion: value} goes to each row by its
+    criterion (any other value is shared by all); a failed sample fails each row of its group."""
+    out: Rows = []
+    for rows, j in zip(rows_per_sample, judgments, strict=True):
+        out += [{**r, **failure(j)} for r in rows] if isinstance(j, LLMError) else _filled_criteria(rows, fields, j)
+    return out
+
+
+def _filled(row: dict[str, Any], fields: tuple[str, ...], judgment: tuple) -> dict[str, Any]:
+    *values, model = judgment
+    return {**row, **dict(zip(fields, values)), "judge_model": model or row["judge_model"]}
+
+
+def _filled_criteria(rows: Rows, fields: tuple[str, ...], judgment: tuple) -> Rows:
+    *values, model = judgment
+    return [{**r, **{f: v[r["criterion"]] if isinstance(v, dict) else v for f, v in zip(fields, values)},
+             "judge_model": model or r["judge_model"]} for r in rows]
+
+
 async def judged_row(row: dict[str, Any], fields: tuple[str, ...], judgment: Awaitable[tuple]) -> dict[str, Any]:
     """`row` with a judgment's values under `fields` (its last value is the model that answered), or
     with the failure columns when the judge could not answer."""
     async def filled() -> dict[str, Any]:
-        *values, model = await judgment
-        return {**dict(zip(fields, values)), "judge_model": model or row["judge_model"]}
+        return _filled(row, fields, await judgment)
 
     return await row_or_failure(row, filled())
-
-
-async def judged_rows(rows: Rows, fields: tuple[str, ...], judgment: Awaitable[tuple]) -> Rows:
-    """`rows`, one per criterion, filled from one call that judged every criterion: as `judged_row`,
-    except that a value given as {criterion: value} goes to each row by its criterion (any other
-    value is shared by all); when the judge could not answer, every row carries the failure columns."""
-    result, failed = await attempt(judgment)
-    if result is None:
-        return [{**r, **failed} for r in rows]
-    *values, model = result
-    return [{**r, **{f: v[r["criterion"]] if isinstance(v, dict) else v for f, v in zip(fields, values)},
-             "judge_model": model or r["judge_model"]} for r in rows]

@@ -28,6 +28,7 @@ from pydantic import Field
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
+from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, judged_row
 from stages.methods.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
@@ -170,7 +171,7 @@ class JudgeAnswersStage(JudgeStage):
                                                 **params)
             return await judged_row(row, ("score", "reason"), judgment)
 
-        jobs = [one(p, m, j) for p in probes for m in self.methods
+        jobs = [costed_to(m, one(p, m, j)) for p in probes for m in self.methods
                 for j in answers.judges_for(p["kind"], settings.correctness, settings.score_0_100)]
         return {"answer_judgments": list(await asyncio.gather(*jobs))}
 

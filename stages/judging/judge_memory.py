@@ -22,7 +22,8 @@ from pipeline.retrieval import within_tokens
 from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.judging import memory_quality
-from stages.judging.base import JudgeSettings, JudgeStage, judged_row, judged_rows
+from pipeline.llm.usage import billed_to
+from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
 from stages.method_stages import memory_stage_name
 from stages.methods.dialogue import format_unit, sessions_of
 
@@ -122,29 +123,33 @@ class JudgeMemoryStage(JudgeStage):
                     "memory_truncated": len(shown) < len(lines),
                     "dialogue_sessions_shown": dialogue.sessions_shown, "dialogue_truncated": dialogue.truncated})
 
-        async def one(method: str, speaker: str, criterion: str, s: int) -> dict[str, Any]:
-            memory, seen = memories[method, speaker]
-            row = {**stamp, "method": method, "speaker": speaker, "criterion": criterion,
-                   "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None, **seen, **NO_FAILURE}
-            return await judged_row(row, ("score",), memory_quality.rate_memory(
-                ctx.llm, criterion, speaker, memory, dialogue.text, sample=s, **params))
+        def blank(method: str, speaker: str, criterion: str, s: int) -> dict[str, Any]:
+            return {**stamp, "method": method, "speaker": speaker, "criterion": criterion,
+                    "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None,
+                    **memories[method, speaker][1], **NO_FAILURE}
 
-        async def every(method: str, speaker: str, s: int) -> list[dict[str, Any]]:
-            memory, seen = memories[method, speaker]
-            rows = [{**stamp, "method": method, "speaker": speaker, "criterion": c,
-                     "group": memory_quality.CRITERIA[c][0], "sample": s, "score": None, **seen, **NO_FAILURE}
-                    for c in settings.criteria]
-            return await judged_rows(rows, ("score",), memory_quality.rate_memory_all(
-                ctx.llm, settings.criteria, speaker, memory, dialogue.text, sample=s,
-                **{**params, "max_tokens": settings.max_tokens * len(settings.criteria)}))
+        # B.2's N ratings of one prompt are N samples of it: one request with `n` (pipeline.llm.client).
+        async def rated(method: str, speaker: str, criterion: str) -> Rows:
+            with billed_to(method):
+                judgments = await memory_quality.rate_memory(
+                    ctx.llm, criterion, speaker, memories[method, speaker][0], dialogue.text,
+                    samples=settings.samples, **params)
+            return sampled_rows([blank(method, speaker, criterion, s) for s in range(settings.samples)], ("score",),
+                                judgments)
+
+        async def rated_all(method: str, speaker: str) -> Rows:
+            with billed_to(method):
+                judgments = await memory_quality.rate_memory_all(
+                    ctx.llm, settings.criteria, speaker, memories[method, speaker][0], dialogue.text,
+                    samples=settings.samples, **{**params, "max_tokens": settings.max_tokens * len(settings.criteria)})
+            return sampled_criteria_rows([[blank(method, speaker, c, s) for c in settings.criteria]
+                                          for s in range(settings.samples)], ("score",), judgments)
 
         if settings.per_call == "all":  # one call per (speaker, memory, sample): they share the criteria prefix
-            calls = [every(m, sp, s) for sp in speakers for m in views for s in range(settings.samples)]
-            by_call = await asyncio.gather(*calls)
+            by_call = await asyncio.gather(*(rated_all(m, sp) for sp in speakers for m in views))
             order = {(m, sp): i for i, (m, sp) in enumerate((m, sp) for m in views for sp in speakers)}
             rows = sorted((r for part in by_call for r in part), key=lambda r: (
                 order[r["method"], r["speaker"]], settings.criteria.index(r["criterion"]), r["sample"]))
             return {"memory_judgments": rows}
-        jobs = [one(m, sp, c, s) for m in views for sp in speakers for c in settings.criteria
-                for s in range(settings.samples)]
-        return {"memory_judgments": list(await asyncio.gather(*jobs))}
+        parts = await asyncio.gather(*(rated(m, sp, c) for m in views for sp in speakers for c in settings.criteria))
+        return {"memory_judgments": [r for part in parts for r in part]}

@@ -35,7 +35,8 @@ from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.methods.dialogue import format_unit, last_turns, sessions_of
 from stages.judging import pairwise
-from stages.judging.base import JudgeSettings, JudgeStage, judged_row, judged_rows
+from pipeline.llm.usage import billed_to
+from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
 from stages.probes import sample
 
 Criterion = Literal["specificity", "memorability", "consistency"]
@@ -203,42 +204,58 @@ class JudgePairwiseStage(JudgeStage):
             dialogue = transcript(current) if current else f"(question) {probe['request']}"
             return dialogue, ref["response"], oth["response"], past.text if past else None
 
-        async def one(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
-            row, pair = blank(probe, other, criterion, reference_first, s), judged(probe, other)
-            if isinstance(pair, str):
-                return {**row, "error": pair}
-            dialogue, ref, oth, past = pair
-            return await judged_row(row, ("preferred", "reason"), pairwise.judge_pair(
-                ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                past_sessions=past, explain=settings.explain, protocol=protocol, sample=s,
-                length_rule=settings.length_rule, **params))
+        def shown(probe: dict[str, Any], other: str, criterion: str) -> list[tuple[bool, int]]:
+            """(reference shown first, sample) of each judgment of one item, in the table's order."""
+            if protocol == "both_orders":
+                return [(first, s) for first in (True, False) for s in range(samples)]
+            return [(reference_shown_first(settings.seed, episode_id, probe["probe_id"], other, criterion, s), s)
+                    for s in range(samples)]
 
-        async def every(probe: dict[str, Any], other: str, reference_first: bool, s: int) -> list[dict]:
-            rows, pair = [blank(probe, other, c, reference_first, s) for c in criteria], judged(probe, other)
-            if isinstance(pair, str):
-                return [{**r, "error": pair} for r in rows]
-            dialogue, ref, oth, past = pair
-            return await judged_rows(rows, ("preferred", "reason"), pairwise.judge_pair_all(
-                ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                past_sessions=past, explain=settings.explain, sample=s, length_rule=settings.length_rule,
-                **{**params, "max_tokens": settings.max_tokens * len(criteria)}))
+        # The samples of one item shown in one order share a prompt: one request with `n` for them
+        # (pipeline.llm.client); CREEM's draw per sample splits an item's samples into two such prompts.
+        async def pair(probe: dict[str, Any], other: str, criterion: str) -> Rows:
+            slots, judged_pair = shown(probe, other, criterion), judged(probe, other)
+            rows = {(first, s): blank(probe, other, criterion, first, s) for first, s in slots}
+            if isinstance(judged_pair, str):
+                return [{**rows[slot], "error": judged_pair} for slot in slots]
+            dialogue, ref, oth, past = judged_pair
+
+            async def in_order(first: bool, indexes: list[int]) -> Rows:
+                with billed_to(other):
+                    judgments = await pairwise.judge_pair(
+                        ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=first,
+                        past_sessions=past, explain=settings.explain, protocol=protocol, samples=indexes,
+                        length_rule=settings.length_rule, **params)
+                return sampled_rows([rows[first, s] for s in indexes], ("preferred", "reason"), judgments)
+
+            orders = {first: [s for f, s in slots if f == first] for first in (True, False)}
+            for part in await asyncio.gather(*(in_order(f, ix) for f, ix in orders.items() if ix)):
+                rows.update({(r["reference_first"], r["sample"]): r for r in part})
+            return [rows[slot] for slot in slots]
+
+        async def every(probe: dict[str, Any], other: str, reference_first: bool) -> Rows:
+            groups = [[blank(probe, other, c, reference_first, s) for c in criteria] for s in range(samples)]
+            judged_pair = judged(probe, other)
+            if isinstance(judged_pair, str):
+                return [{**r, "error": judged_pair} for rows in groups for r in rows]
+            dialogue, ref, oth, past = judged_pair
+            with billed_to(other):
+                judgments = await pairwise.judge_pair_all(
+                    ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
+                    past_sessions=past, explain=settings.explain, samples=samples, length_rule=settings.length_rule,
+                    **{**params, "max_tokens": settings.max_tokens * len(criteria)})
+            return sampled_criteria_rows(groups, ("preferred", "reason"), judgments)
 
         if settings.per_call == "all":  # rows in the same order as one call per criterion
-            calls = [every(p, o, first, s) for p in probes for o in others for first in (True, False)
-                     for s in range(samples)]
+            calls = [every(p, o, first) for p in probes for o in others for first in (True, False)]
             rows = [r for part in await asyncio.gather(*calls) for r in part]
             rank = {c: i for i, c in enumerate(criteria)}
             order = {(p["probe_id"], o): i for i, (p, o) in enumerate((p, o) for p in probes for o in others)}
             rows.sort(key=lambda r: (order[r["probe_id"], r["other"]], rank[r["criterion"]], not r["reference_first"],
                                      r["sample"]))
             return {"pairwise_judgments": rows}
-        if protocol == "both_orders":
-            jobs = [one(p, o, c, first, s) for p in probes for o in others for c in criteria
-                    for first in (True, False) for s in range(samples)]
-        else:
-            jobs = [one(p, o, c, reference_shown_first(settings.seed, episode_id, p["probe_id"], o, c, s), s)
-                    for p in probes for o in others for c in criteria for s in range(samples)]
-        return {"pairwise_judgments": list(await asyncio.gather(*jobs))}
+        parts = await asyncio.gather(*(pair(p, o, c) for p in probes for o in others for c in criteria))
+        return {"pairwise_judgments": [r for part in parts for r in part]}
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         rows = produced["pairwise_judgments"]

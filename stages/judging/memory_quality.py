@@ -7,8 +7,9 @@ Each definition carries every element of B.2's, reworded, about `{speaker}`. B.2
 criterion's prompt has its own evaluation steps but does not print them: the steps below are ours
 (G-Eval style, 3-4 per criterion). The wording is ours throughout.
 
-`build_messages` is B.2's one prompt per criterion; `build_all_messages` (ours, for small runs) asks
-for every criterion at once, each with its definition and steps, in one call."""
+`build_messages` is B.2's one prompt per criterion, in G-Eval's order (criterion and steps before
+the input); `build_all_messages` (ours, for small runs) asks for every criterion at once, each with
+its definition and steps, in one call."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import ChatLLM, LLMError, Messages, ask_samples
 
 # criterion -> (group, definition). B.2's elements, in our words.
 CRITERIA = {
@@ -128,12 +129,11 @@ class Rating(BaseModel):
 
 
 def build_messages(criterion: str, speaker: str, memory: str, dialogue: str) -> Messages:
-    """Messages rating `speaker`'s memory on one criterion. The dialogue and the memory come first,
-    the criterion and its steps last, so the ratings of one memory share a prompt prefix."""
-    steps = "\n".join(f"{i}. {s.format(speaker=speaker)}" for i, s in enumerate(STEPS[criterion], 1))
-    user = (f"Dialogue:\n{dialogue or '(empty)'}\n\nPerson: {speaker}\n\nMemory about {speaker}:\n"
-            f"{memory or '(empty)'}\n\nCriterion. {CRITERIA[criterion][1].format(speaker=speaker)}\n\n"
-            f"Evaluation steps:\n{steps}\n\n" + 'Reply in JSON: {"score": 1-5}.')
+    """Messages rating `speaker`'s memory on one criterion, in G-Eval's order (which B.2 follows):
+    the criterion and its steps, then the dialogue, then the memory rated. The methods' memories of
+    one speaker rated on one criterion share the prefix up to the memory (the whole dialogue)."""
+    user = (f"Person: {speaker}\n\n{criterion_text(criterion, speaker)}\n\nDialogue:\n{dialogue or '(empty)'}"
+            f"\n\nMemory about {speaker}:\n{memory or '(empty)'}\n\n" + 'Reply in JSON: {"score": 1-5}.')
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -166,19 +166,23 @@ def ratings_schema(n: int) -> type[BaseModel]:
     return create_model("Ratings", scores=(list[Score], Field(min_length=n, max_length=n)))  # type: ignore[call-overload]
 
 
+Judgment = tuple[Any, str]  # (score or {criterion: score}, the judge model)
+
+
 async def rate_memory_all(llm: ChatLLM, criteria: Sequence[str], speaker: str, memory: str, dialogue: str, *,
-                          sample: int = 0, **params: Any) -> tuple[dict[str, int], str]:
-    """One sample's 1-5 rating of `memory` on every criterion in one call: {criterion: score}, and the
-    judge model."""
-    result = await llm.chat(build_all_messages(criteria, speaker, memory, dialogue),
-                            schema=ratings_schema(len(criteria)), sample=sample, **params)
-    return dict(zip(criteria, result.parsed.scores)), result.model
+                          samples: int | Sequence[int] = 1, **params: Any) -> list[Judgment | LLMError]:
+    """Each sample's 1-5 rating of `memory` on every criterion in one call: ({criterion: score}, the
+    judge model), or the sample's LLMError. The samples of one prompt go as one request with `n`
+    where the endpoint takes it (pipeline.llm.client)."""
+    results = await ask_samples(llm, build_all_messages(criteria, speaker, memory, dialogue), samples,
+                                schema=ratings_schema(len(criteria)), **params)
+    return [r if isinstance(r, LLMError) else (dict(zip(criteria, r.parsed.scores)), r.model) for r in results]
 
 
-async def rate_memory(llm: ChatLLM, criterion: str, speaker: str, memory: str, dialogue: str, *, sample: int = 0,
-                      **params: Any) -> tuple[int, str]:
-    """One sample's 1-5 rating of `memory` (the lines about `speaker`) against `dialogue`, and the
-    judge model."""
-    result = await llm.chat(build_messages(criterion, speaker, memory, dialogue), schema=Rating, sample=sample,
-                            **params)
-    return result.parsed.score, result.model
+async def rate_memory(llm: ChatLLM, criterion: str, speaker: str, memory: str, dialogue: str, *,
+                      samples: int | Sequence[int] = 1, **params: Any) -> list[Judgment | LLMError]:
+    """Each sample's 1-5 rating of `memory` (the lines about `speaker`) against `dialogue`: (score, the
+    judge model), or the sample's LLMError (B.2's 20 ratings: one prompt, 20 samples)."""
+    results = await ask_samples(llm, build_messages(criterion, speaker, memory, dialogue), samples, schema=Rating,
+                                **params)
+    return [r if isinstance(r, LLMError) else (r.parsed.score, r.model) for r in results]

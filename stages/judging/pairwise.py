@@ -16,11 +16,11 @@ All wording is ours.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import ChatLLM, LLMError, Messages, ask_samples
 
 CRITERIA = {
     "specificity": "Specificity: the response is concrete and particular to this conversation and this "
@@ -102,8 +102,10 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
 
     past_sessions: the earlier sessions as text ("" when there were none); None leaves them out.
     length_rule (both_orders): tell the judge that length alone is no merit.
-    The long shared parts (past, current session) come first and the criterion last, so calls on
-    the same probe share a prompt prefix."""
+    Order: `creem` keeps App. B.1's (criterion and instruction, then past and current sessions, then
+    the options), whose prefix the pairs of one probe and criterion share; `both_orders` (ours)
+    puts the long shared parts (past, current session) first and the criterion last, so every call
+    on the same probe shares a prompt prefix."""
     creem = protocol == "creem"
     past = "" if past_sessions is None else f"Earlier sessions:\n{past_sessions or NO_PAST}\n\n"
     definition = (CREEM_CRITERIA if creem else CRITERIA)[criterion]
@@ -115,10 +117,13 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
     else:
         ask = ""
         why = ', "reason": one short sentence}.'
-    user = (f"{past}Current session:\n{dialogue}\n\n"
-            f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
-            f"Criterion. {definition}\n\n" + (f"{ask}\n" if ask else "")
-            + 'Reply in JSON: {"better": ' + options + (why if explain else "}."))
+    shared = f"{past}Current session:\n{dialogue}\n\n"
+    candidates = f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
+    answer = 'Reply in JSON: {"better": ' + options + (why if explain else "}.")
+    if creem:
+        user = f"Criterion. {definition}\n\n{ask}\n\n{shared}{candidates}{answer}"
+    else:
+        user = f"{shared}{candidates}Criterion. {definition}\n\n{answer}"
     return [{"role": "system", "content": CREEM_SYSTEM if creem else system_prompt(SYSTEM, length_rule)},
             {"role": "user", "content": user}]
 
@@ -157,30 +162,37 @@ def preferred_side(verdict: str, reference_first: bool) -> str:
     return "reference" if (verdict == "A") == reference_first else "other"
 
 
+Judgment = tuple[Any, str | None, str]  # (preferred side or {criterion: side}, reason, judge model)
+
+
 async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speaker: str, reference: str,
                          other: str, *, reference_first: bool, past_sessions: str | None = None,
-                         explain: bool = True, sample: int = 0, length_rule: bool = True,
-                         **params: Any) -> tuple[dict[str, str], str | None, str]:
-    """One judgment of (reference, other) on every criterion at once: {criterion: preferred side},
-    the judge's reason (None unless `explain`) and the judge model."""
+                         explain: bool = True, samples: int | Sequence[int] = 1, length_rule: bool = True,
+                         **params: Any) -> list[Judgment | LLMError]:
+    """Each sample's judgment of (reference, other) on every criterion at once: ({criterion:
+    preferred side}, the judge's reason (None unless `explain`), the judge model), or the sample's
+    LLMError."""
     a, b = (reference, other) if reference_first else (other, reference)
-    result = await llm.chat(build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain, length_rule),
-                            schema=all_verdicts_schema(len(criteria), explain), sample=sample, **params)
-    verdicts = result.parsed
-    sides = {c: preferred_side(v, reference_first) for c, v in zip(criteria, verdicts.better)}
-    return sides, getattr(verdicts, "reason", None), result.model
+    results = await ask_samples(llm, build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain,
+                                                        length_rule),
+                                samples, schema=all_verdicts_schema(len(criteria), explain), **params)
+    return [r if isinstance(r, LLMError) else
+            ({c: preferred_side(v, reference_first) for c, v in zip(criteria, r.parsed.better)},
+             getattr(r.parsed, "reason", None), r.model) for r in results]
 
 
 async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
                      *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
-                     protocol: str = "both_orders", sample: int = 0, length_rule: bool = True,
-                     **params: Any) -> tuple[str, str | None, str]:
-    """One judgment of (reference, other) shown in the given order. Returns the preferred side
+                     protocol: str = "both_orders", samples: int | Sequence[int] = 1, length_rule: bool = True,
+                     **params: Any) -> list[Judgment | LLMError]:
+    """Each sample's judgment of (reference, other) shown in the given order: the preferred side
     ("reference" | "other" | "tie"; never "tie" under `creem`), the judge's reason (None unless
-    `explain`), and the judge model."""
+    `explain`) and the judge model; or the sample's LLMError. The samples share one prompt, so they
+    go as one request with `n` where the endpoint takes it."""
     a, b = (reference, other) if reference_first else (other, reference)
-    result = await llm.chat(build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain, protocol,
-                                           length_rule),
-                            schema=answer_schema(protocol, explain), sample=sample, **params)
-    verdict = result.parsed
-    return preferred_side(verdict.better, reference_first), getattr(verdict, "reason", None), result.model
+    results = await ask_samples(llm, build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain,
+                                                    protocol, length_rule),
+                                samples, schema=answer_schema(protocol, explain), **params)
+    return [r if isinstance(r, LLMError) else
+            (preferred_side(r.parsed.better, reference_first), getattr(r.parsed, "reason", None), r.model)
+            for r in results]

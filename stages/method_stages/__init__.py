@@ -26,6 +26,7 @@ class MethodStage(EpisodeStage):
         self.inputs = inputs
         self.roles = (role,)
         self.uses_embedder = method.uses_embedder
+        self.billed_method = method.name
         self.prompts = dict(method.prompts)
 
     def code_roots(self) -> tuple[str, ...]:
