@@ -194,3 +194,15 @@ def test_prompts_sampled_at_once_wait_for_one_mode_decision_then_each_goes_in_on
     assert all(len(r) == 20 and not any(isinstance(x, LLMError) for x in r) for r in rated)
     assert sorted(b.get("n") or 1 for b in chats(fake_llm)) == [1, *[19], *[20] * 6]
     assert client.usage.calls / client.usage.requests == 140 / 8
+
+
+def test_two_calls_sampling_one_prompt_at_once_send_one_request(fake_llm: FakeOpenAI, tmp_path) -> None:
+    fake_llm.responder = seeded_score
+    client = client_for(fake_llm, tmp_path, structured_mode="json_schema")
+
+    async def twice() -> list[Any]:
+        return await asyncio.gather(*(memory_quality.rate_memory(
+            client, "diversity", "Ann", "(empty)", DIALOGUE, samples=10, temperature=1.0) for _ in range(2)))
+
+    first, second = asyncio.run(twice())
+    assert first == second and len(first) == 10 and [b.get("n") for b in chats(fake_llm)] == [10]

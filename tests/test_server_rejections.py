@@ -24,7 +24,7 @@ import pipeline.llm.client as client_module
 from conftest import llm_config
 from fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
-from pipeline.llm import DiskCallCache, LLMClient, LLMError, LocalRateLimiter
+from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter
 from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
 from pipeline.llm.structured import RequestRejected, rejected_param
 
@@ -373,3 +373,22 @@ def test_llama_cpp_servers_own_500_steps_the_role_down_after_one_rejected_reques
     assert client.usage.structured_modes == {"json_object": 3} and client.usage.retries == 0
     assert "json_schema" in client.usage.structured_fallbacks["json_object"]
     assert not ledger.book.health.get(client.endpoint) or not ledger.book.health[client.endpoint].outages
+
+
+def test_llama_cpp_servers_single_choice_for_n_gets_the_rest_asked_one_by_one(llama_server, tmp_path) -> None:
+    base_url, _ = llama_server
+    cfg = LLMConfig(provider="openai", base_url=base_url, model="smollm2", api_key_env=None,
+                    cache_dir=str(tmp_path / "cache"), max_tokens=8, temperature=1.0, timeout_s=120, max_outage_s=60)
+    client = LLMClient(cfg, cache=DiskCallCache(cfg.cache_dir), limiter=LocalRateLimiter(), section="judge")
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        first = await client.chat_samples(msgs("Name a colour."), 4)
+        return first, await client.chat_samples(msgs("Name a fruit."), 3)
+
+    first, second = run(go(), timeout=300)
+    assert all(isinstance(r, LLMResult) for r in first + second) and (len(first), len(second)) == (4, 3)
+    u = client.usage
+    # One request with n=4 came back with one choice: the other three went alone, and so did the
+    # next prompt's samples (no second n request).
+    assert (u.requests, u.sampled_requests, u.sampled_choices) == (7, 1, 1)
+    assert "answered 1" in u.structured_fallbacks["without n"]

@@ -289,6 +289,7 @@ class LLMClient:
         # Cache key -> a sample's reply that came as one choice of an `n` request (chat_samples),
         # already accounted, until its own chat call takes it (works with the cache off too).
         self._preloaded: dict[str, _Reply] = {}
+        self._prefetching: dict[str, asyncio.Future] = {}  # cache key -> its `n` request's completion
 
     def __repr__(self) -> str:
         return (f"LLMClient(model={self.cfg.model!r}, endpoint={self.endpoint!r}, "
@@ -644,12 +645,15 @@ class LLMClient:
                                                           response_format, i)))
             hits = await _cache_get_many(self.cache, [k for *_, k in keyed]) if self.cache is not None \
                 else [None] * len(keyed)
+            # Samples another call of the same prompt is asking for right now: wait for its answer.
+            theirs = {id(f): f for *_, key in keyed if (f := self._prefetching.get(key)) is not None}
             missing = [(i, sampling, key) for (i, sampling, key), hit in zip(keyed, hits)
-                       if hit is None and key not in self._preloaded]
-            if len(missing) < 2:
-                return None  # nothing to share a request
+                       if hit is None and key not in self._preloaded and key not in self._prefetching]
             try:
-                await self._ask_n(model, conversation, missing, response_format)
+                if len(missing) >= 2:  # else nothing shares a request
+                    await self._ask_n_once(model, conversation, missing, response_format)
+                if theirs:
+                    await asyncio.gather(*(asyncio.shield(f) for f in theirs.values()))
                 return None
             except RequestRejected as e:
                 if e.param == "seed" and "seed" not in dropped:
@@ -660,6 +664,25 @@ class LLMClient:
                 return None  # asked one by one, where each meets (and handles) the refusal itself
             except LLMError as e:
                 return e
+
+    async def _ask_n_once(self, model: str, messages: Messages, missing: list[tuple[int, dict[str, Any], str]],
+                          response_format: dict[str, Any] | None) -> None:
+        """`_ask_n`, its samples marked as being asked (an identical prompt sampled at the same time
+        waits for them rather than pay twice)."""
+        done = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        keys = [key for *_, key in missing]
+        self._prefetching.update(dict.fromkeys(keys, done))
+        try:
+            await self._ask_n(model, messages, missing, response_format)
+        except BaseException as e:
+            done.set_exception(e) if not isinstance(e, asyncio.CancelledError) else done.cancel()
+            raise
+        else:
+            done.set_result(None)
+        finally:
+            for key in keys:
+                self._prefetching.pop(key, None)
 
     async def _ask_n(self, model: str, messages: Messages, missing: list[tuple[int, dict[str, Any], str]],
                      response_format: dict[str, Any] | None) -> None:
