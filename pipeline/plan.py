@@ -32,15 +32,23 @@ How much (per stage that would run and has LLM roles):
    `completion_fraction` (0.5) of each request's max_tokens, and calls and prompt tokens stay counted.
 4. Cost: tokens x the role's price (`pipeline.llm.prices`: the default table, the config's
    `llm.prices` / `roles.<r>.prices` over it; `batch: true` roles at the batch discount). The cache is
-   not consulted: a call the cache already holds is free in the run but counted here.
+   not consulted: a call the cache already holds is free in the run but counted here. Prompt tokens
+   the endpoint would serve from its prompt cache are priced at `cached_input`: their share of each
+   (stage, role)'s prompt tokens is the dry run's (`Usage.cached_prompt_tokens`: the simulated
+   endpoint applies OpenAI's rule to the prompts it is sent), so it is estimated from the prompt
+   structure, not measured.
+5. Where the money goes: per method of the run, the cost of its memory and respond stages and its
+   share of each judge stage. A (stage, role)'s cost is split by the dry run's `Usage.cost_by_method`
+   (the judges bill each judged row to its method); where the dry run has none, a stage built for one
+   method (`memory_<m>`, `respond_<m>`) is wholly that method's and any other stage is `(shared)`.
 
 The estimate is also written to `<run_dir>/_plan.json`, which the live progress line of `mempipe run`
 reads (calls done / expected, `pipeline.progress.planned_calls`) when a stage's fingerprint matches:
 
     {"created_at": ISO time, "run_dir": str, "method": {...},
-     "stages": {name: {"fingerprint": str, "calls": int, "prompt_tokens": int,
+     "stages": {name: {"fingerprint": str, "calls": int, "prompt_tokens": int, "cached_prompt_tokens": int,
                        "completion_tokens": int, "cost_usd": float}},   # the stages that would run
-     "total": {"calls", "prompt_tokens", "completion_tokens", "cost_usd"}}
+     "total": {"calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "cost_usd"}}
 
 `calls` counts every call the stage's clients make, answered or failed, embeddings one per text (as
 the manifests' `calls + failed_calls` and the run's ledger count them). With `embedding.provider:
@@ -70,7 +78,7 @@ from pipeline.artifacts import MANIFEST, StageDir, atomic_write_json, make_dirs,
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.llm.prices import BATCH_DISCOUNT, cost_usd, prices_for, role_prices
-from pipeline.llm.usage import Usage
+from pipeline.llm.usage import SHARED, Usage, method_shares, stage_kind
 from pipeline.manifest import Manifest
 from pipeline.progress import PLAN_FILE
 from pipeline.stage import EMBEDDER_ROLE, GlobalStage, Stage
@@ -81,7 +89,9 @@ log = logging.getLogger("mempipe")
 SIM_KEY_ENV = "MEMPIPE_SIMULATED_KEY"  # the dry run's roles read their (dummy) API key here
 DEFAULT_SAMPLE = 20
 DEFAULT_COMPLETION_FRACTION = 0.5
-TOTAL_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd")
+TOTAL_KEYS = ("calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "cost_usd")
+CACHED_PROMPT_RULE = ("estimated from the prompt structure: OpenAI caches prompts of >= 1024 tokens, the prefix "
+                      "another request already sent, in 128-token steps; priced at the model's cached_input")
 
 Registry = Callable[[RunConfig], Mapping[str, Stage]]
 
@@ -100,6 +110,8 @@ class RoleEstimate:
     price: dict[str, float] | None = None  # USD per 1M tokens, batch discount applied
     method: dict[str, str] = field(default_factory=dict)  # per quantity: how it was estimated
     counted: dict[str, float] = field(default_factory=dict)  # the dry run's raw counts
+    cached_prompt_tokens: float = 0.0  # of prompt_tokens, those the prompt cache would serve
+    by_method: dict[str, float] = field(default_factory=dict)  # cost_usd per method label (SHARED: no one's)
 
 
 @dataclass
@@ -110,14 +122,13 @@ class StageEstimate:
     fingerprint: str
     runs: bool
     roles: list[RoleEstimate] = field(default_factory=list)
+    owner: str = ""  # the method the stage is built for ("": none)
 
     def total(self) -> dict[str, float]:
         out = {k: 0.0 for k in TOTAL_KEYS}
         for r in self.roles:
-            out["calls"] += r.calls
-            out["prompt_tokens"] += r.prompt_tokens
-            out["completion_tokens"] += r.completion_tokens
-            out["cost_usd"] += r.cost_usd or 0.0
+            for k in TOTAL_KEYS:
+                out[k] += getattr(r, k) or 0.0
         return out
 
 
@@ -137,10 +148,38 @@ class Plan:
                     out[k] += v
         return out
 
+    def by_role(self) -> dict[str, dict[str, float]]:
+        """TOTAL_KEYS per LLM role over the stages that run."""
+        out: dict[str, dict[str, float]] = {}
+        for s in self.stages:
+            for r in s.roles if s.runs else []:
+                row = out.setdefault(r.role, {k: 0.0 for k in TOTAL_KEYS})
+                for k in TOTAL_KEYS:
+                    row[k] += getattr(r, k) or 0.0
+        return out
+
+    def by_method(self) -> dict[str, dict[str, Any]]:
+        """Where the money goes, per method label (SHARED last): USD of its `memory` and `respond`
+        stages, its share of each judge stage (`judges`: stage -> USD), of the `other` stages, and
+        `total`, over the stages that run."""
+        out: dict[str, dict[str, Any]] = {}
+        for s in self.stages:
+            kind = stage_kind(s.name, s.owner)
+            for r in s.roles if s.runs else []:
+                for m, usd in r.by_method.items():
+                    row = out.setdefault(m, {"memory": 0.0, "respond": 0.0, "judges": {}, "other": 0.0, "total": 0.0})
+                    if kind == "judge":
+                        row["judges"][s.name] = row["judges"].get(s.name, 0.0) + usd
+                    else:
+                        row[kind] += usd
+                    row["total"] += usd
+        return dict(sorted(out.items(), key=lambda kv: (kv[0] == SHARED, kv[0])))
+
     def to_json(self) -> dict[str, Any]:
         """`mempipe plan --json`: every stage of the run (`runs`: whether it would run), each with its
-        roles; `total` over the stages that run. Numbers are rounded per role (tokens and calls to
-        integers, USD to 6 places) and summed from there, so a total is exactly the sum of its parts."""
+        roles; `total` over the stages that run; `by_role` and `by_method` (see `by_method`) over them
+        too. Numbers are rounded per role (tokens and calls to integers, USD to 6 places) and stage and
+        run totals summed from there, so a total is exactly the sum of its parts."""
         stages = []
         total = {k: 0.0 for k in TOTAL_KEYS}
         for s in self.stages:
@@ -150,13 +189,18 @@ class Plan:
                 for k in TOTAL_KEYS:
                     r[k] = None if r[k] is None else _num(k, r[k])
                     st[k] += r[k] or 0
+                r["by_method"] = {m: _num("cost_usd", v) for m, v in r["by_method"].items()}
             d.update({k: _num(k, v) for k, v in st.items()})
             if s.runs:
                 for k in TOTAL_KEYS:
                     total[k] += d[k]
             stages.append(d)
+        by_method = {m: {k: ({j: _num("cost_usd", u) for j, u in v.items()} if isinstance(v, dict)
+                             else _num("cost_usd", v)) for k, v in row.items()} for m, row in self.by_method().items()}
         return {"run_name": self.run_name, "run_dir": self.run_dir, "stages": stages,
                 "total": {k: _num(k, v) for k, v in total.items()},
+                "by_role": {role: {k: _num(k, v) for k, v in row.items()} for role, row in self.by_role().items()},
+                "by_method": by_method,
                 "method": self.method, "calibration_run": self.calibration_run}
 
     def plan_file(self) -> dict[str, Any]:
@@ -474,6 +518,11 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
         "prices": "pipeline.llm.prices.DEFAULT_PRICES with llm.prices / roles.<role>.prices over it"
                   f"; batch roles x{BATCH_DISCOUNT}",
         "cache": "not consulted: calls the LLM cache already holds are free in the run, counted here",
+        "cached_prompt_tokens": CACHED_PROMPT_RULE + " (the dry run's share of each stage and role's prompt tokens)",
+        "by_method": "each method's memory and respond stages, and its share of each judge stage: a stage and role's "
+                     "cost split by the dry run's cost per method (a judge bills each judged row to its method; "
+                     "head-to-head, to the non-reference one); without one, a method's own stage is wholly its, "
+                     f"any other {SHARED}",
     }
     calibration_run: dict[str, Any] | None = None
     estimates: dict[str, list[RoleEstimate]] = {}
@@ -558,7 +607,7 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
         roles = estimates.get(s.name, []) if runs else []
         if runs and not s.llm_roles(cfg):
             why += "; no LLM role"
-        stages.append(StageEstimate(s.name, state, why, fps[s.name], runs, roles))
+        stages.append(StageEstimate(s.name, state, why, fps[s.name], runs, roles, s.billed_method))
     plan = Plan(cfg.run_name, str(cfg.run_dir), stages, method, calibration_run)
     if write:
         make_dirs(cfg.run_dir)
@@ -577,7 +626,8 @@ def _calibration_cost(ccfg: RunConfig, crunner: Any) -> dict[str, Any]:
             calls += sent
             share = (u.calls - u.cached_calls) / u.calls if u.calls else 0.0
             fresh += u.calls - u.cached_calls
-            cost += cost_usd(role_prices(ccfg.role(role)), u.prompt_tokens * share, u.completion_tokens * share)
+            cost += cost_usd(role_prices(ccfg.role(role)), u.prompt_tokens * share, u.completion_tokens * share,
+                             u.cached_prompt_tokens * share)
     return {"run_dir": str(ccfg.run_dir), "calls": int(calls), "fresh_calls": int(fresh), "cost_usd": round(cost, 6),
             "note": "its answers are in the run's LLM cache: the real run replays them without paying again"}
 
@@ -588,6 +638,7 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
     emb = dry.embeddings.get(stage.name)
     scaled = ("counted" if scale == 1.0 else
               f"counted on {dry.episodes} episode(s) x {scale:.3g} ({remaining} to run)")
+    owner = stage.billed_method
     out: list[RoleEstimate] = []
     for role in stage.roles:
         role_cfg = cfg.role(role)
@@ -623,11 +674,21 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
             completion = calls * per_call
             est.method["completion_tokens"] = (f"assumed: {completion_fraction:g} x max_tokens "
                                                f"= {per_call:.1f} per call (no calibration source)")
+        # The cached share of the prompts is the dry run's (see CACHED_PROMPT_RULE): it follows from
+        # the prompts' structure, so it carries over to the scaled and calibrated prompt tokens.
+        cached_share = min(u.cached_prompt_tokens / chat_prompt, 1.0) if chat_prompt else 0.0
+        est.counted["cached_prompt_tokens"] = float(u.cached_prompt_tokens)
+        est.method["cached_prompt_tokens"] = f"{cached_share:.1%} of prompt tokens, as in the dry run"
         est.calls, est.prompt_tokens, est.completion_tokens = calls, prompt, completion
-        est.cost_usd = None if price is None else cost_usd(price, prompt, completion)
+        est.cached_prompt_tokens = prompt * cached_share
+        est.cost_usd = None if price is None else cost_usd(price, prompt, completion, est.cached_prompt_tokens)
+        if est.cost_usd is not None:
+            est.by_method = {m: est.cost_usd * f for m, f in method_shares(u.cost_by_method, owner).items()}
         out.append(est)
     if EMBEDDER_ROLE in stage.llm_roles(cfg):
-        out.append(_embedding_estimate(cfg.role(EMBEDDER_ROLE), emb, scale, scaled, dry.episodes))
+        e = _embedding_estimate(cfg.role(EMBEDDER_ROLE), emb, scale, scaled, dry.episodes)
+        e.by_method = {} if e.cost_usd is None else {owner or SHARED: e.cost_usd}  # the simulator bills no method
+        out.append(e)
     return out
 
 
@@ -670,8 +731,40 @@ def _how(method: dict[str, str]) -> str:
     return f"{head}; completion: {method.get('completion_tokens', '')}"
 
 
+def _aligned(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def render_views(plan: Plan) -> list[str]:
+    """Where the money goes: a table per method (memory, respond, each judge stage's share, other,
+    total), one per stage and one per LLM role (with cached prompt tokens), over the stages that run;
+    nothing when no stage has an LLM role."""
+    methods, roles = plan.by_method(), plan.by_role()
+    if not roles:
+        return []
+    judges = sorted({j for row in methods.values() for j in row["judges"]})
+    rows = [["method", "memory $", "respond $", *(f"{j} $" for j in judges), "other $", "total $"]]
+    for m, row in methods.items():
+        rows.append([m, *(f"{v:.4f}" for v in (row["memory"], row["respond"],
+                                                *(row["judges"].get(j, 0.0) for j in judges),
+                                                row["other"], row["total"]))])
+    lines = ["", "where the money goes, per method (a judge stage split by the method each judged row is for):",
+             *_aligned(rows)]
+
+    def totals(name: str, t: dict[str, float]) -> list[str]:
+        return [name, _fmt_int(t["calls"]), _fmt_int(t["prompt_tokens"]), _fmt_int(t["cached_prompt_tokens"]),
+                _fmt_int(t["completion_tokens"]), f"{t['cost_usd']:.4f}"]
+
+    head = ["calls", "prompt tok", "cached prompt tok", "completion tok", "cost $"]
+    stages = [totals(s.name, s.total()) for s in plan.stages if s.runs and s.roles]
+    return [*lines, "", "per stage:", *_aligned([["stage", *head], *stages]),
+            "", "per role:", *_aligned([["role", *head], *(totals(r, t) for r, t in roles.items())])]
+
+
 def render(plan: Plan) -> str:
-    """The plan as a table per stage and role, with a total line and the method."""
+    """The plan as a table per stage and role, with a total line, then the cost per method and per
+    role (`render_views`) and the method."""
     header = ["stage", "state", "why", "role", "model", "calls", "prompt tok", "completion tok", "cost $", "how"]
     rows: list[list[str]] = []
     for s in plan.stages:
@@ -694,11 +787,14 @@ def render(plan: Plan) -> str:
     lines = [f"plan for run {plan.run_name} at {plan.run_dir}"]
     for r in [header, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + ("  " + r[-1] if r[-1] else ""))
+    lines += render_views(plan)
     m = plan.method
     lines.append("")
     lines.append(f"how: dry run: {m.get('dry_run')}; calibration: {m.get('calibration') or 'none'}"
                  f"; episodes in the run: {m.get('episodes')}")
     lines.append(f"prices: {m['prices']}; {m['cache']}")
+    if "by_method" in m:  # (a plan made before these notes has none)
+        lines.append(f"cached prompt tokens: {m.get('cached_prompt_tokens')}; per method: {m['by_method']}")
     if plan.calibration_run:
         c = plan.calibration_run
         lines.append(f"calibration run: {c['calls']} calls ({c['fresh_calls']} fresh), ${c['cost_usd']:.4f} at these "

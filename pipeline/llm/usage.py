@@ -134,3 +134,26 @@ async def costed_to(method: str, work: Awaitable[T]) -> T:
     """`work` with its calls costed to `method` (a task of its own, e.g. one row of a gather)."""
     with billed_to(method):
         return await work
+
+
+# Who a (stage, role)'s cost is for, in `mempipe plan` and the report's cost_breakdown.
+SHARED = "(shared)"  # the label of cost made for no one method (`Usage.cost_by_method`'s "" key)
+
+
+def stage_kind(name: str, owner: str) -> str:
+    """How the per-method cost view files a stage: memory | respond (the method's own stages,
+    `memory_<owner>` / `respond_<owner>`), judge (`judge_*`) or other."""
+    if owner and name in (f"memory_{owner}", f"respond_{owner}"):
+        return name.split("_", 1)[0]
+    return "judge" if name.startswith("judge_") else "other"
+
+
+def method_shares(cost_by_method: Mapping[str, float] | None, owner: str) -> dict[str, float]:
+    """A (stage, role)'s cost as fractions per method label (SHARED for ""): by `cost_by_method`
+    where it holds any cost, else wholly the stage's `owner` (SHARED when it has none): older
+    manifests and free models have no split to go by."""
+    split = {m: c for m, c in (cost_by_method or {}).items() if c > 0}
+    total = sum(split.values())
+    if total <= 0:
+        return {owner or SHARED: 1.0}
+    return {m or SHARED: c / total for m, c in split.items()}

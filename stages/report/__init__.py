@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
+from pipeline.artifacts import StageDir
 from pipeline.config import Section
-from pipeline.manifest import USAGE_TOTAL_KEYS, Manifest
+from pipeline.manifest import Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
 from stages.report import memory_accuracy, plots, render, tables
@@ -24,6 +25,9 @@ from stages.judging.base import JUDGE_ROLE
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.method_stages.respond import RESPONSES
 from stages.methods.base import Method, ReportPanel
+
+if TYPE_CHECKING:
+    from pipeline.storage import Location
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -94,9 +98,41 @@ def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
 
 
 def stage_usage(manifests: dict[str, Manifest], stages: list[str]) -> dict[str, float]:
-    """LLM usage summed over the roles of the given stages' manifests."""
-    totals = [manifests[s].usage_total() for s in stages if s in manifests]
-    return {k: sum(t.get(k, 0) or 0 for t in totals) for k in USAGE_TOTAL_KEYS}
+    """LLM usage (tables.USAGE_KEYS) summed over the roles of the given stages' manifests."""
+    out: dict[str, float] = {k: 0 for k in tables.USAGE_KEYS}  # counts stay integers
+    for m in (manifests[s] for s in stages if s in manifests):
+        for k, v in m.usage_total().items():
+            out[k] += v or 0
+        out["cached_prompt_tokens"] += sum(u.cached_prompt_tokens for u in (m.llm_usage or {}).values())
+    return out
+
+
+def run_manifests(run_dir: Location, given: dict[str, Manifest]) -> dict[str, Manifest]:
+    """`given` (the report's inputs') and those of every stage upstream of them, transitively, read
+    from the run directory where the manifest is the one that fed them (its fingerprint as recorded
+    downstream): the segmenter, TeaBag or the embedder cost money though the report reads none of
+    their rows. In pipeline order: each stage after those it read."""
+    found = dict(given)
+    todo = [kv for m in given.values() for kv in m.upstream.items()]
+    while todo:
+        name, fingerprint = todo.pop()
+        if name in found:
+            continue
+        m = StageDir(run_dir, name).manifest()
+        if m is not None and m.fingerprint == fingerprint:
+            found[name] = m
+            todo += m.upstream.items()
+    out: dict[str, Manifest] = {}
+
+    def place(name: str) -> None:
+        if name in found and name not in out:
+            for up in found[name].upstream:
+                place(up)
+            out[name] = found[name]
+
+    for name in sorted(found, key=lambda n: found[n].timings.finished_at):
+        place(name)
+    return out
 
 
 def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame, metrics: pl.DataFrame,
@@ -249,6 +285,11 @@ class ReportStage(GlobalStage):
         return {m: stage_usage(ctx.upstream_manifests, [respond_stage_name(m), memory_stage_name(m)])
                 for m in self.methods}
 
+    def cost_breakdown(self, ctx: StageContext) -> pl.DataFrame:
+        """tables.COST_BREAKDOWN over every finished stage that fed the report."""
+        owners = {stage(m): m for m in self.methods for stage in (memory_stage_name, respond_stage_name)}
+        return tables.cost_breakdown(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests), owners)
+
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         settings: ReportSettings = ctx.section
         responses = pl.from_arrow(pa.concat_tables(
@@ -266,6 +307,7 @@ class ReportStage(GlobalStage):
             "metric_summary": tables.metric_summary(metrics_raw, _frame(inputs, "response_metrics.corpus_metrics")),
             "method_summary": tables.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
                                                        memory_raw),
+            "cost_breakdown": self.cost_breakdown(ctx),
             "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
         }
         panels = self.method_panels(inputs, responses)
@@ -359,6 +401,15 @@ class ReportStage(GlobalStage):
                           "LLM calls and tokens of each method's memory and respond stages (cached calls "
                           "included), memory tokens in the context, response length, and its scores.",
                           [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
+            *([render.Section("Where the money goes",
+                              "LLM cost (USD) per method: its memory and respond stages, its share of the judges "
+                              "(each judged row billed to its method; head-to-head, to the non-reference one) and of "
+                              f"other stages; `{tables.SHARED}`: calls made for no one method (segmentation, TeaBag, "
+                              "or a stage whose manifest predates the split). Then per stage and per LLM role. "
+                              "`cost_usd` counts every call, cache replays included; `spent_usd` is what this run "
+                              "paid. Every (stage, role, method) row is in `cost_breakdown`.",
+                              tables.cost_views(t["cost_breakdown"]))]
+              if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
             render.Section("Answers judged against the reference",
                           "gpt4score: 0-100 (mean); strict / lenient: share judged correct; teafarm: TeaFarm "
                           "correctness. `ci_low` / `ci_high`: 95% interval resampling whole episodes (`episodes` "

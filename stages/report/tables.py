@@ -19,7 +19,8 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.corpus.longmemeval import DATASET as LONGMEMEVAL
-from pipeline.manifest import USAGE_TOTAL_KEYS
+from pipeline.llm.usage import SHARED, method_shares, stage_kind
+from pipeline.manifest import USAGE_TOTAL_KEYS, Manifest
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
 from stages.metrics.retrieval import LONGMEMEVAL_MEASURES
 from stages.metrics.segmentation import segment_score
@@ -74,6 +75,7 @@ METHOD_SUMMARY = pa.schema(
         pa.field("llm_calls", pa.int64()),  # the cost columns: on the whole-run row only
         pa.field("cached_calls", pa.int64()),
         pa.field("prompt_tokens", pa.int64()),
+        pa.field("cached_prompt_tokens", pa.int64()),  # of prompt_tokens, served from the endpoint's prompt cache
         pa.field("completion_tokens", pa.int64()),
         pa.field("cost_usd", pa.float64()),  # batch answers at the Batch API's discount
         pa.field("batch_calls", pa.int64()),  # of llm_calls, sent through the Batch API
@@ -324,11 +326,38 @@ def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
     return pl.from_arrow(pa.Table.from_pylist(rows, REPRODUCTION_SUMMARY))  # type: ignore[return-value]
 
 
+# Where the money goes: one row per (stage, role, method) of every stage that fed the report (its
+# inputs and, transitively, theirs: the report's `run_manifests`).
+# `method` is the method the calls were made for (memory and respond: the stage's; a judge: the
+# judged row's, head-to-head the non-reference one), SHARED for calls made for no one method. Where
+# the manifest splits the role's cost by method (`Usage.cost_by_method`), each method gets its cost
+# and a share of the calls, requests and tokens in proportion to it (hence floats); else the whole
+# (stage, role) goes to the stage's method, or SHARED for a stage of no one method. cost_usd counts
+# every call, cache replays included (as the manifests do); spent_usd is what this run paid
+# (cost_usd less what the LLM cache saved).
+COST_BREAKDOWN = pa.schema(
+    [
+        pa.field("stage", pa.string()),
+        pa.field("stage_kind", pa.string()),  # memory | respond | judge | other: the per-method view's column
+        pa.field("role", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("method", pa.string()),
+        pa.field("calls", pa.float64()),  # answered calls, live or cached (one per text for embeddings)
+        pa.field("requests", pa.float64()),  # chat requests sent fresh to the endpoint
+        pa.field("prompt_tokens", pa.float64()),
+        pa.field("cached_prompt_tokens", pa.float64()),  # of prompt_tokens, served from the prompt cache
+        pa.field("completion_tokens", pa.float64()),
+        pa.field("cost_usd", pa.float64()),
+        pa.field("spent_usd", pa.float64()),
+    ]
+)
+
 # Every table the report writes, whatever the run's methods (methods' panels add their own).
 SUMMARY_TABLES = {
     "segmentation_summary": SEGMENTATION_SUMMARY,
     "retrieval_summary": RETRIEVAL_SUMMARY,
     "method_summary": METHOD_SUMMARY,
+    "cost_breakdown": COST_BREAKDOWN,
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,
     "memory_summary": MEMORY_SUMMARY,
@@ -763,7 +792,10 @@ ALL = "all"  # the label of a row that pools every dataset, or every probe kind,
 # A probe's kind from its id (stages/probes.py: "nr:...", "qa:...", "tf:..."), for a response that
 # no scored or judged row names.
 _KIND_OF_PREFIX = {"nr": "next_response", "qa": "qa", "tf": "teafarm"}
-_COST_COLUMNS = ("llm_calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "batch_calls")
+_COST_COLUMNS = ("llm_calls", "cached_calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens",
+                 "cost_usd", "batch_calls")
+# What `method_summary` sums per method over its stages' roles (the report's `stage_usage`).
+USAGE_KEYS = (*USAGE_TOTAL_KEYS, "cached_prompt_tokens")
 
 
 def _named(frames: Sequence[pl.DataFrame], keys: list[str], columns: list[str]) -> pl.DataFrame | None:
@@ -835,10 +867,10 @@ def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], 
         pl.col("response").cast(pl.String).filter(answered).str.extract_all(r"\S+").list.len()
         .cast(pl.Float64).mean().alias("mean_response_words"),
     )
-    cost = pl.DataFrame([{"method": m, **{k: u.get(k, 0) for k in USAGE_TOTAL_KEYS}} for m, u in usage.items()],
+    cost = pl.DataFrame([{"method": m, **{k: u.get(k, 0) for k in USAGE_KEYS}} for m, u in usage.items()],
                         schema={"method": pl.String, "calls": pl.Int64, "cached_calls": pl.Int64,
                                 "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64, "cost_usd": pl.Float64,
-                                "batch_calls": pl.Int64})
+                                "batch_calls": pl.Int64, "cached_prompt_tokens": pl.Int64})
     cost = cost.rename({"calls": "llm_calls"}).with_columns(pl.lit(whole_dataset, pl.String).alias("dataset"),
                                                               pl.lit(whole_kind, pl.String).alias("kind"))
     parts = [cost]
@@ -861,3 +893,46 @@ def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], 
                             if f.name not in out.columns])
     pooled = [pl.col("dataset") == ALL, "dataset", pl.col("kind") == ALL, "kind", "method"]
     return out.sort(pooled, nulls_last=False).select(METHOD_SUMMARY.names)
+
+
+def cost_breakdown(manifests: Mapping[str, Manifest], owners: Mapping[str, str]) -> pl.DataFrame:
+    """COST_BREAKDOWN from the stages' manifests (stage -> manifest; those without LLM usage add no
+    row). owners: stage -> the method it is built for (memory_<m>, respond_<m>); absent: none."""
+    rows: list[dict[str, Any]] = []
+    for stage, m in manifests.items():
+        owner = owners.get(stage, "")
+        for role, u in sorted((m.llm_usage or {}).items()):
+            shares = method_shares(u.cost_by_method, owner)
+            # The cache's savings split by their own record where there is one, else like the cost.
+            cached = method_shares(u.cached_cost_by_method, owner) if any(
+                v > 0 for v in u.cached_cost_by_method.values()) else shares
+            for method, share in sorted(shares.items()):
+                cost = u.cost_usd * share
+                rows.append({"stage": stage, "stage_kind": stage_kind(stage, owner), "role": role,
+                             "model": m.roles.get(role), "method": method, "calls": u.calls * share,
+                             "requests": u.requests * share, "prompt_tokens": u.prompt_tokens * share,
+                             "cached_prompt_tokens": u.cached_prompt_tokens * share,
+                             "completion_tokens": u.completion_tokens * share, "cost_usd": cost,
+                             "spent_usd": cost - u.cached_cost_usd * cached.get(method, 0.0)})
+    return pl.from_arrow(pa.Table.from_pylist(rows, COST_BREAKDOWN))  # type: ignore[return-value]
+
+
+def cost_views(breakdown: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    """The report's "Where the money goes" tables from COST_BREAKDOWN: USD per method (memory,
+    respond, judges, other, total, spent; SHARED last), then per stage and per role."""
+    if breakdown.is_empty():
+        return []
+    usd = [pl.col("cost_usd").filter(pl.col("stage_kind") == k).sum().alias(f"{k}_usd")
+           for k in ("memory", "respond", "judge", "other")]
+    per_method = (breakdown.group_by("method").agg(*usd, pl.col("cost_usd").sum().alias("total_usd"),
+                                                   pl.col("spent_usd").sum())
+                  .rename({"judge_usd": "judges_usd"})
+                  .sort([pl.col("method") == SHARED, "method"]))
+    counts = ["calls", "requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens"]
+    whole = [pl.col(c).round(0).cast(pl.Int64) for c in counts]  # shares of calls and tokens, shown whole
+    sums = [pl.col(c).sum() for c in (*counts, "cost_usd", "spent_usd")]
+    per_stage = breakdown.group_by("stage", maintain_order=True).agg(*sums).with_columns(whole)
+    per_role = (breakdown.group_by("role", "model", maintain_order=True).agg(*sums).with_columns(whole)
+                .sort("cost_usd", descending=True))
+    return [("Per method", per_method), ("Per stage", per_stage), ("Per role", per_role),
+            ("Every stage, role and method", breakdown.with_columns(whole))]
