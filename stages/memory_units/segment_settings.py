@@ -15,7 +15,7 @@ class ReflectionConfig(Section):
     """Reflection-learned segmentation guidance (SeCom Sec. 2.2, App. A.1); defaults are the paper's."""
 
     corpus_format: CorpusFormat = "dialseg"
-    corpus_path: str | None = PathField()  # annotated corpus with gold boundaries; None = the run's corpus
+    corpus_path: str | None = PathField(lookup=True)  # annotated corpus with gold boundaries; None = the run's corpus
     limit: int | None = Field(default=None, ge=1)  # annotated sessions to learn from; None = all
     rounds: int = Field(default=1, ge=1)
     hard_k: int = Field(default=100, ge=1)  # the worst sessions by WindowDiff
@@ -25,7 +25,7 @@ class ReflectionConfig(Section):
 
 class SegmentConfig(Section):
     mode: Literal["zero_shot", "reflection"] = "zero_shot"
-    guidance_path: str | None = PathField()  # reuse a stored guidance.json instead of learning one
+    guidance_path: str | None = PathField(lookup=True)  # reuse a stored guidance.json instead of learning one
     reflection: ReflectionConfig = Field(default_factory=ReflectionConfig)
     unit: Unit = "exchange"  # what the model numbers: exchanges (paper), or single turns
     # spans (1-based ranges with a short summary), counted (the official answer's shape: numbered from

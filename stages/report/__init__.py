@@ -16,7 +16,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.artifacts import StageDir
-from pipeline.config import Section
+from pipeline.config import PathField, Section
+from pipeline.errors import ConfigError
 from pipeline.manifest import Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
@@ -41,14 +42,26 @@ INTERVALS = ("Intervals resample whole episodes (an episode-level cluster bootst
 class ReportSettings(Section):
     max_probe_rows: int = Field(default=300, ge=0)  # per-probe rows shown (all are in the Parquet tables)
     text_chars: int = Field(default=240, ge=20)  # request / response text shown per cell
-    # Other configs (paths relative to the working directory) whose `paper:` blocks the run is
-    # compared with: the report's Reproduction section lists their numbers and the run's deviations.
-    compare_with: list[str] = Field(default_factory=list)
+    # Other configs (relative paths: from the working directory, else beside the config or in its
+    # project) whose `paper:` blocks the run is compared with: the report's Reproduction section lists
+    # their numbers and the run's deviations.
+    compare_with: list[str] = PathField(default_factory=list, lookup=True)
 
 
 def compared_sheets(cfg: Any) -> list[tuple[str, PaperSheet | None]]:
-    """(file, its `paper:` sheet or None when it has none) for each of `report.compare_with`."""
-    return [(path, load_sheet(path)) for path in cfg.report.compare_with]
+    """(file, its `paper:` sheet or None when it has none) for each of `report.compare_with`; the file
+    named as given when it is under the working directory (configs/x.yaml), else in full."""
+    out = []
+    for path in cfg.report.compare_with:
+        if not Path(path).exists():
+            raise ConfigError(f"report.compare_with: no such file {path}{cfg.report.looked_in(path)}")
+        out.append((_shown(path), load_sheet(path)))
+    return out
+
+
+def _shown(path: str) -> str:
+    cwd = str(Path.cwd())
+    return path[len(cwd) + 1:] if path.startswith(cwd + "/") else path
 
 
 def run_sheets(cfg: Any) -> list[tuple[str, PaperSheet]]:
