@@ -1,12 +1,12 @@
-"""Benchmark: the README's cluster path on a local two-node Ray cluster, with a worker node lost in
+"""Benchmark: the docs' cluster path (docs/cluster.md) on a local two-node Ray cluster, with a worker node lost in
 the middle of an LLM stage.
 
-What it does, as a new user would (README, "Running on a Ray cluster"):
+What it does, as a new user would (docs/cluster.md, "Running on a Ray cluster"):
 1. a cluster token in a file named by RAY_AUTH_TOKEN_PATH, RAY_AUTH_MODE=token for every node and
    for the submitting shell; `ray start --head`, then a second `ray start --address` (the worker
    node) with its own --temp-dir; both with private ports so no other Ray on this machine is touched;
 2. the default pipeline (configs/default.yaml against `python -m tests.fake_openai` with latency,
-   a synthetic corpus, llm.rpm set) submitted with the README's `ray job submit` line;
+   a synthetic corpus, llm.rpm set) submitted with the docs' `ray job submit` line;
 3. in the middle of an LLM stage, with shards running on the worker node, its raylet and every
    other process of that node are SIGKILLed at once (a lost machine): Ray reruns the node's shards
    on the head; once the stage is published a replacement worker node joins (as an autoscaler's);
@@ -47,8 +47,8 @@ from typing import Any
 from harness import KEY_ENV, ROOT, FakeServer, fake_sets, table, write_results
 from make_corpus import write_corpus
 
-README = ROOT / "README.md"
-SECTION = "## Running on a Ray cluster"
+README = ROOT / "docs" / "cluster.md"
+SECTION = "# Running on a Ray cluster"
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
 KILL_STAGE = "memory_creem"  # the default job's LLM stage with the most calls per episode
@@ -56,20 +56,20 @@ BUSY_BEFORE_KILL_S = 5.0  # a shard running this long on the worker node is in t
 IN_FLIGHT_GRACE_S = 1.0  # an answer that arrived this long before the kill may not have reached the cache yet
 
 
-# --- the README's commands ------------------------------------------------------------------------
+# --- the docs' commands ----------------------------------------------------------------------------
 def readme_block() -> str:
-    """The first bash block of the README's cluster section."""
+    """The first bash block of the docs' cluster page."""
     text = README.read_text()
     section = text[text.index(SECTION):]
     section = section[: section.find("\n## ", len(SECTION))]
     m = re.search(r"```bash\n(.*?)```", section, re.S)
     if not m:
-        raise RuntimeError(f"no bash block in README section {SECTION!r}")
+        raise RuntimeError(f"no bash block in docs section {SECTION!r}")
     return m.group(1)
 
 
 def readme_submit() -> list[str]:
-    """The README's `ray job submit ...` command line, continuation lines joined, as argv."""
+    """The docs' `ray job submit ...` command line, continuation lines joined, as argv."""
     lines, out, taking = readme_block().splitlines(), [], False
     for line in lines:
         code = line.split("  #")[0].rstrip()
@@ -80,7 +80,7 @@ def readme_submit() -> list[str]:
             if not code.endswith("\\"):
                 break
     if not out:
-        raise RuntimeError("the README's cluster section has no `ray job submit` line")
+        raise RuntimeError("the docs' cluster page has no `ray job submit` line")
     return shlex.split(" ".join(out))
 
 

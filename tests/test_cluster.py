@@ -296,7 +296,7 @@ def test_checkout_and_its_uploaded_copy_give_the_same_fingerprints(tmp_path, mon
 
 
 def test_readme_cluster_commands_are_the_ones_the_bench_runs():
-    """bench/cluster.py runs the README's `ray job submit` line; both must stay what a user needs."""
+    """bench/cluster.py runs docs/cluster.md's `ray job submit` line; both must stay what a user needs."""
     import importlib.util
     import sys
 

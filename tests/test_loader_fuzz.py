@@ -4,7 +4,7 @@ conversation, a duplicate id, an unknown speaker, evidence pointing nowhere, a 1
 either returns valid canonical records or raises InputError naming the file, the record and the
 field. Any other exception fails the test. Hypothesis drives it, derandomized so CI is repeatable.
 
-What the loaders do with odd but harmless input (README, "Bad input"): a 1 MB utterance ingests;
+What the loaders do with odd but harmless input (docs/reliability.md, "Bad input"): a 1 MB utterance ingests;
 evidence that names no turn is dropped and the question kept; a speaker the record does not
 declare is an error where the format declares its speakers (sample, LoCoMo, Long-MT-Bench+'s
 roles) and simply one more speaker where the turns' labels are the only list (MSC, CC, dialseg).

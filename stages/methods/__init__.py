@@ -1,6 +1,6 @@
 """Every memory method, by name: the values `methods` selects and `method.<name>.*` configures.
 
-Add a method by writing its module (see `base.py` and the README) and listing it here.
+Add a method by writing its module (see `base.py` and docs/adding-a-method.md) and listing it here.
 """
 
 from __future__ import annotations
