@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from pipeline import storage
 from pipeline.artifacts import exists, run_lock
 from pipeline.config import RunConfig, project_dirs, resolve_paths
+from pipeline.corpus.fetch import add_data_command
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.llm.ledger import BudgetExceeded
 
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--role", default=None, help="the cache of this LLM role (default: llm.cache_dir)")
     common(cache)
     cache.set_defaults(func=cmd_cache)
+    add_data_command(sub)
     return p
 
 

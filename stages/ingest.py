@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from pipeline.config import RunConfig
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
+from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.errors import ConfigError, InputError
 from pipeline.schemas import EPISODES, QA, TURNS
 from pipeline.stage import GlobalStage, StageContext
@@ -41,7 +42,9 @@ class IngestStage(GlobalStage):
         part = Corpus()
         for source in ctx.cfg.corpus.sources():
             if not Path(source.path).exists():
-                raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path))
+                hint = missing_corpus_hint(source.format, _under_cwd(source.path))
+                raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path)
+                                 + (f"; {hint}" if hint else ""))
             for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids):
                 eid = rows.episode["episode_id"]
                 if eid in seen:
@@ -55,6 +58,12 @@ class IngestStage(GlobalStage):
                     part = Corpus()
         if part.episodes:
             yield part.tables()
+
+
+def _under_cwd(path: str) -> str:
+    """`path` relative to the working directory when it is under it (data/x.json), else as is."""
+    cwd = str(Path.cwd())
+    return path[len(cwd) + 1:] if path.startswith(cwd + "/") else path
 
 
 def _digests(path: Path) -> dict[str, Any]:

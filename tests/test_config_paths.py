@@ -42,10 +42,11 @@ def test_the_working_directory_wins_and_a_missing_input_names_every_place_looked
     assert project_dirs(None) == [] and project_dirs(config) == [ROOT / "configs", ROOT]
 
 
-def test_mempipe_names_the_places_it_looked_for_a_missing_corpus(tmp_path) -> None:
+def test_mempipe_names_the_places_it_looked_for_a_missing_corpus_and_the_fetch_command(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "stages.cli", "run", "-c", str(ROOT / "configs" / "default.yaml"),
-                          "--set", "corpus.path=data/missing.jsonl", "--only", "ingest",
+                          "--set", "corpus.format=locomo", "--set", "corpus.path=data/locomo10.json", "--only", "ingest",
                           "--set", f"artifacts_dir={tmp_path / 'artifacts'}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
-    assert "no such file or directory (looked in:" in out.stderr and str(ROOT / "data" / "missing.jsonl") in out.stderr
+    assert "no such file or directory (looked in:" in out.stderr and str(ROOT / "data" / "locomo10.json") in out.stderr
+    assert "run `mempipe data fetch locomo`" in out.stderr
