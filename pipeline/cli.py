@@ -19,6 +19,8 @@ from pipeline import storage
 from pipeline.artifacts import exists, run_lock
 from pipeline.config import RunConfig, project_dirs, resolve_paths
 from pipeline.corpus.fetch import add_data_command
+from pipeline.model_fetch import add_models_command
+from pipeline.models_needed import ModelsMissing, preflight
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.llm.ledger import BudgetExceeded
 
@@ -60,6 +62,7 @@ def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    preflight(cfg, args.app.registry(cfg), args.config, args.set)  # a missing model offline: one line, exit 5
     runner = _runner(args, cfg)
     try:
         with run_lock(cfg.run_dir):
@@ -88,12 +91,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pipeline.plan import make_plan, render
 
     cfg = _config(args)
+    _warn_missing_models(args, cfg)  # plan runs no model: it answers, and says what `run` will miss
     plan = make_plan(cfg, args.app.registry, only=args.only or None, from_=args.from_stage,
                      force=args.force or None, until=args.until, sample=args.sample, calibrate_k=args.calibrate,
                      like=args.like, completion_fraction=args.assume_completion,
                      say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return 0
+
+
+def _warn_missing_models(args: argparse.Namespace, cfg: RunConfig) -> None:
+    """The preflight of `run`, as a warning: plan and check load no model themselves."""
+    try:
+        preflight(cfg, args.app.registry(cfg), args.config, args.set)
+    except ModelsMissing as e:
+        for line in str(e).splitlines():
+            print(f"mempipe: warning: {line} (before `mempipe run`)", file=sys.stderr)
 
 
 def _spend_line(snapshot: dict[str, Any] | None) -> str | None:
@@ -140,6 +153,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pipeline.reproduction import sheet_deviations
 
     cfg = _config(args)
+    _warn_missing_models(args, cfg)
     own = args.config or "the built-in defaults"
     sheets = [("paper: block of", own, cfg.paper)] if cfg.paper is not None else []
     compared = getattr(args.app, "compared_sheets", None)
@@ -287,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(cache)
     cache.set_defaults(func=cmd_cache)
     add_data_command(sub)
+    add_models_command(sub, common)
     return p
 
 

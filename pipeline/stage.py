@@ -22,6 +22,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pipeline.config import RunConfig, Section
     from pipeline.manifest import Manifest
+    from pipeline.models_needed import ModelNeed
     from pipeline.storage import Location
 
 Rows = list[dict[str, Any]]
@@ -111,6 +112,14 @@ class Stage:
 
     def settings_of(self, cfg: "RunConfig") -> Any:
         return getattr(cfg, self.section) if self.section else None
+
+    def models(self, cfg: "RunConfig") -> list["ModelNeed"]:
+        """The models it loads with these settings (`mempipe models`, and the preflight that finds
+        them before a command runs): by default the local embedding model when it embeds."""
+        from pipeline.embeddings import PACKAGED_MINILM
+        from pipeline.models_needed import embedding_need
+
+        return embedding_need(cfg, PACKAGED_MINILM) if self.uses_embedder else []
 
     def extra_fingerprint(self, cfg: "RunConfig") -> dict[str, Any]:
         """Anything else the output depends on (e.g. input file hashes for ingest)."""

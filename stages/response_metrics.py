@@ -24,7 +24,7 @@ import json
 from collections import defaultdict
 from functools import partial
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pydantic import Field
@@ -36,6 +36,9 @@ from stages.metrics import evaluate_bleu, locomo_qa, nlgeval, rsum_eval, text
 from stages.metrics.significance import cluster_bootstrap_interval, cluster_bootstrap_statistic
 from stages.method_stages import respond_stage_name
 from stages.probes import PROBE_KEY_FIELDS
+
+if TYPE_CHECKING:
+    from pipeline.models_needed import ModelNeed
 
 # Our scores of a response against its gold text, and SeCom's ROUGE: 0.0 for a failed response.
 _REFERENCE = ["bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL", "token_f1"]
@@ -300,6 +303,13 @@ class ResponseMetricsStage(GlobalStage):
     def __init__(self, methods: tuple[str, ...] = ()) -> None:
         self.methods = methods
         self.inputs = ("ingest", "probes", *(respond_stage_name(m) for m in methods))
+
+    def models(self, cfg: Any) -> list["ModelNeed"]:
+        """BERTScore's model (a hub name or a folder) when BERTScore is on."""
+        from pipeline.models_needed import ModelNeed
+
+        s: ResponseMetricsSettings = self.settings_of(cfg)
+        return [ModelNeed("hf", s.bertscore_model, "response_metrics.bertscore_model")] if s.bertscore else []
 
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         settings: ResponseMetricsSettings = ctx.section

