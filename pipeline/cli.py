@@ -49,6 +49,9 @@ class App(Protocol):
     # optional: `check` lists the scorers only where the project says.
     def scorer(self, cfg: RunConfig, result: Any) -> str | None: ...
 
+    # `mempipe export predictions`: the run's answers in the files a benchmark's official scorer reads.
+    def export_predictions(self, cfg: RunConfig, fmt: str, methods: list[str] | None, out: Path) -> Path: ...
+
 
 def _config(args: argparse.Namespace) -> RunConfig:
     return resolve_paths(args.app.load_config(args.config, args.set), search=project_dirs(args.config))
@@ -213,6 +216,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from pipeline.export import export_stage
 
     cfg = _config(args)
+    if args.name == "predictions":  # the answers in the official scorers' files, not a stage's tables
+        if args.format is None:
+            raise PipelineError("export predictions needs --format locomo|longmemeval")
+        out = args.app.export_predictions(cfg, args.format, args.methods, Path(args.out))
+        print(f"exported {args.format} predictions to {out}")
+        return 0
+    if args.format or args.methods:
+        raise PipelineError("--format and --method belong to `mempipe export predictions`")
     dataset = args.app.exporter(args.name)  # a stage that ships a dataset (tables + card) exports it so
     out = dataset(cfg, Path(args.out)) if dataset else export_stage(StageDir(cfg.run_dir, args.name), Path(args.out))
     print(f"exported {args.name} to {out}")
@@ -290,8 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="copy a stage's Parquet tables with a README (teabag: the TeaBag dataset with its card)")
     common(export)
-    export.add_argument("name", help="stage name")
+    export.add_argument("name", help="stage name, or `predictions`: the answers in LoCoMo's / LongMemEval's scorer files")
     export.add_argument("--out", required=True, help="output folder")
+    export.add_argument("--format", choices=["locomo", "longmemeval"], default=None,
+                        help="predictions: whose official scorer's layout")
+    export.add_argument("--method", dest="methods", action="append", default=None, metavar="M",
+                        help="predictions: this method's answers (repeatable; default: every method of the run)")
     export.set_defaults(func=cmd_export)
 
     cache = sub.add_parser("cache", help="inspect, export or import the LLM call cache")

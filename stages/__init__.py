@@ -27,6 +27,7 @@ from stages.method_stages.memory import MemoryStage
 from stages.methods import METHODS
 from stages.methods.base import Method
 from stages.probes import ProbesStage
+from stages.predictions import export_predictions  # noqa: F401 - the App's `export predictions`
 from stages.report import REPORT_HTML, REPORT_MD, ReportStage
 from stages.method_stages.respond import RespondStage
 from stages.response_metrics import ResponseMetricsStage
