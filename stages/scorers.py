@@ -15,6 +15,8 @@ from stages.report.memory_accuracy import MEMORY_SCORERS
 from stages.response_metrics import COLUMN_SCORERS
 
 _ANSWER_JUDGES = {
+    "locomo_j": "Mem0's scorer: evaluation/metrics/llm_judge.py's J, a gpt-4o-mini judge labelling each answer CORRECT "
+                "or WRONG against the gold answer (1 for CORRECT, else 0), share judged CORRECT",
     "strict": "ours: strict correctness judge against the reference answer (share judged correct)",
     "lenient": "ours: lenient correctness judge against the reference answer (share judged correct)",
     "longmemeval": "LongMemEval's scorer: evaluate_qa.py's yes/no judge, one prompt per question type (share judged yes)",

@@ -10,8 +10,9 @@ from sheets import PAPER_CONFIGS, described, sheet_config
 
 
 def test_every_config_but_the_default_is_a_paper_config():
-    assert len(PAPER_CONFIGS) == 10 and "secom_locomo" in PAPER_CONFIGS and "creem_msc" in PAPER_CONFIGS
+    assert len(PAPER_CONFIGS) == 11 and "secom_locomo" in PAPER_CONFIGS and "creem_msc" in PAPER_CONFIGS
     assert "theanine_msc_cc" in PAPER_CONFIGS  # Theanine's Table 1, MSC + CC pooled
+    assert "locomo_memory_systems" in PAPER_CONFIGS  # the mem0 paper's LoCoMo board (Tables 1-2, J)
 
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
@@ -26,7 +27,8 @@ def test_config_runs_the_protocol_its_paper_states(name):
     assert devs == [], f"{name} deviates from its paper:\n{described(devs)}"
 
 
-PAPER_BY_SEED = {"000": "Theanine", "001": "SeCom", "002": "RSum", "003": "LD-Agent", "004": "CREEM"}
+PAPER_BY_SEED = {"000": "Theanine", "001": "SeCom", "002": "RSum", "003": "LD-Agent", "004": "CREEM",
+                 "arXiv:2504.19413": "Mem0"}  # not a seed paper: named by its arXiv id
 
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)

@@ -1,6 +1,6 @@
-"""The reproduction sheets (`paper:` blocks) of the SeCom, RSum and LD-Agent configs: a `--set` away
-from the paper is reported as a deviation, and every paper number names a report table and column
-the run writes (test_paper_sheets.py holds every config to its protocol)."""
+"""The reproduction sheets (`paper:` blocks) of the SeCom, RSum and LD-Agent configs, and of the mem0
+and LongMemEval boards: a `--set` away from the paper is reported as a deviation, and every paper number
+names a report table and column the run writes (test_paper_sheets.py holds every config to its protocol)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pipeline.reproduction import deviations
 from sheets import described, sheet_config
 from stages.report.tables import SUMMARY_TABLES
 
-SHEETS = ["secom_locomo", "secom_longmtbench", "secom_dialseg", "rsum_msc", "ldagent_msc"]
+SHEETS = ["secom_locomo", "secom_longmtbench", "secom_dialseg", "rsum_msc", "ldagent_msc",
+          "locomo_memory_systems", "longmemeval"]
 
 # The tables a paper number can be compared in: every summary the report writes, whatever other
 # engineers add, except a table of the comparison itself.

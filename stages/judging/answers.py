@@ -15,6 +15,18 @@
 - `teafarm`: TeaFarm correctness on a counterfactual question (Theanine Sec. 5.1, step 6, "assess
   the correctness of its response"): correct only when the response does not go along with the
   false premise and agrees with the correct answer. The judge is told the false premise.
+- `locomo_j`: the community LoCoMo judge, the "J" (LLM-as-a-Judge) score of the mem0 paper
+  (Chhikara et al. 2025, arXiv:2504.19413, Sec. 3.2 and App. A) and of its evaluation code
+  (mem0ai/mem0 evaluation/metrics/llm_judge.py, gpt-4o-mini, temperature 0, JSON reply), which Zep,
+  LangMem, MemMachine, Memobase and others reuse to report LoCoMo: the judge is shown the question
+  (one speaker asking the other about something from their past conversations), the gold answer and
+  the generated answer; it grades generously (a longer answer about the same thing as the gold answer
+  is CORRECT; for a question about time, an answer naming the same date or period is CORRECT, also
+  when written in another format or relative to the conversation); it gives a one-sentence reason
+  first, then one label, CORRECT or WRONG, never both; the score is 1 when the label is CORRECT and 0
+  otherwise, as llm_judge.py scores it. Our wording and our example; the reason is a JSON field before
+  the label (their prompt asks for the explanation first and the label under the JSON key "label"),
+  asked for whatever `judge_answers.explain` says, as theirs always asks for it.
 
 A question the conversation cannot answer (LoCoMo's adversarial category, no reference answer) is
 judged by the reference-based judges against `NOT_MENTIONED` as the expected answer (`reference=None`).
@@ -24,7 +36,7 @@ All wording is ours; MemoChat's judge keeps every element of the original.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -60,10 +72,27 @@ MEMOCHAT_SYSTEM = (
     "your judgment. Then rate the bot's response with an integer from 1 to 100, written in exactly this "
     "form: [[rating]], for example [[57]]."
 )
+# The community LoCoMo judge (mem0's J), in our words: the three materials, what the question is about
+# and the shape of a gold answer (our example), generous on wording and on dates, a one-sentence reason
+# first, then exactly one of the two labels.
+LOCOMO_J = "locomo_j"
+LOCOMO_J_SYSTEM = (
+    "You label an answer to a question as CORRECT or WRONG. You are given three things: (1) a question that one "
+    "person asks another about something from their earlier conversations, which the other should remember; "
+    "(2) the gold answer, the ground truth; (3) a generated answer, the one you label. The gold answer is "
+    "usually brief and names what the question is about (asked \"Which plant did I repot last spring?\", the "
+    "gold answer might be \"A fiddle-leaf fig\"). Grade generously: the generated answer may be much longer "
+    "than the gold answer, and it is CORRECT as long as it is about the same thing the gold answer names. "
+    "When the question is about time, the gold answer is a particular date, month, year or period; the "
+    "generated answer may be longer or refer to the time relative to the conversation (such as \"the Friday "
+    "before\" or \"the following month\"), and it is CORRECT as long as it points to the same date or period. "
+    "The same date written in another format (\"3 June\" or \"June 3rd\") is CORRECT. First give your "
+    "reasoning in one short sentence, then the label: exactly one of CORRECT or WRONG, never both."
+)
 UNANSWERABLE_NOTE = ("(the conversation does not contain this information; a correct answer says so instead "
                      "of giving an answer)")
 PROMPTS = {**{f"system.{k}": v for k, v in SYSTEMS.items()}, "system.gpt4score.memochat": MEMOCHAT_SYSTEM,
-           "unanswerable_reference": f"{NOT_MENTIONED} {UNANSWERABLE_NOTE}"}
+           f"system.{LOCOMO_J}": LOCOMO_J_SYSTEM, "unanswerable_reference": f"{NOT_MENTIONED} {UNANSWERABLE_NOTE}"}
 JUDGES = tuple(SYSTEMS)
 GPT4SCORE_MODES = ("reference", "memochat")
 
@@ -85,6 +114,13 @@ class ExplainedScore(BaseModel):
 class ExplainedCorrectness(BaseModel):
     reason: str = Field(default="", max_length=400)
     correct: bool
+
+
+class LocomoVerdict(BaseModel):
+    """The community LoCoMo judge's reply: the one-sentence reason first, then the label."""
+
+    reason: str = Field(default="", max_length=600)
+    label: Literal["CORRECT", "WRONG"]
 
 
 class MemoChatRating(BaseModel):
@@ -115,6 +151,19 @@ def build_memochat_messages(history: str, question: str, response: str) -> Messa
     return [{"role": "system", "content": MEMOCHAT_SYSTEM}, {"role": "user", "content": user}]
 
 
+def build_locomo_j_messages(question: str, gold: str, answer: str) -> Messages:
+    """The community LoCoMo judge: the question, the gold answer and the generated answer, and the
+    reply asked for (the reason, then the label)."""
+    user = (f"Question: {question}\nGold answer: {gold}\nGenerated answer: {answer}\n\n"
+            'Reply in JSON: {"reason": one short sentence, "label": "CORRECT" | "WRONG"}.')
+    return [{"role": "system", "content": LOCOMO_J_SYSTEM}, {"role": "user", "content": user}]
+
+
+def locomo_j_score(label: str) -> float:
+    """1.0 when the label is CORRECT, 0.0 otherwise (llm_judge.py: `1 if label == "CORRECT" else 0`)."""
+    return 1.0 if label == "CORRECT" else 0.0
+
+
 _RATING = re.compile(r"\[\[\s*(\d{1,3})\s*\]\]")
 
 
@@ -142,6 +191,15 @@ async def judge_answer(llm: ChatLLM, judge: str, question: str, reference: str |
     parsed = result.parsed
     value = float(parsed.score) if judge == "gpt4score" else float(parsed.correct)
     return value, getattr(parsed, "reason", None), result.model
+
+
+async def judge_locomo_j(llm: ChatLLM, question: str, gold: str, answer: str,
+                         **params: Any) -> tuple[float, str, str]:
+    """(1.0 CORRECT / 0.0 WRONG, the judge's reason, judge model) from the community LoCoMo judge; a
+    reply that is not a reason and one of the two labels is re-asked as any structured answer."""
+    result = await llm.chat(build_locomo_j_messages(question, gold, answer), schema=LocomoVerdict, **params)
+    parsed = result.parsed
+    return locomo_j_score(parsed.label), parsed.reason, result.model
 
 
 async def judge_memochat(llm: ChatLLM, history: str, question: str, response: str,

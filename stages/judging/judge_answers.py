@@ -1,8 +1,9 @@
 """judge_answers: every method's answer to a probe, judged alone: SeCom's GPT4Score (against the
 reference answer, or MemoChat's evidence-based judge), correct / incorrect in a strict and a lenient
 wording, LongMemEval's yes/no judge with a prompt per question type (`correctness: [longmemeval]`,
-stages/judging/longmemeval.py), and TeaFarm correctness for TeaFarm's counterfactual questions
-(Theanine Table 3).
+stages/judging/longmemeval.py), the community LoCoMo judge (`correctness: [locomo_j]`: mem0's "J",
+CORRECT or WRONG against the gold answer, stages/judging/answers.py), and TeaFarm correctness for
+TeaFarm's counterfactual questions (Theanine Table 3).
 
 Every (probe, method, judge) of the judged kinds gets a row. A question without a reference answer
 (LoCoMo's adversarial category) is judged against "Not mentioned in the conversation" by the
@@ -13,7 +14,10 @@ BERTScore, which cannot score an answer without a reference. MemoChat's judge se
 probe, whichever method answered: the probe's evidence turns, else the whole past (`history_source`).
 LongMemEval's judge asks whether such a question, and any question flagged `abstention`, was declined;
 it is shown the bare question (not the request with its "[Current date: ...]" line), as
-LongMemEval's evaluate_qa.py shows it.
+LongMemEval's evaluate_qa.py shows it. The LoCoMo judge is shown the bare question too, as mem0's
+llm_judge.py is; with `unanswerable: skip` it skips LoCoMo's adversarial category as mem0's evals.py
+does (every row of category 5 written with `skipped`), so its per-category and overall shares cover
+categories 1-4.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from stages.probes import PROBE_KEY_FIELDS, sample
 ANSWER_JUDGMENTS = pa.schema(
     [
         *PROBE_KEY_FIELDS,
-        pa.field("judge", pa.string(), nullable=False),  # gpt4score | strict | lenient | longmemeval | teafarm
+        # gpt4score | strict | lenient | longmemeval | locomo_j | teafarm
+        pa.field("judge", pa.string(), nullable=False),
         pa.field("score", pa.float64()),  # 0-100 (1-100 memochat) for gpt4score; 1 correct / 0 incorrect otherwise
         pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation; longmemeval: its reply)
         # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
@@ -69,8 +74,9 @@ class JudgeAnswersSettings(JudgeSettings):
     # related history + question + response, faithfulness, explanation then [[1-100]]
     gpt4score_mode: Literal["reference", "memochat"] = "reference"
     memochat_max_tokens: int = Field(default=512, ge=16)  # room for the explanation before the [[rating]]
-    # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type
-    correctness: list[Literal["strict", "lenient", "longmemeval"]] = ["strict", "lenient"]
+    # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type;
+    # locomo_j: the community LoCoMo judge (mem0's J: CORRECT / WRONG against the gold answer)
+    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
     # judge needs no reference), or skipped by every judge (rows with `skipped` set).
@@ -161,6 +167,11 @@ class JudgeAnswersStage(JudgeStage):
                 question = questions.get(probe.get("qa_id"), probe["request"])
                 judgment = longmemeval.judge(ctx.llm, kind, question, reference, resp["response"], **params)
                 return await judged_row(row, ("score", "judge_prompt", "reason"), judgment)
+            if judge == answers.LOCOMO_J:
+                question = questions.get(probe.get("qa_id"), probe["request"])
+                expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
+                judgment = answers.judge_locomo_j(ctx.llm, question, expected, resp["response"], **params)
+                return await judged_row(row, ("score", "reason"), judgment)
             if memochat:
                 history, row["history_source"] = related_history(probe, turns)
                 judgment = answers.judge_memochat(ctx.llm, history, probe["request"], resp["response"],
