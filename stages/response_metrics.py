@@ -5,10 +5,11 @@ reports it, through the library that scorer used (`COLUMN_SCORERS` says which fo
 - `response_metrics`, one row per (probe, method): our sentence BLEU-1..4, token F1, distinct-1..3
   and words; ROUGE-1/2/L (SeCom's scorer, rouge-score); RSum's F1 (`rsum_f1`); LD-Agent's nlg-eval
   BLEU-1..4 and ROUGE-L of the one reply (`nlgeval_*`, on the generator's raw reply where the method
-  kept one); LoCoMo's own QA F1 per official category; BERTScore when asked for (SeCom's scorer). A
-  failed response (no text) keeps its row, `failed` set: it scores 0.0 on our metrics, ROUGE and
-  BERTScore, is scored as an empty response by RSum's and LD-Agent's scorers, and has no words or
-  distinct-n.
+  kept one); LoCoMo's own QA F1 per official category; Mem0's F1 and BLEU-1 of LoCoMo questions of
+  categories 1-4 (`mem0_f1`, `mem0_bleu1`, the mem0 paper's Table 1); BERTScore when asked for (SeCom's
+  scorer). A failed response (no text) keeps its row, `failed` set: it scores 0.0 on our metrics, ROUGE
+  and BERTScore, is scored as an empty response by RSum's, LD-Agent's and Mem0's scorers, and has no
+  words or distinct-n.
 - `corpus_metrics`, one row per (dataset, kind, method) and per category and, for next-response
   probes, per session (LD-Agent's and RSum's Table 1 are per session): the statistics that exist
   only over a set of responses: HF evaluate's corpus BLEU-1..4 (`evaluate_bleu*`, SeCom's scorer) and
@@ -32,7 +33,7 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.errors import ConfigError
 from pipeline.stage import GlobalStage, StageContext
-from stages.metrics import evaluate_bleu, locomo_qa, nlgeval, rsum_eval, text
+from stages.metrics import evaluate_bleu, locomo_qa, mem0_qa, nlgeval, rsum_eval, text
 from stages.metrics.significance import cluster_bootstrap_interval, cluster_bootstrap_statistic
 from stages.method_stages import respond_stage_name
 from stages.probes import PROBE_KEY_FIELDS
@@ -46,10 +47,11 @@ _REFERENCE = ["bleu1", "bleu2", "bleu3", "bleu4", "rouge1", "rouge2", "rougeL", 
 _NLGEVAL = [f"nlgeval_{name}" for name in nlgeval.SCORES]
 _PAPER = ["rsum_f1", *_NLGEVAL]
 _DISTINCT = ["distinct1", "distinct2", "distinct3"]
-_SCORES = [*_REFERENCE, *_PAPER, *_DISTINCT, "locomo_f1", "bertscore"]
+_MEM0 = ["mem0_f1", "mem0_bleu1"]  # LoCoMo questions of categories 1-4 only
+_SCORES = [*_REFERENCE, *_PAPER, *_DISTINCT, "locomo_f1", *_MEM0, "bertscore"]
 # What the report averages per group (metric_summary's means, in this order) and which of those it
 # bounds with an interval. nlg-eval's per-reply scores are averaged LD-Agent's way in corpus_metrics.
-RESPONSE_SCORES = [*_REFERENCE, "rsum_f1", "locomo_f1", "bertscore", *_DISTINCT, "words"]
+RESPONSE_SCORES = [*_REFERENCE, "rsum_f1", "locomo_f1", *_MEM0, "bertscore", *_DISTINCT, "words"]
 BOUNDED_SCORES = RESPONSE_SCORES  # every mean gets its interval
 ORDERS = (1, 2, 3, 4)  # evaluate's corpus BLEU-n
 PRECISION_ORDERS = (1, 2)  # RSum's BLEU-1/2: evaluate's precisions
@@ -68,7 +70,7 @@ RESPONSE_METRICS = pa.schema(
         pa.field("session_idx", pa.int32(), nullable=False),  # the probe's session
         pa.field("failed", pa.bool_(), nullable=False),  # no response: reference scores 0.0, no words / distinct
         pa.field("words", pa.int32()),  # length of the response; null when it failed
-        *[pa.field(name, pa.float64()) for name in _SCORES],  # locomo_f1 only on LoCoMo questions
+        *[pa.field(name, pa.float64()) for name in _SCORES],  # locomo_f1 / mem0_* only on LoCoMo questions
     ]
 )
 
@@ -141,6 +143,14 @@ COLUMN_SCORERS: dict[str, str] = {
                            ("rougeL", "Rouge() ROUGE-L (beta 1.2)")]},
     "locomo_f1": "LoCoMo's scorer: task_eval/evaluation.py F1 per official category (normalised, Porter-stemmed "
                  f"with {_NLTK}; adversarial questions by abstention); mean over questions ({_FAILED_ZERO})",
+    # Table 1's F1 and B1 (generate_scores.py: plain means per category and over categories 1-4).
+    "mem0_f1": "Mem0's scorer (Table 1 F1): evaluation/metrics/utils.py calculate_metrics F1 over the SETS of "
+               "tokens of the texts lowercased, '.,!?' replaced by spaces, whitespace-split (0 when none is "
+               f"shared); LoCoMo categories 1-4 (evals.py skips 5), mean over questions ({_FAILED_EMPTY}: 0)",
+    "mem0_bleu1": f"Mem0's scorer (Table 1 B1): evaluation/metrics/utils.py calculate_bleu_scores bleu1 = {_NLTK} "
+                  "sentence_bleu, weights (1, 0, 0, 0), SmoothingFunction().method1, of "
+                  f"{_WORD_TOKENIZE} tokens of the lowercased texts; LoCoMo categories 1-4 (evals.py skips 5), "
+                  f"mean over questions ({_FAILED_EMPTY}: 0)",
     "bertscore": f"SeCom's scorer: HF evaluate bertscore lang=en = bert-score {_v('bert-score')} F1, roberta-large "
                  f"at its default layer (17), no idf, no baseline rescaling; mean over responses ({_FAILED_ZERO})",
     **{f"distinct{n}": f"ours: distinct-{n} of one response (unique / total n-grams of its lowercased word/punctuation "
@@ -194,8 +204,8 @@ def score_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Metric rows from (probe, response) rows, `response` None for a failed one (`raw_response`,
     when present, the generator's reply before the method cleaned it); reference metrics where there
     is gold text, LoCoMo F1 on LoCoMo questions (adversarial ones have no gold and are scored by
-    abstention). A failed response scores 0.0 on our metrics and ROUGE, and as an empty response on
-    the papers' per-reply scorers."""
+    abstention), Mem0's F1 and BLEU-1 on those of categories 1-4. A failed response scores 0.0 on our
+    metrics and ROUGE, and as an empty response on the papers' per-reply scorers."""
     out = []
     for r in rows:
         failed = r["response"] is None
@@ -208,6 +218,8 @@ def score_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             scores = text.reference_scores(r["response"], r["gold"]) | paper_scores(r)
         if _is_locomo_question(r):
             scores["locomo_f1"] = 0.0 if failed else locomo_qa.locomo_f1(r["response"], r["gold"], r["category"])
+            if locomo_qa.CATEGORY_IDS[r["category"]] in mem0_qa.CATEGORIES:  # evals.py skips category 5
+                scores |= mem0_qa.scores(r["response"] or "", r["gold"])
         keys = {k: r[k] for k in ("episode_id", "dataset", "probe_id", "kind", "category", "method", "session_idx")}
         out.append(keys | {name: None for name in _SCORES} | scores
                    | {"failed": failed, "words": None if failed else len(r["response"].split())})

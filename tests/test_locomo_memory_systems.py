@@ -2,17 +2,20 @@
 paper's protocol, arXiv:2504.19413 Tables 1-2) and LongMemEval_S against its paper's board
 (configs/longmemeval.yaml): the configs load and plan, `mempipe check` lists no deviation, the
 community J judge (`locomo_j`) is shown every element of its protocol and scores 1 / 0, LoCoMo's
-category 5 is skipped, and every published number names a report table, row and column, shown
-beside ours (or as `not produced` for the systems we do not run)."""
+category 5 is skipped, mem0's F1 and BLEU-1 (Table 1) are computed per LoCoMo question by mem0's scorer,
+and every published number names a report table, row and column, shown beside ours (or as
+`not produced` for the systems we do not run)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from fake_chat import FakeChat
 from sheets import CONFIGS, described, sheet_config
@@ -25,8 +28,10 @@ from pipeline.stage import StageContext
 from stages.cli import main
 from stages.judging import answers
 from stages.judging.judge_answers import SKIP_UNANSWERABLE, JudgeAnswersStage
+from stages.metrics import mem0_qa
 from stages.report import reproduction_section
-from stages.report.tables import SUMMARY_TABLES, answer_summary, reproduction_summary
+from stages.report.tables import SUMMARY_TABLES, answer_summary, metric_summary, reproduction_summary
+from stages.response_metrics import COLUMN_SCORERS, RESPONSE_METRICS, score_rows
 
 CONFIG = "locomo_memory_systems"
 METHODS = ["mem0_style", "full_history", "turn", "secom", "theanine"]
@@ -84,6 +89,12 @@ def test_check_lists_no_deviation(capsys):
     assert out[0].endswith(f"(paper: block of {path}): matches the paper's protocol ({settings} settings)")
     assert not [line for line in out if "differ" in line]
     assert deviations(sheet_config(CONFIG)) == []
+    # mem0's F1 and BLEU-1 rows name mem0's scorer, 24 rows each (6 systems x 4 categories)
+    scored = {line.strip().split(" (")[0]: line for line in out if line.startswith("    metric_summary.")}
+    assert set(scored) == {"metric_summary.mem0_f1", "metric_summary.mem0_bleu1"}
+    for column, line in scored.items():
+        assert f"{column} (24): {COLUMN_SCORERS[column.split('.')[1]]}" in line and "Mem0's scorer" in line
+    assert "sentence_bleu" in scored["metric_summary.mem0_bleu1"] and "SETS" in scored["metric_summary.mem0_f1"]
 
 
 def test_a_set_away_from_mem0s_protocol_is_exactly_that_deviation():
@@ -196,6 +207,14 @@ def test_the_locomo_rows_are_j_per_category_and_overall_with_their_table():
         if r.table == "method_summary":
             assert r.source.startswith("Table 2") and r.column == "mean_context_tokens"
             continue
+        if r.table == "metric_summary":  # Table 1's F1 / B1: per category only, by mem0's scorer
+            assert r.column == {"F1": "mem0_f1", "BLEU-1": "mem0_bleu1"}[r.name.rsplit(", ", 1)[1]] and r.scale == 100
+            assert r.where == {"dataset": "locomo", "kind": "qa", "category": r.where["category"],
+                               "session_idx": None, "method": r.where["method"]}
+            assert r.where["category"] in COUNTS and r.source.startswith("Table 1")
+            column = next(c for c in MEM0_COLUMNS if f", {c} (" in r.name)
+            assert MEM0_COLUMNS[column] == r.where["category"] and f"our `{r.where['category']}`" in r.source
+            continue
         assert r.table == "answer_summary" and r.column == "score" and r.scale == 100
         assert r.where["judge"] == "locomo_j" and r.where["dataset"] == "locomo"
         assert r.where["category"] in (None, *COUNTS)  # never the adversarial category
@@ -209,6 +228,12 @@ def test_the_sheet_quotes_the_papers_headline_numbers():
     def number(row):
         return next(r.paper for r in results() if r.name == row)
 
+    assert number("Mem0, Single Hop (LoCoMo category 1), F1") == 38.72
+    assert number("Mem0, Single Hop (LoCoMo category 1), BLEU-1") == 27.13
+    assert number("Mem0g, Temporal (LoCoMo category 2), F1") == 51.55  # Sec. 4.1's highest temporal F1
+    assert number("Zep, Open Domain (LoCoMo category 4), F1") == 49.56
+    assert number("A-Mem*, Multi-Hop (LoCoMo category 3), BLEU-1") == 8.81
+
     assert number("Mem0, overall J") == 66.88 and number("Mem0g, overall J") == 68.44
     assert number("Full-context, overall J") == 72.90 and number("Zep, overall J") == 65.99
     assert number("Mem0, Single Hop (LoCoMo category 1), J") == 67.13
@@ -220,7 +245,7 @@ def test_the_sheet_quotes_the_papers_headline_numbers():
 def test_table_1s_categories_weighted_by_locomos_counts_give_table_2s_overall_j():
     """Why mem0's Single Hop is LoCoMo category 1 (and so on): with this mapping Table 1's per-category J,
     weighted by the questions per category, is Table 2's overall J for every system that has both."""
-    rows = results()
+    rows = [r for r in results() if r.table == "answer_summary"]
     systems = {r.name.split(",")[0] for r in rows if r.where.get("category")}
     assert systems == {"Mem0", "Mem0g", "Zep", "LangMem", "OpenAI", "A-Mem*"}
     for system in systems:
@@ -250,6 +275,79 @@ def test_the_report_shows_the_published_rows_beside_ours_and_the_systems_we_do_n
     assert caption.startswith("Mem0: Building Production-Ready AI Agents")
     runs = dict(zip(shown["result"], shown["run"]))
     assert runs["Zep, overall J"] == "not produced" and runs["Mem0, overall J"].startswith("100")
+
+
+# --- mem0's F1 and BLEU-1 (Table 1) ---------------------------------------------------------------
+
+def test_mem0s_f1_is_over_token_sets_with_only_four_punctuation_marks_split_off():
+    # {the, cat, sat} vs {cat, sat, on, the, mat}: 3 shared, P = 3/3, R = 3/5, F1 = 2 * 0.6 / 1.6
+    assert mem0_qa.f1("the cat sat.", "cat sat on the mat") == pytest.approx(0.75)
+    assert mem0_qa.simple_tokens("Paris, France! Really?") == ["paris", "france", "really"]
+    # sets: a repeated word counts once (SQuAD's multiset F1 would give 2 * 2/3 * 1 / (5/3) = 0.8)
+    assert mem0_qa.f1("the the cat", "the cat") == 1.0
+    # no article or other punctuation removed: ';' stays on its word, "a" is a token
+    assert mem0_qa.f1("Paris;", "paris") == 0.0 and mem0_qa.f1("a dog", "dog") == pytest.approx(2 / 3)
+    assert mem0_qa.f1("", "paris") == mem0_qa.f1("...", "paris") == mem0_qa.f1("rome", "paris") == 0.0
+
+
+def test_mem0s_bleu1_is_nltks_smoothed_sentence_bleu_of_word_tokenize_tokens():
+    # hypothesis the cat sat . (4, word_tokenize splits the final period), reference cat sat on the mat
+    # (5): clipped unigram precision 3/4, brevity penalty exp(1 - 5/4)
+    assert mem0_qa.bleu1("The cat sat.", "cat sat on the mat") == pytest.approx(0.75 * math.exp(-0.25))
+    # the cat sat on the cat . (7) vs the cat sat on a mat (6): "the" and "cat" clipped to 1 each, so
+    # 4/7; longer than the reference, no penalty
+    assert mem0_qa.bleu1("The cat sat on the cat.", "the cat sat on a mat") == pytest.approx(4 / 7)
+    # lowercased first; method1 smoothing does not lift a BLEU-1 without a shared token, nor an empty answer
+    assert mem0_qa.bleu1("PARIS", "paris") == 1.0
+    assert mem0_qa.bleu1("rome", "paris") == mem0_qa.bleu1("", "paris") == 0.0
+
+
+def _scored_locomo(answers: dict[str, str | None], episode: str = "e1") -> list[dict]:
+    return [{"episode_id": episode, "dataset": "locomo", "probe_id": f"qa:{c}", "kind": "qa", "category": c,
+             "method": "mem0_style", "session_idx": 20, "response": answers[c],
+             "gold": None if c == "adversarial" else "7 May 2023"} for c in CATEGORIES]
+
+
+def test_mem0s_scores_are_computed_per_locomo_question_of_categories_1_to_4_only():
+    answers = {"multi-hop": "On 7 May 2023.", "temporal": "May 2023", "open-domain": None,
+               "single-hop": "7 may, 2023", "adversarial": "Not mentioned."}
+    rows = {r["category"]: r for r in score_rows(_scored_locomo(answers))}
+    for c in ("multi-hop", "temporal", "single-hop"):
+        assert rows[c]["mem0_f1"] == mem0_qa.f1(answers[c], "7 May 2023")
+        assert rows[c]["mem0_bleu1"] == mem0_qa.bleu1(answers[c], "7 May 2023")
+    assert rows["single-hop"]["mem0_f1"] == 1.0 and rows["temporal"]["mem0_f1"] == pytest.approx(0.8)
+    failed = rows["open-domain"]
+    assert failed["failed"] and failed["mem0_f1"] == failed["mem0_bleu1"] == 0.0  # as an empty answer
+    # category 5 is not scored (evals.py skips it): no value, so no weight in any mean
+    assert rows["adversarial"]["mem0_f1"] is None and rows["adversarial"]["mem0_bleu1"] is None
+    # not a LoCoMo question: not scored
+    other = score_rows([{**_scored_locomo(answers)[0], "dataset": "msc", "kind": "next_response", "category": None}])
+    assert other[0]["mem0_f1"] is None and other[0]["mem0_bleu1"] is None
+
+
+def test_metric_summary_carries_mem0s_means_per_category_and_overall_and_the_sheet_reads_them():
+    exact = {c: "7 May 2023" for c in CATEGORIES}
+    half = {**exact, "multi-hop": "June 2023", "single-hop": "Rome"}  # multi-hop F1 2 * 1/2 * 1/3 / (5/6) = 0.4
+    rows = score_rows(_scored_locomo(exact, "e1") + _scored_locomo(half, "e2"))
+    summary = metric_summary(pl.from_arrow(pa.Table.from_pylist(rows, schema=RESPONSE_METRICS)))
+    got = {r["category"]: r for r in summary.iter_rows(named=True)}
+    assert got["multi-hop"]["mem0_f1"] == pytest.approx((1.0 + 0.4) / 2)
+    assert got["single-hop"]["mem0_f1"] == pytest.approx(0.5) and got["adversarial"]["mem0_f1"] is None
+    # overall: the plain mean over every question of categories 1-4 (generate_scores.py), 8 here
+    assert got[None]["mem0_f1"] == pytest.approx((4 * 1.0 + 0.4 + 0.0 + 1.0 + 1.0) / 8)
+    for c in (None, "multi-hop"):  # two episodes: a cluster interval and an independent-bootstrap one
+        for m in ("mem0_f1", "mem0_bleu1"):
+            assert got[c][f"{m}_low"] <= got[c][m] <= got[c][f"{m}_high"]
+            assert got[c][f"{m}_iid_low"] <= got[c][m] <= got[c][f"{m}_iid_high"]
+    cfg = sheet_config(CONFIG)
+    shown = reproduction_summary(cfg, [("configs/locomo_memory_systems.yaml", cfg.paper)],
+                                 {"metric_summary": summary})
+    by_name = {r["name"]: r for r in shown.filter(pl.col("kind") == "result").iter_rows(named=True)}
+    f1 = by_name["Mem0, Single Hop (LoCoMo category 1), F1"]
+    assert f1["produced"] and f1["run"] == pytest.approx(70.0) and (f1["n"], f1["episodes"]) == (2, 2)
+    assert f1["scorer"] == COLUMN_SCORERS["mem0_f1"]
+    assert by_name["Mem0, Temporal (LoCoMo category 2), BLEU-1"]["run"] == pytest.approx(100.0)
+    assert not by_name["Zep, Temporal (LoCoMo category 2), F1"]["produced"]
 
 
 # --- LongMemEval_S against its paper ---------------------------------------------------------------
