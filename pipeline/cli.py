@@ -344,3 +344,10 @@ def main(app: App, argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `mempipe status | head`: the reader left; nothing to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
         return 141
+
+
+if __name__ == "__main__":
+    # The framework's CLI needs a project's stages (an App): `mempipe` / `python -m stages.cli` give them.
+    print("mempipe: error: pipeline.cli is the framework's command line without a project; run `mempipe ...` "
+          "or `python -m stages.cli ...`", file=sys.stderr)
+    sys.exit(2)

@@ -170,3 +170,11 @@ def test_every_shipped_config_is_valid():
     assert len(configs) >= 2
     for path in configs:
         load_config(path)
+
+
+def test_the_frameworks_cli_alone_says_which_command_to_run() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "run"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "python -m stages.cli" in out.stderr
