@@ -9,17 +9,24 @@
     source, `plan --json --calibrate K` (`--calibrate`, 1: a real run of the first episode), then the
     real run (whose first K episodes' calls the calibration run already cached).
 
+(c) wall time of plan on a LoCoMo-sized corpus (10 generated conversations in locomo10.json's layout,
+    19 sessions of 18-26 turns and 199 questions each, `judge_cost.make_conversation`'s text), offline
+    (HF_HUB_OFFLINE=1, an empty HF_HOME: no model can load or download): `mempipe plan --json` on
+    configs/secom_locomo.yaml and on configs/creem_msc.yaml (with the offline overrides its comments
+    name), timed as a user runs it (a fresh process); its estimate against the same plan's dry run
+    unbounded (every episode and probe: what plan did before it sampled by turns and probes).
+
 For each stage with an LLM role, estimated against real (the manifests: calls + failed calls,
 prompt and completion tokens over the roles), and the relative error (estimate - real) / real;
 the target is |error| < 15% on the run's totals. Fresh artifacts and LLM caches in a temporary folder.
 
-    python bench/plan_accuracy.py              # (a) and (b): about 40 minutes on 2 cores
-    python bench/plan_accuracy.py --part a     # the stub run only (about 15 minutes)
-    python bench/plan_accuracy.py --part b     # the default job only (about 15 minutes)
-
-Most of a plan's time is its dry run, which does the run's own CPU work (LLMLingua compression,
-MiniLM embeddings) in one process; the stub run's every-method dry run is the slowest part of (a).
+    python bench/plan_accuracy.py              # (a), (b) and (c): about 55 minutes on 2 cores
+    python bench/plan_accuracy.py --part a     # the stub run only (about 5 minutes)
+    python bench/plan_accuracy.py --part b     # the default job only (about 40 minutes)
+    python bench/plan_accuracy.py --part c     # plan's wall time on full LoCoMo (about 9 minutes)
     python bench/plan_accuracy.py --keep       # keep the runs' folders (paths printed)
+
+A plan's dry run runs no model: compression and local embeddings are simulated (pipeline/plan.py).
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from stages.methods import METHODS  # noqa: E402
 
 TARGET = 0.15
 KEYS = ("calls", "prompt_tokens", "completion_tokens")
+PLAN_WALL_TARGET_S = 30.0  # (c): secom_locomo.yaml on full LoCoMo
+CREEM_OFFLINE = ["embedding.model=all-MiniLM-L6-v2", "embedding.normalize=true",
+                 *(f"method.{m}.similarity=cosine" for m in ("creem", "creem_no_refine", "creem_no_preblend"))]
 
 
 def mempipe_out(args: list[str], sets: list[str]) -> tuple[str, float]:
@@ -193,9 +203,103 @@ def default_job(workdir: Path, episodes: int, calibrate: int) -> dict[str, Any]:
     return result
 
 
+def locomo_corpus(path: Path, conversations: int = 10, questions: int = 199) -> dict[str, int]:
+    """Full LoCoMo's size in its layout: `conversations` of judge_cost's generated conversations
+    (19 sessions of 18-26 turns), each with `questions` questions, every fifth adversarial (category 5)."""
+    import random
+
+    from judge_cost import SPEAKERS, WORDS, make_conversation, sentence
+
+    samples = []
+    for c in range(conversations):
+        sample = make_conversation(100 + c)[0]
+        sample["sample_id"] = f"conv-{c + 1}"
+        rng = random.Random(1000 + c)
+        sessions = [v for k, v in sample["conversation"].items() if k.startswith("session_") and isinstance(v, list)]
+        ids = [t["dia_id"] for turns in sessions for t in turns]
+        qa = []
+        for q in range(questions):
+            item: dict[str, Any] = {"question": f"What did {SPEAKERS[q % 2]} say about the {rng.choice(WORDS)}?",
+                                    "evidence": sorted(rng.sample(ids, 2)), "category": 1 + q % 5}
+            item["adversarial_answer" if item["category"] == 5 else "answer"] = sentence(rng, 6)
+            qa.append(item)
+        sample["qa"] = qa
+        samples.append(sample)
+    path.write_text(json.dumps(samples))
+    turns = sum(len(v) for x in samples for k, v in x["conversation"].items() if isinstance(v, list))
+    return {"conversations": conversations, "turns": turns, "questions": conversations * questions}
+
+
+def unbounded_plan(config: Path, sets: list[str]) -> tuple[dict[str, Any], float]:
+    """The plan with its dry run unbounded (every episode and probe), in this process: (json, s)."""
+    sys.path.insert(0, str(ROOT))
+    from pipeline.config import resolve_paths
+    from pipeline.plan import make_plan
+    from stages import load_config, registry
+
+    cfg = resolve_paths(load_config(config, sets))
+    started = time.perf_counter()
+    plan = make_plan(cfg, registry, write=False, max_turns=None, probe_cap=None)
+    return plan.to_json(), time.perf_counter() - started
+
+
+def locomo_plans(workdir: Path) -> dict[str, Any]:
+    corpus = workdir / "locomo_full.json"
+    size = locomo_corpus(corpus)
+    hf_home = workdir / "hf-home-empty"
+    hf_home.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(hf_home),
+           "OPENAI_API_KEY": "sk-bench-not-a-secret"}
+    jobs = {"secom_locomo": (ROOT / "configs" / "secom_locomo.yaml", []),
+            "creem_msc": (ROOT / "configs" / "creem_msc.yaml", ["corpus.format=locomo", "corpus.limit=null",
+                                                                 *CREEM_OFFLINE])}
+    out: dict[str, Any] = {"corpus": size, "plans": {}}
+    for name, (config, extra) in jobs.items():
+        sets = [f"artifacts_dir={workdir / 'artifacts'}", f"corpus.path={corpus}", *extra]
+        cmd = [sys.executable, "-m", "stages.cli", "plan", "--json", "-c", str(config)]
+        for x in sets:
+            cmd += ["--set", x]
+        print(f"[c: {name}] plan on full LoCoMo, offline ...", flush=True)
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"plan {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        plan = json.loads(proc.stdout)
+        models_in_cache = sorted(str(p.relative_to(hf_home)) for p in hf_home.rglob("*") if p.is_file())
+        print(f"[c: {name}] the same plan, dry run unbounded (reference) ...", flush=True)
+        ref, ref_s = unbounded_plan(config, sets)
+        text, data = compare({"plan": plan}, estimated(ref))
+        out["plans"][name] = {"wall_s": round(wall, 1), "dry_run_s": plan["method"].get("dry_run_s"),
+                              "dry_run": plan["method"].get("dry_run"), "models": plan["method"].get("models"),
+                              "unbounded_s": round(ref_s, 1), "hf_home_files": models_in_cache,
+                              "table": text, "data": data, "total": plan["total"], "unbounded_total": ref["total"]}
+    return out
+
+
+def locomo_section(r: dict[str, Any]) -> str:
+    c = r["corpus"]
+    rows = []
+    for name, p in r["plans"].items():
+        e = p["data"]["total"]["plan"]["error"]
+        target = f"< {PLAN_WALL_TARGET_S:.0f} s: {'met' if p['wall_s'] < PLAN_WALL_TARGET_S else 'not met'}" \
+            if name == "secom_locomo" else "well under 60 s: " + ("met" if p["wall_s"] < 45 else "not met")
+        rows.append([name, f"{p['wall_s']}", f"{p['dry_run_s']}", target, f"{p['unbounded_s']}",
+                     *(fmt_err(e[k]) for k in ("calls", "prompt_tokens")), str(len(p["hf_home_files"]))])
+    head = ["config", "wall s of plan", "of it dry run s", "target", "dry run unbounded s", "calls vs unbounded",
+            "prompt vs unbounded", "files in HF_HOME after"]
+    body = [f"## (c) wall time of plan on full LoCoMo ({c['conversations']} conversations, {c['turns']:,} turns, "
+            f"{c['questions']:,} questions), offline, no model\n\n" + table(head, rows)]
+    for name, p in r["plans"].items():
+        body.append(f"\n### {name}: per stage, the plan against its dry run unbounded (every episode and probe)\n\n"
+                    + p["table"].replace("real", "unbounded") + f"\n\ndry run: {p['dry_run']}\n\n"
+                    f"no model run: {json.dumps(p['models'])}\n")
+    return "\n".join(body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["a", "b", "both"], default="both")
+    ap.add_argument("--part", choices=["a", "b", "c", "both", "all"], default="all", help="both: (a) and (b)")
     ap.add_argument("--keep", action="store_true", help="keep the runs' folders")
     ap.add_argument("--episodes", type=int, default=2, help="(b): episodes of the sample corpus in the run (default 2; 4 is all)")
     ap.add_argument("--calibrate", type=int, default=1, help="(b): episodes of the calibration run (default 1)")
@@ -203,9 +307,11 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="mempipe-plan-bench-"))
     results: dict[str, Any] = {}
     try:
-        if args.part in ("a", "both"):
+        if args.part in ("c", "all"):  # first: its wall times want an idle machine
+            results["locomo_plans"] = locomo_plans(workdir)
+        if args.part in ("a", "both", "all"):
             results["stub"] = stub(workdir)
-        if args.part in ("b", "both"):
+        if args.part in ("b", "both", "all"):
             results["default_job"] = default_job(workdir, args.episodes, args.calibrate)
     finally:
         if args.keep:
@@ -213,20 +319,24 @@ def main() -> None:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     previous = ROOT / "bench" / "results" / "plan_accuracy.json"
-    if args.part != "both" and previous.exists():  # one part rerun: keep the other's figures
+    parts = ("stub", "default_job", "locomo_plans")
+    if args.part != "all" and previous.exists():  # some parts rerun: keep the others' figures
         kept = json.loads(previous.read_text())
-        results = {k: kept[k] for k in ("stub", "default_job") if k in kept and k not in results
-                   and "table" in kept[k]} | results
-        results = {k: results[k] for k in ("stub", "default_job") if k in results}
+        results = {k: kept[k] for k in parts if k in kept and k not in results
+                   and ("table" in kept[k] or "plans" in kept[k])} | results
+    results = {k: results[k] for k in parts if k in results}
     body = []
     names = {"stub": f"(a) stub run of every method ({len(METHODS)}) on 2 episodes of the sample corpus, fake server, calibrated on 1",
              "default_job": "(b) default job on {run} episodes (embedded SmolLM2-135M), calibrated on {cal}"}
     for key, r in results.items():
+        if key == "locomo_plans":
+            body.append(locomo_section(r))
+            continue
         names[key] = names[key].format(run=r.get("episodes_run", 2), cal=r.get("episodes_calibrated", 1))
         cal = r.get("calibration_run") or {}
         body.append(f"## {names[key]}\n\nestimated (error against real) per stage; real = the run's manifests "
                     "(calls answered + failed)\n\n" + r["table"] + "\n\nTotals against the 15% target:\n" + r["verdict"]
-                    + f"\n\nwall s: plan {r['wall_s']['plan']} (dry run {r['dry_run_s']['uncalibrated']}), plan "
+                    + f"\n\nwall time of plan, s: plan {r['wall_s']['plan']} (dry run {r['dry_run_s']['uncalibrated']}), plan "
                     f"--calibrate {r['wall_s']['plan_calibrate']} (its calibration run: {cal.get('calls')} calls, "
                     f"{cal.get('fresh_calls')} fresh), the real run {r['wall_s']['run']}\n\n"
                     f"per episode of the real run (probes by kind; TeaBag questions, failed): "

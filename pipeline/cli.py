@@ -98,6 +98,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = make_plan(cfg, args.app.registry, only=args.only or None, from_=args.from_stage,
                      force=args.force or None, until=args.until, sample=args.sample, calibrate_k=args.calibrate,
                      like=args.like, completion_fraction=args.assume_completion,
+                     **{k: v for k, v in (("max_turns", args.max_turns), ("probe_cap", args.probe_cap)) if v is not None},
                      say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return 0
@@ -275,7 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(plan)
     selectors(plan)
     plan.add_argument("--sample", type=int, default=20, metavar="K",
-                      help="episodes the dry run reads (all when fewer); per-episode stages are scaled (default 20)")
+                      help="episodes the dry run reads at most (all when fewer), fewer while their turns exceed "
+                           "--max-turns; per-episode stages are scaled by episodes, turns, sessions or questions "
+                           "(default 20)")
+    # Defaults: pipeline.plan's DRY_RUN_TURNS / DRY_RUN_PROBES (imported only when plan runs).
+    plan.add_argument("--max-turns", type=int, default=None, metavar="N",
+                      help="turns the dry run's episodes hold at most, never fewer than 2 episodes (default 1000)")
+    plan.add_argument("--probe-cap", type=int, default=None, metavar="N",
+                      help="probes per episode and kind the dry run answers; the run's full count scales them "
+                           "(default 50)")
     plan.add_argument("--calibrate", type=int, default=None, metavar="K",
                       help="calibrate on a real run of the first K episodes (<run>-calibrate-K; its calls are cached)")
     plan.add_argument("--like", default=None, metavar="RUN_DIR", help="calibrate on the manifests of another run directory")

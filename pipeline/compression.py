@@ -18,14 +18,20 @@ a line pruned to punctuation given its text back, counted in `Compressed.restore
 line: measured, compressing a whole dialogue at once drops speaker tags and newlines (they are
 low-perplexity tokens). Line by line, each utterance is compressed on its own and its tag
 re-attached; utterances shorter than `min_words` are kept verbatim (pruning "Yes." leaves ".").
+
+`mempipe plan`'s dry run compresses without a model (inside `simulated_compression()`, which only
+`pipeline.plan.dry_run` enters): `simulate_line` keeps an evenly spread `rate` share of each
+utterance's words, the speaker tag and every line intact. A user's run never enters it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -113,6 +119,38 @@ def pruned_lines(original: str, compressed: str, tags: Sequence[str]) -> int:
 
 # Module level, not per instance: the model is shared, and compressors must stay picklable for Ray.
 _COMPRESS_LOCK = threading.Lock()
+
+_SIMULATED = False  # set only inside `simulated_compression()` (plan's dry run, this process, inline)
+_SIMULATED_UNITS = [0]  # units simulated so far in this process (plan notes which stages compressed)
+
+
+@contextlib.contextmanager
+def simulated_compression() -> Iterator[None]:
+    """While inside, every `Compressor` compresses by `simulate_line` and loads no model: plan's
+    dry run (inline, in this process) estimates the compressed text from sizes."""
+    global _SIMULATED
+    before, _SIMULATED = _SIMULATED, True
+    try:
+        yield
+    finally:
+        _SIMULATED = before
+
+
+def simulated_units() -> int:
+    """Units compressed by `simulate_line` in this process so far."""
+    return _SIMULATED_UNITS[0]
+
+
+def simulate_line(line: str, tags: Sequence[str], rate: float, min_words: int = 0) -> str:
+    """`line` with round(rate x words) of its utterance's words kept (at least one), evenly spread
+    and in order, its speaker tag kept; shorter than `min_words` words: unchanged."""
+    tag, utterance = split_known_tag(line, tags)
+    words = utterance.split()
+    if not words or len(words) < min_words:
+        return line
+    k = max(1, min(len(words), round(rate * len(words))))
+    kept = " ".join(words[math.floor(i * len(words) / k)] for i in range(k))
+    return f"{tag} {kept}" if tag else kept
 
 
 @functools.lru_cache(maxsize=2)
@@ -221,6 +259,11 @@ class Compressor:
         if self.method == "none" or not text.strip():
             return Compressed(text, "none")
         tags = speaker_tags(speakers)
+        if _SIMULATED:  # plan's dry run: sizes, not a model (LLMLingua-2 has no min_words: whole exchanges)
+            _SIMULATED_UNITS[0] += 1
+            min_words = self.min_words if self.per_line else 0
+            return Compressed("\n".join(simulate_line(line, tags, self.rate, min_words) for line in text.split("\n")),
+                              "per_line" if self.per_line else "per_exchange")
         pc = self._compressor()
         with _COMPRESS_LOCK:  # the shared torch model is not safe to call from several threads at once
             if not self.per_line:

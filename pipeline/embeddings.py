@@ -2,21 +2,28 @@
 
 Every embedder returns float32 rows of unit length, so cosine similarity is a dot product and Lance
 cosine / L2 searches rank identically.
+
+`mempipe plan`'s dry run embeds with `SimulatedEmbedder` instead of a local model (inside
+`simulated_embeddings()`, which only `pipeline.plan.dry_run` enters): hashed bag-of-words vectors,
+no model loaded, nothing downloaded. A user's run never enters it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import logging
 import queue
+import re
 import sqlite3
 import threading
 import weakref
+import zlib
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -345,9 +352,102 @@ async def aencode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     return await rounds.setdefault(identity(), _Rounds(embedder)).encode(list(texts))
 
 
+# ---------------------------------------------------------------------------------------------
+# plan's dry run: vectors without a model
+
+# Output sizes of the local models the configs name, so simulated vectors have the real shape;
+# any other model gets SIMULATED_DIM (a dry run's counts do not depend on it).
+KNOWN_DIMS = {"all-MiniLM-L6-v2": 384, "all-MiniLM-L12-v2": 384, "all-mpnet-base-v2": 768,
+              "multi-qa-mpnet-base-dot-v1": 768, "multi-qa-MiniLM-L6-cos-v1": 384, "contriever": 768,
+              "contriever-msmarco": 768, "bge-small-en-v1.5": 384, "bge-base-en-v1.5": 768,
+              "bge-large-en-v1.5": 1024, "e5-small-v2": 384, "e5-base-v2": 768, "e5-large-v2": 1024}
+SIMULATED_DIM = 384
+_WORD = re.compile(r"\w+")
+
+_SIMULATED = False  # set only inside `simulated_embeddings()` (plan's dry run, this process, inline)
+_SIMULATED_TEXTS = [0]  # texts simulated so far in this process (plan notes which stages embedded)
+
+
+@contextlib.contextmanager
+def simulated_embeddings() -> Iterator[None]:
+    """While inside, `make_embedder` gives `SimulatedEmbedder` for `provider: local`: plan's dry
+    run (inline, in this process) embeds without loading or downloading a model."""
+    global _SIMULATED
+    before, _SIMULATED = _SIMULATED, True
+    try:
+        yield
+    finally:
+        _SIMULATED = before
+
+
+def embeddings_simulated() -> bool:
+    """Whether this process is inside `simulated_embeddings()` (plan's dry run)."""
+    return _SIMULATED
+
+
+def simulated_texts() -> int:
+    """Texts `SimulatedEmbedder` has embedded in this process so far."""
+    return _SIMULATED_TEXTS[0]
+
+
+def simulated_dim(model: str) -> int:
+    """The model's known output size (by its last path part), else SIMULATED_DIM."""
+    return KNOWN_DIMS.get(model.rstrip("/").rsplit("/", 1)[-1], SIMULATED_DIM)
+
+
+class SimulatedEmbedder:
+    """Deterministic hashed bag-of-words vectors (each lowercased word adds +-1 at a crc32 bucket),
+    unit length, of the model's dimension where known: texts that share words stay similar, so
+    retrieval picks plausible neighbours, at no model's cost. For plan's dry run only."""
+
+    def __init__(self, cfg: EmbeddingConfig) -> None:
+        self.name = cfg.model
+        self._dim = simulated_dim(cfg.model)
+        # Turn-by-turn methods embed their memory over and over: each distinct text is hashed once.
+        self._seen: dict[str, np.ndarray] = {}
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def parallel(self) -> int:
+        return 1
+
+    def identity(self) -> str:
+        return f"simulated|{self.name}|{self._dim}"
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        _SIMULATED_TEXTS[0] += len(texts)
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        if len(self._seen) > 200_000:  # bounded: a dry run's memory, not the corpus's
+            self._seen.clear()
+        return np.stack([self._seen.get(t) if t in self._seen else self._vector(t) for t in texts])
+
+    def _vector(self, text: str) -> np.ndarray:
+        row = np.zeros(self._dim, dtype=np.float32)
+        for w in _WORD.findall(text.lower()) or [text]:  # no word: the text itself, never a zero row
+            h = zlib.crc32(w.encode("utf-8", "surrogatepass"))
+            row[h % self._dim] += 1.0 if h & 0x80000000 else -1.0
+        norm = float(np.linalg.norm(row))
+        if norm == 0.0:  # words whose signs cancelled: still a unit vector
+            row[zlib.crc32(text.encode("utf-8", "surrogatepass")) % self._dim] = norm = 1.0
+        row /= norm
+        self._seen[text] = row
+        return row
+
+    async def aencode(self, texts: Sequence[str]) -> np.ndarray:
+        # Cheap enough to run on the event loop: no thread hop per request (`aencode` below).
+        return self.encode(list(texts))
+
+
 def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None, copies: int = 1) -> Embedder:
     """The embedder the config asks for; `llm_embed` is the LLM client's `embed` for provider=openai
-    (cached with the LLM calls); `copies` of a local model to run at once."""
+    (cached with the LLM calls); `copies` of a local model to run at once. Inside
+    `simulated_embeddings()` (plan's dry run) a local model is simulated: no model, no vector cache."""
+    if cfg.provider == "local" and _SIMULATED:
+        return SimulatedEmbedder(cfg)
     if cfg.provider == "local":
         local = LocalEmbedder(cfg, copies)
         cache = VectorCache(cfg.vector_cache_dir, local.identity()) if cfg.vector_cache_dir else None

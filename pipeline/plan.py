@@ -13,14 +13,26 @@ How much (per stage that would run and has LLM roles):
    endpoint on 127.0.0.1 that answers schema-valid JSON to structured requests and plain text of the
    assumed length otherwise, and counts tokens as OpenAI bills them, in cl100k), the cache off, the
    `inline` executor, no embedded model started. Roles keep their model names, so prices apply.
+   No model runs and nothing is downloaded (`_no_models`): compression is estimated from sizes (a
+   `rate` share of each utterance's words kept, speaker tags and lines intact:
+   `pipeline.compression.simulate_line`), local embeddings are hashed-word vectors of the model's
+   dimension (`pipeline.embeddings.SimulatedEmbedder`), and stages no LLM stage reads (the report,
+   `score`, `response_metrics` with its BERTScore) are not run; `method["models"]` says which.
    Stages already done for this config are not simulated: their outputs are linked into the scratch
    directory, so the stages after them read the real data (only when the dry run covers every
    episode). Calls whose number is known from the inputs (segmentation: one per session; the
    judges: per probe, method pair and sample) are thereby exact; calls that depend on what the model
    answers (Theanine's links per memory, CREEM's steps, re-asks of invalid answers, TeaBag's rejects)
    are what the simulated answers make them.
-2. Big corpora: the dry run reads the first `sample` episodes (per corpus source, in proportion) and
-   per-episode stages' counts are scaled by episodes / sampled episodes; global stages are not scaled.
+2. Big corpora: the dry run reads the first `sample` episodes (per corpus source, in proportion),
+   fewer while they hold more than `DRY_RUN_TURNS` turns (never under 2: turn-by-turn methods make
+   calls per turn, and a LoCoMo conversation has ~400), and at most `DRY_RUN_PROBES` probes per
+   episode and kind (the probes stage's own seeded random subset; the run's probes are made first and
+   counted). A per-episode stage's counts are scaled to the run (`_scales`): per episode made over
+   to all of the run's probes where it reads them (x its probes / the sampled ones), then by the
+   size they grow with, the one of episodes, turns, sessions and questions (counted in the corpus
+   for every episode) over which the sampled episodes' counts are most even. Global stages are not
+   scaled. Each role's `method` says how (e.g. "counted on 2 of 10 episode(s), x 5.09 by turns").
 3. Completion tokens cannot be counted before the calls. Per (stage, role) they come from a
    calibration source, in this order: `--like RUN_DIR` (another run's manifests), `--calibrate K` (a
    real run of the first K episodes into `<run>-calibrate-K`, sharing the run's LLM cache so the real
@@ -88,6 +100,11 @@ log = logging.getLogger("mempipe")
 
 SIM_KEY_ENV = "MEMPIPE_SIMULATED_KEY"  # the dry run's roles read their (dummy) API key here
 DEFAULT_SAMPLE = 20
+# The dry run's work bounds (a plan answers in seconds): episodes sampled up to this many turns in
+# all, and up to this many probes per episode and kind (question / next-response), a random subset
+# as the run's own `probes` sampling picks them; what they leave out is scaled back (see `_scales`).
+DRY_RUN_TURNS = 1000
+DRY_RUN_PROBES = 50
 DEFAULT_COMPLETION_FRACTION = 0.5
 TOTAL_KEYS = ("calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "cost_usd")
 CACHED_PROMPT_RULE = ("estimated from the prompt structure: OpenAI caches prompts of >= 1024 tokens, the prefix "
@@ -220,12 +237,36 @@ def _num(key: str, value: float) -> float | int:
 # ---------------------------------------------------------------------------------------------
 # episodes and sampling
 
-def _count_episodes(cfg: RunConfig) -> list[int]:
-    """Episodes each corpus source gives the run (its limit and episode_ids applied)."""
+@dataclass(frozen=True)
+class EpisodeSize:
+    """What a per-episode stage's work may grow with, counted from the corpus (no stage run)."""
+
+    episode_id: str
+    sessions: int
+    turns: int
+    questions: int
+
+    def measure(self, name: str) -> float:
+        return 1.0 if name == "episodes" else float(getattr(self, name))
+
+
+# The sizes a sampled stage may be scaled by, in order of preference on a tie.
+MEASURES = ("episodes", "turns", "sessions", "questions")
+
+
+def _episode_sizes(cfg: RunConfig) -> list[list[EpisodeSize]]:
+    """Per corpus source (its limit and episode_ids applied), the size of each episode, in order."""
     from pipeline.corpus import iter_episodes
 
-    # counted episode by episode: the driver never holds a big corpus
-    return [sum(1 for _ in iter_episodes(s.format, s.path, s.limit, s.episode_ids)) for s in cfg.corpus.sources()]
+    # read episode by episode: the driver never holds a big corpus, only four numbers per episode
+    return [[EpisodeSize(str(r.episode["episode_id"]), len({t.get("session_idx") for t in r.turns}), len(r.turns),
+                         len(r.qa)) for r in iter_episodes(s.format, s.path, s.limit, s.episode_ids)]
+            for s in cfg.corpus.sources()]
+
+
+def _count_episodes(cfg: RunConfig) -> list[int]:
+    """Episodes each corpus source gives the run (its limit and episode_ids applied)."""
+    return [len(sizes) for sizes in _episode_sizes(cfg)]
 
 
 def _take(counts: list[int], k: int) -> list[int]:
@@ -241,6 +282,19 @@ def _take(counts: list[int], k: int) -> list[int]:
             out[i] += 1
         i = (i + 1) % len(counts)
     return out
+
+
+def _take_within(sizes: list[list[EpisodeSize]], k: int, max_turns: int | None, at_least: int) -> int:
+    """How many episodes the dry run samples: `k`, fewer while their turns exceed `max_turns`
+    (turn-by-turn methods make calls per turn), never under `at_least` (nor under 2 where the run
+    has 2: the sizes a stage scales by are chosen over at least 2 episodes)."""
+    counts = [len(x) for x in sizes]
+    k = min(k, sum(counts))
+    floor = min(max(at_least, 2), k)
+    while max_turns is not None and k > floor and sum(
+            e.turns for src, n in zip(sizes, _take(counts, k)) for e in src[:n]) > max_turns:
+        k -= 1
+    return k
 
 
 def _with_limits(data: dict[str, Any], limits: list[int] | None) -> None:
@@ -266,13 +320,30 @@ def _derive(cfg: RunConfig, data: dict[str, Any]) -> RunConfig:
         raise PipelineError(f"plan: cannot derive the dry-run config: {e}") from e
 
 
+PROBE_CAPS = ("max_qa_per_episode", "max_per_episode")  # probes.*: questions, next-response turns
+
+
+def _probe_caps(cfg: RunConfig, cap: int | None) -> dict[str, int]:
+    """The `probes` settings a dry run lowers to `cap` (None or a larger value in the run's config)."""
+    probes = getattr(cfg, "probes", None)
+    if cap is None or probes is None:
+        return {}
+    set_to = {k: getattr(probes, k) for k in PROBE_CAPS if hasattr(probes, k)}
+    return {k: cap for k, v in set_to.items() if v is None or v > cap}
+
+
 def dry_run_config(cfg: RunConfig, base_url: str, scratch: Path, stages: list[str] | None,
-                   limits: list[int] | None) -> RunConfig:
+                   limits: list[int] | None, probe_cap: int | None = None) -> RunConfig:
     """The config of a dry run: every role on the simulated endpoint (model names kept), no cache,
-    no budget, no batch API, no rate limits, inline executor, the sampled episodes, in `scratch`."""
+    no budget, no batch API, no rate limits, inline executor, the sampled episodes, at most
+    `probe_cap` probes per episode and kind (`_probe_caps`), in `scratch`. (No model either:
+    `dry_run` embeds and compresses inside `_no_models`.)"""
     data = _config_data(cfg)
     data.update(run_name="dry-run", artifacts_dir=str(scratch), stages=stages)
     _with_limits(data, limits)
+    caps = _probe_caps(cfg, probe_cap)
+    if caps:
+        data.setdefault("probes", {}).update(caps)
     sim = {"provider": "openai", "base_url": base_url, "api_key_env": SIM_KEY_ENV, "cache_enabled": False,
            "max_cost_usd": None, "batch": False, "rpm": None, "tpm": None, "max_retries": 2, "timeout_s": 600.0}
     data.setdefault("llm", {}).update(sim)
@@ -331,13 +402,15 @@ def _sent(u: Usage) -> float:
 
 
 def calibrate(stage: Stage, role: str, dry: Manifest, dry_chat: tuple[float, float], dry_episodes: int,
-              src: CalibrationSource, embeds: tuple[float, float]) -> Calibration | None:
+              src: CalibrationSource, embeds: tuple[float, float],
+              probe_factor: Mapping[str, float] | None = None) -> Calibration | None:
     """Ratios real / simulated for `role` of `stage` from the source's manifest of that stage.
 
     dry_chat: the dry run's (calls, prompt tokens) of the role's chat requests; embeds: the source's
     embedding (calls, tokens) to leave out of its role totals (estimated from the dry run). Over the
     episodes both ran, from the per-episode counts (chat calls only), when the stage has one role;
-    else per episode from the role's totals."""
+    else per episode from the role's totals. probe_factor: per episode, the run's probes over the
+    dry run's (it sampled them): its per-episode counts are multiplied by it (dry_chat already is)."""
     real = src.manifest(stage.name)
     if real is None or not real.llm_usage or role not in real.llm_usage:
         return None
@@ -350,6 +423,8 @@ def calibrate(stage: Stage, role: str, dry: Manifest, dry_chat: tuple[float, flo
     cpc = ru.completion_tokens / real_sent
     dry_calls, dry_prompt = dry_chat
     mine, theirs = _per_episode(dry), _per_episode(real)
+    if probe_factor:
+        mine = {e: {k: v * probe_factor.get(e, 1.0) for k, v in c.items()} for e, c in mine.items()}
     common = sorted(set(mine) & set(theirs)) if len(stage.roles) == 1 else []
     if common and sum(theirs[e].get("calls", 0) for e in common):
         # Per-episode counts hold answered calls only: each side's totals over its per-episode sums
@@ -406,6 +481,17 @@ def _link_stage(real_dir: Location, scratch_dir: Path, name: str, fingerprint: s
     atomic_write_json(dst / MANIFEST, data)
 
 
+@contextlib.contextmanager
+def _no_models() -> Iterator[None]:
+    """No model in a dry run: local embeddings and compression are simulated (pipeline.embeddings,
+    pipeline.compression), in this process, where the inline executor runs every stage."""
+    from pipeline.compression import simulated_compression
+    from pipeline.embeddings import simulated_embeddings
+
+    with simulated_embeddings(), simulated_compression():
+        yield
+
+
 @dataclass
 class DryRun:
     manifests: dict[str, Manifest]  # simulated stage -> its dry-run manifest
@@ -414,36 +500,64 @@ class DryRun:
     episodes: int  # episodes the dry run covered
     linked: list[str]  # stages linked from the real run
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds of its dry run
+    # Per episode: the run's probes / the dry run's, where the dry run sampled probes (else empty)
+    probe_factor: dict[str, float] = field(default_factory=dict)
+    # stage -> {"texts": embedded, "units": compressed} by the simulated models (stages that used them)
+    simulated: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _probes_per_episode(run_dir: Path) -> dict[str, int]:
+    table = StageDir(run_dir, "probes").read_table("probes")
+    out: dict[str, int] = {}
+    for eid in table.column("episode_id").to_pylist():
+        out[eid] = out.get(eid, 0) + 1
+    return out
 
 
 def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set[str], limits: list[int] | None,
-            episodes: int, completion_fraction: float, scratch: Path) -> DryRun:
+            episodes: int, completion_fraction: float, scratch: Path,
+            probe_cap: int | None = DRY_RUN_PROBES) -> DryRun:
+    from pipeline.compression import simulated_units
+    from pipeline.embeddings import simulated_texts
     from pipeline.llm.simulated import SimulatedEndpoint
     from pipeline.runner import Runner
 
     os.environ.setdefault(SIM_KEY_ENV, "simulated-no-key")
-    with SimulatedEndpoint(completion_fraction=completion_fraction) as sim:
-        dcfg = dry_run_config(cfg, sim.base_url, scratch, needed, limits)
+    with _no_models(), SimulatedEndpoint(completion_fraction=completion_fraction) as sim:
+        dcfg = dry_run_config(cfg, sim.base_url, scratch, needed, limits, probe_cap)
         runner = Runner(dcfg, dict(registry_of(dcfg)))
         fps = runner.fingerprints()
         for name in reuse:
             stage = runner.registry[name]
             _link_stage(cfg.run_dir, dcfg.run_dir, name, fps[name], {i: fps[i] for i in stage.inputs})
+        # Probes sampled: the run's own probes are made first (cheap, no LLM) and counted, then the
+        # capped ones the stages after read; those stages are scaled back by their ratio per episode.
+        sample_probes = "probes" in needed and "probes" not in reuse and bool(_probe_caps(cfg, probe_cap))
+        full_probes: dict[str, int] = {}
         manifests: dict[str, Manifest] = {}
         embeddings: dict[str, dict[str, float]] = {}
         max_tokens: dict[str, float] = {}
         seconds: dict[str, float] = {}
+        simulated: dict[str, dict[str, int]] = {}
         for stage in runner.plan:
             if stage.name in reuse:
                 continue
             sim.stage = stage.name
             started = time.perf_counter()
+            before = (simulated_texts(), simulated_units())
             with _quiet() as out:
                 try:
+                    if stage.name == "probes" and sample_probes:
+                        full = dry_run_config(cfg, sim.base_url, scratch, needed, limits, None)
+                        Runner(full, dict(registry_of(full))).run(only=["probes"])
+                        full_probes = _probes_per_episode(dcfg.run_dir)
                     runner.run(only=[stage.name])
                 except Exception as e:
                     raise PipelineError(f"plan: the dry run of stage {stage.name!r} failed: {e}\n{out.getvalue()[-2000:]}") from e
             seconds[stage.name] = round(time.perf_counter() - started, 2)
+            used = {"texts": simulated_texts() - before[0], "units": simulated_units() - before[1]}
+            if any(used.values()):
+                simulated[stage.name] = used
             m = StageDir(dcfg.run_dir, stage.name).manifest()
             if m is not None:
                 manifests[stage.name] = m
@@ -457,9 +571,13 @@ def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set
             chat = [c for (kind, _), c in sim.stage_counts(stage.name).items() if kind == "chat"]
             if chat:
                 max_tokens[stage.name] = sum(c["max_tokens"] for c in chat) / max(sum(c["requests"] for c in chat), 1)
+        factor: dict[str, float] = {}
+        if full_probes:
+            sampled = _probes_per_episode(dcfg.run_dir)
+            factor = {e: n / sampled[e] for e, n in full_probes.items() if sampled.get(e)}
         covered = StageDir(dcfg.run_dir, "ingest").manifest()
         n = int(covered.tables.get("episodes", episodes)) if covered is not None else episodes
-        return DryRun(manifests, embeddings, max_tokens, n, sorted(reuse), seconds)
+        return DryRun(manifests, embeddings, max_tokens, n, sorted(reuse), seconds, factor, simulated)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,10 +609,12 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
               force: list[str] | None = None, until: str | None = None, sample: int = DEFAULT_SAMPLE,
               calibrate_k: int | None = None, like: str | Path | None = None,
               completion_fraction: float = DEFAULT_COMPLETION_FRACTION, write: bool = True,
-              say: Callable[[str], None] | None = None) -> Plan:
+              say: Callable[[str], None] | None = None, max_turns: int | None = DRY_RUN_TURNS,
+              probe_cap: int | None = DRY_RUN_PROBES) -> Plan:
     """The estimate of what `mempipe run` with these selectors would call (see the module docstring).
     `registry_of(cfg)` builds the stages of a config (the App's `registry`). Writes `_plan.json`
-    into the run directory unless `write` is False. `say` gets progress lines (default: nothing)."""
+    into the run directory unless `write` is False. `say` gets progress lines (default: nothing).
+    `max_turns` / `probe_cap`: the dry run's work bounds (DRY_RUN_TURNS, DRY_RUN_PROBES; None: none)."""
     from pipeline.runner import Runner
 
     say = say or (lambda _: None)
@@ -510,7 +630,8 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
     # With `embedding.provider: openai`, stages that only embed (banks) call the `embedder` role too.
     llm_run = [s for s in to_run if s.llm_roles(cfg)]
 
-    counts = _count_episodes(cfg) if llm_run else [0]
+    sizes = _episode_sizes(cfg) if llm_run else [[]]
+    counts = [len(x) for x in sizes]
     n_episodes = sum(counts)
     method: dict[str, Any] = {
         "selection": "Runner.select: the stages `mempipe run` with the same selectors runs",
@@ -532,15 +653,21 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
         for s in llm_run:
             needed_set |= runner.upstream(s.name)
         needed = [s.name for s in runner.plan if s.name in needed_set]
-        k_dry = max(sample, calibrate_k or 0)
+        k_dry = _take_within(sizes, max(sample, calibrate_k or 0), max_turns, calibrate_k or 1)
         sampled = k_dry < n_episodes
         limits = _take(counts, k_dry) if sampled else None
+        in_dry = [e for src, n in zip(sizes, limits or counts) for e in src[:n]]
         # Done stages are linked into the dry run (real inputs for the stages after them), unless
         # the dry run samples episodes: their outputs hold every episode.
         reuse = set() if sampled else {n for n in needed if selection.get(n, "done") == "done"
                                        and manifests.get(n) is not None and manifests[n].fingerprint == fps[n]}
         method["dry_run"] = (f"simulated endpoint (pipeline.llm.simulated), {k_dry if sampled else n_episodes} of "
-                             f"{n_episodes} episodes" + (", per-episode stages scaled" if sampled else "")
+                             f"{n_episodes} episodes" + (f" (the first {max(sample, calibrate_k or 0)}, at most "
+                                                         f"{max_turns} turns in all)" if sampled and max_turns else "")
+                             + (", per-episode stages scaled by the size each grows with (episodes, turns, sessions "
+                                "or questions)" if sampled else "")
+                             + (f"; at most {probe_cap} probes per episode and kind, scaled back by the run's probes"
+                                if _probe_caps(cfg, probe_cap) else "")
                              + (f"; done stages linked in: {', '.join(sorted(reuse))}" if reuse else ""))
 
         source: CalibrationSource | None = None
@@ -568,13 +695,14 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
         say(f"plan: dry run of {len(needed) - len(reuse)} stage(s) on the simulated endpoint")
         scratch = Path(tempfile.mkdtemp(prefix="mempipe-plan-"))
         try:
-            dry = dry_run(cfg, registry_of, needed, reuse, limits, n_episodes, completion_fraction, scratch)
+            dry = dry_run(cfg, registry_of, needed, reuse, limits, n_episodes, completion_fraction, scratch, probe_cap)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         method["dry_run_episodes"] = dry.episodes
         method["dry_run_s"] = round(sum(dry.seconds.values()), 1)
         method["dry_run_slowest_s"] = dict(sorted(dry.seconds.items(), key=lambda kv: -kv[1])[:3])
         log.debug("plan: dry run seconds per stage: %s", dry.seconds)
+        method["models"] = _model_notes(cfg, dry, [s.name for s in to_run if s.name not in needed_set])
 
         for stage in llm_run:
             reason = selection[stage.name]
@@ -583,9 +711,10 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
                 remaining = max(n_episodes - _done_episodes(cfg.run_dir, stage.name), 0)
             if isinstance(stage, GlobalStage):
                 scale = 0.0 if reason == "partial" and StageDir(cfg.run_dir, stage.name).finished_shards() else 1.0
+                scaling = Scaling.flat(scale, "counted" if scale == 1.0 else f"counted x {scale:.3g}")
             else:
-                scale = remaining / max(dry.episodes, 1)
-            estimates[stage.name] = _estimate_stage(cfg, stage, dry, scale, source, completion_fraction,
+                scaling = _scales(stage, dry, [e for src in sizes for e in src], in_dry, remaining)
+            estimates[stage.name] = _estimate_stage(cfg, stage, dry, scaling, source, completion_fraction,
                                                     n_episodes, remaining)
         used = any("calibrated" in v for ests in estimates.values() for e in ests for v in e.method.values())
         method["calibration"] = source.label if used else (
@@ -615,6 +744,29 @@ def make_plan(cfg: RunConfig, registry_of: Registry, *, only: list[str] | None =
     return plan
 
 
+def _model_notes(cfg: RunConfig, dry: DryRun, skipped: list[str]) -> dict[str, str]:
+    """What the dry run estimated instead of running a model (`_no_models`), and what it left out."""
+    notes: dict[str, str] = {}
+    compressed = {k: v["units"] for k, v in dry.simulated.items() if v["units"]}
+    embedded = {k: v["texts"] for k, v in dry.simulated.items() if v["texts"]}
+    compress = getattr(cfg, "compress", None)
+    if compressed:
+        how = f"{compress.method} at rate {compress.rate}" if compress is not None else "the compressor"
+        notes["compress"] = (f"estimated from sizes: {how} not run; rate x the words of each utterance kept (evenly "
+                             f"spread, speaker tags and lines intact), no model loaded ({_listed(compressed)} units)")
+    if embedded:
+        notes["embeddings"] = (f"simulated vectors: hashed words, {cfg.embedding.model}'s dimension where known, no "
+                               f"model loaded ({_listed(embedded)} texts)")
+    if skipped:
+        notes["not run"] = (f"{', '.join(skipped)}: no LLM role, and no LLM stage reads them "
+                            "(no BERTScore or other model)")
+    return notes
+
+
+def _listed(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in counts.items())
+
+
 def _calibration_cost(ccfg: RunConfig, crunner: Any) -> dict[str, Any]:
     """What the calibration run's calls were, and what its fresh ones cost at plan's prices."""
     calls = fresh = 0.0
@@ -632,12 +784,96 @@ def _calibration_cost(ccfg: RunConfig, crunner: Any) -> dict[str, Any]:
             "note": "its answers are in the run's LLM cache: the real run replays them without paying again"}
 
 
-def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, source: CalibrationSource | None,
-                    completion_fraction: float, n_episodes: int, remaining: int) -> list[RoleEstimate]:
+@dataclass
+class Scaling:
+    """From the dry run's counts of a stage to the run's: per quantity a factor and how it was found."""
+
+    calls: float
+    prompt: float
+    how_calls: str
+    how_prompt: str
+    episodes: float  # the plain episode factor (embedding requests, which have no per-episode counts)
+    probe_factor: dict[str, float] = field(default_factory=dict)  # per episode, before scaling
+
+    @classmethod
+    def flat(cls, scale: float, how: str) -> "Scaling":
+        return cls(scale, scale, how, how, scale)
+
+
+def _best_measure(counts: Mapping[str, float], sampled: list[EpisodeSize]) -> str:
+    """The size (MEASURES) the sampled episodes' counts are most nearly proportional to: least
+    spread of count / size over them (coefficient of variation); episodes with fewer than 2 of them."""
+    best, best_cv = "episodes", math.inf
+    for name in MEASURES:
+        pairs = [(counts.get(e.episode_id, 0.0), e.measure(name)) for e in sampled]
+        if any(size <= 0 < n for n, size in pairs):
+            continue  # counts where this size is nothing: it cannot be what they grow with
+        ratios = [n / size for n, size in pairs if size > 0]
+        mean = sum(ratios) / len(ratios) if len(ratios) >= 2 else 0.0
+        if mean <= 0:
+            continue
+        cv = math.sqrt(sum((r - mean) ** 2 for r in ratios) / len(ratios)) / mean
+        if cv < best_cv - 1e-9:
+            best, best_cv = name, cv
+    return best
+
+
+def _scales(stage: Stage, dry: DryRun, sizes: list[EpisodeSize], sampled: list[EpisodeSize],
+            remaining: int) -> Scaling:
+    """A per-episode stage's counts on the sampled episodes scaled to the run's `remaining`
+    episodes: its per-episode counts (times the run's probes over the sampled ones, per episode,
+    where the dry run sampled probes and the stage reads them), summed and scaled by the size they
+    grow with (`_best_measure`: episodes, turns, sessions or questions, counted in the corpus for
+    every episode), calls and prompt tokens each by their own."""
+    n_all, part = len(sizes), remaining / max(len(sizes), 1)
+    episodes = n_all / max(dry.episodes, 1) * part
+    m = dry.manifests.get(stage.name)
+    per = _per_episode(m) if m is not None else {}
+    pf = dry.probe_factor if "probes" in stage.inputs else {}
+    if not per or len(sampled) != dry.episodes:  # no per-episode counts: by episodes, as before
+        how = ("counted" if episodes == 1.0 else
+               f"counted on {dry.episodes} episode(s) x {episodes:.3g} ({remaining} to run)")
+        return Scaling(episodes, episodes, how, how, episodes)
+    out: dict[str, tuple[float, str]] = {}
+    for key in ("calls", "prompt_tokens"):
+        raw = {e.episode_id: float(per.get(e.episode_id, {}).get(key, 0.0)) for e in sampled}
+        adj = {e: v * pf.get(e, 1.0) for e, v in raw.items()}
+        probes = sum(adj.values()) / sum(raw.values()) if sum(raw.values()) else 1.0
+        measure = _best_measure(adj, sampled)
+        size = sum(e.measure(measure) for e in sampled)
+        f = sum(e.measure(measure) for e in sizes) / size if size else n_all / max(len(sampled), 1)
+        factor = probes * f * part
+        if factor == 1.0:
+            out[key] = (1.0, "counted")
+            continue
+        how = f"counted on {len(sampled)} of {n_all} episode(s)"
+        if probes != 1.0:
+            how += f", {DRY_RUN_PROBES} probes per episode and kind x {probes:.3g} (the run's probes)"
+        if f != 1.0:
+            how += f", x {f:.3g} by {measure}"
+        if part != 1.0:
+            how += f", x {part:.3g} ({remaining} to run)"
+        out[key] = (factor, how)
+    return Scaling(out["calls"][0], out["prompt_tokens"][0], out["calls"][1], out["prompt_tokens"][1], episodes, pf)
+
+
+def _probe_share(m: Manifest, probe_factor: Mapping[str, float], key: str) -> float:
+    """The stage's per-episode `key` with every probe made over with the probes the dry run sampled."""
+    per = _per_episode(m)
+    counted = sum(v.get(key, 0) for v in per.values())
+    if not probe_factor or not counted:
+        return 1.0
+    return sum(v.get(key, 0) * probe_factor.get(e, 1.0) for e, v in per.items()) / counted
+
+
+def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scaling: Scaling | float,
+                    source: CalibrationSource | None, completion_fraction: float, n_episodes: int,
+                    remaining: int) -> list[RoleEstimate]:
+    if not isinstance(scaling, Scaling):  # a plain factor: every count by it, by episodes
+        scaling = Scaling.flat(scaling, "counted" if scaling == 1.0 else
+                               f"counted on {dry.episodes} episode(s) x {scaling:.3g} ({remaining} to run)")
     m = dry.manifests.get(stage.name)
     emb = dry.embeddings.get(stage.name)
-    scaled = ("counted" if scale == 1.0 else
-              f"counted on {dry.episodes} episode(s) x {scale:.3g} ({remaining} to run)")
     owner = stage.billed_method
     out: list[RoleEstimate] = []
     for role in stage.roles:
@@ -648,12 +884,17 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
         chat_calls, chat_prompt = _sent(u), u.prompt_tokens
         est = RoleEstimate(role, role_cfg.model, price=price,
                            counted={"calls": chat_calls, "prompt_tokens": chat_prompt, "episodes": dry.episodes})
-        calls, prompt = chat_calls * scale, chat_prompt * scale
-        est.method = {"calls": scaled, "prompt_tokens": scaled + " (cl100k, OpenAI's chat framing)"}
+        calls, prompt = chat_calls * scaling.calls, chat_prompt * scaling.prompt
+        est.method = {"calls": scaling.how_calls,
+                      "prompt_tokens": scaling.how_prompt + " (cl100k, OpenAI's chat framing)"}
         cal = None
         if source is not None and m is not None:
             # Embeddings go through the `embedder` role, never through this one: nothing to leave out.
-            cal = calibrate(stage, role, m, (chat_calls, chat_prompt), dry.episodes, source, (0.0, 0.0))
+            # Where the dry run sampled probes, its counts are compared as if it had made them all.
+            pf = scaling.probe_factor
+            cal = calibrate(stage, role, m, (chat_calls * _probe_share(m, pf, "calls"),
+                                             chat_prompt * _probe_share(m, pf, "prompt_tokens")),
+                            dry.episodes, source, (0.0, 0.0), pf)
         if cal is not None:
             if cal.rate is not None:  # the dry run made no call where the real one did
                 episodes_to_run = 1 if isinstance(stage, GlobalStage) else remaining
@@ -662,10 +903,10 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
             else:
                 if cal.calls is not None:
                     calls *= cal.calls
-                    est.method["calls"] = f"{scaled}, x {cal.calls:.3g} calibrated on {cal.source}"
+                    est.method["calls"] = f"{scaling.how_calls}, x {cal.calls:.3g} calibrated on {cal.source}"
                 if cal.prompt is not None:
                     prompt *= cal.prompt
-                    est.method["prompt_tokens"] = f"{scaled}, x {cal.prompt:.3g} calibrated on {cal.source}"
+                    est.method["prompt_tokens"] = f"{scaling.how_prompt}, x {cal.prompt:.3g} calibrated on {cal.source}"
         if cal is not None and cal.completion_per_call is not None:
             completion = calls * cal.completion_per_call
             est.method["completion_tokens"] = f"{cal.completion_per_call:.1f} per call, calibrated on {cal.source}"
@@ -686,7 +927,9 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scale: float, sou
             est.by_method = {m: est.cost_usd * f for m, f in method_shares(u.cost_by_method, owner).items()}
         out.append(est)
     if EMBEDDER_ROLE in stage.llm_roles(cfg):
-        e = _embedding_estimate(cfg.role(EMBEDDER_ROLE), emb, scale, scaled, dry.episodes)
+        scaled = ("counted" if scaling.episodes == 1.0 else
+                  f"counted on {dry.episodes} episode(s) x {scaling.episodes:.3g} ({remaining} to run)")
+        e = _embedding_estimate(cfg.role(EMBEDDER_ROLE), emb, scaling.episodes, scaled, dry.episodes)
         e.by_method = {} if e.cost_usd is None else {owner or SHARED: e.cost_usd}  # the simulator bills no method
         out.append(e)
     return out
@@ -792,6 +1035,8 @@ def render(plan: Plan) -> str:
     lines.append("")
     lines.append(f"how: dry run: {m.get('dry_run')}; calibration: {m.get('calibration') or 'none'}"
                  f"; episodes in the run: {m.get('episodes')}")
+    if m.get("models"):
+        lines.append("no model run: " + "; ".join(f"{k}: {v}" for k, v in m["models"].items()))
     lines.append(f"prices: {m['prices']}; {m['cache']}")
     if "by_method" in m:  # (a plan made before these notes has none)
         lines.append(f"cached prompt tokens: {m.get('cached_prompt_tokens')}; per method: {m['by_method']}")
