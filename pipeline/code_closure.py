@@ -28,7 +28,7 @@ RUNS_NOT_SHAPES = frozenset({
     "pipeline.hashing", "pipeline.manifest", "pipeline.runner", "pipeline.shard", "pipeline.stage",
     "pipeline.llm", "pipeline.llm.cache", "pipeline.llm.client", "pipeline.llm.identity",
     "pipeline.llm.local_server", "pipeline.llm.ratelimit", "pipeline.llm.shared", "pipeline.llm.types",
-    "pipeline.llm.usage", "pipeline.models_needed", "pipeline.model_fetch",
+    "pipeline.llm.usage", "pipeline.models_needed", "pipeline.model_fetch", "pipeline.simulation",
 })
 
 

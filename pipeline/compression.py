@@ -19,24 +19,24 @@ line: measured, compressing a whole dialogue at once drops speaker tags and newl
 low-perplexity tokens). Line by line, each utterance is compressed on its own and its tag
 re-attached; utterances shorter than `min_words` are kept verbatim (pruning "Yes." leaves ".").
 
-`mempipe plan`'s dry run compresses without a model (inside `simulated_compression()`, which only
-`pipeline.plan.dry_run` enters): `simulate_line` keeps an evenly spread `rate` share of each
+`mempipe plan`'s dry run compresses without a model (inside `pipeline.simulation.models_simulated()`,
+which only `pipeline.plan` enters): `simulate_line` keeps an evenly spread `rate` share of each
 utterance's words, the speaker tag and every line intact. A user's run never enters it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.models import DEFAULT_CACHE_DIR
+from pipeline.simulation import simulating_models
 
 CompressMethod = Literal["llmlingua2", "llmlingua", "none"]
 # How a unit was compressed: not at all, the exchange list in one call (LLMLingua-2, as the official
@@ -120,20 +120,7 @@ def pruned_lines(original: str, compressed: str, tags: Sequence[str]) -> int:
 # Module level, not per instance: the model is shared, and compressors must stay picklable for Ray.
 _COMPRESS_LOCK = threading.Lock()
 
-_SIMULATED = False  # set only inside `simulated_compression()` (plan's dry run, this process, inline)
 _SIMULATED_UNITS = [0]  # units simulated so far in this process (plan notes which stages compressed)
-
-
-@contextlib.contextmanager
-def simulated_compression() -> Iterator[None]:
-    """While inside, every `Compressor` compresses by `simulate_line` and loads no model: plan's
-    dry run (inline, in this process) estimates the compressed text from sizes."""
-    global _SIMULATED
-    before, _SIMULATED = _SIMULATED, True
-    try:
-        yield
-    finally:
-        _SIMULATED = before
 
 
 def simulated_units() -> int:
@@ -259,7 +246,7 @@ class Compressor:
         if self.method == "none" or not text.strip():
             return Compressed(text, "none")
         tags = speaker_tags(speakers)
-        if _SIMULATED:  # plan's dry run: sizes, not a model (LLMLingua-2 has no min_words: whole exchanges)
+        if simulating_models():  # plan's dry run: sizes, not a model (LLMLingua-2 has no min_words: whole exchanges)
             _SIMULATED_UNITS[0] += 1
             min_words = self.min_words if self.per_line else 0
             return Compressed("\n".join(simulate_line(line, tags, self.rate, min_words) for line in text.split("\n")),

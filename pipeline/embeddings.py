@@ -4,7 +4,7 @@ Every embedder returns float32 rows of unit length, so cosine similarity is a do
 cosine / L2 searches rank identically.
 
 `mempipe plan`'s dry run embeds with `SimulatedEmbedder` instead of a local model (inside
-`simulated_embeddings()`, which only `pipeline.plan.dry_run` enters): hashed bag-of-words vectors,
+`pipeline.simulation.models_simulated()`, which only `pipeline.plan` enters): hashed bag-of-words vectors,
 no model loaded, nothing downloaded. A user's run never enters it.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import hashlib
 import logging
@@ -23,12 +22,13 @@ import threading
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 
 from pipeline.config import EmbeddingConfig
 from pipeline.errors import ConfigError
+from pipeline.simulation import simulating_models
 
 log = logging.getLogger(__name__)
 
@@ -364,25 +364,7 @@ KNOWN_DIMS = {"all-MiniLM-L6-v2": 384, "all-MiniLM-L12-v2": 384, "all-mpnet-base
 SIMULATED_DIM = 384
 _WORD = re.compile(r"\w+")
 
-_SIMULATED = False  # set only inside `simulated_embeddings()` (plan's dry run, this process, inline)
 _SIMULATED_TEXTS = [0]  # texts simulated so far in this process (plan notes which stages embedded)
-
-
-@contextlib.contextmanager
-def simulated_embeddings() -> Iterator[None]:
-    """While inside, `make_embedder` gives `SimulatedEmbedder` for `provider: local`: plan's dry
-    run (inline, in this process) embeds without loading or downloading a model."""
-    global _SIMULATED
-    before, _SIMULATED = _SIMULATED, True
-    try:
-        yield
-    finally:
-        _SIMULATED = before
-
-
-def embeddings_simulated() -> bool:
-    """Whether this process is inside `simulated_embeddings()` (plan's dry run)."""
-    return _SIMULATED
 
 
 def simulated_texts() -> int:
@@ -445,8 +427,9 @@ class SimulatedEmbedder:
 def make_embedder(cfg: EmbeddingConfig, llm_embed: EmbedFn | None = None, copies: int = 1) -> Embedder:
     """The embedder the config asks for; `llm_embed` is the LLM client's `embed` for provider=openai
     (cached with the LLM calls); `copies` of a local model to run at once. Inside
-    `simulated_embeddings()` (plan's dry run) a local model is simulated: no model, no vector cache."""
-    if cfg.provider == "local" and _SIMULATED:
+    `pipeline.simulation.models_simulated()` (plan's dry run) a local model is simulated: no model,
+    no vector cache."""
+    if cfg.provider == "local" and simulating_models():
         return SimulatedEmbedder(cfg)
     if cfg.provider == "local":
         local = LocalEmbedder(cfg, copies)

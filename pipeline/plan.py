@@ -485,10 +485,9 @@ def _link_stage(real_dir: Location, scratch_dir: Path, name: str, fingerprint: s
 def _no_models() -> Iterator[None]:
     """No model in a dry run: local embeddings and compression are simulated (pipeline.embeddings,
     pipeline.compression), in this process, where the inline executor runs every stage."""
-    from pipeline.compression import simulated_compression
-    from pipeline.embeddings import simulated_embeddings
+    from pipeline.simulation import models_simulated
 
-    with simulated_embeddings(), simulated_compression():
+    with models_simulated():
         yield
 
 

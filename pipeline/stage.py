@@ -65,13 +65,14 @@ class StageContext:
     @property
     def embedder(self) -> Any:
         if "embedder" not in self._models:
-            from pipeline.embeddings import embeddings_simulated, make_embedder
+            from pipeline.embeddings import make_embedder
+            from pipeline.simulation import simulating_models
 
             from pipeline.embedding_service import node_embedder
 
             # A local model: the node's shared one where the Ray executor started it (never in plan's
             # dry run, which simulates vectors even where a real run's service is up).
-            local = self.cfg.embedding.provider == "local" and not embeddings_simulated()
+            local = self.cfg.embedding.provider == "local" and not simulating_models()
             shared = node_embedder(self.cfg.embedding) if local else None
             client = self.clients.get(EMBEDDER_ROLE) or self.llm
             embed_fn = getattr(client, "embed", None)

@@ -63,20 +63,21 @@ def test_plan_compresses_and_embeds_without_a_model_and_says_so(run_cfg, fake_ll
 
 
 def test_simulated_models_are_the_dry_runs_only(run_cfg, fake_llm):
-    from pipeline.compression import Compressor, simulated_compression
+    from pipeline.compression import Compressor
     from pipeline.config import EmbeddingConfig
-    from pipeline.embeddings import CachedEmbedder, SimulatedEmbedder, make_embedder, simulated_embeddings
+    from pipeline.embeddings import CachedEmbedder, SimulatedEmbedder, make_embedder
+    from pipeline.simulation import models_simulated
 
     make_plan(run_cfg("corpus.limit=1", *SECOM), _registry, write=False)
     # After a plan, the process embeds and compresses for real again.
     assert isinstance(make_embedder(EmbeddingConfig(vector_cache_dir=None)), CachedEmbedder)
-    with simulated_embeddings():
+    with models_simulated():
         emb = make_embedder(EmbeddingConfig(model=MPNET_HUB))
     assert isinstance(emb, SimulatedEmbedder) and emb.dim == 768
     a, b, c = emb.encode(["the dog in the park", "the dog in the park", "a new job"])
     assert a.tolist() == b.tolist() and abs(float(a @ a) - 1.0) < 1e-5 and float(a @ c) < float(a @ b)
     compressor = Compressor("llmlingua2", model=LLMLINGUA2_HUB, rate=0.5)
-    with simulated_compression():
+    with models_simulated():
         out = compressor.compress_unit(["Maya: one two three four five six seven eight\nTom: Yes.",
                                "Maya: Dr. Kim: is no tag here"], ["Maya", "Tom"])
     assert out.path == "per_exchange"
