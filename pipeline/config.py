@@ -82,6 +82,13 @@ def _resolved(model: BaseModel, value: str, bases: Sequence[Path]) -> str:
     return found or places[0]
 
 
+def under_cwd(path: str) -> str:
+    """`path` relative to the working directory when it is under it (data/x.json), else as is: how
+    messages and tables name a resolved input path."""
+    cwd = str(Path.cwd())
+    return path[len(cwd) + 1:] if path.startswith(cwd + "/") else path
+
+
 def project_dirs(config_path: str | Path | None) -> list[Path]:
     """Where a config's relative input paths are also looked for: its folder, and the project it
     belongs to (the nearest folder above holding pyproject.toml or .git), so that

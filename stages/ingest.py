@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, under_cwd
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.errors import ConfigError, InputError
@@ -42,7 +42,7 @@ class IngestStage(GlobalStage):
         part = Corpus()
         for source in ctx.cfg.corpus.sources():
             if not Path(source.path).exists():
-                hint = missing_corpus_hint(source.format, _under_cwd(source.path))
+                hint = missing_corpus_hint(source.format, under_cwd(source.path))
                 raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path)
                                  + (f"; {hint}" if hint else ""))
             for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids):
@@ -58,12 +58,6 @@ class IngestStage(GlobalStage):
                     part = Corpus()
         if part.episodes:
             yield part.tables()
-
-
-def _under_cwd(path: str) -> str:
-    """`path` relative to the working directory when it is under it (data/x.json), else as is."""
-    cwd = str(Path.cwd())
-    return path[len(cwd) + 1:] if path.startswith(cwd + "/") else path
 
 
 def _digests(path: Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.artifacts import StageDir
-from pipeline.config import PathField, Section
+from pipeline.config import PathField, Section, under_cwd
 from pipeline.errors import ConfigError
 from pipeline.manifest import Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
@@ -55,13 +55,9 @@ def compared_sheets(cfg: Any) -> list[tuple[str, PaperSheet | None]]:
     for path in cfg.report.compare_with:
         if not Path(path).exists():
             raise ConfigError(f"report.compare_with: no such file {path}{cfg.report.looked_in(path)}")
-        out.append((_shown(path), load_sheet(path)))
+        out.append((under_cwd(path), load_sheet(path)))
     return out
 
-
-def _shown(path: str) -> str:
-    cwd = str(Path.cwd())
-    return path[len(cwd) + 1:] if path.startswith(cwd + "/") else path
 
 
 def run_sheets(cfg: Any) -> list[tuple[str, PaperSheet]]:
