@@ -41,6 +41,12 @@ def _gpt4score(cfg: Any) -> str:
     return "ours: 0-100 rating against the reference answer, mean"
 
 
+def _runs(cfg: Any, named: str | None) -> str | None:
+    runs = cfg.judge_answers.runs
+    return f"{named}; each item averaged over {runs} judge runs (s.d. across runs: run_sd)" if named and runs > 1 \
+        else named
+
+
 def scorer(cfg: Any, result: Any) -> str | None:
     """The scorer of one sheet result (`PaperResult`: table, column, where) under the run's settings
     `cfg`; None for a column no registry names."""
@@ -51,9 +57,10 @@ def scorer(cfg: Any, result: Any) -> str | None:
         return MEMORY_SCORERS.get(column)
     if table == "answer_summary":
         judge = where.get("judge")
-        return _gpt4score(cfg) if judge == "gpt4score" else _ANSWER_JUDGES.get(judge)
+        named = _gpt4score(cfg) if judge == "gpt4score" else _ANSWER_JUDGES.get(judge)
+        return _runs(cfg, named)
     if table == "teafarm_summary":
-        return _ANSWER_JUDGES["teafarm"]
+        return _runs(cfg, _ANSWER_JUDGES["teafarm"])
     if table == "pairwise_summary":
         return _PAIRWISE.get(where.get("protocol") or cfg.judge_pairwise.protocol)
     if table == "memory_summary":

@@ -172,16 +172,66 @@ def _judged(methods: list[str], verdicts) -> tuple[list[dict], FakeChat]:
 
 def test_category_5_is_skipped_and_categories_1_to_4_are_judged_by_locomo_j_only():
     rows, llm = _judged(["mem0_style"], lambda messages, schema: {"reason": "ok", "label": "CORRECT"})
-    assert {r["judge"] for r in rows} == {"locomo_j"} and len(rows) == 5
-    by_cat = {r["category"]: r for r in rows}
+    runs = sheet_config(CONFIG).judge_answers.runs
+    assert runs == 10  # the paper's 10 judge runs
+    assert {r["judge"] for r in rows} == {"locomo_j"} and len(rows) == 5 * runs
+    assert sorted(r["run"] for r in rows if r["category"] == "temporal") == list(range(runs))
+    by_cat = {r["category"]: r for r in rows if r["run"] == 0}
     assert by_cat["adversarial"]["skipped"] == SKIP_UNANSWERABLE and by_cat["adversarial"]["score"] is None
     assert all(by_cat[c]["score"] == 1.0 and by_cat[c]["reference_source"] == "gold" for c in COUNTS)
-    assert len(llm.calls) == 4  # the adversarial question costs no call
-    shown = [c["messages"][1]["content"] for c in llm.calls]
+    assert len(llm.calls) == 4 * runs  # the adversarial question costs no call
+    shown = [c["messages"][1]["content"] for c in llm.calls[::runs]]
     assert all(s.startswith(f"Question: Question {i}?\nGold answer: gold {i}\n") for i, s in enumerate(shown))
     summary = answer_summary(pl.DataFrame(rows))
     overall = summary.filter((pl.col("dataset") == "locomo") & pl.col("category").is_null()).row(0, named=True)
     assert (overall["items"], overall["skipped"], overall["judged"], overall["score"]) == (5, 1, 4, 1.0)
+    assert (overall["runs"], overall["run_sd"]) == (runs, 0.0)
+
+
+def test_j_is_the_mean_of_the_judge_runs_with_their_spread():
+    """Question i is judged CORRECT by its first 3 + 2i runs of 10: J = the mean over items of each item's
+    share of CORRECT runs (= the mean of the 10 runs' own J), run_sd the s.d. of those 10 run scores."""
+    seen: dict[str, int] = {}
+
+    def verdict(messages, schema):
+        question = messages[1]["content"].splitlines()[0]
+        seen[question] = seen.get(question, 0) + 1
+        i = int(question.split()[-1].rstrip("?"))
+        return {"reason": "r", "label": "CORRECT" if seen[question] <= 3 + 2 * i else "WRONG"}
+
+    rows, _ = _judged(["mem0_style"], verdict)
+    judged = [r for r in rows if r["skipped"] is None]
+    by_run = [sum(r["score"] for r in judged if r["run"] == k) / 4 for k in range(10)]
+    summary = answer_summary(pl.DataFrame(rows))
+    overall = summary.filter((pl.col("dataset") == "locomo") & pl.col("category").is_null()).row(0, named=True)
+    assert overall["score"] == pytest.approx(sum((3 + 2 * i) / 10 for i in range(4)) / 4)
+    assert overall["score"] == pytest.approx(sum(by_run) / 10)
+    mean = sum(by_run) / 10
+    assert overall["run_sd"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in by_run) / 9))
+    assert (overall["items"], overall["judged"], overall["correct"]) == (5, 4, None)  # items, not rows
+    assert overall["iid_low"] < overall["score"] < overall["iid_high"]
+    temporal = summary.filter(pl.col("category") == "temporal").row(0, named=True)
+    i = next(i for i, c in enumerate(COUNTS) if c == "temporal")
+    assert temporal["score"] == pytest.approx((3 + 2 * i) / 10) and temporal["run_sd"] > 0
+
+
+def test_an_item_is_averaged_over_its_runs_with_a_verdict_and_failed_only_when_every_run_failed():
+    down = LLMError("judge down")
+    rows, _ = _judged(["mem0_style"], lambda messages, schema: down if "Question 0?" in messages[1]["content"]
+                      else {"reason": "r", "label": "CORRECT"})
+    q0 = [r for r in rows if r["probe_id"] == "qa:q0"]
+    assert len(q0) == 10 and all(r["error"] and r["score"] is None for r in q0)  # every run of q0 failed
+    for r in rows:  # q1: runs 0-3 WRONG, run 4 failed, runs 5-9 CORRECT: its value is 5 / 9
+        if r["probe_id"] == "qa:q1" and r["run"] < 4:
+            r["score"] = 0.0
+        if r["probe_id"] == "qa:q1" and r["run"] == 4:
+            r.update(score=None, error="judge down")
+    summary = answer_summary(pl.DataFrame(rows))
+    overall = summary.filter((pl.col("dataset") == "locomo") & pl.col("category").is_null()).row(0, named=True)
+    assert (overall["items"], overall["skipped"], overall["failed"], overall["judged"]) == (5, 1, 1, 3)
+    assert overall["score"] == pytest.approx((5 / 9 + 1 + 1) / 3)
+    q1 = summary.filter(pl.col("category") == CATEGORIES[1]).row(0, named=True)
+    assert q1["score"] == pytest.approx(5 / 9) and q1["judged"] == 1
 
 
 # --- the sheet -----------------------------------------------------------------------------------

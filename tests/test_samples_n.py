@@ -206,3 +206,21 @@ def test_two_calls_sampling_one_prompt_at_once_send_one_request(fake_llm: FakeOp
 
     first, second = asyncio.run(twice())
     assert first == second and len(first) == 10 and [b.get("n") for b in chats(fake_llm)] == [10]
+
+
+def test_ten_locomo_j_runs_go_as_one_request_and_one_run_sends_what_it_always_did(fake_llm: FakeOpenAI,
+                                                                                    tmp_path) -> None:
+    """judge_answers.runs: the mem0 paper's 10 judge runs of one answer are 10 samples of its prompt."""
+    from stages.judging import answers
+
+    fake_llm.responder = lambda body: json.dumps({"reason": "r", "label": "CORRECT" if int(body.get("seed") or 0) % 3
+                                                  else "WRONG"})
+    call = answers.locomo_j_call("When did Ann adopt Rex?", "May 2023", "In May 2023")
+    client = client_for(fake_llm, tmp_path, structured_mode="json_schema")
+    runs = asyncio.run(call.runs(client, 10, temperature=0.0))
+    assert [b.get("n") for b in chats(fake_llm)] == [10]
+    assert [score for score, _reason, _model in runs] == [0.0 if seed % 3 == 0 else 1.0 for seed in range(10)]
+    fake_llm.reset()
+    once = asyncio.run(call.once(client_for(fake_llm, tmp_path / "once", structured_mode="json_schema"),
+                                 temperature=0.0))
+    assert once == runs[0] and [b.get("n") for b in chats(fake_llm)] == [None]  # run 0 is the single call

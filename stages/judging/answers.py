@@ -40,7 +40,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pipeline.llm.types import ChatLLM, InvalidAnswer, Messages
+from pipeline.llm.types import ChatLLM, InvalidAnswer, LLMResult, Messages
+from stages.judging.calls import JudgeCall
 
 # The expected answer to a question the conversation cannot answer (LoCoMo's category-5 option text).
 NOT_MENTIONED = "Not mentioned in the conversation"
@@ -177,41 +178,65 @@ def parse_memochat(text: str) -> MemoChatRating:
     return MemoChatRating(explanation=text[: last.start()].strip(), rating=int(last.group(1)))
 
 
-async def judge_answer(llm: ChatLLM, judge: str, question: str, reference: str | None, answer: str, *,
-                       explain: bool = True, false_premise: str | None = None,
-                       **params: Any) -> tuple[float, str | None, str]:
-    """(score, reason, judge model): 0-100 for gpt4score, 1.0 / 0.0 for the correctness judges;
-    the reason is None unless `explain`. reference None: judged against `NOT_MENTIONED`."""
+def answer_call(judge: str, question: str, reference: str | None, answer: str, *, explain: bool = True,
+                false_premise: str | None = None) -> JudgeCall:
+    """gpt4score / strict / lenient / teafarm: (score, reason, judge model), 0-100 for gpt4score, 1.0 /
+    0.0 for the correctness judges; the reason is None unless `explain`. reference None: judged
+    against `NOT_MENTIONED`."""
     if judge == "gpt4score":
         schema: type[BaseModel] = ExplainedScore if explain else Score
     else:
         schema = ExplainedCorrectness if explain else Correctness
-    messages = build_messages(judge, question, reference, answer, explain, false_premise=false_premise)
-    result = await llm.chat(messages, schema=schema, **params)
-    parsed = result.parsed
-    value = float(parsed.score) if judge == "gpt4score" else float(parsed.correct)
-    return value, getattr(parsed, "reason", None), result.model
+
+    def read(result: LLMResult) -> tuple[float, str | None, str]:
+        parsed = result.parsed
+        value = float(parsed.score) if judge == "gpt4score" else float(parsed.correct)
+        return value, getattr(parsed, "reason", None), result.model
+
+    return JudgeCall(build_messages(judge, question, reference, answer, explain, false_premise=false_premise),
+                     schema, read)
+
+
+def locomo_j_call(question: str, gold: str, answer: str) -> JudgeCall:
+    """The community LoCoMo judge: (1.0 CORRECT / 0.0 WRONG, its reason, judge model); a reply that is
+    not a reason and one of the two labels is re-asked as any structured answer."""
+    def read(result: LLMResult) -> tuple[float, str, str]:
+        return locomo_j_score(result.parsed.label), result.parsed.reason, result.model
+
+    return JudgeCall(build_locomo_j_messages(question, gold, answer), LocomoVerdict, read)
+
+
+def memochat_call(history: str, question: str, response: str) -> JudgeCall:
+    """MemoChat's judge: (rating 1-100, explanation, judge model); a reply without a valid [[rating]]
+    is refused with InvalidAnswer, the reply kept as `raw`."""
+    def read(result: LLMResult) -> tuple[float, str, str]:
+        try:
+            parsed = parse_memochat(result.text)
+        except ValueError as e:  # pydantic's ValidationError is a ValueError too
+            raise InvalidAnswer(f"MemoChat judge: {e}".splitlines()[0], raw=result.text) from None
+        return float(parsed.rating), parsed.explanation, result.model
+
+    return JudgeCall(build_memochat_messages(history, question, response), None, read)
+
+
+async def judge_answer(llm: ChatLLM, judge: str, question: str, reference: str | None, answer: str, *,
+                       explain: bool = True, false_premise: str | None = None,
+                       **params: Any) -> tuple[float, str | None, str]:
+    """`answer_call`'s judgment, once."""
+    return await answer_call(judge, question, reference, answer, explain=explain,
+                             false_premise=false_premise).once(llm, **params)
 
 
 async def judge_locomo_j(llm: ChatLLM, question: str, gold: str, answer: str,
                          **params: Any) -> tuple[float, str, str]:
-    """(1.0 CORRECT / 0.0 WRONG, the judge's reason, judge model) from the community LoCoMo judge; a
-    reply that is not a reason and one of the two labels is re-asked as any structured answer."""
-    result = await llm.chat(build_locomo_j_messages(question, gold, answer), schema=LocomoVerdict, **params)
-    parsed = result.parsed
-    return locomo_j_score(parsed.label), parsed.reason, result.model
+    """`locomo_j_call`'s judgment, once."""
+    return await locomo_j_call(question, gold, answer).once(llm, **params)
 
 
 async def judge_memochat(llm: ChatLLM, history: str, question: str, response: str,
                          **params: Any) -> tuple[float, str, str]:
-    """(rating 1-100, explanation, judge model) from MemoChat's judge; a reply without a valid
-    [[rating]] raises InvalidAnswer with the reply kept as `raw`."""
-    result = await llm.chat(build_memochat_messages(history, question, response), **params)
-    try:
-        parsed = parse_memochat(result.text)
-    except ValueError as e:  # pydantic's ValidationError is a ValueError too
-        raise InvalidAnswer(f"MemoChat judge: {e}".splitlines()[0], raw=result.text) from None
-    return float(parsed.rating), parsed.explanation, result.model
+    """`memochat_call`'s judgment, once."""
+    return await memochat_call(history, question, response).once(llm, **params)
 
 
 def judges_for(kind: str, correctness: list[str], score_0_100: bool) -> list[str]:

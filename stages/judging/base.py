@@ -4,12 +4,12 @@ judge re-runs only judging and the report."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.failures import attempt, failure, row_or_failure
+from pipeline.failures import failure
 from pipeline.llm.types import LLMError
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
@@ -56,7 +56,7 @@ class JudgeStage(EpisodeStage):
 
 
 def sampled_rows(rows: Rows, fields: tuple[str, ...], judgments: Sequence[tuple | LLMError]) -> Rows:
-    """`rows` (one per sample) each filled from its sample's judgment, as `judged_row` does, or with
+    """`rows` (one per sample) each filled from its sample's judgment (its values under `fields`, the judge model last), or with
     the failure columns where that sample failed."""
     return [{**row, **failure(j)} if isinstance(j, LLMError) else _filled(row, fields, j)
             for row, j in zip(rows, judgments, strict=True)]
@@ -82,12 +82,3 @@ def _filled_criteria(rows: Rows, fields: tuple[str, ...], judgment: tuple) -> Ro
     *values, model = judgment
     return [{**r, **{f: v[r["criterion"]] if isinstance(v, dict) else v for f, v in zip(fields, values)},
              "judge_model": model or r["judge_model"]} for r in rows]
-
-
-async def judged_row(row: dict[str, Any], fields: tuple[str, ...], judgment: Awaitable[tuple]) -> dict[str, Any]:
-    """`row` with a judgment's values under `fields` (its last value is the model that answered), or
-    with the failure columns when the judge could not answer."""
-    async def filled() -> dict[str, Any]:
-        return _filled(row, fields, await judgment)
-
-    return await row_or_failure(row, filled())

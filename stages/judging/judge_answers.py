@@ -33,7 +33,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
 from pipeline.llm.usage import costed_to
-from stages.judging.base import JudgeSettings, JudgeStage, judged_row
+from stages.judging.base import JudgeSettings, JudgeStage, sampled_rows
 from stages.methods.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
@@ -42,6 +42,7 @@ ANSWER_JUDGMENTS = pa.schema(
         *PROBE_KEY_FIELDS,
         # gpt4score | strict | lenient | longmemeval | locomo_j | teafarm
         pa.field("judge", pa.string(), nullable=False),
+        pa.field("run", pa.int32(), nullable=False),  # which of the judge's independent runs (judge_answers.runs), from 0
         pa.field("score", pa.float64()),  # 0-100 (1-100 memochat) for gpt4score; 1 correct / 0 incorrect otherwise
         pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation; longmemeval: its reply)
         # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
@@ -81,6 +82,11 @@ class JudgeAnswersSettings(JudgeSettings):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
     # judge needs no reference), or skipped by every judge (rows with `skipped` set).
     unanswerable: Literal["not_mentioned", "skip"] = "not_mentioned"
+    # Independent runs of every judgment (the mem0 paper's J: 10 runs, mean and s.d. across them): one
+    # row per run, sent as samples of one prompt (one request with `n` where the endpoint takes it; the
+    # runs differ only as the judge's sampling lets them). The report averages each item over its
+    # runs and gives the runs' spread (answer_summary `runs`, `run_sd`).
+    runs: int = Field(default=1, ge=1)
 
 
 def evidence_ids(evidence: list[str] | None) -> list[str]:
@@ -137,54 +143,56 @@ class JudgeAnswersStage(JudgeStage):
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
 
-        async def one(probe: dict[str, Any], method: str, judge: str) -> dict[str, Any]:
+        async def one(probe: dict[str, Any], method: str, judge: str) -> Rows:
+            """The rows of one (probe, method, judge): one per judge run."""
             memochat = judge == "gpt4score" and settings.gpt4score_mode == "memochat"
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
-                   "method": method, "judge": judge, "score": None, "reason": None, "reference_source": None,
-                   "history_source": None, "skipped": None, "judge_prompt": None,
+                   "method": method, "judge": judge, "run": 0, "score": None, "reason": None,
+                   "reference_source": None, "history_source": None, "skipped": None, "judge_prompt": None,
                    "abstention": probe.get("abstention"), **NO_FAILURE}
+            runs = [{**row, "run": r} for r in range(settings.runs)]
             gold = probe["gold"]
             unanswerable = gold is None and str(probe["category"]) in UNANSWERABLE_CATEGORIES
             if memochat:
                 if unanswerable and settings.unanswerable == "skip":
-                    return {**row, "skipped": SKIP_UNANSWERABLE}
+                    return [{**r, "skipped": SKIP_UNANSWERABLE} for r in runs]
             elif gold is not None:
                 row["reference_source"] = "gold"
             elif not unanswerable:
-                return {**row, "skipped": SKIP_NO_REFERENCE}
+                return [{**r, "skipped": SKIP_NO_REFERENCE} for r in runs]
             elif settings.unanswerable == "skip":
-                return {**row, "skipped": SKIP_UNANSWERABLE}
+                return [{**r, "skipped": SKIP_UNANSWERABLE} for r in runs]
             else:
                 row["reference_source"] = "not_mentioned"
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
-                return {**row, "error": f"no response from {method}"}
+                return [{**r, "error": f"no response from {method}"} for r in runs]
+            fields: tuple[str, ...] = ("score", "reason")
             if judge == longmemeval.JUDGE:
                 # An unanswerable question without a reference is an abstention question explained by
                 # "not mentioned"; an `_abs` question's reference is its explanation.
                 kind = longmemeval.prompt_kind(probe["category"], bool(probe.get("abstention")) or gold is None)
                 reference = gold if gold is not None else answers.NOT_MENTIONED
                 question = questions.get(probe.get("qa_id"), probe["request"])
-                judgment = longmemeval.judge(ctx.llm, kind, question, reference, resp["response"], **params)
-                return await judged_row(row, ("score", "judge_prompt", "reason"), judgment)
-            if judge == answers.LOCOMO_J:
+                call = longmemeval.judge_call(kind, question, reference, resp["response"])
+                fields = ("score", "judge_prompt", "reason")
+            elif judge == answers.LOCOMO_J:
                 question = questions.get(probe.get("qa_id"), probe["request"])
                 expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
-                judgment = answers.judge_locomo_j(ctx.llm, question, expected, resp["response"], **params)
-                return await judged_row(row, ("score", "reason"), judgment)
-            if memochat:
+                call = answers.locomo_j_call(question, expected, resp["response"])
+            elif memochat:
                 history, row["history_source"] = related_history(probe, turns)
-                judgment = answers.judge_memochat(ctx.llm, history, probe["request"], resp["response"],
-                                                  **{**params, "max_tokens": settings.memochat_max_tokens})
+                call = answers.memochat_call(history, probe["request"], resp["response"])
             else:
-                judgment = answers.judge_answer(ctx.llm, judge, probe["request"], gold, resp["response"],
-                                                explain=settings.explain, false_premise=probe.get("false_premise"),
-                                                **params)
-            return await judged_row(row, ("score", "reason"), judgment)
+                call = answers.answer_call(judge, probe["request"], gold, resp["response"], explain=settings.explain,
+                                           false_premise=probe.get("false_premise"))
+            run_params = {**params, "max_tokens": settings.memochat_max_tokens} if memochat else params
+            judgments = await call.runs(ctx.llm, settings.runs, **run_params)
+            return sampled_rows([{**row, "run": r} for r in range(settings.runs)], fields, judgments)
 
         jobs = [costed_to(m, one(p, m, j)) for p in probes for m in self.methods
                 for j in answers.judges_for(p["kind"], settings.correctness, settings.score_0_100)]
-        return {"answer_judgments": list(await asyncio.gather(*jobs))}
+        return {"answer_judgments": [r for rows in await asyncio.gather(*jobs) for r in rows]}
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         rows = produced["answer_judgments"]

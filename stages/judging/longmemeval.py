@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import ChatLLM, LLMResult, Messages
+from stages.judging.calls import JudgeCall
 
 JUDGE = "longmemeval"
 
@@ -91,9 +92,16 @@ def parse_verdict(text: str | None) -> bool:
     return "yes" in (text or "").lower()
 
 
-async def judge(llm: ChatLLM, kind: str, question: str, reference: str, response: str,
-                **params: Any) -> tuple[float, str, str, str]:
+def judge_call(kind: str, question: str, reference: str, response: str) -> JudgeCall:
     """(1.0 correct / 0.0 incorrect, the prompt kind used, the judge's raw reply, judge model). A reply
     that says neither yes nor no scores 0.0, as in LongMemEval, and keeps its text."""
-    result = await llm.chat(build_messages(kind, question, reference, response), **params)
-    return float(parse_verdict(result.text)), kind, result.text, result.model
+    def read(result: LLMResult) -> tuple[float, str, str, str]:
+        return float(parse_verdict(result.text)), kind, result.text, result.model
+
+    return JudgeCall(build_messages(kind, question, reference, response), None, read)
+
+
+async def judge(llm: ChatLLM, kind: str, question: str, reference: str, response: str,
+                **params: Any) -> tuple[float, str, str, str]:
+    """`judge_call`'s judgment, once."""
+    return await judge_call(kind, question, reference, response).once(llm, **params)

@@ -304,6 +304,7 @@ class ReportStage(GlobalStage):
         responses = pl.from_arrow(pa.concat_tables(
             [inputs[f"{respond_stage_name(m)}.responses"] for m in self.methods] or [RESPONSES.empty_table()]))
         answers_raw = _frame(inputs, "judge_answers.answer_judgments")
+        answers = tables.judge_runs(answers_raw)  # one row per item, its judge runs averaged
         metrics_raw = _frame(inputs, "response_metrics.response_metrics")
         memory_raw = _frame(inputs, "judge_memory.memory_judgments")
         summaries = {
@@ -314,7 +315,7 @@ class ReportStage(GlobalStage):
             "teafarm_summary": tables.teafarm_summary(answers_raw, reference=self.reference(ctx)),
             "memory_summary": tables.memory_summary(memory_raw),
             "metric_summary": tables.metric_summary(metrics_raw, _frame(inputs, "response_metrics.corpus_metrics")),
-            "method_summary": tables.method_summary(responses, self.usage(ctx), answers_raw, metrics_raw,
+            "method_summary": tables.method_summary(responses, self.usage(ctx), answers, metrics_raw,
                                                        memory_raw),
             "cost_breakdown": self.cost_breakdown(ctx),
             "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
@@ -328,10 +329,10 @@ class ReportStage(GlobalStage):
         summaries["reproduction_summary"] = tables.reproduction_summary(ctx.cfg, run_sheets(ctx.cfg), written)
         pairs_raw = _frame(inputs, "judge_pairwise.pairwise_judgments")
         self.write_report(ctx, settings, summaries, panels, probe_rows(
-            _frame(inputs, "probes.probes"), responses, answers_raw, metrics_raw, settings.max_probe_rows,
+            _frame(inputs, "probes.probes"), responses, answers, metrics_raw, settings.max_probe_rows,
             settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
             teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars),
-            probe_browser_data(_frame(inputs, "probes.probes"), responses, answers_raw, pairs_raw,
+            probe_browser_data(_frame(inputs, "probes.probes"), responses, answers, pairs_raw,
                                settings.max_probe_rows, settings.text_chars),
             wins=tables.pooled_win_shares(pairs_raw))
         written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],

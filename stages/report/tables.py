@@ -142,7 +142,8 @@ ANSWER_SUMMARY = pa.schema(
         pa.field("failed", pa.int64()),  # no response from the method or no verdict from the judge
         pa.field("judged", pa.int64()),  # items - skipped - failed: what score is over
         pa.field("episodes", pa.int64()),  # episodes the judged items come from
-        pa.field("correct", pa.int64()),  # judged correct; null for gpt4score and task_average
+        # judged correct; null for gpt4score, task_average and several judge runs (score: the mean share)
+        pa.field("correct", pa.int64()),
         # mean 0-100 (gpt4score) or share judged correct; task_average: the mean of the per-type scores
         pa.field("score", pa.float64()),
         # 95% episode-level cluster bootstrap interval of score (whole episodes resampled, seeded); null
@@ -160,6 +161,11 @@ ANSWER_SUMMARY = pa.schema(
         # null for the reference itself and when the two agree on every paired question
         pa.field("p_value", pa.float64()),
         pa.field("mcnemar_p", pa.float64()),  # exact McNemar (binary judges), questions assumed independent
+        # judge_answers.runs: independent runs of the judge per item (each item's value is its mean over
+        # its runs); run_sd: the standard deviation (n - 1) across runs of the score each run alone gives,
+        # as the mem0 paper's "+- s.d. of 10 runs"; null for one run
+        pa.field("runs", pa.int64()),
+        pa.field("run_sd", pa.float64()),
         pa.field("history_sources", pa.string()),  # memochat: what history the judge saw, with counts
         pa.field("skip_reasons", pa.string()),
         pa.field("judge_model", pa.string()),
@@ -174,7 +180,7 @@ TEAFARM_SUMMARY = pa.schema(
     [
         pa.field("dataset", pa.string()),
         pa.field("method", pa.string()),
-        pa.field("correct", pa.int64()),
+        pa.field("correct", pa.int64()),  # null with several judge runs (correctness: the mean share of runs)
         pa.field("total", pa.int64()),  # questions judged
         pa.field("episodes", pa.int64()),  # episodes those questions come from
         pa.field("correctness", pa.float64()),  # correct / total
@@ -546,6 +552,39 @@ def _judgment_columns(judgments: pl.DataFrame) -> pl.DataFrame:
                                    if c not in judgments.columns])
 
 
+_HAS_VERDICT = pl.col("error").is_null() & pl.col("skipped").is_null() & pl.col("score").is_not_null()
+_ITEM_KEY = [*_QUESTION_KEY, "method", "judge"]
+
+
+def judge_runs(judgments: pl.DataFrame) -> pl.DataFrame:
+    """One row per item (question, method, judge) from the rows of the judge's runs
+    (`judge_answers.runs`): the score is the mean over the runs with a verdict (for a correct /
+    incorrect judge, the share of runs that judged it correct), the other columns those of the first
+    run with a verdict; an item no run has a verdict on keeps its first run's row (skipped or failed).
+    One run: the table as it is."""
+    if judgments.is_empty() or "run" not in judgments.columns or not judgments["run"].max():
+        return judgments
+    ordered = [(~_HAS_VERDICT).alias("_no_verdict"), "run"]
+    others = [c for c in judgments.columns if c not in (*_ITEM_KEY, "score")]
+    return judgments.group_by(_ITEM_KEY, maintain_order=True).agg(
+        pl.col("score").cast(pl.Float64).filter(_HAS_VERDICT).mean(),
+        *[pl.col(c).sort_by(ordered).first() for c in others]).select(judgments.columns)
+
+
+def _run_spread(rows: pl.DataFrame) -> tuple[int, float | None]:
+    """(runs, s.d. across runs of each run's own score over its judged items) of one scope's raw rows."""
+    if "run" not in rows.columns or rows.is_empty():
+        return 1, None
+    per_run = rows.filter(_HAS_VERDICT).group_by("run").agg(pl.col("score").cast(pl.Float64).mean())
+    runs = max(rows["run"].n_unique(), 1)
+    return runs, (float(per_run["score"].std()) if per_run.height > 1 else None)
+
+
+def _binary(values: Sequence[float]) -> bool:
+    """Whether every item's value is a plain 0 / 1 verdict (not a share over several judge runs)."""
+    return all(v in (0.0, 1.0) for v in values)
+
+
 def _with_verdict(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.filter(pl.col("error").is_null() & pl.col("skipped").is_null() & pl.col("score").is_not_null())
 
@@ -555,17 +594,17 @@ def _episodes(rows: pl.DataFrame) -> list[tuple[str, str]]:
     return list(zip(rows["dataset"].to_list(), rows["episode_id"].to_list()))
 
 
-def _item_values(rows: pl.DataFrame, share: bool) -> list[float]:
-    """Each judged row's value: 1.0 / 0.0 for judged correct or not (`share`), else its score."""
-    scores = rows["score"].cast(pl.Float64).to_list()
-    return [float(v == 1.0) for v in scores] if share else scores
+def _item_values(rows: pl.DataFrame) -> list[float]:
+    """Each judged row's value: its score; for a correct / incorrect judge 1.0 / 0.0 (with several
+    judge runs, the share of its runs that judged it correct)."""
+    return rows["score"].cast(pl.Float64).to_list()
 
 
-def _question_values(rows: pl.DataFrame, share: bool) -> dict[tuple, float]:
+def _question_values(rows: pl.DataFrame) -> dict[tuple, float]:
     """Question -> its value (`_item_values`), over the rows with a verdict."""
     judged = _with_verdict(rows)
     return {tuple(r[k] for k in _QUESTION_KEY): v
-            for r, v in zip(judged.select(_QUESTION_KEY).iter_rows(named=True), _item_values(judged, share))}
+            for r, v in zip(judged.select(_QUESTION_KEY).iter_rows(named=True), _item_values(judged))}
 
 
 def _paired_test(method: str, rows: pl.DataFrame, reference: str | None, reference_rows: pl.DataFrame | None,
@@ -576,14 +615,14 @@ def _paired_test(method: str, rows: pl.DataFrame, reference: str | None, referen
     if reference is None or reference_rows is None:
         return {"reference": reference, "paired": None, "only_reference": None, "only_other": None, "p_value": None,
                 "mcnemar_p": None}
-    mine, theirs = _question_values(rows, share), _question_values(reference_rows, share)
+    mine, theirs = _question_values(rows), _question_values(reference_rows)
     both = sorted(mine.keys() & theirs.keys())  # sorted: the test's random swaps see the same order every run
     itself = method == reference
     out = {"reference": reference, "paired": len(both), "only_reference": None, "only_other": None,
            "p_value": None if itself else paired_cluster_test([theirs[q] for q in both], [mine[q] for q in both],
                                                               [q[:2] for q in both]),
            "mcnemar_p": None}
-    if share:
+    if share and _binary([*mine.values(), *theirs.values()]):  # McNemar counts plain verdicts, not shares of runs
         only_ref = sum(theirs[q] > mine[q] for q in both)
         only_other = sum(mine[q] > theirs[q] for q in both)
         out |= {"only_reference": only_ref, "only_other": only_other,
@@ -631,7 +670,7 @@ def _task_average_row(row: dict[str, Any], sub: pl.DataFrame, share: bool) -> di
     one question, so this is also the iid stratified interval) and counts of the typed questions."""
     typed = sub.filter(pl.col("category").is_not_null())
     judged = _with_verdict(typed)
-    values, types = _item_values(judged, share), judged["category"].to_list()
+    values, types = _item_values(judged), judged["category"].to_list()
     low, high = cluster_bootstrap_interval(values, _episodes(judged), strata=types)
     iid_low, iid_high = cluster_bootstrap_interval(values, list(range(len(values))), strata=types)
     failed = typed.filter(pl.col("skipped").is_null() & (pl.col("error").is_not_null() | pl.col("score").is_null()))
@@ -652,7 +691,11 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
     dataset gets a `task_average` row per method and judge (LongMemEval's task-averaged accuracy)."""
     if judgments.is_empty():
         return empty(ANSWER_SUMMARY)
-    j = _judgment_columns(judgments)
+    raw = _judgment_columns(judgments)
+    spreads = {(scope["dataset"], scope["category"], method, judge): _run_spread(sub)
+               for scope, part in _dataset_scopes(raw)
+               for (method, judge), sub in part.group_by(["method", "judge"], maintain_order=True)}
+    j = judge_runs(raw)
     rows: list[dict[str, Any]] = []
     for scope, part in _dataset_scopes(j):
         for (judge,), by_judge in part.group_by(["judge"], maintain_order=True):
@@ -663,11 +706,12 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
                 skipped = sub.filter(pl.col("skipped").is_not_null()).height
                 failed = sub.filter(pl.col("skipped").is_null() & (pl.col("error").is_not_null()
                                                                    | pl.col("score").is_null())).height
-                values, episodes = _item_values(judged, share), _episodes(judged)
+                values, episodes = _item_values(judged), _episodes(judged)
                 low, high = cluster_bootstrap_interval(values, episodes)
-                correct = int(sum(values)) if share else None
-                iid_low, iid_high = wilson_interval(correct, judged.height) if share \
+                correct = int(sum(values)) if share and _binary(values) else None
+                iid_low, iid_high = wilson_interval(correct, judged.height) if correct is not None \
                     else bootstrap_mean_interval(values)
+                runs, run_sd = spreads[scope["dataset"], scope["category"], method, judge]
                 row: dict[str, Any] = {**scope, "method": method, "judge": judge, "items": sub.height,
                                        "skipped": skipped, "failed": failed, "judged": judged.height,
                                        "episodes": len(set(episodes)), "correct": correct,
@@ -675,6 +719,7 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
                                        "ci_low": low, "ci_high": high, "iid_low": iid_low, "iid_high": iid_high,
                                        **_paired_test(method, sub, reference,
                                                       methods.get(reference) if reference else None, share),
+                                       "runs": runs, "run_sd": run_sd,
                                        "history_sources": _counted(sub["history_source"].to_list()),
                                        "skip_reasons": "; ".join(sorted({r for r in sub["skipped"].to_list() if r}))
                                        or None,
@@ -698,19 +743,20 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
     tf = judgments.filter(pl.col("judge") == "teafarm") if not judgments.is_empty() else judgments
     if tf.is_empty():
         return empty(TEAFARM_SUMMARY)
-    tf = _judgment_columns(tf)
+    tf = judge_runs(_judgment_columns(tf))
     rows: list[dict[str, Any]] = []
     for scope, part in [s for s in _dataset_scopes(tf) if s[0]["category"] is None]:
         methods = {m: sub for (m,), sub in part.group_by(["method"], maintain_order=True)}
         for method, sub in methods.items():
             judged = _with_verdict(sub)
-            values, episodes = _item_values(judged, True), _episodes(judged)
-            correct = int(sum(values))
+            values, episodes = _item_values(judged), _episodes(judged)
+            correct = int(sum(values)) if _binary(values) else None  # None: shares over several judge runs
             low, high = cluster_bootstrap_interval(values, episodes)
-            iid_low, iid_high = wilson_interval(correct, judged.height)
+            iid_low, iid_high = wilson_interval(correct, judged.height) if correct is not None \
+                else bootstrap_mean_interval(values)
             rows.append({"dataset": scope["dataset"], "method": method, "correct": correct, "total": judged.height,
                          "episodes": len(set(episodes)),
-                         "correctness": correct / judged.height if judged.height else None,
+                         "correctness": sum(values) / judged.height if judged.height else None,
                          "ci_low": low, "ci_high": high, "iid_low": iid_low, "iid_high": iid_high,
                          "failed": sub.filter(pl.col("skipped").is_null()).height - judged.height,
                          **_paired_test(method, sub, reference, methods.get(reference) if reference else None, True),
