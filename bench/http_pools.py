@@ -1,7 +1,7 @@
 """Benchmark: CPU per call of one LLM client with many requests in flight, by HTTP pool size.
 
 One `LLMClient` (cache off, no Ray) sends N plain chat calls to the fake server with `cap` requests
-in flight, once per pool size (`pipeline.llm.client._POOL_REQUESTS`: requests in flight per HTTP
+in flight, once per pool size (`pipeline.llm.transport._POOL_REQUESTS`: requests in flight per HTTP
 connection pool): wall time, requests/s and the CPU-seconds of this process per call. httpcore
 scans every connection and waiting request of a pool on each event, so one pool holding all
 `cap` requests spends more CPU per call than several small ones.
@@ -25,7 +25,7 @@ from harness import ROOT, FakeServer, table, write_results
 sys.path.insert(0, str(ROOT))
 
 from pipeline.config import LLMConfig
-from pipeline.llm import client as client_module
+from pipeline.llm import transport as client_module
 from pipeline.llm.shared import make_client
 
 KEY_ENV = "MEMPIPE_BENCH_POOL_KEY"

@@ -13,8 +13,9 @@ from conftest import TEST_KEY_ENV, llm_config
 from fake_openai import FakeOpenAI
 from pipeline.artifacts import StageDir
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult
-from pipeline.llm.batch import BATCH_DISCOUNT
 from pipeline.llm.cache import chat_cache_key
+from pipeline.llm.params import sampling_params
+from pipeline.llm.prices import BATCH_DISCOUNT
 from pipeline.runner import Runner
 from stages import registry
 
@@ -68,7 +69,7 @@ def requests_made(server: FakeOpenAI) -> int:
 
 def key_of(client: LLMClient, text: str) -> str:
     """The custom_id (the cache key) of a plain call's request."""
-    model, sampling = client._sampling(0, {})
+    model, sampling = sampling_params(client.cfg, 0, {})
     return chat_cache_key(client.endpoint, model, msgs(text), sampling, None, 0)
 
 

@@ -20,7 +20,8 @@ from pipeline.errors import ConfigError
 from pipeline.llm import (DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter, Usage, cache_stats,
                           export_cache, import_cache, resolve_api_key)
 from pipeline.llm.cache import chat_cache_key
-from pipeline.llm.client import MalformedResponse, _read_embeddings, parse_retry_after
+from pipeline.llm.client import MalformedResponse, parse_retry_after
+from pipeline.llm.transport import read_embeddings
 from pipeline.llm.structured import response_format_for, strict_json_schema
 from pipeline.llm.ratelimit import PacingSchedule, estimate_tokens
 
@@ -125,7 +126,7 @@ def test_each_loop_client_reuses_the_process_tls_context_and_platform(fake_llm: 
     async def ask(text: str) -> tuple[Any, LLMResult]:
         try:
             result = await client.chat(msgs(text))
-            return (await client._state()).clients, result
+            return (await client.transport._state()).clients, result
         finally:
             await client.aclose()
 
@@ -140,17 +141,17 @@ def test_each_loop_client_reuses_the_process_tls_context_and_platform(fake_llm: 
 def test_requests_in_flight_are_spread_over_pools_of_at_most_32(fake_llm: FakeOpenAI, monkeypatch) -> None:
     """httpcore scans its whole pool on every event: 256 requests in one pool cost ~7 ms of CPU a
     call, in pools of 32 ~4 ms; every pool is used in turn."""
-    from pipeline.llm import client as client_module
+    from pipeline.llm import transport as transport_module
 
     used: list[int] = []
-    take = client_module._LoopState.next_client
-    monkeypatch.setattr(client_module._LoopState, "next_client", lambda st: used.append(id(c := take(st))) or c)
+    take = transport_module._LoopState.next_client
+    monkeypatch.setattr(transport_module._LoopState, "next_client", lambda st: used.append(id(c := take(st))) or c)
     client = client_for(fake_llm, cache=False, max_concurrency=80)
 
     async def go() -> list[Any]:
         try:
             await asyncio.gather(*(client.chat(msgs(f"q{i}")) for i in range(6)))
-            return (await client._state()).clients
+            return (await client.transport._state()).clients
         finally:
             await client.aclose()
 
@@ -415,11 +416,11 @@ def test_an_embeddings_answer_is_read_in_base64_or_as_numbers_in_input_order() -
     packed = base64.b64encode(struct.pack("<2f", 0.5, -0.25)).decode()
     answer = {"data": [{"index": 1, "embedding": [1, 2]}, {"index": 0, "embedding": packed}],
               "usage": {"prompt_tokens": 7}}
-    assert _read_embeddings(answer, 2) == ([[0.5, -0.25], [1.0, 2.0]], 7)
+    assert read_embeddings(answer, 2) == ([[0.5, -0.25], [1.0, 2.0]], 7)
     with pytest.raises(MalformedResponse):
-        _read_embeddings(answer, 3)
+        read_embeddings(answer, 3)
     with pytest.raises(MalformedResponse):
-        _read_embeddings({"data": [{"index": 0, "embedding": "not base64!"}]}, 1)
+        read_embeddings({"data": [{"index": 0, "embedding": "not base64!"}]}, 1)
 
 
 def test_client_errors_are_not_retried(fake_llm: FakeOpenAI) -> None:

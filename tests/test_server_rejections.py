@@ -20,7 +20,8 @@ import pytest
 from pydantic import BaseModel
 
 import pipeline.llm.breaker as breaker
-import pipeline.llm.client as client_module
+import pipeline.llm.params as params_module
+import pipeline.llm.transport as transport_module
 from conftest import llm_config
 from fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
@@ -63,10 +64,11 @@ def new_ledger() -> LocalLedger:
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Refused parameters are remembered per process: each test starts without any."""
-    for state in (client_module._DROPPED_PARAMS, client_module._FAILING_ENDPOINTS, client_module._DOWN_ENDPOINTS):
+    states = (params_module._DROPPED_PARAMS, transport_module._FAILING_ENDPOINTS, transport_module._DOWN_ENDPOINTS)
+    for state in states:
         state.clear()
     yield
-    for state in (client_module._DROPPED_PARAMS, client_module._FAILING_ENDPOINTS, client_module._DOWN_ENDPOINTS):
+    for state in states:
         state.clear()
 
 
@@ -242,7 +244,7 @@ def test_a_refused_seed_is_dropped_from_the_roles_requests_and_remembered(fake_l
     run(client.chat(msgs("q2"), schema=Answer))
     assert fake_llm.rejected == {"seed": 1} and "seed" not in fake_llm.requests[-1]["body"]
     # A later run (a new process: nothing remembered in memory) reads it from the call cache.
-    client_module._DROPPED_PARAMS.clear()
+    params_module._DROPPED_PARAMS.clear()
     run(client_for(fake_llm).chat(msgs("q3")))
     assert fake_llm.rejected == {"seed": 1} and "seed" not in fake_llm.requests[-1]["body"]
 

@@ -1,7 +1,7 @@
 """OpenAI Batch API mode (`llm.batch: true`, or `roles.<name>.batch`): chat requests wait in a
 queue and go out together as one batch file, at half the list price.
 
-One `BatchQueue` per client and event loop. `LLMClient._fetch` hands it the exact JSON body it would
+One `BatchQueue` per client and event loop. The client hands it the exact JSON body it would
 have POSTed to /chat/completions, with the request's cache key as `custom_id`, and awaits the
 answer. When no new request has come for `IDLE_S` seconds (or the queue holds the provider's
 maximum of `MAX_REQUESTS` requests or `MAX_BYTES` of JSONL) the queued requests are written as
@@ -17,7 +17,7 @@ one in a batch that `expired`, `failed` or was `cancelled`, goes into the next b
 ...", "batch expired before this request was answered"). A line the endpoint refused for good (any
 other 4xx, e.g. a 400 naming the response format) raises at once with its status, as a direct call
 does, so the structured-mode fallback works in batch mode too. The files / batches calls themselves
-go through the client's retry loop (`LLMClient._send`); when that gives up, every request of that
+go through the client's retry loop (`Transport.send`); when that gives up, every request of that
 batch fails with its reason. Every message is scrubbed of the API key.
 
 Nothing here holds one of the client's `max_concurrency` slots while it waits: a batch may hold
@@ -32,16 +32,13 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from pipeline.llm.types import LLMError
-
-if TYPE_CHECKING:
-    from pipeline.llm.client import LLMClient
+from pipeline.llm.transport import ChatAnswer, MalformedResponse, Transport, read_chat, retryable_status
+from pipeline.llm.types import LLMError, short
 
 log = logging.getLogger(__name__)
 
-BATCH_DISCOUNT = 0.5  # OpenAI bills Batch API calls at half the list price
 IDLE_S = 0.2  # a batch leaves when no new request has arrived for this long
 MAX_REQUESTS = 50_000  # the provider's maximum requests per batch
 MAX_BYTES = 190 * 1024 * 1024  # the provider's input file limit is 200 MB; a margin below it
@@ -49,17 +46,6 @@ POLL_GROWTH = 1.5  # each poll waits this much longer than the last ...
 POLL_MAX_FACTOR = 10.0  # ... up to this many times `batch_poll_s`
 ENDPOINT = "/v1/chat/completions"
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-
-Answer = Any  # the client's `_Answer`: the choices' texts, prompt / cached / completion tokens, model
-
-
-def _client_helpers() -> Any:
-    # Imported late: pipeline.llm.prices imports this module for BATCH_DISCOUNT, and the client
-    # must stay free to import prices without a cycle.
-    from pipeline.llm import client
-
-    return client
-
 
 @dataclass
 class _Item:
@@ -71,28 +57,28 @@ class _Item:
 
 @dataclass
 class _Outcome:
-    answer: Answer | None = None
+    answer: ChatAnswer | None = None
     reason: str = ""  # why it failed, when answer is None
     status: int | None = None  # HTTP status of a line the endpoint refused
     retriable: bool = True
 
 
-def queue_for(client: LLMClient) -> BatchQueue:
-    """The batch queue of this client on the running event loop (made on first use)."""
+def queue_for(transport: Transport) -> BatchQueue:
+    """The batch queue of this client (its transport) on the running event loop (made on first use)."""
     loop = asyncio.get_running_loop()
-    queues: weakref.WeakKeyDictionary = client.__dict__.setdefault("_batch_queues", weakref.WeakKeyDictionary())
+    queues: weakref.WeakKeyDictionary = transport.__dict__.setdefault("_batch_queues", weakref.WeakKeyDictionary())
     q = queues.get(loop)
     if q is None:
-        q = queues[loop] = BatchQueue(client)
+        q = queues[loop] = BatchQueue(transport)
     return q
 
 
 class BatchQueue:
     """Collects one client's chat requests on one event loop and sends them as Batch API batches."""
 
-    def __init__(self, client: LLMClient) -> None:
-        self.client = client
-        self.cfg = client.cfg
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.cfg = transport.cfg
         self._items: dict[str, _Item] = {}  # every unanswered request, queued or in a batch
         self._queued: dict[str, _Item] = {}  # waiting for the next batch
         self._queued_bytes = 0
@@ -100,7 +86,7 @@ class BatchQueue:
         self._tasks: set[asyncio.Task] = set()
         self.batches_sent = 0
 
-    async def submit(self, body: dict[str, Any], key: str) -> Answer:
+    async def submit(self, body: dict[str, Any], key: str) -> ChatAnswer:
         """Queue one request (the JSON body of a /chat/completions POST) and wait for its answer.
         A request with the same key already waiting shares that one's answer."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -156,7 +142,7 @@ class BatchQueue:
                                                   status=e.status))
             return
         except Exception as e:  # a bug or a response we cannot read: fail the rows, not the stage
-            reason = self._scrub(f"batch failed: {type(e).__name__}: {_short(str(e))}")
+            reason = self._scrub(f"batch failed: {type(e).__name__}: {short(str(e))}")
             for item in items:
                 self._finish(item, error=LLMError(reason))
             return
@@ -202,10 +188,9 @@ class BatchQueue:
                             self._scrub(str(e))[:200])
 
     async def _call(self, call: Callable[[Any], Any], read: Callable[[Any], Any]) -> Any:
-        return await self.client._send(call, 0, read)
+        return await self.transport.send(call, 0, read)
 
     def _read_results(self, text: str) -> dict[str, _Outcome]:
-        client = _client_helpers()
         out: dict[str, _Outcome] = {}
         for raw in text.splitlines():
             if not raw.strip():
@@ -222,8 +207,8 @@ class BatchQueue:
             body = response.get("body")
             if status == 200 and isinstance(body, dict):
                 try:
-                    out[key] = _Outcome(answer=client._read_chat(_namespace(body)))
-                except client.MalformedResponse as e:
+                    out[key] = _Outcome(answer=read_chat(_namespace(body)))
+                except MalformedResponse as e:
                     out[key] = _Outcome(reason=f"batch item failed: malformed response: {e}")
                 continue
             error = (body or {}).get("error") if isinstance(body, dict) else None
@@ -231,8 +216,8 @@ class BatchQueue:
             message = (error.get("message") or error.get("code") if isinstance(error, dict) else str(error)) \
                 or "no reason given"
             what = f"HTTP {status}: {message}" if status else str(message)
-            fatal = isinstance(status, int) and not client._retryable_status(status) and status != 200
-            out[key] = _Outcome(reason=f"batch item failed: {client._short(what, 400)}",
+            fatal = isinstance(status, int) and not retryable_status(status) and status != 200
+            out[key] = _Outcome(reason=f"batch item failed: {short(what, 400)}",
                                 status=status if fatal else None, retriable=not fatal)
         return out
 
@@ -243,7 +228,7 @@ class BatchQueue:
             self._finish(item, answer=outcome.answer)
         elif outcome.retriable and item.attempts < self.cfg.max_retries:
             item.attempts += 1
-            self.client.usage.retries += 1
+            self.transport.usage.retries += 1
             log.debug("batch request %s again (%s)", item.key[:12], outcome.reason)
             self._enqueue(item)
         else:
@@ -252,7 +237,7 @@ class BatchQueue:
                 reason += f" (gave up after {item.attempts + 1} batches)"
             self._finish(item, error=LLMError(self._scrub(reason), status=outcome.status))
 
-    def _finish(self, item: _Item, *, answer: Answer | None = None, error: LLMError | None = None) -> None:
+    def _finish(self, item: _Item, *, answer: ChatAnswer | None = None, error: LLMError | None = None) -> None:
         self._items.pop(item.key, None)
         for w in item.waiters:
             if w.done():  # its caller was cancelled
@@ -263,7 +248,7 @@ class BatchQueue:
                 w.set_result(answer)
 
     def _scrub(self, text: str) -> str:
-        return self.client._scrub(text)
+        return self.transport.scrub(text)
 
 
 def _missing_reason(batch: Any) -> str:
@@ -274,14 +259,14 @@ def _missing_reason(batch: Any) -> str:
         return "batch was cancelled before this request was answered"
     if status == "failed":
         errors = getattr(getattr(batch, "errors", None), "data", None) or []
-        said = "; ".join(_short(f"{getattr(e, 'code', None) or 'error'}: {getattr(e, 'message', '')}", 200)
+        said = "; ".join(short(f"{getattr(e, 'code', None) or 'error'}: {getattr(e, 'message', '')}", 200)
                          for e in errors[:3])
         return f"batch failed{': ' + said if said else ''}"
     return "batch item failed: missing from the batch's output and error files"
 
 
 def _namespace(value: Any) -> Any:
-    """A parsed JSON response as attributes, the shape `_read_chat` reads from the SDK's models."""
+    """A parsed JSON response as attributes, the shape `read_chat` reads from the SDK's models."""
     if isinstance(value, dict):
         return SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
     if isinstance(value, list):
@@ -292,13 +277,13 @@ def _namespace(value: Any) -> Any:
 def _read_id(resp: Any) -> str:
     file_id = getattr(resp, "id", None)
     if not isinstance(file_id, str) or not file_id:
-        raise _client_helpers().MalformedResponse("no file id in the upload's answer")
+        raise MalformedResponse("no file id in the upload's answer")
     return file_id
 
 
 def _read_batch(resp: Any) -> Any:
     if not isinstance(getattr(resp, "id", None), str) or not isinstance(getattr(resp, "status", None), str):
-        raise _client_helpers().MalformedResponse("no batch id or status in the answer")
+        raise MalformedResponse("no batch id or status in the answer")
     return resp
 
 
@@ -310,9 +295,4 @@ def _read_text(resp: Any) -> str:
     content = getattr(resp, "content", None)
     if isinstance(content, (bytes, bytearray)):
         return content.decode("utf-8", "replace")
-    raise _client_helpers().MalformedResponse("a batch result file without content")
-
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit] + "..."
+    raise MalformedResponse("a batch result file without content")

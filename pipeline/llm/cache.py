@@ -1,4 +1,4 @@
-"""The LLM call cache: keys, the diskcache store, and Parquet export / import.
+"""The LLM call cache: keys, chat values (`Reply`), the diskcache store, and Parquet export / import.
 
 A key is the sha256 of canonical JSON of everything that determines an answer (endpoint identity,
 model, messages, sampling params, response schema, sample index) and nothing else: never the API
@@ -22,6 +22,7 @@ import logging
 import sqlite3
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,13 +63,55 @@ def embed_cache_key(endpoint: str, model: str, text: str) -> str:
 
 
 def mode_cache_key(endpoint: str, model: str) -> str:
-    """Where the structured mode an endpoint accepts is remembered (see LLMClient)."""
+    """Where the structured mode an endpoint accepts is remembered (see pipeline.llm.structured)."""
     return make_key({"kind": "structured_mode", "endpoint": endpoint, "model": model})
 
 
 def params_cache_key(endpoint: str, model: str) -> str:
-    """Where the request parameters an endpoint refused (seed) are remembered (see LLMClient)."""
+    """Where the request parameters an endpoint refused (seed) are remembered (see pipeline.llm.params)."""
     return make_key({"kind": "rejected_params", "endpoint": endpoint, "model": model})
+
+
+@dataclass
+class Reply:
+    """One chat request's answer as a client keeps it, and as the cache holds it (`value`)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    cached: bool
+    cached_prompt_tokens: int = 0  # of prompt_tokens, served from the endpoint's prompt cache
+
+    @classmethod
+    def from_cache(cls, hit: dict[str, Any], model: str) -> Reply:
+        """A cached chat value as a reply (marked cached)."""
+        return cls(hit["text"], int(hit.get("prompt_tokens", 0)), int(hit.get("completion_tokens", 0)),
+                   hit.get("model") or model, cached=True, cached_prompt_tokens=int(hit.get("cached_prompt_tokens", 0)))
+
+    def value(self) -> dict[str, Any]:
+        value = {"text": self.text, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                 "model": self.model}
+        if self.cached_prompt_tokens:
+            value["cached_prompt_tokens"] = self.cached_prompt_tokens
+        return value
+
+
+async def lookup_many(cache: CallCache, keys: list[str]) -> list[dict[str, Any] | None]:
+    """Many lookups at once: the cache's own `get_many` where it has one (one thread hop), else
+    concurrent `get`s (which a Ray cache proxy coalesces into one actor call)."""
+    many = getattr(cache, "get_many", None)
+    if many is not None:
+        return await many(keys)
+    return list(await asyncio.gather(*(cache.get(k) for k in keys)))
+
+
+async def store_many(cache: CallCache, items: list[tuple[str, dict[str, Any]]]) -> None:
+    many = getattr(cache, "set_many", None)
+    if many is not None:
+        await many(items)
+    else:
+        await asyncio.gather(*(cache.set(k, v) for k, v in items))
 
 
 def _kind(value: dict[str, Any]) -> str:

@@ -1,15 +1,45 @@
-"""Structured outputs: how a schema is asked for in each mode, and parsing + validating the answer."""
+"""Structured outputs: how a schema is asked for in each mode, parsing and validating the answer,
+and a client's structured calls (`StructuredCalls`).
+
+Parsing and validation sit above the call cache: every request is cached with its raw answer,
+including the invalid ones that led to a re-ask, so a rerun replays the same conversation and never
+pays twice. An invalid answer is re-asked with the error, then becomes `InvalidAnswer(reason,
+raw=...)`. With `retry_samples=n` (`mempipe run --retry-failed`), a call whose re-asks all failed
+is tried again with up to n new sample indexes.
+
+Modes (`structured_mode`): json_schema (strict response_format), json_object (JSON mode, schema in
+the prompt), prompt (schema in the prompt, first JSON object of the text), and auto: json_schema,
+stepping down when the endpoint rejects the response_format. A rejection is recognised by what the
+server says, whatever the status (a 400 or 422 naming the parameter, or llama-cpp-python's 500
+validation error): it is never retried as sent and never counts as an outage. In auto mode the
+first structured request of an (endpoint, model) is the scout: the others, in this process and in
+every worker of the run (through the run's ledger), wait for its answer and then use the mode it
+decided, so an endpoint sees at most one rejected request per mode. The mode decided is remembered
+in the call cache for (endpoint, model), so later clients start there.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import functools
 import json
+import logging
 import re
-from typing import Any
+import weakref
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from pipeline.llm.types import LLMError
+from pipeline.config import LLMConfig
+from pipeline.llm.cache import CallCache, Reply, mode_cache_key
+from pipeline.llm.ledger import MODE_POLL_S
+from pipeline.llm.params import sampling_params
+from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages, short
+from pipeline.llm.usage import Usage
+
+log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
@@ -201,3 +231,249 @@ def describe_error(err: Exception) -> str:
     if isinstance(err, json.JSONDecodeError):
         return f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
     return str(err) or type(err).__name__
+
+
+# ---------------------------------------------------------------- a client's structured calls
+
+REASK = ("Your previous answer was invalid: {error}\n"
+         "Answer again with only a JSON object that matches the required schema.")
+
+# One exact request of the client (pipeline.llm.client): (model, messages, sampling, response_format,
+# sample) -> its reply, from the cache or sent and then cached.
+Request = Callable[[str, Messages, dict[str, Any], dict[str, Any] | None, int], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class StructuredAsk:
+    """One structured call as asked: the same in whichever mode it goes."""
+
+    model: str
+    messages: Messages
+    sampling: dict[str, Any]
+    sample: int
+    schema: type[BaseModel]
+    validate: Callable[[Any], None] | None
+
+
+@dataclass
+class _ModeDecision:
+    """The structured mode of one (endpoint, model) on one loop: `lock` is held by the scout (the
+    request that decides it) and by whoever is asking the run's ledger; `mode` once decided."""
+
+    lock: asyncio.Lock
+    mode: str | None = None
+    why: str = ""
+
+
+# Per loop (asyncio locks belong to one): (endpoint, model) -> its mode decision, shared by clients.
+_MODE_DECISIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], _ModeDecision]] = \
+    weakref.WeakKeyDictionary()
+
+
+class _Scout:
+    """The request deciding an (endpoint, model)'s structured mode: holds the decision's lock (and
+    the ledger's claim) until it publishes the mode or gives up (a transport failure: another
+    request becomes the scout)."""
+
+    def __init__(self, calls: StructuredCalls, model: str, decision: _ModeDecision, claimed: bool) -> None:
+        self.calls, self.model, self.decision, self.claimed = calls, model, decision, claimed
+        self.done = False
+
+    async def publish(self, mode: str, why: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.decision.mode, self.decision.why = mode, why
+            await self.calls.remember_mode(self.model, mode, why)
+            if self.claimed:
+                await self.calls.tally.ledger.publish_mode(self.calls.mode_key(self.model), mode, why)
+        finally:
+            self.decision.lock.release()
+
+    def release(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.claimed:
+            self.calls.tally.ledger.release_mode(self.calls.mode_key(self.model))
+        self.decision.lock.release()
+
+
+class StructuredCalls:
+    """One client's structured calls, and the mode its (endpoint, model)s take them in. `request`
+    is the client's exact request; `tally` the run ledger's StageTally (None outside a run)."""
+
+    def __init__(self, cfg: LLMConfig, endpoint: str, cache: CallCache | None, usage: Usage, tally: Any | None,
+                 request: Request, retry_samples: int = 0) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.cache = cache
+        self.usage = usage
+        self.tally = tally
+        self.request = request
+        self.retry_samples = retry_samples
+        self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
+
+    async def call(self, messages: Messages, schema: type[BaseModel], validate: Callable[[Any], None] | None,
+                   sample: int, params: dict[str, Any]) -> LLMResult:
+        """The structured call; in retry mode, new sample indexes after an all-invalid conversation."""
+        invalid: InvalidAnswer | None = None
+        for s in range(sample, sample + 1 + self.retry_samples):
+            model, sampling = sampling_params(self.cfg, s, params)
+            try:
+                return await self._in_mode(StructuredAsk(model, messages, sampling, s, schema, validate))
+            except InvalidAnswer as e:
+                invalid = e
+        assert invalid is not None
+        raise invalid
+
+    async def _in_mode(self, ask: StructuredAsk) -> LLMResult:
+        """The conversation in the model's mode, stepping down (auto mode) when the endpoint
+        rejects the response format."""
+        mode, scout = await self._mode(ask.model)
+        try:
+            while True:
+                answered = None
+                if scout is not None and mode != "prompt":
+                    # The scout's first answered request settles the mode for everyone waiting.
+                    answered = functools.partial(scout.publish, mode, self.usage.structured_fallbacks.get(mode, ""))
+                try:
+                    result = await self._ask_valid(ask, mode, answered)
+                except InvalidAnswer:
+                    # Counted too: a role whose every answer failed still says which mode it was in.
+                    _bump(self.usage.structured_modes, mode)
+                    _bump(self.usage.structured_invalid, mode)
+                    raise
+                except LLMError as e:
+                    if self.cfg.structured_mode != "auto" or not rejects_response_format(e) or mode not in MODES_AFTER:
+                        raise
+                    rejected, mode = mode, MODES_AFTER[mode]
+                    log.info("%s rejected the response format (%s); structured mode is now %s", self.endpoint,
+                             e.reason, mode)
+                    why = f"the endpoint rejected {rejected}: {short(e.reason, 160)}"
+                    self.usage.structured_fallbacks[mode] = why
+                    self._modes[ask.model] = mode
+                    if scout is not None and mode == "prompt":
+                        await scout.publish(mode, why)  # prompt mode cannot be refused
+                    elif scout is None:
+                        # Sent before the decision reached this client (an older remembered mode).
+                        await self.remember_mode(ask.model, mode, why)
+                    continue
+                _bump(self.usage.structured_modes, mode)
+                return result
+        finally:
+            if scout is not None:
+                scout.release()  # no-op once published; else another request decides
+
+    async def _ask_valid(self, ask: StructuredAsk, mode: str,
+                         answered: Callable[[], Awaitable[None]] | None = None) -> LLMResult:
+        """One structured conversation: ask, validate, re-ask with the error; each request cached.
+        `answered` is awaited once the first request got an answer (the endpoint took the mode)."""
+        conversation = list(ask.messages) if mode == "json_schema" else with_schema_in_prompt(ask.messages, ask.schema)
+        response_format = request_format(ask.schema, mode)
+        attempts = 1 + self.cfg.structured_retries
+        prompt_tokens = completion_tokens = 0
+        cached = True
+        last_text, last_error = "", ""
+        for i in range(attempts):
+            if i:
+                self.usage.reasks += 1
+            reply = await self.request(ask.model, conversation, ask.sampling, response_format, ask.sample)
+            if answered is not None:
+                await answered()
+                answered = None
+            prompt_tokens += reply.prompt_tokens
+            completion_tokens += reply.completion_tokens
+            cached = cached and reply.cached
+            try:
+                parsed = parse_structured(reply.text, ask.schema)
+                if ask.validate is not None:
+                    ask.validate(parsed)
+            except ValueError as e:
+                last_text, last_error = reply.text, describe_error(e)
+                conversation = conversation + [{"role": "assistant", "content": reply.text},
+                                               {"role": "user", "content": REASK.format(error=last_error)}]
+                continue
+            return LLMResult(text=reply.text, parsed=parsed, prompt_tokens=prompt_tokens,
+                             completion_tokens=completion_tokens, model=reply.model, cached=cached)
+        raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
+
+    # ------------------------------------------------------------ the mode of an (endpoint, model)
+
+    def known_mode(self, model: str) -> str | None:
+        """The structured mode requests of `model` go in, when already decided (no waiting)."""
+        if self.cfg.structured_mode != "auto":
+            return self.cfg.structured_mode
+        if model in self._modes:
+            return self._modes[model]
+        decision = _MODE_DECISIONS.get(asyncio.get_running_loop(), {}).get((self.endpoint, model))
+        return self._learn_mode(model, decision.mode, decision.why) if decision and decision.mode else None
+
+    def mode_key(self, model: str) -> str:
+        """The ledger's name for this (endpoint, model)'s structured-mode decision."""
+        return f"{self.endpoint} {model}"
+
+    def _learn_mode(self, model: str, mode: str, why: str) -> str:
+        self._modes[model] = mode
+        if mode != "json_schema":  # decided by another request or an earlier run: say why, as it did
+            self.usage.structured_fallbacks.setdefault(mode, why or "found earlier")
+        return mode
+
+    async def _mode(self, model: str) -> tuple[str, _Scout | None]:
+        """The mode for this request, and the scout token when this request is the one deciding it
+        (auto mode, nothing decided yet): it sends json_schema and publishes what the endpoint took.
+        Every other request waits here until the mode is decided, in this process on the
+        decision's lock, across workers through the run's ledger."""
+        if self.cfg.structured_mode != "auto":
+            return self.cfg.structured_mode, None
+        if model in self._modes:
+            return self._modes[model], None
+        decisions = _MODE_DECISIONS.setdefault(asyncio.get_running_loop(), {})
+        decision = decisions.setdefault((self.endpoint, model), _ModeDecision(asyncio.Lock()))
+        if decision.mode is not None:
+            return self._learn_mode(model, decision.mode, decision.why), None
+        await decision.lock.acquire()
+        try:
+            if decision.mode is None:
+                found = await self.cache.get(mode_cache_key(self.endpoint, model)) if self.cache is not None else None
+                if found and found.get("structured_mode"):
+                    decision.mode, decision.why = found["structured_mode"], found.get("why") or ""
+            if decision.mode is None and self.cfg.batch:
+                # A Batch API request answers in minutes to hours: no one waits for a scout there;
+                # each queued request learns from its own rejection.
+                decision.mode = "json_schema"
+            claimed = False
+            if decision.mode is None and self.tally is not None:
+                claimed = await self._claim(model, decision)
+            if decision.mode is None:
+                return "json_schema", _Scout(self, model, decision, claimed)  # the lock stays held
+        except BaseException:
+            decision.lock.release()
+            raise
+        decision.lock.release()
+        return self._learn_mode(model, decision.mode, decision.why), None
+
+    async def _claim(self, model: str, decision: _ModeDecision) -> bool:
+        """Ask the run's ledger until another worker's scout decided the mode (into `decision`), or
+        this request is the run's scout (True)."""
+        ledger, key, pause = self.tally.ledger, self.mode_key(model), MODE_POLL_S[0]
+        while True:
+            state, mode, why = await ledger.claim_mode(key)
+            if state == "decided":
+                decision.mode, decision.why = mode, why
+                return False
+            if state == "scout":
+                return True
+            await asyncio.sleep(pause)  # another worker's scout is out: ask again soon
+            pause = min(pause * 2, MODE_POLL_S[1])
+
+    async def remember_mode(self, model: str, mode: str, why: str) -> None:
+        self._modes[model] = mode
+        if self.cache is not None:
+            await self.cache.set(mode_cache_key(self.endpoint, model), {"structured_mode": mode, "model": model,
+                                                                         "why": why})
+
+
+def _bump(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1

@@ -36,6 +36,13 @@ class InvalidAnswer(LLMError):
     """Every answer of a structured conversation failed parsing or validation (all cached)."""
 
 
+def short(text: str, limit: int = 200) -> str:
+    """`text` on one line, cut at `limit` characters: an endpoint's words as they enter an error's
+    reason or a log line."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 @dataclass
 class LLMResult:
     text: str

@@ -1,0 +1,494 @@
+"""Sending one request to an OpenAI-compatible endpoint, and reading its answer.
+
+One retry loop lives here (the SDK's own retries are off): exponential backoff with jitter on 429,
+5xx, timeouts, connection errors and malformed bodies, honouring Retry-After. A parameter the
+endpoint refuses (pipeline.llm.structured.rejected_param) is never retried as sent and never counts
+as an outage. While the run's breaker says the endpoint is down (pipeline.llm.breaker), requests
+wait instead of spending retries.
+
+The OpenAI SDK's HTTP clients belong to one event loop: each loop keeps its own, shared by the
+clients of one role and endpoint. The SDK's private names (its platform lookup) and its generic
+`post` are used in this module only, so an SDK upgrade breaks this one file.
+
+The API key comes from the environment only. It is held by the transport and the SDK client, and
+never enters cache keys, cache values, usage, reprs, exception messages or logs (`scrub`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import hashlib
+import json
+import logging
+import os
+import random
+import ssl
+import time
+import weakref
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping
+
+import numpy as np
+
+from pipeline.config import LLMConfig
+from pipeline.errors import ConfigError
+from pipeline.llm.breaker import DECIDE_S, OPEN_AFTER_S, EndpointDown
+from pipeline.llm.identity import OPENAI_BASE_URL
+from pipeline.llm.ratelimit import RateLimiter
+from pipeline.llm.slots import EndpointSlots
+from pipeline.llm.structured import RequestRejected, rejected_param
+from pipeline.llm.types import LLMError, short
+from pipeline.llm.usage import Usage
+
+if TYPE_CHECKING:
+    import openai
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER_KEY = "not-needed"  # local / self-hosted servers ignore the key but the SDK wants one
+_MAX_RETRY_AFTER_S = 300.0  # a server asking for longer is treated as asking for this
+
+# Requests in flight per HTTP connection pool: httpcore assigns requests to connections by scanning
+# every connection and waiting request of its pool on each event, so one pool of 256 spent ~7 ms of
+# CPU per call where pools of 32 spend ~4 (bench/scale_e2e.py, py-spy on the judges).
+_POOL_REQUESTS = 32
+
+# Endpoints a request of this process saw failing and no answer since: ask the breaker before
+# sending, also from a client that has not failed yet (a new shard's first request).
+_FAILING_ENDPOINTS: set[str] = set()
+_DOWN_ENDPOINTS: set[str] = set()  # endpoints the breaker said are down, until it says up again
+
+
+def resolve_api_key(cfg: LLMConfig, section: str = "llm") -> str:
+    """The key from the environment variable `cfg.api_key_env`; a placeholder where none is needed."""
+    if cfg.provider == "local":
+        return PLACEHOLDER_KEY  # never send a real OpenAI key to the embedded server
+    value = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    if value:
+        return value
+    if cfg.base_url is None:
+        raise ConfigError(
+            f"{section}.api_key_env: environment variable {cfg.api_key_env!r} is not set; "
+            "provider 'openai' without a base_url needs an API key"
+            if cfg.api_key_env else
+            f"{section}.api_key_env: not set; provider 'openai' without a base_url needs an API key")
+    return PLACEHOLDER_KEY
+
+
+def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds from `retry-after-ms` / `Retry-After` (seconds or an HTTP date); None if absent."""
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return min(max(float(ms) / 1000, 0.0), _MAX_RETRY_AFTER_S)
+        except ValueError:
+            pass
+    ra = headers.get("retry-after")
+    if not ra:
+        return None
+    try:
+        seconds = float(ra)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(ra)
+        except (TypeError, ValueError):
+            return None
+        from datetime import datetime, timezone
+        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+
+
+def retryable_status(status: int) -> bool:
+    return status == 429 or status == 408 or status >= 500
+
+
+# ---------------------------------------------------------------- the SDK's clients, per event loop
+
+@dataclass
+class _LoopState:
+    clients: list[openai.AsyncOpenAI]  # one connection pool each, taken in turn
+    closers: list[AsyncGenerator[None, None]]
+    turn: int = 0
+
+    def next_client(self) -> openai.AsyncOpenAI:
+        self.turn = (self.turn + 1) % len(self.clients)
+        return self.clients[self.turn]
+
+
+# The SDK's HTTP pool and asyncio primitives belong to one event loop (stages may call asyncio.run
+# once per batch): per loop, the state each (role, endpoint, key) shares; see Transport._state.
+_LOOP_STATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _LoopState]] = \
+    weakref.WeakKeyDictionary()
+
+
+async def _close_at_loop_end(client: openai.AsyncOpenAI) -> AsyncGenerator[None, None]:
+    """Suspended at its yield until asyncio.run's shutdown_asyncgens closes it.
+
+    That is the last moment the loop can still close the HTTP pool; after it, the SDK's
+    finaliser would try to close sockets of a dead loop from a new one and log errors.
+    """
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context per process, made as httpx makes its default (SSL_CERT_FILE / SSL_CERT_DIR
+    honoured): building one loads the CA bundle, tens of ms of CPU, and every event loop's HTTP
+    client would otherwise build its own."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+@functools.cache
+def _platform() -> Any:
+    from openai._base_client import get_platform
+
+    return get_platform()
+
+
+def _preset_platform(client: openai.AsyncOpenAI) -> None:
+    """Give a new SDK client the platform (for its request headers) found once per process.
+
+    Left unset, the first requests of each new client all look it up through worker threads at
+    once, which costs a shard's start more than its requests' own CPU (py-spy, bench/throughput.py).
+    """
+    if getattr(client, "_platform", "absent") is None:
+        client._platform = _platform()
+
+
+def _post_chat(body: dict[str, Any]) -> Callable[[openai.AsyncOpenAI], Awaitable[Any]]:
+    async def call(client: openai.AsyncOpenAI) -> Any:
+        from openai.types.chat import ChatCompletion
+
+        # The SDK's generic POST: `chat.completions.create` would first walk the whole request
+        # through its typed-params transform, a few ms of CPU per call that a concurrent stage
+        # at hundreds of requests/s cannot spare. The body is the same JSON either way.
+        return await client.post("/chat/completions", cast_to=ChatCompletion, body=body)
+
+    return call
+
+
+def _post_embeddings(body: dict[str, Any]) -> Callable[[openai.AsyncOpenAI], Awaitable[Any]]:
+    async def call(client: openai.AsyncOpenAI) -> Any:
+        # The SDK's generic POST returning the plain JSON (`cast_to=object`): its typed
+        # `embeddings.create` builds a pydantic object per vector, ~0.1 s of CPU per
+        # 128-text answer, which caps a worker far below an endpoint's rate. base64 (the
+        # SDK's own default) is decoded by numpy instead of parsed as decimal text.
+        return await client.post("/embeddings", cast_to=object, body=body)
+
+    return call
+
+
+# ---------------------------------------------------------------- sending
+
+@dataclass
+class _Failure:
+    """One try that got no usable answer."""
+
+    err: str
+    status: int | None = None
+    rejected: str | None = None  # the parameter the endpoint refuses
+    fatal: bool = False  # sent again, it would fail again
+    outage: bool = True  # no answer at all: a 5xx, a timeout, a refused connection, a broken body
+    retry_after: float | None = None
+
+
+_QUIET = object()  # a try that did not go out: the endpoint was seen failing while it waited
+
+
+class Transport:
+    """One client's way to its endpoint: its `max_concurrency` slots, its pace (`limiter`), the
+    run's breaker (through `tally`'s ledger; None outside a run), and its retries (`usage`)."""
+
+    def __init__(self, cfg: LLMConfig, api_key: str, *, section: str, endpoint: str, slots: EndpointSlots,
+                 limiter: RateLimiter | None, usage: Usage, tally: Any | None) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.slots = slots
+        self.limiter = limiter
+        self.usage = usage
+        self.tally = tally
+        self.__key = api_key
+        self._section = section  # the role: its clients on one loop share HTTP clients (see _state)
+        self._rng = random.Random()
+        self._endpoint_failing = False  # a request failed and no answer came since: ask the breaker
+        self._endpoint_down = False
+
+    def __repr__(self) -> str:
+        return f"Transport(endpoint={self.endpoint!r}, section={self._section!r})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Transport holds the API key and is not picklable")
+
+    def scrub(self, text: str) -> str:
+        """`text` with the API key blotted out."""
+        key = self.__key
+        return text.replace(key, "***") if key and len(key) >= 8 else text
+
+    async def _state(self) -> _LoopState:
+        """This loop's HTTP clients. Shared by every client of one role and endpoint on the loop: a
+        worker running several shards at once (pipeline.executors) sends their requests on one
+        connection pool."""
+        loop = asyncio.get_running_loop()
+        shared = _LOOP_STATES.setdefault(loop, {})
+        key = (self._section, self.cfg.base_url or OPENAI_BASE_URL, self.cfg.timeout_s, self.cfg.max_concurrency,
+               hashlib.sha256((self.__key or "").encode()).hexdigest())
+        st = shared.get(key)
+        if st is None:
+            import openai  # here: a run answered from the cache never pays for importing the SDK
+
+            clients, closers = [], []
+            for _ in range(max(1, -(-self.cfg.max_concurrency // _POOL_REQUESTS))):
+                client = openai.AsyncOpenAI(base_url=self.cfg.base_url or OPENAI_BASE_URL, api_key=self.__key,
+                                            max_retries=0, timeout=self.cfg.timeout_s,
+                                            http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()))
+                _preset_platform(client)
+                closer = _close_at_loop_end(client)
+                await closer.__anext__()  # registers it with this loop's async-generator hooks
+                clients.append(client)
+                closers.append(closer)
+            st = _LoopState(clients, closers)
+            shared[key] = st
+        return st
+
+    async def chat(self, body: dict[str, Any], est_tokens: int) -> ChatAnswer:
+        """POST /chat/completions with `body` as it is; its choices and usage."""
+        return await self.send(_post_chat(body), est_tokens, read_chat)
+
+    async def embeddings(self, model: str, texts: list[str], est_tokens: int) -> tuple[list[list[float]], int]:
+        """The texts' vectors in input order, and the prompt tokens they took."""
+        body = {"model": model, "input": texts, "encoding_format": "base64"}
+
+        def read(resp: Any, n: int = len(texts)) -> tuple[list[Any], int]:
+            return read_embeddings(resp, n)
+
+        return await self.send(_post_embeddings(body), est_tokens, read)
+
+    async def send(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int,
+                   read: Callable[[Any], Any]) -> Any:
+        """One request with transport retries; returns `read(response)`.
+
+        A body that is not the expected JSON (a proxy's HTML page, JSON without `choices`) is
+        transient like a 5xx: `read` raises MalformedResponse and the request is retried.
+        Raises LLMError when retries are exhausted. While the run's breaker says the endpoint is
+        down (pipeline.llm.breaker), the request waits instead, and its failures cost no retry.
+        """
+        st = await self._state()
+        attempt = 0
+        first_failure: float | None = None
+        while True:
+            asked = self._breaker_watched()
+            probe = await self._wait_for_endpoint()
+            got = await self._try(st, call, est_tokens, read, asked, probe)
+            if got is _QUIET:
+                continue  # the endpoint failed while this request waited for its slot: ask the breaker
+            if not isinstance(got, _Failure):
+                return got
+            # Raised here, outside the except blocks, so the SDK exception (whose request carries
+            # the Authorization header) is not chained onto the LLMError.
+            err = self.scrub(got.err)
+            down = await self._endpoint_answered(not got.outage, probe) if got.outage or probe else False
+            if got.rejected is not None:
+                raise RequestRejected(err, status=got.status, param=got.rejected)
+            if got.fatal:
+                raise LLMError(err, status=got.status)
+            if down:
+                continue  # no retry spent: the request waits for the endpoint with every other
+            first_failure = first_failure if first_failure is not None else time.monotonic()
+            if attempt >= self.cfg.max_retries and got.outage and await self._went_down_since(first_failure):
+                continue
+            if attempt >= self.cfg.max_retries:
+                raise LLMError(f"{err} (gave up after {attempt + 1} attempts)")
+            attempt += 1
+            self.usage.retries += 1
+            await self._back_off(attempt, err, got.retry_after)
+
+    async def _try(self, st: _LoopState, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int,
+                   read: Callable[[Any], Any], asked: bool, probe: bool) -> Any:
+        """One try in one endpoint slot: `read(response)`, a `_Failure`, or `_QUIET` (not sent)."""
+        import openai
+
+        # One endpoint slot per request (pipeline.llm.slots): shared by every worker of a run, so
+        # taken per request, not kept with the loop's HTTP clients that outlive a run in a worker.
+        async with self.slots.slot():
+            # Pace inside the slot so that the reserved send time is the actual send time.
+            if self.limiter is not None:
+                await self.limiter.acquire(est_tokens)
+            if not probe and self._went_quiet(asked):
+                return _QUIET
+            try:
+                result = read(await call(st.next_client()))
+            except openai.APIStatusError as e:
+                status = e.status_code
+                # A parameter the endpoint refuses (even in a 500 validation error): an answer,
+                # not an outage; sent again it would be refused again.
+                rejected = rejected_param(status, e.body, str(e.message))
+                return _Failure(f"HTTP {status}: {short(e.message, 400)}", status, rejected,
+                                fatal=rejected is not None or not retryable_status(status),
+                                outage=rejected is None and status >= 500,
+                                retry_after=parse_retry_after(e.response.headers) if status in (429, 503) else None)
+            except openai.APITimeoutError:
+                return _Failure(f"timeout after {self.cfg.timeout_s:g} s")
+            except openai.APIConnectionError as e:
+                return _Failure(f"connection error: {short(str(e.__cause__ or e))}")
+            except openai.APIResponseValidationError as e:
+                return _Failure(f"malformed response: {short(e.message)}")
+            except json.JSONDecodeError as e:  # the SDK parses a JSON content-type eagerly
+                return _Failure(f"malformed response: body is not JSON ({e.msg})")
+            except MalformedResponse as e:
+                return _Failure(f"malformed response: {e}")
+            await self._endpoint_answered(True, probe)
+            return result
+
+    async def _back_off(self, attempt: int, err: str, retry_after: float | None) -> None:
+        if retry_after is not None:
+            if self.limiter is not None:
+                await self.limiter.pause(retry_after)  # every worker sharing the limiter waits
+            delay = retry_after
+        else:
+            # From backoff_base_s (0.5 s, the openai SDK's first delay) doubling, with up to a
+            # quarter more as jitter: never the near-zero waits of full jitter, which sent
+            # hundreds of requests into an outage in its first second.
+            cap = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2 ** (attempt - 1))
+            delay = cap * self._rng.uniform(1.0, 1.25)
+        log.debug("LLM request failed (%s); retry %d in %.2f s", err, attempt, delay)
+        await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------ the endpoint's breaker
+
+    async def _wait_for_endpoint(self) -> bool:
+        """Wait while the run's breaker says this endpoint is down; True when this request is
+        the probe. Raises EndpointDown after `llm.max_outage_s`. Free while it is up: no ledger
+        call until this client has seen a failure."""
+        if not self._breaker_watched():
+            return False
+        while True:
+            admission = await self.tally.ledger.admit(self.endpoint)
+            down_for = admission.down_for_s
+            if down_for is None:
+                _DOWN_ENDPOINTS.discard(self.endpoint)  # up again (another worker's probe was answered)
+            if down_for is not None and down_for > self.cfg.max_outage_s:
+                raise EndpointDown(self.endpoint, down_for, self.cfg.max_outage_s)
+            if admission.wait_s <= 0:
+                return admission.probe
+            await asyncio.sleep(admission.wait_s)
+
+    def _breaker_watched(self) -> bool:
+        """Whether a request must ask the breaker before it goes: this client or another of the
+        process saw the endpoint fail, and no answer came since."""
+        return self.tally is not None and (self._endpoint_failing or self.endpoint in _FAILING_ENDPOINTS)
+
+    def _went_quiet(self, asked: bool) -> bool:
+        """A request that holds its slot now, past the breaker check: the endpoint was seen down
+        since (or failing, where the breaker was not asked), so it must not go out. Without this
+        the requests queued for slots before an instant outage all go out into it."""
+        return self.tally is not None and (self.endpoint in _DOWN_ENDPOINTS or (not asked and self._breaker_watched()))
+
+    async def _went_down_since(self, first_failure: float) -> bool:
+        """Retries ran out on outage-like failures: give the breaker until DECIDE_S after the first
+        of them, and at least OPEN_AFTER_S from now (a busy machine stretches the failures other
+        rows report), to call it an outage; then the request waits instead of failing."""
+        if self.tally is None:
+            return False
+        deadline = max(first_failure + DECIDE_S, time.monotonic() + OPEN_AFTER_S)
+        while True:
+            if await self.tally.ledger.is_down(self.endpoint):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(0.25, left))
+
+    async def _endpoint_answered(self, ok: bool, probe: bool) -> bool:
+        """Tell the breaker how a request went (failures, and the first answer after them);
+        True when the endpoint is down now."""
+        if self.tally is None or (ok and not self._endpoint_failing and not probe
+                                  and self.endpoint not in _FAILING_ENDPOINTS):
+            return False
+        down = await self.tally.ledger.report(self.endpoint, ok, probe)
+        if down and not self._endpoint_down:
+            log.warning("endpoint %s is not answering: calls wait and one probe at a time checks it", self.endpoint)
+        self._endpoint_down = down
+        self._endpoint_failing = not ok or down
+        for flag, on in ((_FAILING_ENDPOINTS, self._endpoint_failing), (_DOWN_ENDPOINTS, down)):
+            flag.add(self.endpoint) if on else flag.discard(self.endpoint)
+        return down
+
+
+# ---------------------------------------------------------------- reading answers
+
+class MalformedResponse(ValueError):
+    """A 200 answer whose body is not the shape the API promises; retried like a 5xx."""
+
+
+def _describe_body(resp: Any) -> str:
+    if isinstance(resp, str):  # the SDK hands back the text of a non-JSON content type
+        return f"a non-JSON body ({short(resp, 80)!r})"
+    return f"a {type(resp).__name__} without the expected fields"
+
+
+def read_embeddings(resp: Any, n: int) -> tuple[list[list[float]], int]:
+    """(n vectors in input order, prompt tokens) from an embeddings answer's JSON; a vector may
+    come as base64 of little-endian float32 (asked for) or as a list of numbers (servers that
+    ignore `encoding_format`)."""
+    data = resp.get("data") if isinstance(resp, dict) else None
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise MalformedResponse(f"no data in {_describe_body(resp)}")
+    if len(data) != n:
+        raise MalformedResponse(f"asked for {n} embedding vectors, got {len(data)}")
+    vectors = []
+    for d in sorted(data, key=lambda d: int(d.get("index") or 0)):
+        emb = d.get("embedding")
+        if isinstance(emb, str):
+            try:
+                vectors.append(np.frombuffer(base64.b64decode(emb), dtype="<f4").tolist())
+            except (ValueError, binascii.Error) as e:
+                raise MalformedResponse(f"an embedding that is not base64 float32 ({e})") from None
+        elif isinstance(emb, list):
+            vectors.append([float(x) for x in emb])
+        else:
+            raise MalformedResponse(f"an embedding of type {type(emb).__name__}")
+    usage = resp.get("usage")
+    return vectors, int((usage.get("prompt_tokens") if isinstance(usage, dict) else 0) or 0)
+
+
+@dataclass
+class ChatAnswer:
+    """A chat completion's choices (by index) and usage: prompt tokens once, completion tokens over
+    every choice, and the prompt tokens the endpoint served from its prompt cache."""
+
+    texts: list[str]
+    prompt: int
+    completion: int
+    cached_prompt: int
+    model: str
+
+
+def read_chat(resp: Any) -> ChatAnswer:
+    """A chat completion (the SDK's model, or JSON read as attributes) as a `ChatAnswer`."""
+    choices = getattr(resp, "choices", None)
+    if not isinstance(choices, list) or not choices or any(getattr(c, "message", None) is None for c in choices):
+        raise MalformedResponse(f"no choices in {_describe_body(resp)}")
+    texts = []
+    for choice in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0):
+        msg = choice.message
+        text = msg.content
+        if text is None:
+            refusal = getattr(msg, "refusal", None)
+            text = "" if not refusal else f"(refused: {refusal})"
+        texts.append(text)
+    usage = getattr(resp, "usage", None)
+    details = getattr(usage, "prompt_tokens_details", None)
+    return ChatAnswer(texts, int(getattr(usage, "prompt_tokens", 0) or 0),
+                      int(getattr(usage, "completion_tokens", 0) or 0),
+                      int(getattr(details, "cached_tokens", 0) or 0), getattr(resp, "model", "") or "")
