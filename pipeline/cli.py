@@ -22,6 +22,7 @@ from pipeline.corpus.fetch import add_data_command
 from pipeline.model_fetch import add_models_command
 from pipeline.models_needed import ModelsMissing, preflight
 from pipeline.errors import PipelineError, RunStopped
+from pipeline.selection import Selection
 from pipeline.llm.ledger import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -52,9 +53,18 @@ class App(Protocol):
     # `mempipe export predictions`: the run's answers in the files a benchmark's official scorer reads.
     def export_predictions(self, cfg: RunConfig, fmt: str, methods: list[str] | None, out: Path) -> Path: ...
 
+    # Optional: the project's own subcommands, added to the parser (`mempipe new-method`).
+    def add_commands(self, sub: argparse._SubParsersAction) -> None: ...
+
 
 def _config(args: argparse.Namespace) -> RunConfig:
     return resolve_paths(args.app.load_config(args.config, args.set), search=project_dirs(args.config))
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    """The selectors of `run` and `plan` (plan has no --retry-failed)."""
+    return Selection(only=args.only, from_=args.from_stage, force=args.force, until=args.until,
+                     retry_failed=getattr(args, "retry_failed", None))
 
 
 def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
@@ -69,8 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runner = _runner(args, cfg)
     try:
         with run_lock(cfg.run_dir):
-            outcome = runner.run(only=args.only or None, from_=args.from_stage, force=args.force or None,
-                                 until=args.until, retry_failed=args.retry_failed)
+            outcome = runner.run(_selection(args))
     except BudgetExceeded as e:
         if runner.spend is None:
             raise
@@ -90,15 +99,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Before any LLM call: the stages `mempipe run` would run with these selectors and why, and per
-    stage and role the expected calls, tokens and cost (pipeline/plan.py); also `<run_dir>/_plan.json`."""
-    from pipeline.plan import make_plan, render
+    stage and role the expected calls, tokens and cost (pipeline/plan/); also `<run_dir>/_plan.json`."""
+    from pipeline.plan import PlanOptions, make_plan, render
 
     cfg = _config(args)
     _warn_missing_models(args, cfg)  # plan runs no model: it answers, and says what `run` will miss
-    plan = make_plan(cfg, args.app.registry, only=args.only or None, from_=args.from_stage,
-                     force=args.force or None, until=args.until, sample=args.sample, calibrate_k=args.calibrate,
-                     like=args.like, completion_fraction=args.assume_completion,
-                     **{k: v for k, v in (("max_turns", args.max_turns), ("probe_cap", args.probe_cap)) if v is not None},
+    options = PlanOptions(sample=args.sample, calibrate_k=args.calibrate, like=args.like,
+                          completion_fraction=args.assume_completion,
+                          **{k: v for k, v in (("max_turns", args.max_turns), ("probe_cap", args.probe_cap))
+                             if v is not None})
+    plan = make_plan(cfg, args.app.registry, _selection(args), options,
                      say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return 0
@@ -247,7 +257,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(app: "App | None" = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mempipe", description="Long-term conversational memory pipeline")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -326,11 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(func=cmd_cache)
     add_data_command(sub)
     add_models_command(sub, common)
+    if app is not None and hasattr(app, "add_commands"):
+        app.add_commands(sub)  # the project's own commands
     return p
 
 
 def main(app: App, argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(app).parse_args(argv)
     args.app = app
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

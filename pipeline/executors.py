@@ -4,7 +4,7 @@ The runner picks one executor from `ray.executor` when it starts (`make_executor
 the string again, as datatrove splits LocalPipelineExecutor from RayPipelineExecutor. Both have one
 shape: `session()` holds the backend for the run, `llm_handles(roles)` what the shards' LLM
 clients share per role, and `run_shards(...)` runs a stage's pending shards and yields each one's
-marker stats (with `shard_idx`) as it finishes; shards that fail do so after the others finished.
+index and marker (`ShardMarker`) as it finishes; shards that fail do so after the others finished.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pipeline.embedding_service import EmbeddingServices
 from pipeline.errors import InputError, PipelineError, RunStopped
 from pipeline.llm.ledger import LedgerBook, LocalLedger
 from pipeline.llm_workers import LLMWorkers
+from pipeline.manifest import ShardMarker
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import Stage
 
@@ -48,8 +49,8 @@ class Executor(ABC):
 
     @abstractmethod
     def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
-                   ledger: Any | None = None) -> Iterator[dict[str, Any]]:
-        """Run `tasks` and yield each one's stats with its `shard_idx`, in the order they finish."""
+                   ledger: Any | None = None) -> Iterator[tuple[int, ShardMarker]]:
+        """Run `tasks` and yield each one's (shard_idx, marker), in the order they finish."""
 
 
 class InlineExecutor(Executor):
@@ -66,9 +67,9 @@ class InlineExecutor(Executor):
         return contextlib.nullcontext(LocalLedger(book))
 
     def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
-                   ledger: Any | None = None) -> Iterator[dict[str, Any]]:
+                   ledger: Any | None = None) -> Iterator[tuple[int, ShardMarker]]:
         for t in tasks:
-            yield {**run_shard(t, self.cfg, handles, ledger), "shard_idx": t.shard_idx}
+            yield t.shard_idx, ShardMarker.from_json(run_shard(t, self.cfg, handles, ledger))
 
 
 class RayExecutor(Executor):
@@ -120,7 +121,7 @@ class RayExecutor(Executor):
             ledger.close()
 
     def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
-                   ledger: Any | None = None) -> Iterator[dict[str, Any]]:
+                   ledger: Any | None = None) -> Iterator[tuple[int, ShardMarker]]:
         if not tasks:
             return
         import ray
@@ -144,14 +145,14 @@ class RayExecutor(Executor):
         failures: list[BaseException] = []
         for task, ref in finished:
             try:
-                stats = ray.get(ref)
+                data = ray.get(ref)
             except Exception as e:  # finish the other shards so a rerun resumes from them
                 failures.append(task_error(e, retries))
                 continue
-            node = stats.get("node")
-            if node and node != here:  # written on another node's view of artifacts_dir
-                require_visible(sd.shard_marker(task.shard_idx), node, self.cfg.artifacts_dir)
-            yield {**stats, "shard_idx": task.shard_idx}
+            marker = ShardMarker.from_json(data)
+            if marker.node and marker.node != here:  # written on another node's view of artifacts_dir
+                require_visible(sd.shard_marker(task.shard_idx), marker.node, self.cfg.artifacts_dir)
+            yield task.shard_idx, marker
         if failures:
             if llm and any(isinstance(f, WorkerLost) for f in failures):
                 LLMWorkers.discard(self.cfg)  # a worker out of restarts: the next LLM stage starts a new pool
@@ -177,8 +178,8 @@ def make_executor(cfg: RunConfig) -> Executor:
 
 
 def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
-    """One shard in a Ray task; its stats also name the node it ran on. (Ray lists the task under
-    this function's name; bench/cluster.py looks for it.)"""
+    """One shard in a Ray task; its marker's JSON also names the node it ran on. (Ray lists the task
+    under this function's name; bench/cluster.py looks for it.)"""
     import ray
 
     stats = run_shard(task, cfg, handles, ledger)

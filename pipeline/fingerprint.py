@@ -15,6 +15,8 @@ from pipeline.llm.identity import answer_identity
 
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
+    from collections.abc import Iterable
+
     from pipeline.stage import Stage
 
 
@@ -53,3 +55,11 @@ def _relative_to_cwd(value: Any, cwd: str) -> Any:
 
 def compute_fingerprint(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str]) -> str:
     return sha256(canonical_json(fingerprint_inputs(stage, cfg, upstream)))[:16]
+
+
+def stage_fingerprints(cfg: "RunConfig", plan: "Iterable[Stage]") -> dict[str, str]:
+    """Each stage's fingerprint, `plan` in pipeline order (every stage after its inputs)."""
+    fps: dict[str, str] = {}
+    for stage in plan:
+        fps[stage.name] = compute_fingerprint(stage, cfg, {i: fps[i] for i in stage.inputs})
+    return fps

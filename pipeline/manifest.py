@@ -5,6 +5,9 @@ current fingerprint is what makes a stage done. The JSON layout is a contract wi
 already on disk and with bench/, which reads the file as plain JSON: one key per field, `timings`
 nested, `llm_usage` per role, and the stage's own summed shard stats (e.g. `fallback_sessions`)
 flat beside the fields.
+
+A finished shard's marker (`ShardMarker`, `<stage>.partial/_shards/<idx>.json`) is the same kind of
+contract: an interrupted run resumes from the markers an earlier version wrote.
 """
 
 from __future__ import annotations
@@ -105,3 +108,46 @@ class Manifest:
 
 
 _JSON_FIELDS = frozenset(f.name for f in fields(Manifest)) - {"stats"}
+
+
+@dataclass
+class ShardMarker:
+    """What one finished shard wrote (pipeline.shard); the runner sums its shards' markers into the
+    stage's manifest. Written after the shard's parts, so a marker makes the shard skippable."""
+
+    rows: dict[str, int] = field(default_factory=dict)  # table -> rows
+    errors: int = 0  # rows with `error` set
+    episodes: int = 0
+    # part file -> its episodes; None: not recorded (a marker of an older version)
+    parts: dict[str, list[str]] | None = None
+    llm_usage: dict[str, Usage] | None = None  # per LLM role; None: no LLM
+    extra: dict[str, Any] = field(default_factory=dict)  # the stage's own counts (Stage.shard_stats)
+    wall_s: float = 0.0
+    node: str | None = None  # the Ray node it ran on: added for the driver after the file is written
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker's JSON object, the file's layout (`parts` and `node` left out when None)."""
+        out: dict[str, Any] = {"rows": dict(self.rows), "errors": self.errors, "episodes": self.episodes}
+        if self.parts is not None:
+            out["parts"] = {k: list(v) for k, v in self.parts.items()}
+        out["llm_usage"] = None if self.llm_usage is None else {r: u.to_dict() for r, u in self.llm_usage.items()}
+        out["extra"] = dict(self.extra)
+        out["wall_s"] = self.wall_s
+        if self.node is not None:
+            out["node"] = self.node
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ShardMarker:
+        """A marker from its JSON; keys it lacks (older versions) take their defaults, unknown keys are
+        ignored. ValueError when `data` is no marker (not an object, or no `rows`)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("rows"), Mapping):
+            raise ValueError("not a shard marker")
+        known = _known(cls, data)
+        if known.get("llm_usage") is not None:
+            known["llm_usage"] = {r: Usage.from_dict(u) for r, u in known["llm_usage"].items()}
+        if not isinstance(known.get("parts"), dict):
+            known.pop("parts", None)
+        known["extra"] = known.get("extra") or {}
+        known["wall_s"] = known.get("wall_s") or 0.0
+        return cls(**known)

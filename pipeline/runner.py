@@ -16,12 +16,13 @@ from pipeline.artifacts import StageDir, make_dirs
 from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError
 from pipeline.executors import make_executor
-from pipeline.fingerprint import compute_fingerprint
+from pipeline.fingerprint import stage_fingerprints
 from pipeline.llm.ledger import Budget, LedgerBook, load_spend, save_spend
 from pipeline.llm.usage import Usage
-from pipeline.manifest import Manifest, Timings
+from pipeline.manifest import Manifest, ShardMarker, Timings
 from pipeline.progress import StageProgress, end_text, planned_calls
 from pipeline.schemas import EPISODES
+from pipeline.selection import Selection
 from pipeline.shard import ShardTask, add_stats
 from pipeline.storage import Location, is_remote, local_scratch
 from pipeline.stage import GlobalStage, Stage
@@ -38,19 +39,19 @@ class StageStatus:
     shards_done: int = 0
 
 
-def _sum_usage(items: list[dict[str, dict[str, Any]] | None]) -> dict[str, Usage] | None:
+def _sum_usage(markers: list[ShardMarker]) -> dict[str, Usage] | None:
     """Per-role usage summed over shards: {role: usage}."""
     per_role: dict[str, Usage] = {}
-    for item in items:
-        for role, u in (item or {}).items():
-            per_role.setdefault(role, Usage()).merge(Usage.from_dict(u))
+    for m in markers:
+        for role, u in (m.llm_usage or {}).items():
+            per_role.setdefault(role, Usage()).merge(u)
     return dict(sorted(per_role.items())) or None
 
 
-def _sum_stats(markers: list[dict[str, Any]]) -> dict[str, Any]:
+def _sum_stats(markers: list[ShardMarker]) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for m in markers:
-        add_stats(total, m.get("extra") or {})
+        add_stats(total, m.extra)
     return total
 
 
@@ -83,10 +84,7 @@ class Runner:
 
     def fingerprints(self) -> dict[str, str]:
         if self._fingerprints is None:
-            fps: dict[str, str] = {}
-            for stage in self.plan:
-                fps[stage.name] = compute_fingerprint(stage, self.cfg, {i: fps[i] for i in stage.inputs})
-            self._fingerprints = fps
+            self._fingerprints = stage_fingerprints(self.cfg, self.plan)
         return self._fingerprints
 
     def downstream(self, names: set[str]) -> set[str]:
@@ -126,30 +124,28 @@ class Runner:
         return result
 
     # --- selection --------------------------------------------------------------------------
-    def select(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None,
-               until: str | None = None, retry_failed: str | None = None) -> list[tuple[Stage, str]]:
-        """The stages the selectors pick, in pipeline order, each with why it would run: `new` (no
-        output yet), `stale` (an output of another fingerprint), `partial` (an interrupted run of
-        this fingerprint: its finished shards are kept), `forced` (--force, --from, --retry-failed),
-        or `done` (up to date: skipped). `run` executes exactly the ones not `done`, and `mempipe
-        plan` estimates them, so the two never disagree. Reads only: nothing is invalidated here.
+    def select(self, selection: Selection | None = None, **selectors: Any) -> list[tuple[Stage, str]]:
+        """The stages `selection` (or the selectors by keyword: only=, from_=, ...) picks, in pipeline
+        order, each with why it would run: `new` (no output yet), `stale` (an output of another
+        fingerprint), `partial` (an interrupted run of this fingerprint: its finished shards are
+        kept), `forced` (--force, --from, --retry-failed), or `done` (up to date: skipped). `run`
+        executes exactly the ones not `done`, and `mempipe plan` estimates them, so the two never
+        disagree. Reads only: nothing is invalidated here.
         Raises PipelineError for an unknown stage, two exclusive selectors, or a stage to run whose
         input is neither done nor to run."""
+        sel = Selection.of(selection, **selectors)
         names = {s.name for s in self.plan}
-        for n in [*(only or []), *(force or []), *([from_] if from_ else []), *([until] if until else []),
-                  *([retry_failed] if retry_failed else [])]:
+        for n in sel.named():
             if n not in names:
                 raise PipelineError(f"unknown stage {n!r}; this run's stages: {[s.name for s in self.plan]}")
-        if sum(bool(x) for x in (only, from_, until, retry_failed)) > 1:
-            raise PipelineError("use one of --only, --from, --until, --retry-failed")
-        forced = set(force or [])
-        if only:
-            selected = set(only)
-        elif from_ or retry_failed:
-            selected = self.downstream({from_ or retry_failed})  # type: ignore[arg-type]
+        forced = set(sel.force)
+        if sel.only:
+            selected = set(sel.only)
+        elif sel.rebuilt is not None:
+            selected = self.downstream({sel.rebuilt})
             forced |= selected
-        elif until:
-            selected = self.upstream(until)
+        elif sel.until:
+            selected = self.upstream(sel.until)
         else:
             selected = names
         fps = self.fingerprints()
@@ -184,26 +180,24 @@ class Runner:
         return out
 
     # --- execution --------------------------------------------------------------------------
-    def run(self, only: list[str] | None = None, from_: str | None = None, force: list[str] | None = None,
-            until: str | None = None, retry_failed: str | None = None) -> dict[str, str]:
-        """Run what is not done. only: just these stages (their upstream must be done); from_:
-        this stage and everything downstream, rebuilt; until: this stage and whatever it needs that
-        is not done; force: rebuild these too; retry_failed: rebuild this stage (and its downstream)
-        re-asking only requests whose answers were all invalid, with new sample indexes. Which
-        stages run, and why, is `select`'s answer."""
-        selection = self.select(only, from_, force, until, retry_failed)
+    def run(self, selection: Selection | None = None, **selectors: Any) -> dict[str, str]:
+        """Run what is not done: what `selection` (or the selectors by keyword: `run(force=[...])`)
+        picks, `select`'s answer. Selection says what each selector does; --retry-failed re-asks
+        with new sample indexes."""
+        sel = Selection.of(selection, **selectors)
+        picked = self.select(sel)
         fps = self.fingerprints()
         outcome: dict[str, str] = {}
         todo: list[Stage] = []
         self._retry_round = {}
-        for stage, reason in selection:
+        for stage, reason in picked:
             sd = StageDir(self.run_dir, stage.name)
             manifest = sd.manifest()
             # A forced rerun of the same config keeps the retry rounds it had (so it replays the
             # same answers from the cache); --retry-failed adds one.
             same = manifest is not None and manifest.fingerprint == fps[stage.name]
             rounds = manifest.retry_round if manifest is not None and same else 0
-            self._retry_round[stage.name] = rounds + (stage.name == retry_failed)
+            self._retry_round[stage.name] = rounds + (stage.name == sel.retry_failed)
             if reason == "done":
                 outcome[stage.name] = "skipped"
                 continue
@@ -277,24 +271,24 @@ class Runner:
     def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None = None) -> None:
         sd = StageDir(self.run_dir, stage.name)
         sd.open_partial(fingerprint)
-        done = sd.finished_shards()
+        done = {i: ShardMarker.from_json(data) for i, data in sd.finished_shards().items()}
         shards = self._shards(stage)
         pending = [t for t in shards if t.shard_idx not in done]
         started = time.time()
         progress = StageProgress(stage.name, len(shards), len(shards) - len(pending),
                                  ledger if stage.llm_roles(self.cfg) else None, planned_calls(self.run_dir, stage.name, fingerprint))
         with progress:
-            for stats in self.executor.run_shards(stage, pending, handles, ledger):
-                done[stats["shard_idx"]] = stats
+            for idx, marker in self.executor.run_shards(stage, pending, handles, ledger):
+                done[idx] = marker
                 progress.shard_done()
         markers = [done[i] for i in sorted(done)]
         rows: dict[str, int] = {}
         parts: dict[str, list[str]] | None = {}
         for m in markers:
-            for t, n in m["rows"].items():
+            for t, n in m.rows.items():
                 rows[t] = rows.get(t, 0) + n
-            parts.update(m.get("parts") or {})
-        if any("parts" not in m for m in markers):
+            parts.update(m.parts or {})
+        if any(m.parts is None for m in markers):
             parts = None  # shards resumed from an older run did not say: readers take every part
         fps = self.fingerprints()
         manifest = Manifest(
@@ -305,19 +299,19 @@ class Runner:
             config_section=stage.section,
             tables=rows,
             rows=sum(rows.values()),
-            errors=sum(m["errors"] for m in markers),
+            errors=sum(m.errors for m in markers),
             shards=len(markers),
             parts=parts,
-            llm_usage=_sum_usage([m.get("llm_usage") for m in markers]),
+            llm_usage=_sum_usage(markers),
             roles={r: self.cfg.role(r).model for r in stage.llm_roles(self.cfg)},
             retry_round=self._retry_round.get(stage.name, 0),
             timings=Timings(
                 finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 wall_s=round(time.time() - started, 3),
-                shard_s=round(sum(m.get("wall_s", 0) for m in markers), 3),
+                shard_s=round(sum(m.wall_s for m in markers), 3),
                 resumed_shards=len(shards) - len(pending),
                 # where the work went on a cluster: counts this invocation's shards only
-                shards_per_node=dict(Counter(s["node"] for s in done.values() if s.get("node"))),
+                shards_per_node=dict(Counter(m.node for m in done.values() if m.node)),
             ),
             stats=_sum_stats(markers),
         )

@@ -24,7 +24,7 @@ from pipeline import storage
 from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, part_name
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
-from pipeline.manifest import Manifest
+from pipeline.manifest import Manifest, ShardMarker
 from pipeline.stage import EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
 from pipeline.llm.usage import costed_to
@@ -180,14 +180,15 @@ def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, 
 
 
 def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
-    """One shard on an event loop of its own (a Ray task, or the inline executor)."""
+    """One shard on an event loop of its own (a Ray task, or the inline executor); its marker's JSON."""
     return asyncio.run(run_shard_async(task, cfg, handles, ledger))
 
 
 async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, Any],
                           ledger: Any | None = None) -> dict[str, Any]:
     """One shard on the running loop, which may run other shards meanwhile (an LLM worker of the
-    Ray executor): reads and writes go to a thread so that their requests keep flowing."""
+    Ray executor): reads and writes go to a thread so that their requests keep flowing. Returns the
+    marker it wrote, as JSON: a plain dict crosses Ray, and workers add the node they ran on."""
     started = time.time()
     stage = task.stage
     run_dir = storage.location(task.run_dir)
@@ -202,22 +203,23 @@ async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, An
         ctx = StageContext(cfg=cfg, stage=stage, out_dir=out_dir,
                            upstream_dirs={n: storage.join(run_dir, n) for n in task.upstream},
                            upstream_manifests=manifests, clients=clients)
-        stats = await _run_shard_in(ctx, task, sd, inputs_from=run_dir, clients=clients)
+        marker = await _run_shard_in(ctx, task, sd, inputs_from=run_dir, clients=clients)
         if sd.remote:
             await asyncio.to_thread(storage.upload_dir, out_dir, str(sd.partial))
-    stats["wall_s"] = round(time.time() - started, 3)
-    await asyncio.to_thread(atomic_write_json, sd.shard_marker(task.shard_idx), stats)
-    return stats
+    marker.wall_s = round(time.time() - started, 3)
+    data = marker.to_json()
+    await asyncio.to_thread(atomic_write_json, sd.shard_marker(task.shard_idx), data)
+    return data
 
 
 async def _run_shard_in(ctx: StageContext, task: ShardTask, sd: StageDir, inputs_from: storage.Location,
-                        clients: dict[str, Any]) -> dict[str, Any]:
+                        clients: dict[str, Any]) -> ShardMarker:
     stage = task.stage
     inputs = await asyncio.to_thread(_read_inputs, inputs_from, task)
     extra_stats: dict[str, Any] = {}
     _track_shard_tasks(asyncio.get_running_loop())
     _SHARD_TASKS.set(weakref.WeakSet())  # this coroutine's context: the tasks it creates are the shard's
-    streamed: dict[str, Any] | None = None
+    streamed: ShardMarker | None = None
     try:
         if isinstance(stage, GlobalStage) and stage.streams:
             # Made and written part by part in a thread: the stage never holds its whole output.
@@ -229,10 +231,10 @@ async def _run_shard_in(ctx: StageContext, task: ShardTask, sd: StageDir, inputs
         raise
     finally:
         await _close(clients)
-    stats = streamed if streamed is not None else await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
-    stats["llm_usage"] = {role: c.usage.to_dict() for role, c in clients.items()} or None
-    stats["extra"] = extra_stats
-    return stats
+    marker = streamed if streamed is not None else await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
+    marker.llm_usage = {role: c.usage for role, c in clients.items()} or None
+    marker.extra = extra_stats
+    return marker
 
 
 def _read_inputs(run_dir: storage.Location, task: ShardTask) -> dict[str, pa.Table]:
@@ -270,22 +272,22 @@ async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dic
     return merged
 
 
-def _write_outputs(stage: Stage, sd: StageDir, task: ShardTask, produced: dict[str, Any]) -> dict[str, Any]:
-    """Each output table as the shard's Parquet part(s); the stats of what was written."""
-    stats: dict[str, Any] = {"rows": {}, "errors": 0, "episodes": len(task.episode_ids or [])}
+def _write_outputs(stage: Stage, sd: StageDir, task: ShardTask, produced: dict[str, Any]) -> ShardMarker:
+    """Each output table as the shard's Parquet part(s); the marker of what was written."""
+    marker = ShardMarker(episodes=len(task.episode_ids or []))
     tables: dict[str, pa.Table] = {}
     for table, schema in stage.outputs.items():
         tbl = _conform(stage, table, produced.get(table, []), schema)
         tables[table] = tbl
-        stats["rows"][table] = tbl.num_rows
-        stats["errors"] += count_errors(tbl)
+        marker.rows[table] = tbl.num_rows
+        marker.errors += count_errors(tbl)
     if isinstance(stage, GlobalStage):
-        stats["parts"] = _write_global_parts(sd.partial, tables, task.episodes_per_part)
+        marker.parts = _write_global_parts(sd.partial, tables, task.episodes_per_part)
     else:
         for table, tbl in tables.items():
             atomic_write_parquet(storage.join(sd.partial, table, part_name(task.shard_idx)), tbl)
-        stats["parts"] = {part_name(task.shard_idx): list(task.episode_ids or [])}
-    return stats
+        marker.parts = {part_name(task.shard_idx): list(task.episode_ids or [])}
+    return marker
 
 
 def _conform(stage: Stage, table: str, data: Any, schema: pa.Schema) -> pa.Table:
@@ -294,11 +296,12 @@ def _conform(stage: Stage, table: str, data: Any, schema: pa.Schema) -> pa.Table
 
 
 def _stream_outputs(stage: GlobalStage, ctx: StageContext, sd: StageDir, task: ShardTask,
-                    inputs: dict[str, pa.Table]) -> dict[str, Any]:
+                    inputs: dict[str, pa.Table]) -> ShardMarker:
     """A streaming global stage's parts, each written as `run_parts` yields it: the same files and
     layout `_write_global_parts` makes of the whole output (tables without an `episode_id` column
     are not supported: they would need the whole output in one part)."""
-    stats: dict[str, Any] = {"rows": {t: 0 for t in stage.outputs}, "errors": 0, "episodes": 0, "parts": {}}
+    marker = ShardMarker(rows={t: 0 for t in stage.outputs})
+    parts: dict[str, list[str]] = {}
     for table in stage.outputs:
         # A retried attempt (a lost worker, another part size) starts clean: no part of an earlier one is kept.
         sd.drop_partial_table(table)
@@ -312,16 +315,17 @@ def _stream_outputs(stage: GlobalStage, ctx: StageContext, sd: StageDir, task: S
                 raise RuntimeError(f"stage {stage.name}: streamed table {table!r} has no episode_id column")
             ids.update(dict.fromkeys(tbl.column("episode_id").to_pylist()))
             atomic_write_parquet(storage.join(sd.partial, table, part_name(i)), tbl)
-            stats["rows"][table] += tbl.num_rows
-            stats["errors"] += count_errors(tbl)
+            marker.rows[table] += tbl.num_rows
+            marker.errors += count_errors(tbl)
         if len(ids) > size:
             raise RuntimeError(f"stage {stage.name}: part {i} holds {len(ids)} episodes, more than {size}")
-        stats["parts"][part_name(i)] = list(ids)
+        parts[part_name(i)] = list(ids)
     if i < 0:  # no episodes: one empty part, as a whole empty output
         for table, schema in stage.outputs.items():
             atomic_write_parquet(storage.join(sd.partial, table, part_name(0)), schema.empty_table())
-        stats["parts"][part_name(0)] = []
-    return stats
+        parts[part_name(0)] = []
+    marker.parts = parts
+    return marker
 
 
 def _write_global_parts(out_dir: storage.Location, tables: dict[str, pa.Table], episodes_per_part: int) -> dict[str, list[str]]:

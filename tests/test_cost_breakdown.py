@@ -1,5 +1,5 @@
 """Where the money goes: the report's `cost_breakdown` (per stage, role and method) from hand-made
-manifests, and `mempipe plan`'s per-method split of the judges (pipeline/plan.py)."""
+manifests, and `mempipe plan`'s per-method split of the judges (pipeline/plan/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The typed manifest: its JSON is the layout on disk, older manifests still load, usage sums by role."""
+"""The typed manifest and shard marker: their JSON is the layout on disk, older ones still load, usage sums by role."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifacts import MANIFEST, StageDir
+from pipeline.artifacts import MANIFEST, StageDir, atomic_write_json
 from pipeline.llm.usage import Usage
-from pipeline.manifest import Manifest
+from pipeline.manifest import Manifest, ShardMarker
 
 # What the runner writes for an LLM stage (segment, two roles).
 WRITTEN = {
@@ -82,3 +82,32 @@ def test_publish_writes_the_json_layout(tmp_path: Path):
     assert json.loads((tmp_path / "segment" / MANIFEST).read_text()) == WRITTEN
     assert sd.manifest() == Manifest.from_json(WRITTEN)
     assert isinstance(sd.manifest().llm_usage["judge"], Usage)  # type: ignore[union-attr]
+
+
+# A shard marker as pipeline/shard.py wrote it before ShardMarker (an interrupted run resumes from it).
+MARKER = {
+    "rows": {"segments": 3}, "errors": 1, "episodes": 2,
+    "parts": {"part-00004.parquet": ["sample-01", "sample-02"]},
+    "llm_usage": {"segmenter": WRITTEN["llm_usage"]["segmenter"]},
+    "extra": {"sessions": 3, "llm_per_episode": {"sample-01": {"calls": 3}}}, "wall_s": 0.125,
+}
+
+
+def test_a_written_shard_marker_reads_into_fields_and_writes_back_byte_for_byte(tmp_path: Path):
+    sd = StageDir(tmp_path, "segment")
+    sd.open_partial("f")
+    atomic_write_json(sd.shard_marker(4), MARKER)
+    before = Path(sd.shard_marker(4)).read_bytes()
+    m = ShardMarker.from_json(sd.finished_shards()[4])
+    assert m.rows == {"segments": 3} and m.episodes == 2 and m.wall_s == 0.125 and m.node is None
+    assert isinstance(m.llm_usage["segmenter"], Usage)  # type: ignore[index]
+    atomic_write_json(sd.shard_marker(4), m.to_json())
+    assert Path(sd.shard_marker(4)).read_bytes() == before
+
+
+def test_an_older_shard_marker_loads_with_defaults():
+    m = ShardMarker.from_json({"episodes": 1, "rows": {"responses": 2}, "errors": 0})
+    assert m.parts is None and m.llm_usage is None and m.extra == {} and m.wall_s == 0.0
+    assert ShardMarker.from_json({**MARKER, "node": "n1"}).node == "n1"  # what a Ray worker reports
+    with pytest.raises(ValueError, match="not a shard marker"):
+        ShardMarker.from_json({"episodes": 1})

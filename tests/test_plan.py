@@ -1,5 +1,5 @@
 """`mempipe plan`: which stages a run would run and why, and the calls, tokens and cost it expects,
-from a dry run on the simulated endpoint (pipeline/plan.py, pipeline/llm/simulated.py)."""
+from a dry run on the simulated endpoint (pipeline/plan/, pipeline/llm/simulated.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`mempipe plan` runs no model and answers fast on big corpora: compression and local embeddings
 are simulated in its dry run, turn-by-turn stages are sampled by turns and probe-driven stages by
-probes, and everything it samples is scaled back (pipeline/plan.py)."""
+probes, and everything it samples is scaled back (pipeline/plan/)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.manifest import Manifest
 from pipeline.runner import Runner
+from pipeline.selection import Selection
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -95,6 +96,16 @@ def test_row_failure_is_recorded_not_fatal(toy, toy_dir):
     assert m.rows == 5 and m.errors == 1
     rows = {r["episode_id"]: r for r in StageDir(toy.run_dir, "count").read_table("counts").to_pylist()}
     assert rows["ep03"]["error"] == "toy failure" and rows["ep01"]["error"] is None
+
+
+def test_a_selection_is_checked_when_made_and_run_takes_it_or_its_keywords(toy):
+    with pytest.raises(PipelineError, match="use one of --only, --from, --until, --retry-failed"):
+        Selection(only=["count"], until="double")
+    sel = Selection(only=["ingest"])
+    assert sel == Selection(only=("ingest",)) and len({sel, Selection(only=("ingest",))}) == 1  # frozen
+    with pytest.raises(TypeError):
+        toy().run(sel, force=["count"])
+    assert toy().run(sel) == {"ingest": "ran"}
 
 
 def test_only_force_from_and_status(toy):
