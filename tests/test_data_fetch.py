@@ -39,11 +39,17 @@ LOCOMO = ROOT / "tests" / "fixtures" / "corpora" / "locomo" / "locomo_mini.json"
 
 
 class Mirror:
-    """Files served on 127.0.0.1 by URL path; counts the GET requests per path."""
+    """Files served on 127.0.0.1 by URL path; counts the GET requests per path and logs each one's
+    Range header and the body bytes it sent. `Range: bytes=N-` is honoured (206) unless `ranges` is
+    off (then 200, the whole file); `cut[path] = n` sends the first request for `path` only n bytes of
+    its body, with the whole file's Content-Length, and closes the connection."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.requests: Counter[str] = Counter()
+        self.log: list[tuple[str, str | None, int]] = []  # (path, Range header, body bytes sent)
+        self.cut: dict[str, int] = {}
+        self.ranges = True
         mirror = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,13 +57,28 @@ class Mirror:
                 path = urlsplit(self.path).path
                 mirror.requests[path] += 1
                 body = mirror.files.get(path)
+                asked = self.headers.get("Range")
                 if body is None:
+                    mirror.log.append((path, asked, 0))
                     self.send_error(404)
                     return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
+                start = int(asked.removeprefix("bytes=").split("-")[0]) if asked and mirror.ranges else 0
+                if start >= len(body) and start:
+                    mirror.log.append((path, asked, 0))
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(body)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
-                self.wfile.write(body)
+                payload = body[start:][: mirror.cut.pop(path, None)]  # a cut: the first n bytes, then close
+                self.wfile.write(payload)
+                self.wfile.flush()
+                mirror.log.append((path, asked, len(payload)))
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -296,3 +317,95 @@ def test_missing_corpus_hints():
     assert missing_corpus_hint("dialseg", "data/tiage/test.json") == "run `mempipe data fetch tiage`"
     assert missing_corpus_hint("dialseg") == "run `mempipe data fetch dialseg711` (or tiage, superdialseg)"
     assert missing_corpus_hint("sample") is None
+
+
+# -- resume ---------------------------------------------------------------------------------------------
+
+def _big_body() -> bytes:
+    return b"".join(b"line %06d of a corpus file that is long enough to take several chunks\n" % i
+                    for i in range(12_000))  # ~850 KB: many of the downloader's 64 KiB chunks
+
+
+def test_a_cut_download_keeps_its_bytes_and_the_next_fetch_asks_only_for_the_rest(mirror, tmp_path, monkeypatch,
+                                                                                   capsys):
+    body = _big_body()
+    url = "https://files.example.org/corpus/big.json"
+    add_source(monkeypatch, RemoteFile(url, "big/big.json", sha(body), sha256_source="the test"))
+    mirror.serve(url, body)
+    mirror.cut["/corpus/big.json"] = len(body) // 2
+    assert run_cli("data", "fetch", "toy", "--dir", str(tmp_path), "--mirror", mirror.url, "--no-progress") == 1
+    err = capsys.readouterr().err.strip()
+    part = tmp_path / "big" / "big.json.part"
+    assert len(err.splitlines()) == 1 and "was cut after" in err and f"of {len(body):,} bytes" in err
+    assert str(part) in err and "run the same command again" in err
+    kept = part.stat().st_size
+    assert 0 < kept <= len(body) // 2 and part.read_bytes() == body[:kept]
+    assert not (tmp_path / "big" / "big.json").exists()  # only the part: nothing unchecked is in place
+
+    [got] = fetch("toy", tmp_path, progress=False, base_url_override=mirror.url)
+    assert mirror.log == [("/corpus/big.json", None, len(body) // 2),
+                          ("/corpus/big.json", f"bytes={kept}-", len(body) - kept)]  # only the rest was sent
+    assert got.downloaded and got.check == "recorded" and got.sha256 == sha(body)
+    assert got.path.read_bytes() == body
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["big.json"]  # the part is gone
+
+
+def test_a_resumed_download_is_checked_and_a_bad_one_discarded(mirror, tmp_path, monkeypatch):
+    body = _big_body()
+    url = "https://files.example.org/corpus/big.json"
+    add_source(monkeypatch, RemoteFile(url, "big.json", sha(body), sha256_source="the test"))
+    (tmp_path / "big.json.part").write_bytes(b"X" * 1000)  # a part from another file: the rest cannot fix it
+    mirror.serve(url, body)
+    with pytest.raises(DataFetchError, match="sha256 mismatch"):
+        fetch("toy", tmp_path, progress=False, base_url_override=mirror.url)
+    assert mirror.log == [("/corpus/big.json", "bytes=1000-", len(body) - 1000)]
+    assert list(tmp_path.iterdir()) == []  # discarded, part included: the next fetch starts from zero
+    assert fetch("toy", tmp_path, progress=False, base_url_override=mirror.url)[0].path.read_bytes() == body
+    assert mirror.log[-1] == ("/corpus/big.json", None, len(body))
+
+
+def test_a_server_without_ranges_sends_the_whole_file_again(mirror, tmp_path, monkeypatch):
+    body = _big_body()
+    url = "https://files.example.org/corpus/big.json"
+    add_source(monkeypatch, RemoteFile(url, "big.json", None))
+    (tmp_path / "big.json.part").write_bytes(body[:5000])
+    mirror.serve(url, body)
+    mirror.ranges = False  # answers 200 to a range request
+    [got] = fetch("toy", tmp_path, progress=False, base_url_override=mirror.url)
+    assert mirror.log == [("/corpus/big.json", "bytes=5000-", len(body))]
+    assert got.path.read_bytes() == body and got.check == "pinned now" and got.sha256 == sha(body)
+
+
+def test_a_part_that_is_already_whole_is_used_after_a_416(mirror, tmp_path, monkeypatch):
+    body = _big_body()
+    url = "https://files.example.org/corpus/big.json"
+    add_source(monkeypatch, RemoteFile(url, "big.json", sha(body), sha256_source="the test"))
+    (tmp_path / "big.json.part").write_bytes(body)  # cut after the last byte, before the move
+    mirror.serve(url, body)
+    [got] = fetch("toy", tmp_path, progress=False, base_url_override=mirror.url)
+    assert mirror.log == [("/corpus/big.json", f"bytes={len(body)}-", 0)]
+    assert got.path.read_bytes() == body and not (tmp_path / "big.json.part").exists()
+
+
+def test_a_part_longer_than_the_file_is_dropped_and_fetched_from_zero(mirror, tmp_path, monkeypatch):
+    body = b"short file"
+    url = "https://files.example.org/corpus/toy.json"
+    add_source(monkeypatch, RemoteFile(url, "toy.json", sha(body), sha256_source="the test"))
+    stale = b"a longer stale part of something else"
+    (tmp_path / "toy.json.part").write_bytes(stale)
+    mirror.serve(url, body)
+    [got] = fetch("toy", tmp_path, progress=False, base_url_override=mirror.url)
+    assert [r for _, r, _ in mirror.log] == [f"bytes={len(stale)}-", None] and got.path.read_bytes() == body
+
+
+def test_the_progress_bar_starts_at_the_bytes_already_there(mirror, tmp_path, monkeypatch, capsys):
+    body = _big_body()
+    url = "https://files.example.org/corpus/big.json"
+    add_source(monkeypatch, RemoteFile(url, "big.json", sha(body), sha256_source="the test"))
+    (tmp_path / "big.json.part").write_bytes(body[: len(body) // 2])
+    mirror.serve(url, body)
+    fetch("toy", tmp_path, progress=True, base_url_override=mirror.url)
+    bar = capsys.readouterr().err
+    first = bar.replace("\r", "\n").strip().splitlines()[0]
+    assert first.startswith("big.json:  50%"), first  # tqdm's first draw: already half there
+    assert "100%" in bar

@@ -1,10 +1,11 @@
 """`mempipe data fetch NAME`: download a corpus a config names from its public home, checked by sha256.
 
-Downloads go through pooch (`pooch.retrieve` with an `HTTPDownloader`): it streams to a temporary file
-beside the target, checks the hash and only then moves the file into place, so a failed or mismatched
-download leaves nothing behind. Resume: pooch does not resume a partial download (no HTTP range
-requests); an interrupted download is discarded and the next call starts it again. Nothing retries
-(pooch's `retry_if_failed` stays 0), so an offline machine fails at once.
+Downloads go through pooch (`pooch.retrieve`), which checks the hash of the downloaded file and only
+then moves it into place, so a mismatched download leaves nothing behind. Its downloader is ours
+(pipeline/corpus/download.py, on `requests`): the bytes gather in `<target>.part`, a cut download keeps
+them, and the next call asks only for the rest (`Range: bytes=N-`), with a progress bar that starts at
+the bytes already there. Nothing retries within a call (pooch's `retry_if_failed` stays 0), so an
+offline machine fails at once; the same command again resumes.
 
 A file whose sha256 is recorded in `sources.py` is checked against it. An unverified one is pinned at
 its first fetch in `<dir>/.mempipe-pins.json` and checked against the pin from then on. A file already
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pooch
 import requests
 
+from pipeline.corpus.download import DownloadCut, ResumableDownloader
 from pipeline.corpus.sources import FORMAT_SOURCES, REGISTRY, CorpusSource, RemoteFile
 from pipeline.errors import PipelineError
 
@@ -107,7 +109,7 @@ def _fetch_file(remote: RemoteFile, directory: Path, pins: _Pins, progress: bool
             return FetchedFile(remote, directory / remote.target, found, False, check)
         # A present file that differs is downloaded again (pooch's "update") and must match.
     url = mirror_url(remote.url, base) if base else remote.url
-    downloader = pooch.HTTPDownloader(progressbar=progress, timeout=_TIMEOUT)
+    downloader = ResumableDownloader(path.with_name(path.name + ".part"), progress=progress, timeout=_TIMEOUT)
     try:
         with _quiet_pooch():
             pooch.retrieve(url, known_hash=expected, fname=path.name, path=path.parent,
@@ -122,6 +124,8 @@ def _fetch_file(remote: RemoteFile, directory: Path, pins: _Pins, progress: bool
                   "from the pins file and fetch again")
         raise DataFetchError(f"{path}: sha256 mismatch: the download from {url} has {m[2].lower()}, the hash "
                              f"{where} is {m[1].lower()}; the download was discarded{advice}") from None
+    except DownloadCut as e:  # the connection ended mid-file: its bytes are kept for the next call
+        raise DataFetchError(f"{path}: {e}") from None
     except requests.RequestException as e:  # offline, refused, timed out, HTTP 4xx/5xx
         raise DataFetchError(_network_message(url, e, base)) from None
     if expected is None:
