@@ -5,7 +5,7 @@ What it does, as a new user would (docs/cluster.md, "Running on a Ray cluster"):
 1. a cluster token in a file named by RAY_AUTH_TOKEN_PATH, RAY_AUTH_MODE=token for every node and
    for the submitting shell; `ray start --head`, then a second `ray start --address` (the worker
    node) with its own --temp-dir; both with private ports so no other Ray on this machine is touched;
-2. the default pipeline (configs/default.yaml against `python -m tests.fake_openai` with latency,
+2. the default pipeline (configs/default.yaml against `python -m pipeline.testing.fake_openai` with latency,
    a synthetic corpus, llm.rpm set) submitted with the docs' `ray job submit` line;
 3. in the middle of an LLM stage, with shards running on the worker node, its raylet and every
    other process of that node are SIGKILLed at once (a lost machine): Ray reruns the node's shards

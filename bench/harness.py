@@ -20,7 +20,7 @@ KEY_ENV = "MEMPIPE_BENCH_KEY"
 
 
 class FakeServer:
-    """`python -m tests.fake_openai` as a child process (its own CPU, like a real endpoint)."""
+    """`python -m pipeline.testing.fake_openai` as a child process (its own CPU, like a real endpoint)."""
 
     def __init__(self, latency: float = 0.0, max_concurrency: int | None = None, faults: str = "",
                  retry_after: float = 1.0, timeout_sleep: float = 3.0) -> None:
@@ -32,7 +32,7 @@ class FakeServer:
         self.base_url = ""
 
     def __enter__(self) -> "FakeServer":
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", *self.args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.testing.fake_openai", *self.args], cwd=ROOT,
                                      stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         self.base_url = line.strip().rsplit(" ", 1)[-1]

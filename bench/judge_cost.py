@@ -4,7 +4,7 @@ with `n` and billing the endpoint's prompt cache.
 One conversation in LoCoMo's own file layout (locomo10.json: a list with one sample; 19 sessions of
 18-26 turns of 14-30 words, about 9k; generated deterministically from `--seed` into a temporary folder),
 run twice with `mempipe run -c configs/creem_msc.yaml` against the fake OpenAI server (`python -m
-tests.fake_openai`, its own process: it serves `n` and reports cached prompt tokens by OpenAI's
+pipeline.testing.fake_openai`, its own process: it serves `n` and reports cached prompt tokens by OpenAI's
 rule), each run with its own server, artifacts and LLM call cache:
 
 - before: `llm.sample_with_n=false` (one chat request per sample) and every prompt token billed at

@@ -1,7 +1,7 @@
 """Benchmark: how close `mempipe plan`'s estimate comes to the calls and tokens of the real run.
 
 (a) stub: every method of stages/methods on the first 2 episodes of the sample corpus, TeaFarm and
-    the three judges on, against the fake server (`python -m tests.fake_openai`, its own process). In
+    the three judges on, against the fake server (`python -m pipeline.testing.fake_openai`, its own process). In
     order: `plan --json` with no calibration source, `plan --json --calibrate 1` (a real run of the
     first episode against the fake, into <run>-calibrate-1, sharing the LLM cache), then the real run.
 (b) default job: configs/default.yaml (the embedded SmolLM2-135M through llama.cpp) scaled up to

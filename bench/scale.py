@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.artifacts import StageDir  # noqa: E402
 from pipeline.llm.types import LLMResult  # noqa: E402
-from stages.methods.dialogue import sessions_of  # noqa: E402
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory  # noqa: E402
+from stages.methods.shared.dialogue import sessions_of  # noqa: E402
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory  # noqa: E402
 from stages.methods.secom.retrieval import TurnLevel  # noqa: E402
 from stages.methods.theanine import Theanine  # noqa: E402
 from stages.methods.secom.units import build_units  # noqa: E402
@@ -138,21 +138,22 @@ async def algorithms_on(records: list[dict[str, Any]]) -> dict[str, float]:
     theanine, turn = Theanine(), TurnLevel()
     t_settings, r_settings = Theanine.Settings(), TurnLevel.Settings()
     llm = InstantLLM()
+    t_ctx = MethodContext(settings=t_settings, llm=llm, embed=hashed_embed)
+    r_ctx = MethodContext(settings=r_settings, llm=llm)  # BM25: no embedder
     graph_s = retrieval_s = 0.0
     edges = questions = 0
     for rec in records:
         episode, sessions = rec["episode"], sessions_of(rec["turns"])
         started = time.perf_counter()
-        memory = await theanine.build(BuildContext(llm=llm, settings=t_settings, embed=hashed_embed),
-                                      EpisodeInput(episode=episode, sessions=sessions))
+        memory = await theanine.build(t_ctx, EpisodeInput(episode=episode, sessions=sessions))
         edges += len(memory["edges"])
         last = max(sessions)
         probe = {"probe_id": "p", "kind": "next_response", "session_idx": last, "turn_idx": 2,
                  "request": sessions[last][1]["text"], "respondent": episode["speakers"][0],
                  "episode_id": episode["episode_id"]}
         seen = {t: visible_memory(rows, last, 2, theanine.memory_kind) for t, rows in memory.items()}
-        await theanine.answer(llm, ProbeInput(probe=probe, episode=episode, history={}, current=sessions[last][:2],
-                                              embed=hashed_embed), seen, t_settings)
+        await theanine.answer(t_ctx, ProbeInput(probe=probe, episode=episode, history={}, current=sessions[last][:2]),
+                              seen)
         graph_s += time.perf_counter() - started
         started = time.perf_counter()
         bank = build_units(sessions, [], "turn")
@@ -160,8 +161,8 @@ async def algorithms_on(records: list[dict[str, Any]]) -> dict[str, float]:
             questions += 1
             qprobe = {"probe_id": q["qa_id"], "kind": "qa", "session_idx": last + 1, "turn_idx": None,
                       "request": q["question"], "episode_id": episode["episode_id"]}
-            await turn.rank(ProbeInput(probe=qprobe, episode=episode, history=sessions, current=[],
-                                 upstream={"banks.memory_units": bank}), r_settings)
+            await turn.rank(r_ctx, ProbeInput(probe=qprobe, episode=episode, history=sessions, current=[],
+                                              upstream={"banks.memory_units": bank}))
         retrieval_s += time.perf_counter() - started
     n = len(records)
     return {"episodes": n, "graph_s": graph_s, "graph_eps": n / graph_s, "edges": edges, "llm_calls": llm.calls,

@@ -3,7 +3,7 @@
 For each corpus size (synthetic, `make_corpus.py`, in a temporary folder): one `mempipe run` of
 configs/default.yaml (every stage: ingest, segment, compress, banks, session memories, TeaBag, probes,
 each method's memory and responses, the judges, scores, the report) on local Ray, with every LLM
-role pointed at `tests.fake_openai` (fixed latency, at most `cap` requests served at once) and
+role pointed at `pipeline.testing.fake_openai` (fixed latency, at most `cap` requests served at once) and
 `llm.max_concurrency` = cap. Afterwards the report stage alone again (`--force report`), timed.
 
 Per stage, from its `_manifest.json`: wall time, LLM calls, the ideal time (calls x latency / cap: the

@@ -257,34 +257,33 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(app: "App | None" = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mempipe", description="Long-term conversational memory pipeline")
-    sub = p.add_subparsers(dest="command", required=True)
+def _common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("-c", "--config", default=None, help="YAML config (default: built-in defaults)")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    sp.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("-c", "--config", default=None, help="YAML config (default: built-in defaults)")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-        sp.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
 
-    def selectors(sp: argparse.ArgumentParser) -> None:  # which stages: `run` and `plan` take the same
-        sp.add_argument("--only", action="append", default=[], metavar="STAGE", help="run only this stage")
-        sp.add_argument("--from", dest="from_stage", default=None, metavar="STAGE",
-                        help="rebuild this stage and all after it")
-        sp.add_argument("--force", action="append", default=[], metavar="STAGE",
-                        help="rebuild this stage even if up to date")
-        sp.add_argument("--until", default=None, metavar="STAGE",
-                        help="run this stage and whatever it needs that is not done")
+def _selectors(sp: argparse.ArgumentParser) -> None:  # which stages: `run` and `plan` take the same
+    sp.add_argument("--only", action="append", default=[], metavar="STAGE", help="run only this stage")
+    sp.add_argument("--from", dest="from_stage", default=None, metavar="STAGE",
+                    help="rebuild this stage and all after it")
+    sp.add_argument("--force", action="append", default=[], metavar="STAGE",
+                    help="rebuild this stage even if up to date")
+    sp.add_argument("--until", default=None, metavar="STAGE",
+                    help="run this stage and whatever it needs that is not done")
 
+
+def _add_run_and_plan(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run the pipeline (skips stages whose fingerprint matches)")
-    common(run)
-    selectors(run)
+    _common(run)
+    _selectors(run)
     run.add_argument("--retry-failed", default=None, metavar="STAGE",
                      help="rebuild this stage, re-asking rows whose answers were all invalid with a new sample")
     run.set_defaults(func=cmd_run)
 
     plan = sub.add_parser("plan", help="before a run: the stages it would run and why, expected LLM calls, tokens, cost")
-    common(plan)
-    selectors(plan)
+    _common(plan)
+    _selectors(plan)
     plan.add_argument("--sample", type=int, default=20, metavar="K",
                       help="episodes the dry run reads at most (all when fewer), fewer while their turns exceed "
                            "--max-turns; per-episode stages are scaled by episodes, turns, sessions or questions "
@@ -303,23 +302,28 @@ def build_parser(app: "App | None" = None) -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (stages, total, method)")
     plan.set_defaults(func=cmd_plan)
 
+
+def _add_inspection(sub: argparse._SubParsersAction) -> None:
+    """status, check, report: what a run is, would differ in, and wrote."""
     status = sub.add_parser("status", help="per stage: done / stale / partial / missing, rows, errors, LLM usage")
-    common(status)
+    _common(status)
     status.set_defaults(func=cmd_status)
 
     check = sub.add_parser("check", help="before a run: where it differs from each paper's protocol (paper: sheets)")
-    common(check)
+    _common(check)
     check.set_defaults(func=cmd_check)
 
     report = sub.add_parser("report", help="where the run's HTML and Markdown report are; --open opens it")
-    common(report)
+    _common(report)
     report.add_argument("--open", action="store_true", help="open the HTML report in a browser")
     report.add_argument("--out", help="for a run on an object store: the local folder to copy the report into "
                                       "(default reports/<run_name>)")
     report.set_defaults(func=cmd_report)
 
+
+def _add_export_and_cache(sub: argparse._SubParsersAction) -> None:
     export = sub.add_parser("export", help="copy a stage's Parquet tables with a README (teabag: the TeaBag dataset with its card)")
-    common(export)
+    _common(export)
     export.add_argument("name", help="stage name, or `predictions`: the answers in LoCoMo's / LongMemEval's scorer files")
     export.add_argument("--out", required=True, help="output folder")
     export.add_argument("--format", choices=["locomo", "longmemeval"], default=None,
@@ -332,10 +336,18 @@ def build_parser(app: "App | None" = None) -> argparse.ArgumentParser:
     cache.add_argument("action", choices=["stats", "export", "import"])
     cache.add_argument("path", nargs="?", help="Parquet file for export/import")
     cache.add_argument("--role", default=None, help="the cache of this LLM role (default: llm.cache_dir)")
-    common(cache)
+    _common(cache)
     cache.set_defaults(func=cmd_cache)
+
+
+def build_parser(app: "App | None" = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mempipe", description="Long-term conversational memory pipeline")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_run_and_plan(sub)
+    _add_inspection(sub)
+    _add_export_and_cache(sub)
     add_data_command(sub)
-    add_models_command(sub, common)
+    add_models_command(sub, _common, _config)
     if app is not None and hasattr(app, "add_commands"):
         app.add_commands(sub)  # the project's own commands
     return p

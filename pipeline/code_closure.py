@@ -23,11 +23,13 @@ FRAMEWORK = "pipeline"
 # Modules that run stages but do not shape what they write (their effects enter elsewhere: the
 # LLM's identity through the role's answer identity, settings through the config section).
 RUNS_NOT_SHAPES = frozenset({
-    "pipeline", "pipeline.artifacts", "pipeline.cli", "pipeline.cluster", "pipeline.code_closure",
-    "pipeline.config", "pipeline.errors", "pipeline.executors", "pipeline.export", "pipeline.fingerprint",
+    "pipeline", "pipeline.artifacts", "pipeline.cli", "pipeline.code_closure", "pipeline.config",
+    "pipeline.errors", "pipeline.execution", "pipeline.execution.cluster", "pipeline.execution.embedding_service",
+    "pipeline.execution.executors", "pipeline.execution.llm_workers", "pipeline.export", "pipeline.fingerprint",
     "pipeline.hashing", "pipeline.manifest", "pipeline.runner", "pipeline.shard", "pipeline.stage",
-    "pipeline.llm", "pipeline.llm.cache", "pipeline.llm.client", "pipeline.llm.identity",
-    "pipeline.llm.local_server", "pipeline.llm.ratelimit", "pipeline.llm.shared", "pipeline.llm.types",
+    "pipeline.llm", "pipeline.llm.accounting", "pipeline.llm.cache", "pipeline.llm.client", "pipeline.llm.embed",
+    "pipeline.llm.identity", "pipeline.llm.local_server", "pipeline.llm.params", "pipeline.llm.ratelimit",
+    "pipeline.llm.samples", "pipeline.llm.shared", "pipeline.llm.transport", "pipeline.llm.types",
     "pipeline.llm.usage", "pipeline.models_needed", "pipeline.model_fetch", "pipeline.simulation",
 })
 
@@ -53,14 +55,14 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+def _imported(tree: ast.AST, module: str, is_package: bool, projects: frozenset[str]) -> set[str]:
     """Modules a module imports at run time (at top level or inside functions; not the imports
     under `if TYPE_CHECKING:`, which never run). `from pkg import name` names the submodule
     `pkg.name` when there is one, else `pkg` itself (parent packages are not counted: importing
     `stages.methods.creem` runs `stages/__init__.py`, whose code does not shape CREEM's rows)."""
     found: set[str] = set()
     package = module if is_package else module.rpartition(".")[0]
-    projects = {module.partition(".")[0], FRAMEWORK}
+    projects = projects | {module.partition(".")[0], FRAMEWORK}
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
@@ -89,31 +91,34 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
 
 
 @lru_cache(maxsize=None)
-def imports_of(module: str) -> frozenset[str]:
+def imports_of(module: str, projects: frozenset[str] = frozenset()) -> frozenset[str]:
+    """What `module` imports; `from pkg import name` is resolved to the submodule `pkg.name` for the
+    packages of `projects` (and the module's own and the framework's), not for libraries."""
     spec = importlib.util.find_spec(module)
     is_package = bool(spec and spec.submodule_search_locations)
-    return frozenset(_imported(ast.parse(read_source(module)), module, is_package))
+    return frozenset(_imported(ast.parse(read_source(module)), module, is_package, projects))
 
 
-def in_scope(module: str, project: str) -> bool:
+def in_scope(module: str, projects: frozenset[str]) -> bool:
     top = module.partition(".")[0]
     if top == FRAMEWORK:
         return module not in RUNS_NOT_SHAPES
-    return top == project
+    return top in projects
 
 
 def code_closure(*roots: str) -> list[str]:
-    """The roots and every project module they import, transitively, sorted by name."""
+    """The roots and every project module they import, transitively, sorted by name. The project is
+    every root's top-level package: a method from another package (its stage rooted in `stages` and in
+    its own module) brings in its package's modules and the `stages` helpers it imports."""
+    projects = frozenset(root.partition(".")[0] for root in roots)
     seen: set[str] = set()
-    for root in roots:
-        project = root.partition(".")[0]
-        todo = [root]
-        while todo:
-            module = todo.pop()
-            if module in seen:
-                continue
-            seen.add(module)
-            todo += [m for m in imports_of(module) if m not in seen and in_scope(m, project)]
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [m for m in imports_of(module, projects) if m not in seen and in_scope(m, projects)]
     return sorted(seen)
 
 

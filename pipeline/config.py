@@ -320,6 +320,7 @@ class RunConfig(Section):
 
     known_roles: ClassVar[frozenset[str]] = frozenset()
     known_methods: ClassVar[frozenset[str]] = frozenset()
+    unavailable_methods: ClassVar[dict[str, str]] = {}  # name -> why it could not be loaded (a plug-in)
     # Addresses of embedded servers started for this run (runtime only: never fingerprinted).
     _local_urls: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -358,9 +359,10 @@ class RunConfig(Section):
 
 
 def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, type[Section]],
-                   roles: Iterable[str]) -> type[RunConfig]:
+                   roles: Iterable[str], unavailable: Mapping[str, str] | None = None) -> type[RunConfig]:
     """The full config model: run-level sections + one section per stage settings model +
-    `method.<name>` per method settings model. `roles` are the role names stages ask for."""
+    `method.<name>` per method settings model. `roles` are the role names stages ask for;
+    `unavailable`: methods that could not be loaded, with why (named when a config selects one)."""
     method_model = create_model(  # type: ignore[call-overload]
         "MethodSettings", __base__=Section,
         **{name: (model, Field(default_factory=model)) for name, model in methods.items()})
@@ -372,6 +374,7 @@ def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, 
     model = create_model("RunConfig", __base__=RunConfig, **fields)  # type: ignore[call-overload]
     model.known_roles = frozenset(roles)
     model.known_methods = frozenset(methods)
+    model.unavailable_methods = dict(unavailable or {})
     return model
 
 
@@ -409,6 +412,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                           f"roles the stages use: {', '.join(sorted(model.known_roles)) or '(none)'}")
     unknown_methods = [m for m in cfg.methods if m not in model.known_methods]
     if unknown_methods:
-        raise ConfigError(f"invalid configuration in {source}:\n  methods: unknown method {unknown_methods[0]!r}; "
+        name = unknown_methods[0]
+        if name in model.unavailable_methods:
+            raise ConfigError(f"invalid configuration in {source}:\n  methods: {name!r} could not be loaded: "
+                              f"{model.unavailable_methods[name]}")
+        raise ConfigError(f"invalid configuration in {source}:\n  methods: unknown method {name!r}; "
                           f"available: {', '.join(sorted(model.known_methods)) or '(none)'}")
     return cfg

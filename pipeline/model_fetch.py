@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from pipeline.config import project_dirs, resolve_paths
 from pipeline.models_needed import (ModelNeed, ModelsMissing, cache_dirs, hub_endpoint, hub_ids, hub_reachable,
                                     locate, looks_like_path, models_needed, offline_by_env)
+
+if TYPE_CHECKING:
+    from pipeline.config import RunConfig
 
 # Other frameworks' weights and exports (TensorFlow, Flax, Rust, ONNX, OpenVINO, Core ML): torch
 # loaders never read them, and roberta-large's alone would add 4 GB.
@@ -26,22 +30,26 @@ def _options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
 
 
-def add_models_command(subparsers: Any, common: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+def _config(args: argparse.Namespace) -> RunConfig:
+    return resolve_paths(args.app.load_config(args.config, args.set), search=project_dirs(args.config))
+
+
+def add_models_command(subparsers: Any, common: Callable[[argparse.ArgumentParser], None] | None = None,
+                       config: Callable[[argparse.Namespace], RunConfig] | None = None) -> None:
     """`models list` and `models fetch` under the CLI's subparsers; `common` adds -c/--set/--debug
-    (the CLI's own helper; without it, the same options)."""
+    and `config` loads the config from them (the CLI's own helpers, so that the config is exactly
+    the one the other commands load; without them, the same options and loading)."""
     models = subparsers.add_parser("models", help="the models a config needs: list where each is, or fetch them")
     sub = models.add_subparsers(dest="models_command", required=True)
     listed = sub.add_parser("list", help="each model the config needs and where it is found (or missing)")
     fetch = sub.add_parser("fetch", help="download every model the config needs that is not here (with progress)")
     for sp in (listed, fetch):
         (common or _options)(sp)
-        sp.set_defaults(func=cmd_models)
+        sp.set_defaults(func=cmd_models, config_of=config or _config)
 
 
 def _needs(args: argparse.Namespace) -> list[ModelNeed]:
-    from pipeline.cli import _config  # the config exactly as the other commands load it
-
-    cfg = _config(args)
+    cfg = getattr(args, "config_of", _config)(args)
     return models_needed(cfg, args.app.registry(cfg))
 
 

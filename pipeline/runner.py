@@ -1,4 +1,4 @@
-"""The stage runner: plans, fingerprints, skips, executes shards (pipeline.executors), publishes manifests."""
+"""The stage runner: plans, fingerprints, skips, executes shards (pipeline.execution), publishes manifests."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pipeline import __version__
 from pipeline.artifacts import StageDir, make_dirs
 from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError
-from pipeline.executors import make_executor
+from pipeline.execution.executors import make_executor
 from pipeline.fingerprint import stage_fingerprints
 from pipeline.llm.ledger import Budget, LedgerBook, load_spend, save_spend
 from pipeline.llm.usage import Usage

@@ -25,7 +25,7 @@ from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.manifest import Manifest, ShardMarker
-from pipeline.stage import EpisodeStage, GlobalStage, Rows, Stage, StageContext
+from pipeline.stage import EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
 from pipeline.llm.usage import costed_to
 
@@ -179,16 +179,18 @@ def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, 
     return out
 
 
-def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
+def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None,
+              embedder_factory: EmbedderFactory | None = None) -> dict[str, Any]:
     """One shard on an event loop of its own (a Ray task, or the inline executor); its marker's JSON."""
-    return asyncio.run(run_shard_async(task, cfg, handles, ledger))
+    return asyncio.run(run_shard_async(task, cfg, handles, ledger, embedder_factory))
 
 
-async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, Any],
-                          ledger: Any | None = None) -> dict[str, Any]:
+async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None,
+                          embedder_factory: EmbedderFactory | None = None) -> dict[str, Any]:
     """One shard on the running loop, which may run other shards meanwhile (an LLM worker of the
     Ray executor): reads and writes go to a thread so that their requests keep flowing. Returns the
-    marker it wrote, as JSON: a plain dict crosses Ray, and workers add the node they ran on."""
+    marker it wrote, as JSON: a plain dict crosses Ray, and workers add the node they ran on.
+    `embedder_factory` is the executor's shared local embedder (`StageContext.embedder_factory`)."""
     started = time.time()
     stage = task.stage
     run_dir = storage.location(task.run_dir)
@@ -202,7 +204,7 @@ async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, An
             else Path(sd.partial)
         ctx = StageContext(cfg=cfg, stage=stage, out_dir=out_dir,
                            upstream_dirs={n: storage.join(run_dir, n) for n in task.upstream},
-                           upstream_manifests=manifests, clients=clients)
+                           upstream_manifests=manifests, clients=clients, embedder_factory=embedder_factory)
         marker = await _run_shard_in(ctx, task, sd, inputs_from=run_dir, clients=clients)
         if sd.remote:
             await asyncio.to_thread(storage.upload_dir, out_dir, str(sd.partial))

@@ -20,12 +20,19 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from pipeline.config import RunConfig, Section
+    from pydantic import BaseModel
+
+    from pipeline.config import EmbeddingConfig, RunConfig, Section
+    from pipeline.embeddings import Embedder
+    from pipeline.llm.types import ChatLLM
     from pipeline.manifest import Manifest
     from pipeline.models_needed import ModelNeed
     from pipeline.storage import Location
 
 Rows = list[dict[str, Any]]
+# The executor's shared local embedder for these embedding settings, or None where it has none (the
+# Ray executor: the node's embedding service, pipeline.execution.embedding_service.node_embedder).
+EmbedderFactory = Callable[["EmbeddingConfig"], "Embedder | None"]
 
 # The LLM role of embedding requests when `embedding.provider` is openai: shared cache, limiter
 # and ledger like any role, its endpoint overridable under `roles.embedder`.
@@ -43,38 +50,44 @@ class StageContext:
     # Finished input stage -> its manifest (counts, LLM usage), so a stage never reads another's files.
     upstream_manifests: dict[str, "Manifest"] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)  # role -> ChatLLM, one per stage.roles
+    # Set by the executor that shares one local embedding model among its workers (Ray: one per
+    # node); None: the stage loads its own (`make_embedder`).
+    embedder_factory: EmbedderFactory | None = None
     # Loaded models; the per-episode copies of a shard's context share this dict, so one load serves all.
     _models: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def section(self) -> Any:
+    def section(self) -> "BaseModel":
         """This stage's settings (its config section, or its method's settings)."""
-        return self.stage.settings_of(self.cfg)
+        settings = self.stage.settings_of(self.cfg)
+        if settings is None:
+            raise KeyError(f"stage {self.stage.name} has no settings section")
+        return settings
 
     @property
-    def llm(self) -> Any:
+    def llm(self) -> "ChatLLM":
         """The client of the stage's first role."""
-        return self.role(self.stage.roles[0]) if self.stage.roles else None
+        if not self.stage.roles:
+            raise KeyError(f"stage {self.stage.name} declares no LLM role")
+        return self.role(self.stage.roles[0])
 
-    def role(self, name: str) -> Any:
+    def role(self, name: str) -> "ChatLLM":
         try:
             return self.clients[name]
         except KeyError:
             raise KeyError(f"stage {self.stage.name} did not declare LLM role {name!r}") from None
 
     @property
-    def embedder(self) -> Any:
+    def embedder(self) -> "Embedder":
         if "embedder" not in self._models:
             from pipeline.embeddings import make_embedder
             from pipeline.simulation import simulating_models
 
-            from pipeline.embedding_service import node_embedder
-
-            # A local model: the node's shared one where the Ray executor started it (never in plan's
-            # dry run, which simulates vectors even where a real run's service is up).
+            # A local model: the executor's shared one where it has one (never in plan's dry run,
+            # which simulates vectors even where a real run's service is up).
             local = self.cfg.embedding.provider == "local" and not simulating_models()
-            shared = node_embedder(self.cfg.embedding) if local else None
-            client = self.clients.get(EMBEDDER_ROLE) or self.llm
+            shared = self.embedder_factory(self.cfg.embedding) if local and self.embedder_factory else None
+            client = self.clients.get(EMBEDDER_ROLE) or (self.llm if self.stage.roles else None)
             embed_fn = getattr(client, "embed", None)
             self._models["embedder"] = shared or make_embedder(self.cfg.embedding, llm_embed=embed_fn)
         return self._models["embedder"]
@@ -113,7 +126,7 @@ class Stage:
             return (*self.roles, EMBEDDER_ROLE)
         return self.roles
 
-    def settings_of(self, cfg: "RunConfig") -> Any:
+    def settings_of(self, cfg: "RunConfig") -> "BaseModel | None":
         return getattr(cfg, self.section) if self.section else None
 
     def models(self, cfg: "RunConfig") -> list["ModelNeed"]:

@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.config import load_config as _load_config
+from pipeline.fingerprint import stage_fingerprints
 from pipeline.stage import EMBEDDER_ROLE, Stage
 from pipeline.storage import Location, join
 from stages.memory_units.banks import BanksStage
@@ -24,14 +25,14 @@ from stages.judging.judge_answers import JudgeAnswersStage
 from stages.judging.judge_memory import JudgeMemoryStage
 from stages.judging.judge_pairwise import JudgePairwiseStage
 from stages.method_stages.memory import MemoryStage
-from stages.methods import METHODS
+from stages.methods import BROKEN_PLUGINS, METHODS
 from stages.methods.base import Method
 from stages.probes import ProbesStage
 from stages.predictions import export_predictions  # noqa: F401 - the App's `export predictions`
 from stages.report import REPORT_HTML, REPORT_MD, ReportStage
 from stages.method_stages.respond import RespondStage
-from stages.response_metrics import ResponseMetricsStage
-from stages.score import ScoreStage
+from stages.scoring.response_metrics import ResponseMetricsStage
+from stages.scoring.score import ScoreStage
 from stages.memory_units.segment import SegmentStage
 from stages.teabag import TeabagStage
 from stages.teabag.export import export_teabag
@@ -66,9 +67,17 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
 
 def exporter(name: str) -> Callable[[RunConfig, Path], Path] | None:
     """The dataset export of a stage that has one (`mempipe export teabag`), else None."""
-    if name == TeabagStage.name:
-        return lambda cfg, out: export_teabag(cfg.run_dir, out, cfg)  # checked against the run's fingerprint
+    if name == TeabagStage.name:  # checked against the run's fingerprint
+        return lambda cfg, out: export_teabag(cfg.run_dir, out, cfg, fingerprint=teabag_fingerprint(cfg))
     return None
+
+
+def teabag_fingerprint(cfg: RunConfig) -> str:
+    """The teabag stage's fingerprint under `cfg` and the current code, as the runner computes it
+    (also for a config that does not enable teabag, as an export's may not)."""
+    plan = registry(cfg)
+    plan.setdefault(TeabagStage.name, TeabagStage())
+    return stage_fingerprints(cfg, plan.values())[TeabagStage.name]
 
 
 def report_files(cfg: RunConfig) -> tuple[Location, Location]:
@@ -90,7 +99,8 @@ def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:
     for m in methods.values():
         roles.update((m.build_role, m.answer_role) if m.memory else (m.answer_role,))
     roles.add(EMBEDDER_ROLE)  # stages that embed, when embedding.provider is openai
-    return compose_config(sections, {name: m.Settings for name, m in methods.items()}, roles)
+    return compose_config(sections, {name: m.Settings for name, m in methods.items()}, roles,
+                          {n: why for n, why in BROKEN_PLUGINS.items() if n not in methods})
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

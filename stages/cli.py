@@ -8,6 +8,7 @@ from typing import Any
 import stages
 from pipeline import cli
 from stages.report import compared_sheets
+from stages.scaffold import add_new_method_command
 from stages.scorers import scorer
 
 
@@ -18,6 +19,7 @@ class _Project:
 
     compared_sheets = staticmethod(compared_sheets)
     scorer = staticmethod(scorer)
+    add_commands = staticmethod(add_new_method_command)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(stages, name)

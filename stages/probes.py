@@ -21,7 +21,21 @@ from pydantic import Field, NonNegativeInt
 
 from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.methods.dialogue import sessions_of
+from stages.methods.shared.dialogue import sessions_of
+
+def probe_view(probe: dict[str, Any], sessions: dict[int, Rows]) -> Rows:
+    """The turns of its own session a probe sees, the same for the method that answers it and the
+    judge that rates the answer: the turns before its turn; with a null turn (a probe after its
+    session's last turn) the whole session, as the memory it may see (`visible_memory`); for a session
+    the corpus does not hold (TeaFarm's session N+1) the `context` the probe carries."""
+    s, t = probe["session_idx"], probe["turn_idx"]
+    if probe.get("context") is not None:
+        return [{"episode_id": probe["episode_id"], "session_idx": s, "turn_idx": i, "speaker": c["speaker"],
+                 "text": c["text"], "session_time": None, "session_gap_label": None, "source_turn_id": None}
+                for i, c in enumerate(probe["context"])]
+    turns = sessions.get(s, [])
+    return list(turns) if t is None else [turn for turn in turns if turn["turn_idx"] < t]
+
 
 # The keys every per-(probe, method) score row opens with (judged answers, reference metrics).
 PROBE_KEY_FIELDS = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stages.report.memory_accuracy import MEMORY_SCORERS
-from stages.response_metrics import COLUMN_SCORERS
+from stages.scoring.response_metrics import COLUMN_SCORERS
 
 _ANSWER_JUDGES = {
     "locomo_j": "Mem0's scorer: evaluation/metrics/llm_judge.py's J, a gpt-4o-mini judge labelling each answer CORRECT "

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig, resolve_paths
 from stages import load_config
 
@@ -82,6 +82,9 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
 @pytest.fixture(scope="session")
 def toy_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("toy")
+    # Made before any Ray worker starts: a worker caches a sys.path entry that did not exist yet as
+    # empty, and would never see a package a test installs there later.
+    (d / "site").mkdir()
     os.environ["TOY_DIR"] = str(d)  # before Ray starts, so workers inherit it
     return d
 
@@ -95,7 +98,8 @@ def ray_local(toy_dir):
         yield
         return
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}", "TOY_DIR": str(toy_dir)}})
+             # toy_dir/site: packages a test installs (a method from another package) that workers import
+             runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}:{toy_dir / 'site'}", "TOY_DIR": str(toy_dir)}})
     yield
     ray.shutdown()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pydantic import ValidationError
 
 from pipeline.corpus import load_corpus
@@ -26,9 +26,9 @@ from pipeline.llm.types import LLMError
 from pipeline.stage import StageContext
 from stages.judging import answers
 from stages.judging.judge_answers import SKIP_UNANSWERABLE, JudgeAnswersSettings, JudgeAnswersStage, related_history
-from stages.methods import response
-from stages.methods.base import ProbeInput
-from stages.methods.history import FullHistory, FullHistorySettings, ZeroHistory, ZeroHistorySettings
+from stages.methods.shared import response
+from stages.methods.base import MethodContext, ProbeInput
+from stages.methods.baselines.history import FullHistory, FullHistorySettings, ZeroHistory, ZeroHistorySettings
 from stages.methods.secom.retrieval import RetrievalSettings
 from stages.probes import qa_probes
 from stages.report.tables import answer_summary, teafarm_summary
@@ -320,7 +320,8 @@ def test_the_qa_prompt_is_a_setting_of_the_retrieval_and_history_methods():
             settings(qa_prompt="official")
     assert ZeroHistory.Settings is ZeroHistorySettings and FullHistory.Settings is FullHistorySettings
     llm = FakeChat(["a"])
-    run(ZeroHistory().answer(llm, _probe("temporal", "qa:z"), {}, ZeroHistorySettings(qa_prompt="locomo_official")))
+    ctx = MethodContext(settings=ZeroHistorySettings(qa_prompt="locomo_official"), llm=llm)
+    run(ZeroHistory().answer(ctx, _probe("temporal", "qa:z"), {}))
     assert "approximate date" in llm.calls[0]["messages"][0]["content"]
 
 

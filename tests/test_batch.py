@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from conftest import TEST_KEY_ENV, llm_config
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.artifacts import StageDir
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult
 from pipeline.llm.cache import chat_cache_key

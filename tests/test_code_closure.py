@@ -65,7 +65,7 @@ def method_stages(run: dict) -> set[str]:
 
 
 def test_editing_format_unit_reruns_every_method_that_shows_dialogue(every_stage, edit_source):
-    changed = changed_by(every_stage, edit_source, "stages.methods.dialogue",
+    changed = changed_by(every_stage, edit_source, "stages.methods.shared.dialogue",
                          "f\"{t['speaker']}: {t['text']}\"", "f\"{t['speaker']} said: {t['text']}\"")
     # Every method formats dialogue (its prompts, its units, or its gold memory's turns); so does the
     # pairwise judge, which used to have a copy of its own.
@@ -76,7 +76,7 @@ def test_editing_format_unit_reruns_every_method_that_shows_dialogue(every_stage
 
 def test_editing_a_helper_two_imports_deep_reruns_the_method_that_uses_it(every_stage, edit_source):
     """RSum's prompt dates its sessions with `session_memories.when`, which its module imports."""
-    changed = changed_by(every_stage, edit_source, "stages.methods.session_memories",
+    changed = changed_by(every_stage, edit_source, "stages.methods.shared.session_memories",
                          "def when(", "def when(  # edited\n")
     assert {"memory_rsum", "respond_rsum", "memory_theanine", "respond_theanine"} <= changed
     assert not {"memory_creem", "respond_creem", "respond_secom", "memory_ld_agent"} & changed
@@ -88,8 +88,8 @@ def test_editing_a_module_no_method_imports_changes_no_method_stage(every_stage,
 
 
 def test_editing_one_method_reruns_only_that_method_and_the_report(every_stage, edit_source):
-    changed = changed_by(every_stage, edit_source, "stages.methods.ld_agent", "class LDAgent(Method):",
-                         "class LDAgent(Method):  # edited")
+    changed = changed_by(every_stage, edit_source, "stages.methods.ld_agent", "class LDAgent(Method[LDAgentSettings]):",
+                         "class LDAgent(Method[LDAgentSettings]):  # edited")
     assert changed == {"memory_ld_agent", "respond_ld_agent", "report"}
 
 

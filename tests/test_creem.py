@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from fake_chat import FakeChat
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
+from pipeline.testing.fake_chat import FakeChat
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
 from stages.methods.creem import (Creem, CreemNoPreblend, CreemNoPreblendSettings, CreemNoRefineSettings,
                                   CreemSettings, label_shares, replay)
 
@@ -167,7 +167,7 @@ EPISODE = {"episode_id": "e1", "speakers": ["Ann", "Bob"], "dataset": "sample"}
 
 def built(sessions: dict, settings: CreemSettings) -> dict:
     episode = EpisodeInput(episode=EPISODE, sessions=sessions)
-    return asyncio.run(Creem().build(BuildContext(llm=FakeChat(responder=counting_builder()), settings=settings),
+    return asyncio.run(Creem().build(MethodContext(settings=settings, llm=FakeChat(responder=counting_builder())),
                                      episode))
 
 
@@ -176,7 +176,12 @@ def probe_at(sessions: dict, s: int, t: int) -> ProbeInput:
     return ProbeInput(probe={"probe_id": f"nr:{s}:{t}", "kind": "next_response", "session_idx": s, "turn_idx": t,
                              "respondent": respondent, "request": sessions[s][t - 1]["text"]},
                       episode=EPISODE, history={k: v for k, v in sessions.items() if k < s},
-                      current=sessions[s][:t], embed=TopicEmbedder())
+                      current=sessions[s][:t])
+
+
+def answering(settings: CreemSettings, llm: FakeChat) -> MethodContext:
+    """The context an answer gets: these settings and LLM, and the topic embedder."""
+    return MethodContext(settings=settings, llm=llm, embed=TopicEmbedder())
 
 
 def made_at(out: dict, session: int, turn: int) -> set[str]:
@@ -192,7 +197,7 @@ def test_a_probe_sees_the_same_session_insights_made_before_its_turn_and_none_ma
     visible = {m["text"] for ms in replay(seen["memories"]).values() for m in ms}
     assert before | own <= visible and not (at_turn | after) & visible
     llm = FakeChat(responder=counting_builder("answer-time"))
-    answer = asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 4), seen, CreemSettings(k=10)))
+    answer = asyncio.run(Creem().answer(answering(CreemSettings(k=10), llm), probe_at(sessions, 2, 4), seen))
     # Build already ran the step that read up to turn 3 (Algorithm 1's step for turn 4): only the reply is asked.
     assert [c["schema"] for c in llm.calls] == [None] and answer.details["step"] == "build"
     prompt = llm.calls[0]["messages"][1]["content"]
@@ -211,7 +216,7 @@ def test_where_build_skipped_the_turn_the_answer_runs_the_step_on_the_visible_me
     assert earlier and not made_at(out, 2, 4)
     seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
     llm = FakeChat(responder=counting_builder("answer-time"))
-    answer = asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 5), seen, settings))
+    answer = asyncio.run(Creem().answer(answering(settings, llm), probe_at(sessions, 2, 5), seen))
     assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", "BlendedAndRefined",
                                                                                     None]
     assert answer.details["step"] == "answer" and answer.details["insights"] == ["answer-time 1", "answer-time 2"]
@@ -226,7 +231,8 @@ def test_without_the_pre_response_blend_only_the_past_sessions_memory_reaches_th
     out = built(sessions, CreemNoPreblendSettings(k=10))
     seen = {t: visible_memory(rows, 2, 4, "log") for t, rows in out.items()}
     llm = FakeChat(responder=counting_builder("answer-time"))
-    answer = asyncio.run(CreemNoPreblend().answer(llm, probe_at(sessions, 2, 4), seen, CreemNoPreblendSettings(k=10)))
+    ctx = answering(CreemNoPreblendSettings(k=10), llm)
+    answer = asyncio.run(CreemNoPreblend().answer(ctx, probe_at(sessions, 2, 4), seen))
     assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", None]
     prompt = llm.calls[-1]["messages"][1]["content"]
     # Ann responds at turn 4: her memory from the past session (the step after session 1's last turn, Bob's).
@@ -237,13 +243,13 @@ def test_without_the_pre_response_blend_only_the_past_sessions_memory_reaches_th
 
 
 def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_baselines_length():
-    from stages.methods.memory_response import memory_messages
+    from stages.methods.shared.memory_response import memory_messages
 
     sessions = {1: turns(2, 1), 2: turns(10, 2)}
     out = built(sessions, CreemSettings(k=10))
     seen = {t: visible_memory(rows, 2, 9, "log") for t, rows in out.items()}
     llm = FakeChat(responder=counting_builder())
-    asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 9), seen, CreemSettings(k=10)))
+    asyncio.run(Creem().answer(answering(CreemSettings(k=10), llm), probe_at(sessions, 2, 9), seen))
     system, user = (m["content"] for m in llm.calls[-1]["messages"])
     assert all(f"line 2.{i}" in user for i in range(9)) and "line 2.9" not in user  # D^s_[1,t-1], all of it
     assert "Memory of Bob" in user and "Conversation:" in user and user.rstrip().endswith("no speaker label):")
@@ -252,7 +258,7 @@ def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_b
     baseline = memory_messages("m", sessions[2][:9], "line 2.8", "Bob", False)[1]["content"]
     assert "a short, natural reply" in baseline and "a short, natural reply" in system
     llm = FakeChat(responder=counting_builder())
-    asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 9), seen, CreemSettings(k=10, response_words=30)))
+    asyncio.run(Creem().answer(answering(CreemSettings(k=10, response_words=30), llm), probe_at(sessions, 2, 9), seen))
     assert "at most 30 words" in llm.calls[-1]["messages"][0]["content"]
 
 
@@ -263,9 +269,9 @@ def test_a_question_asked_after_the_history_runs_the_step_about_the_asker_and_as
     seen = {t: visible_memory(rows, 3, None, "log") for t, rows in out.items()}
     probe = ProbeInput(probe={"probe_id": "qa:1", "kind": "qa", "session_idx": 3, "turn_idx": None,
                               "respondent": "Bob", "request": "Where does Ann work?"},
-                       episode=EPISODE, history=sessions, current=[], embed=TopicEmbedder())
+                       episode=EPISODE, history=sessions, current=[])
     llm = FakeChat(responder=counting_builder("answer-time"))
-    answer = asyncio.run(Creem().answer(llm, probe, seen, last_speaker))
+    answer = asyncio.run(Creem().answer(answering(last_speaker, llm), probe, seen))
     assert answer.details["step"] == "answer" and answer.details["memory_of"] == "Ann"
     assert "Where does Ann work?" in llm.calls[0]["messages"][1]["content"]  # the question is the query's last line
     user = llm.calls[-1]["messages"][1]["content"]
@@ -305,7 +311,7 @@ def test_the_memory_log_replays_to_the_memory_and_grows_by_its_changes_only():
 
     episode = EpisodeInput(episode=EPISODE, sessions=sessions)
     method = Creem()
-    out = asyncio.run(method.build(BuildContext(llm=FakeChat(responder=llm_answer), settings=CreemSettings(k=10)),
+    out = asyncio.run(method.build(MethodContext(settings=CreemSettings(k=10), llm=FakeChat(responder=llm_answer)),
                                    episode))
     adds = [r for r in out["memories"] if r["op"] == "add"]
     removes = [r for r in out["memories"] if r["op"] == "remove"]

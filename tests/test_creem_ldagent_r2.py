@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 import stages
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from test_creem import counting_builder
 from pipeline.reproduction import deviations
 from stages.judging.judge_memory import speaker_lines
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
 from stages.methods.creem import Creem, CreemSettings, step_speaker
 from stages.methods.ld_agent import LDAgent, LDAgentSettings
-from stages.methods.memory_baselines import AllMemories, MemorySettings
-from stages.methods.memory_response import creem_reply_messages
+from stages.methods.baselines.memory_baselines import AllMemories, MemorySettings
+from stages.methods.shared.memory_response import creem_reply_messages
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 EPISODE = {"episode_id": "e1", "speakers": ["Ann", "Bob"], "dataset": "msc"}
@@ -41,7 +41,7 @@ def creem_llm(tag: str = "insight") -> FakeChat:
 
 def creem_build(sessions: dict, settings: CreemSettings) -> tuple[dict, FakeChat]:
     llm = creem_llm()
-    out = asyncio.run(Creem().build(BuildContext(llm=llm, settings=settings),
+    out = asyncio.run(Creem().build(MethodContext(settings=settings, llm=llm),
                                     EpisodeInput(episode=EPISODE, sessions=sessions)))
     return out, llm
 
@@ -73,7 +73,8 @@ def test_the_response_sees_the_responders_own_memory_built_before_its_turn():
     out, _ = creem_build(sessions, CreemSettings(k=10))
     seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
     llm = creem_llm("answer-time")
-    answer = asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 5), seen, CreemSettings(k=10)))
+    ctx = MethodContext(settings=CreemSettings(k=10), llm=llm)
+    answer = asyncio.run(Creem().answer(ctx, probe_at(sessions, 2, 5), seen))
     assert [c["schema"] for c in llm.calls] == [None]  # build's step keyed at turn 4, about Bob, is reused
     user = llm.calls[0]["messages"][1]["content"]
     assert "Memory of Bob:" in user and "Response of Bob" in user and answer.details["memory_of"] == "Bob"
@@ -86,7 +87,7 @@ def test_the_response_sees_the_responders_own_memory_built_before_its_turn():
     out, _ = creem_build(sessions, last)
     seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
     llm = creem_llm("answer-time")
-    answer = asyncio.run(Creem().answer(llm, probe_at(sessions, 2, 5), seen, last))
+    answer = asyncio.run(Creem().answer(MethodContext(settings=last, llm=llm), probe_at(sessions, 2, 5), seen))
     assert answer.details["memory_of"] == "Ann" and "Memory of Ann:" in llm.calls[-1]["messages"][1]["content"]
 
 
@@ -107,7 +108,7 @@ def test_once_blends_the_whole_first_session_once_per_speaker():
     # Under `once`, a probe inside the first session finds nothing remembered yet.
     seen = {t: visible_memory(rows, 1, 5, "log") for t, rows in out.items()}
     reply = creem_llm()
-    answer = asyncio.run(Creem().answer(reply, probe_at(sessions, 1, 5), seen, once))
+    answer = asyncio.run(Creem().answer(MethodContext(settings=once, llm=reply), probe_at(sessions, 1, 5), seen))
     assert [c["schema"] for c in reply.calls] == [None] and answer.details["step"] == "first_session_once"
     assert "(nothing remembered)" in reply.calls[0]["messages"][1]["content"]
 
@@ -120,14 +121,15 @@ def test_both_stand_ins_answer_in_creems_frame_with_the_whole_session():
     creem = creem_llm()
     built, _ = creem_build(sessions, CreemSettings(k=10))
     seen = {t: visible_memory(rows, 2, 39, "log") for t, rows in built.items()}
-    asyncio.run(Creem().answer(creem, probe, seen, CreemSettings(k=10)))
+    asyncio.run(Creem().answer(MethodContext(settings=CreemSettings(k=10), llm=creem), probe, seen))
     creem_system = creem.calls[-1]["messages"][0]["content"]
 
     memories = [{"memory_id": "m1", "episode_id": "e1", "session_idx": 1, "memory_idx": 0, "event": "Ann keeps bees",
                  "snapshot_session": 1, "snapshot_turn": None, "session_time": None, "session_gap_label": None,
                  "source_turn_ids": []}]
     llm = FakeChat(answers=["Bob: How are the bees?"])
-    answer = asyncio.run(AllMemories().answer(llm, probe, {"memories": memories}, MemorySettings(reply_frame="creem")))
+    ctx = MethodContext(settings=MemorySettings(reply_frame="creem"), llm=llm)
+    answer = asyncio.run(AllMemories().answer(ctx, probe, {"memories": memories}))
     system, user = (m["content"] for m in llm.calls[0]["messages"])
     assert system == creem_system and "Memory of both speakers:" in user and "Ann keeps bees" in user
     assert all(f"line 2.{i}" in user for i in range(39)) and answer.text == "How are the bees?"
@@ -137,7 +139,7 @@ def test_both_stand_ins_answer_in_creems_frame_with_the_whole_session():
               for t, who, trait in ((0, "Ann", "I keep bees."), (1, "Bob", "I fix clocks."))]
     llm = FakeChat(answers=["RESPONSE: Lovely!"])
     settings = LDAgentSettings(events=False, reply_frame="creem")
-    asyncio.run(LDAgent().answer(llm, probe, {"events": [], "personas": traits}, settings))
+    asyncio.run(LDAgent().answer(MethodContext(settings=settings, llm=llm), probe, {"events": [], "personas": traits}))
     system, user = (m["content"] for m in llm.calls[0]["messages"])
     assert system == creem_system and "[Ann] I keep bees." in user and "[Bob] I fix clocks." in user
     assert all(f"line 2.{i}" in user for i in range(39))  # not LD-Agent's last 30 utterances
@@ -230,7 +232,7 @@ def ld_episode(sessions: list[list[tuple[str, str]]]) -> EpisodeInput:
 def test_persona_banks_start_in_the_session_the_setting_names():
     ep = ld_episode([[("Ann", "my dog"), ("Bob", "a dog too")], [("Ann", "my dog again"), ("Bob", "ok")]])
     llm = FakeChat(responder=ld_responder)
-    ctx = BuildContext(llm=llm, settings=LDAgentSettings(persona_from_session=2), embed=Embedder())
+    ctx = MethodContext(settings=LDAgentSettings(persona_from_session=2), llm=llm, embed=Embedder())
     out = asyncio.run(VocabNouns().build(ctx, ep))
     assert {p["session_idx"] for p in out["personas"]} == {2} and len(out["personas"]) == 2
     assert LDAgentSettings().persona_from_session == 1  # the stand-in for SumMem_MSC reads session 1 too
@@ -252,10 +254,10 @@ def ask(events: list[dict], request: str, **settings):
     embed = Embedder()
     probe = ProbeInput(probe={"probe_id": "nr:1:1", "kind": "next_response", "session_idx": 1, "turn_idx": 1,
                               "respondent": "Bob", "request": request},
-                       episode=ep.episode, history={}, current=turns[:1], embed=embed)
-    answered = asyncio.run(VocabNouns().answer(FakeChat(responder=ld_responder), probe,
-                                               {"events": events, "personas": []},
-                                               LDAgentSettings(turn_gap_s=0.0, scoring="reference_code", **settings)))
+                       episode=ep.episode, history={}, current=turns[:1])
+    ctx = MethodContext(settings=LDAgentSettings(turn_gap_s=0.0, scoring="reference_code", **settings),
+                        llm=FakeChat(responder=ld_responder), embed=embed)
+    answered = asyncio.run(VocabNouns().answer(ctx, probe, {"events": events, "personas": []}))
     return answered, embed
 
 
@@ -278,18 +280,18 @@ def test_reference_code_retrieval_keeps_the_nearest_noun_key_only_if_it_shares_a
 def test_reference_code_events_are_keyed_by_their_noun_string():
     ep = ld_episode([[("Ann", "my dog at the park"), ("Bob", "nice")], [("Ann", "hello"), ("Bob", "hi")]])
     embed = Embedder()
-    ctx = BuildContext(llm=FakeChat(responder=ld_responder), settings=LDAgentSettings(scoring="reference_code"),
-                       embed=embed)
+    ctx = MethodContext(settings=LDAgentSettings(scoring="reference_code"), llm=FakeChat(responder=ld_responder),
+                        embed=embed)
     out = asyncio.run(VocabNouns().build(ctx, ep))
     assert "dog,park" in embed.inputs and "They talked." not in embed.inputs
     paper = Embedder()
-    asyncio.run(VocabNouns().build(BuildContext(llm=FakeChat(responder=ld_responder), settings=LDAgentSettings(),
-                                                embed=paper), ep))
+    asyncio.run(VocabNouns().build(MethodContext(settings=LDAgentSettings(), llm=FakeChat(responder=ld_responder),
+                                                 embed=paper), ep))
     assert "They talked." in paper.inputs and out["events"][0]["nouns"] == ["dog", "park"]
 
 
 def test_ldagent_prompt_sections_are_reworded_with_every_element():
-    from stages.methods.ld_agent import AGENT_TRAITS, MEMORY, USER_TRAITS, reply_messages
+    from stages.methods.ld_agent.prompts import AGENT_TRAITS, MEMORY, USER_TRAITS, reply_messages
 
     system, user = (m["content"] for m in reply_messages("Bob", "Ann", ["I fix clocks."], ["I keep bees."],
                                                          ["(3 days ago) they met"], [], "hi", 30))

@@ -28,6 +28,7 @@ from pipeline.retrieval import (
     top_k,
     within_budget,
 )
+from stages.methods.secom.units import bank_schema
 
 MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
 
@@ -251,7 +252,7 @@ def test_freed_heap_memory_goes_back_to_the_system() -> None:
     stay in the heap (the heap's top is in use, so malloc never shrinks it) until trimmed."""
     import psutil
 
-    from pipeline.embedding_service import release_free_memory
+    from pipeline.execution.embedding_service import release_free_memory
 
     me = psutil.Process()
     blocks = [bytes(64 * 1024) for _ in range(1024)]  # under glibc's mmap threshold: on the heap
@@ -411,7 +412,7 @@ def bank_rows(n: int, dim: int, seed: int = 0) -> list[dict[str, Any]]:
 def test_lance_bank_round_trip(tmp_path: Path) -> None:
     db = tmp_path / "banks.lance"
     rows = bank_rows(12, 8)
-    assert write_bank(db, "turn", rows, vector_dim=8) == 12
+    assert write_bank(db, "turn", rows, bank_schema(8)) == 12
     table = open_bank(db, "turn").to_arrow()
     assert table.num_rows == 12
     assert table.schema.field("vector").type.list_size == 8
@@ -428,16 +429,16 @@ def test_lance_bank_round_trip(tmp_path: Path) -> None:
     assert sorted(h["unit_id"] for h in early) == sorted(r["unit_id"] for r in rows[:4])
 
     # Overwrite replaces the bank.
-    assert write_bank(db, "turn", bank_rows(3, 8, seed=1), vector_dim=8) == 3
+    assert write_bank(db, "turn", bank_rows(3, 8, seed=1), bank_schema(8)) == 3
     assert open_bank(db, "turn").count_rows() == 3
 
 
 def test_lance_bank_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="expected 8"):
-        write_bank(tmp_path, "turn", bank_rows(2, 4), vector_dim=8)
+        write_bank(tmp_path, "turn", bank_rows(2, 4), bank_schema(8))
     with pytest.raises(FileNotFoundError, match="no memory bank 'missing'"):
         open_bank(tmp_path, "missing")
-    assert write_bank(tmp_path, "empty", [], vector_dim=8) == 0
+    assert write_bank(tmp_path, "empty", [], bank_schema(8)) == 0
     assert search_bank(tmp_path, "empty", np.ones(8), k=3) == []
 
 

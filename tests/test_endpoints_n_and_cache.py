@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.llm.prompt_cache import PrefixCache
 from pipeline.llm.simulated import SimulatedEndpoint, chat_prompt_ids, chat_prompt_tokens
 from pipeline.llm.structured import rejected_param

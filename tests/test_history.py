@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from fake_chat import FakeChat
-from stages.methods.base import ProbeInput
-from stages.methods.history import FullHistory, FullHistorySettings
+from pipeline.testing.fake_chat import FakeChat
+from stages.methods.base import MethodContext, ProbeInput
+from stages.methods.baselines.history import FullHistory, FullHistorySettings
 
 
 def turn(s: int, i: int, speaker: str, text: str, when: datetime) -> dict:
@@ -23,7 +23,7 @@ def test_full_history_dates_each_past_session_for_temporal_questions():
                        episode={"episode_id": "e", "dataset": "locomo", "speakers": ["Ann", "Bo"]},
                        history=history, current=[])
     llm = FakeChat(["In May 2023."])
-    answer = asyncio.run(FullHistory().answer(llm, probe, {}, FullHistorySettings()))
+    answer = asyncio.run(FullHistory().answer(MethodContext(settings=FullHistorySettings(), llm=llm), probe, {}))
     prompt = llm.calls[0]["messages"][-1]["content"]
     assert "[Session 1, 2023-05-08 13:56:00]" in prompt and "[Session 2, 2023-06-01 09:00:00]" in prompt
     assert answer.text == "In May 2023." and answer.context_turns == 2

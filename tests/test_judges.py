@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 import stages
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.failures import row_or_failure
 from pipeline.llm.types import LLMError
 from pipeline.retrieval import count_tokens
@@ -20,8 +20,8 @@ from pipeline.stage import StageContext
 from stages.judging import judge_memory, judge_pairwise, pairwise
 from stages.judging.judge_memory import JudgeMemoryStage, dialogue_within, speaker_lines
 from stages.judging.judge_pairwise import JudgePairwiseStage, past_within, reference_shown_first
-from stages.methods.base import ProbeInput
-from stages.methods.golden import Golden, NoGold
+from stages.methods.base import MethodContext, ProbeInput
+from stages.methods.baselines.golden import Golden, NoGold
 from stages.metrics.significance import bootstrap_mean_interval, cluster_bootstrap_interval, sign_test, wilson_interval
 from stages.report.tables import memory_summary, pairwise_summary
 
@@ -305,7 +305,7 @@ def test_memory_criteria_carry_b2s_elements_about_the_speaker_and_each_has_its_o
 def test_golden_answers_with_the_real_next_turn_without_calling_the_llm():
     llm = FakeChat([])
     probe = ProbeInput(probe=PROBE, episode=EPISODE, history={}, current=[])
-    answer = asyncio.run(Golden().answer(llm, probe, {}, None))
+    answer = asyncio.run(Golden().answer(MethodContext(settings=Golden.Settings(), llm=llm), probe, {}))
     assert answer.text == "now 13" and answer.model == "gold" and llm.calls == []
 
 
@@ -313,7 +313,8 @@ def test_a_probe_without_gold_becomes_a_failed_row_that_says_why():
     probe = ProbeInput(probe={**PROBE, "gold": None}, episode=EPISODE, history={}, current=[])
 
     async def answered() -> dict:
-        return {"response": (await Golden().answer(FakeChat([]), probe, {}, None)).text}
+        ctx = MethodContext(settings=Golden.Settings(), llm=FakeChat([]))
+        return {"response": (await Golden().answer(ctx, probe, {})).text}
 
     assert issubclass(NoGold, LLMError)
     row = asyncio.run(row_or_failure({"probe_id": PROBE["probe_id"], "response": None}, answered()))

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.llm.types import LLMError
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
 from stages.methods.ld_agent import (NO_TRAIT, LDAgent, LDAgentSettings, elapsed_words, gap_seconds,
                                      no_memory_shares, persona_messages, persona_turns, retrieval_scores,
                                      session_times, summary_messages, timeline, topic_overlap)
-from stages.methods.ld_agent_base import LDAgentBase, LDAgentBaseSettings
+from stages.methods.baselines.chatgpt import LDAgentBase, LDAgentBaseSettings
 
 VOCAB = ["dog", "park", "leash", "car", "garden", "cello"]
 TAU = 1e7
@@ -70,24 +70,25 @@ def responder(messages, schema):
 
 def build(ep: EpisodeInput, llm: FakeChat | None = None, embed: Embedder | None = None, **settings):
     llm = llm or FakeChat(responder=responder)
-    ctx = BuildContext(llm=llm, settings=LDAgentSettings(**settings), embed=embed or Embedder())
+    ctx = MethodContext(settings=LDAgentSettings(**settings), llm=llm, embed=embed or Embedder())
     return asyncio.run(VocabNouns().build(ctx, ep)), llm
 
 
-def probe_at(ep: EpisodeInput, session: int, turn: int, respondent: str = "Bob", embed: Embedder | None = None
-             ) -> ProbeInput:
+def probe_at(ep: EpisodeInput, session: int, turn: int, respondent: str = "Bob") -> ProbeInput:
     turns = ep.sessions[session]
     row = {"probe_id": f"nr:{session}:{turn}", "kind": "next_response", "session_idx": session, "turn_idx": turn,
            "respondent": respondent, "request": turns[turn - 1]["text"]}
     return ProbeInput(probe=row, episode=ep.episode, history={s: t for s, t in ep.sessions.items() if s < session},
-                      current=[t for t in turns if t["turn_idx"] < turn], embed=embed or Embedder())
+                      current=[t for t in turns if t["turn_idx"] < turn])
 
 
-def answer(ep: EpisodeInput, built: dict, probe: ProbeInput, llm: FakeChat | None = None, **settings):
+def answer(ep: EpisodeInput, built: dict, probe: ProbeInput, llm: FakeChat | None = None,
+           embed: Embedder | None = None, **settings):
     llm = llm or FakeChat(responder=responder)
     memory = {t: visible_memory(rows, probe.probe["session_idx"], probe.probe["turn_idx"], "log")
               for t, rows in built.items()}
-    return asyncio.run(VocabNouns().answer(llm, probe, memory, LDAgentSettings(**settings))), llm
+    ctx = MethodContext(settings=LDAgentSettings(**settings), llm=llm, embed=embed or Embedder())
+    return asyncio.run(VocabNouns().answer(ctx, probe, memory)), llm
 
 
 def chats(n: int, topic: str = "weather") -> list[tuple[str, str]]:
@@ -170,9 +171,9 @@ def test_retrieval_is_queried_with_what_the_user_just_said():
                    LONG + [("Bob", "nice")]])
     out, _ = build(ep)
     embed = Embedder()
-    probe = probe_at(ep, 3, len(LONG), embed=embed)
+    probe = probe_at(ep, 3, len(LONG))
     assert probe.request == "I repaired the old car"
-    answered, _ = answer(ep, out, probe)
+    answered, _ = answer(ep, out, probe, embed=embed)
     assert embed.inputs == [["I repaired the old car"]]  # the embedding input is the request alone
     assert answered.details["query_nouns"] == ["car"]  # not "dog" / "park" said earlier in the session
 
@@ -181,7 +182,7 @@ def test_a_context_query_puts_the_newest_turn_first():
     ep = dialogue([[("Ann", "my dog likes the park"), ("Bob", "so does mine")], LONG + [("Bob", "nice")]])
     out, _ = build(ep)
     embed = Embedder()
-    answered, _ = answer(ep, out, probe_at(ep, 2, len(LONG), embed=embed), query="context")
+    answered, _ = answer(ep, out, probe_at(ep, 2, len(LONG)), embed=embed, query="context")
     [[query]] = embed.inputs
     assert query.startswith("Ann: I repaired the old car\n") and query.endswith("Ann: my dog ran off at the park")
     assert answered.details["query_nouns"] == ["car", "dog", "park"]
@@ -204,10 +205,10 @@ def ranked_events() -> list[dict]:
 
 def ask_ranked(**settings):
     ep = dialogue([[("Ann", "my dog loves the park"), ("Bob", "sure")]])
-    probe = probe_at(ep, 1, 1, embed=Embedder())
+    probe = probe_at(ep, 1, 1)
     llm = FakeChat(responder=responder)
-    answered = asyncio.run(VocabNouns().answer(llm, probe, {"events": ranked_events(), "personas": []},
-                                               LDAgentSettings(turn_gap_s=0.0, **settings)))
+    ctx = MethodContext(settings=LDAgentSettings(turn_gap_s=0.0, **settings), llm=llm, embed=Embedder())
+    answered = asyncio.run(VocabNouns().answer(ctx, probe, {"events": ranked_events(), "personas": []}))
     return answered, llm.calls[0]["messages"][1]["content"]
 
 
@@ -389,7 +390,7 @@ def test_the_chatgpt_baseline_sees_only_the_current_session_under_prompt_3():
                    [("Ann", "hello again"), ("Bob", "hi"), ("Ann", "my garden is blooming"), ("Bob", "nice")]])
     probe = probe_at(ep, 2, 3)
     llm = FakeChat(answers=["RESPONSE: Bob: What did you plant?"])
-    answered = asyncio.run(LDAgentBase().answer(llm, probe, {}, LDAgentBaseSettings()))
+    answered = asyncio.run(LDAgentBase().answer(MethodContext(settings=LDAgentBaseSettings(), llm=llm), probe, {}))
     system, user = (m["content"] for m in llm.calls[0]["messages"])
     assert "expert communicator" in system and "play the part of Bob" in system and "traits" not in system
     assert "cello" not in user and "<MEMORY>" not in user and "<USER TRAITS>" not in user

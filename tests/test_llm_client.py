@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from conftest import TEST_KEY_ENV, llm_config
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
 from pipeline.llm import (DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter, Usage, cache_stats,

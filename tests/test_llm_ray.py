@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from conftest import llm_config
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.llm.shared import SharedLLMHandles, make_client
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import polars as pl
 import pyarrow as pa
 import pytest
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from sheets import CONFIGS, described, sheet_config
 
 import stages
@@ -31,7 +31,7 @@ from stages.judging.judge_answers import SKIP_UNANSWERABLE, JudgeAnswersStage
 from stages.metrics import mem0_qa
 from stages.report import reproduction_section
 from stages.report.tables import SUMMARY_TABLES, answer_summary, metric_summary, reproduction_summary
-from stages.response_metrics import COLUMN_SCORERS, RESPONSE_METRICS, score_rows
+from stages.scoring.response_metrics import COLUMN_SCORERS, RESPONSE_METRICS, score_rows
 
 CONFIG = "locomo_memory_systems"
 METHODS = ["mem0_style", "full_history", "turn", "secom", "theanine"]

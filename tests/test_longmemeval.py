@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 
 from pipeline.artifacts import StageDir
 from pipeline.corpus import load_corpus

@@ -11,10 +11,10 @@ import re
 import numpy as np
 import pytest
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from stages.methods import METHODS
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
-from stages.methods.mem0_style import Decision, Mem0Settings, Mem0Style, apply_decision
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
+from stages.methods.baselines.mem0_style import Decision, Mem0Settings, Mem0Style, apply_decision
 
 WORDS = ["cello", "violin", "leeds", "york", "cat", "dog", "tea", "coffee"]
 
@@ -48,7 +48,7 @@ def scripted(facts: dict[tuple[int, str], list[str]], decisions: dict[str, dict]
 
 
 def build(llm: FakeChat, n: int, **settings) -> dict[str, list[dict]]:
-    ctx = BuildContext(llm=llm, settings=Mem0Settings(**settings), embed=embed)
+    ctx = MethodContext(settings=Mem0Settings(**settings), llm=llm, embed=embed)
     return asyncio.run(Mem0Style().build(ctx, episode(n)))
 
 
@@ -83,9 +83,10 @@ def test_a_probe_before_the_update_sees_the_old_fact():
     assert [f["text"] for f in seen] == ["Ann plays the cello."]
     probe = ProbeInput(probe={"probe_id": "p", "kind": "next_response", "session_idx": 2, "turn_idx": 1,
                               "respondent": "Bob", "request": "news 2"},
-                       episode=episode(2).episode, history={}, current=episode(2).sessions[2][:1], embed=embed)
+                       episode=episode(2).episode, history={}, current=episode(2).sessions[2][:1])
     answer_llm = FakeChat(answers=["Good to hear"])
-    ans = asyncio.run(Mem0Style().answer(answer_llm, probe, {"facts": seen}, Mem0Settings()))
+    ans = asyncio.run(Mem0Style().answer(MethodContext(settings=Mem0Settings(), llm=answer_llm, embed=embed), probe,
+                                         {"facts": seen}))
     assert "Ann plays the cello." in answer_llm.calls[0]["messages"][-1]["content"]
     assert "orchestra" not in answer_llm.calls[0]["messages"][-1]["content"]
     assert ans.used_ids == ["f1"] and ans.details["memory_after_session"] == 1
@@ -182,9 +183,10 @@ def test_answer_without_an_embedder_refuses_rather_than_showing_arbitrary_facts(
               "snapshot_turn": None}]
     probe = ProbeInput(probe={"probe_id": "p", "kind": "next_response", "session_idx": 2, "turn_idx": 1,
                               "respondent": "Bob", "request": "hi"}, episode=episode(2).episode, history={},
-                       current=[], embed=None)
+                       current=[])
+    ctx = MethodContext(settings=Mem0Settings(), llm=FakeChat(answers=["x"]), embed=None)
     with pytest.raises(RuntimeError):
-        asyncio.run(Mem0Style().answer(FakeChat(answers=["x"]), probe, {"facts": facts}, Mem0Settings()))
+        asyncio.run(Mem0Style().answer(ctx, probe, {"facts": facts}))
 
 
 def test_prompts_are_in_the_fingerprint_inputs():

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import re
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.llm.types import LLMError
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
-from stages.methods.comedy import Comedy, ComedySettings
-from stages.methods.memochat import MemoChat, MemoChatSettings, Topic, topic_spans
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
+from stages.methods.baselines.comedy import Comedy, ComedySettings
+from stages.methods.baselines.memochat import MemoChat, MemoChatSettings, Topic, topic_spans
 
 CAMPING = ["I went camping last weekend.", "Where did you camp?", "By the lake, it rained all night."]
 JOB = ["Also, I start a new job on Monday.", "Congrats! What job?", "Teaching maths at the high school."]
@@ -54,7 +54,7 @@ def memo_writer(messages, schema):
 
 def test_a_topic_shift_writes_a_memo_of_the_finished_topic_with_its_span():
     llm = FakeChat(responder=memo_writer)
-    out = asyncio.run(MemoChat().build(BuildContext(llm=llm, settings=MemoChatSettings(write_every=4)),
+    out = asyncio.run(MemoChat().build(MethodContext(settings=MemoChatSettings(write_every=4), llm=llm),
                                        episode({1: CAMPING + JOB})))
     memos, writes = out["memos"], out["writes"]
     # After 4 turns the talk has moved from camping to the job: camping (turns 0-2) is written, keyed
@@ -79,7 +79,7 @@ def test_a_topic_shift_writes_a_memo_of_the_finished_topic_with_its_span():
 
 def test_without_a_topic_shift_nothing_is_written_until_the_session_ends():
     llm = FakeChat(responder=memo_writer)
-    out = asyncio.run(MemoChat().build(BuildContext(llm=llm, settings=MemoChatSettings(write_every=2)),
+    out = asyncio.run(MemoChat().build(MethodContext(settings=MemoChatSettings(write_every=2), llm=llm),
                                        episode({1: CAMPING})))
     assert [w["memos"] for w in out["writes"]] == [0, 1]
     assert [(m["turn_start"], m["turn_end"], m["snapshot_turn"]) for m in out["memos"]] == [(0, 2, None)]
@@ -87,7 +87,7 @@ def test_without_a_topic_shift_nothing_is_written_until_the_session_ends():
 
 def test_a_failed_memorization_keeps_its_turns_for_the_next_one():
     llm = FakeChat([LLMError("down", "garbled"), memo_writer])
-    out = asyncio.run(MemoChat().build(BuildContext(llm=llm, settings=MemoChatSettings(write_every=4)),
+    out = asyncio.run(MemoChat().build(MethodContext(settings=MemoChatSettings(write_every=4), llm=llm),
                                        episode({1: CAMPING + JOB})))
     failed, _ = out["writes"]
     assert failed["error"] == "down" and failed["raw"] == "garbled" and failed["pending_from"] == 0
@@ -111,8 +111,8 @@ def test_retrieval_chooses_memos_by_number_and_only_those_reach_the_response():
     memos = [memo(1, 0, 2, "camping"), memo(1, 3, 5, "new job"), memo(2, 0, 1, "the dog")]
     llm = FakeChat([{"chosen": [2]}, "Bob: How is teaching going?"])
     current = turns(3, ["How are you?", "Good!", "My students are loud."])
-    answer = asyncio.run(MemoChat().answer(llm, probe(3, 3, current, "My students are loud."), {"memos": memos},
-                                           MemoChatSettings()))
+    answer = asyncio.run(MemoChat().answer(MethodContext(settings=MemoChatSettings(), llm=llm),
+                                           probe(3, 3, current, "My students are loud."), {"memos": memos}))
     retrieval, reply = (c["messages"][-1]["content"] for c in llm.calls)
     # The choice is among every memo by number (topic and summary); the dialogue is shown.
     assert "[1] camping: about camping" in retrieval and "[3] the dog: about the dog" in retrieval
@@ -128,12 +128,14 @@ def test_choosing_none_or_a_failed_choice_answers_from_the_dialogue_alone():
     memos = [memo(1, 0, 2, "camping")]
     for first in ({"chosen": []}, LLMError("timeout")):
         llm = FakeChat([first, "ok"])
-        answer = asyncio.run(MemoChat().answer(llm, probe(2, 1, [], "hi"), {"memos": memos}, MemoChatSettings()))
+        answer = asyncio.run(MemoChat().answer(MethodContext(settings=MemoChatSettings(), llm=llm),
+                                               probe(2, 1, [], "hi"), {"memos": memos}))
         assert answer.used_ids == [] and "(no memo is related)" in llm.calls[-1]["messages"][-1]["content"]
     assert answer.details["error"] == "timeout"
     # A number outside the memos shown is re-asked; more than max_retrieved are cut.
     llm = FakeChat([{"chosen": [5]}, {"chosen": [1, 1]}, "ok"])
-    answer = asyncio.run(MemoChat().answer(llm, probe(2, 1, [], "hi"), {"memos": memos}, MemoChatSettings()))
+    answer = asyncio.run(MemoChat().answer(MethodContext(settings=MemoChatSettings(), llm=llm),
+                                           probe(2, 1, [], "hi"), {"memos": memos}))
     assert llm.calls[0]["attempts"] == 2 and answer.used_ids == ["1:0"]
 
 
@@ -157,7 +159,7 @@ def news(n: int) -> dict[int, list[str]]:
 
 def test_comedy_compresses_every_summary_so_far_into_profiles_relationship_and_events():
     llm = FakeChat(responder=comedy_responder)
-    out = asyncio.run(Comedy().build(BuildContext(llm=llm, settings=ComedySettings()), episode(news(3))))
+    out = asyncio.run(Comedy().build(MethodContext(settings=ComedySettings(), llm=llm), episode(news(3))))
     assert [(r["snapshot_session"], r["summary"]) for r in out["summaries"]] == [
         (1, "S1 happened."), (2, "S2 happened."), (3, "S3 happened.")]
     third = out["compressed"][2]
@@ -172,18 +174,19 @@ def test_comedy_compresses_every_summary_so_far_into_profiles_relationship_and_e
 
 
 def test_a_comedy_probe_sees_only_the_memory_built_before_its_session():
-    built = asyncio.run(Comedy().build(BuildContext(llm=FakeChat(responder=comedy_responder), settings=ComedySettings()),
-                                       episode(news(3))))
+    ctx = MethodContext(settings=ComedySettings(), llm=FakeChat(responder=comedy_responder))
+    built = asyncio.run(Comedy().build(ctx, episode(news(3))))
     seen = {t: visible_memory(rows, 3, 1, "log") for t, rows in built.items()}
     llm = FakeChat(responder=comedy_responder)
-    answer = asyncio.run(Comedy().answer(llm, probe(3, 1, turns(3, ["news 3"]), "news 3"), seen, ComedySettings()))
+    answer = asyncio.run(Comedy().answer(MethodContext(settings=ComedySettings(), llm=llm),
+                                         probe(3, 1, turns(3, ["news 3"]), "news 3"), seen))
     prompt = llm.calls[0]["messages"][-1]["content"]
     assert "Ann after 1,2" in prompt and "event 2" in prompt and "event 3" not in prompt
     assert answer.text == "Nice to hear!" and answer.used_ids == ["compressed:2"]
     assert answer.details == {"memory_after_session": 2, "sessions": [1, 2]}
     first = FakeChat(responder=comedy_responder)
-    asyncio.run(Comedy().answer(first, probe(1, 1, [], "news 1"), {t: visible_memory(r, 1, 1, "log")
-                                                                   for t, r in built.items()}, ComedySettings()))
+    asyncio.run(Comedy().answer(MethodContext(settings=ComedySettings(), llm=first), probe(1, 1, [], "news 1"),
+                                {t: visible_memory(r, 1, 1, "log") for t, r in built.items()}))
     assert "(empty: this is your first conversation)" in first.calls[0]["messages"][-1]["content"]
 
 
@@ -193,12 +196,13 @@ def test_a_failed_compression_leaves_the_previous_memory_in_force():
             return LLMError("refused", "no json")
         return comedy_responder(messages, schema)
 
-    built = asyncio.run(Comedy().build(BuildContext(llm=FakeChat(responder=responder), settings=ComedySettings()),
+    built = asyncio.run(Comedy().build(MethodContext(settings=ComedySettings(), llm=FakeChat(responder=responder)),
                                        episode(news(2))))
     assert [r["error"] for r in built["compressed"]] == [None, "refused"]
     seen = {t: visible_memory(rows, 3, 0, "log") for t, rows in built.items()}
     llm = FakeChat(responder=comedy_responder)
-    answer = asyncio.run(Comedy().answer(llm, probe(3, 0, [], "hi"), seen, ComedySettings()))
+    answer = asyncio.run(Comedy().answer(MethodContext(settings=ComedySettings(), llm=llm), probe(3, 0, [], "hi"),
+                                         seen))
     assert answer.used_ids == ["compressed:1"] and "Ann after 1" in llm.calls[0]["messages"][-1]["content"]
     assert Comedy().memory_view(episode(news(2)), seen, ComedySettings()).startswith("Profiles:\n- Ann: Ann after 1")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.methods.mem0_style import Mem0Settings, Mem0Style
+from stages.methods.baselines.mem0_style import Mem0Settings, Mem0Style
 from stages.methods.rsum import RSum, RSumSettings
 from stages.report.memory_accuracy import (gold_persona_memory, memory_accuracy_rows, memory_accuracy_summary,
                                            memory_points)

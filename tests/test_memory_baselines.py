@@ -9,11 +9,11 @@ import re
 import numpy as np
 import pytest
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.llm.types import LLMError
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
-from stages.methods.gold_memory import GoldMemory, GoldMemorySettings, gold_memory
-from stages.methods.memory_baselines import (AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemorySettings,
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
+from stages.methods.baselines.gold_memory import GoldMemory, GoldMemorySettings, gold_memory
+from stages.methods.baselines.memory_baselines import (AllMemories, AllMemoriesUpdate, MemoryRetrieval, MemorySettings,
                                              Operation, Operations, RetrievalSettings, apply_operations,
                                              check_operations)
 from stages.methods.rsum import (EXAMPLE_NEW_MEMORY, EXAMPLE_SESSION, RSum, RSumSettings, memory_example,
@@ -32,11 +32,16 @@ def probe(session: int, kind: str = "next_response", turn: int | None = 1) -> Pr
            "request": f"news {session}"}
     ep = episode(session)
     current = ep.sessions[session][:1] if turn else []
-    return ProbeInput(probe=row, episode=ep.episode, history={}, current=current, embed=embed)
+    return ProbeInput(probe=row, episode=ep.episode, history={}, current=current)
 
 
 async def embed(texts: list[str]) -> np.ndarray:
     return np.array([[1.0, float(sum(map(ord, t)) % 7)] for t in texts], dtype=np.float32)
+
+
+def answering(settings, llm: FakeChat, embed=embed) -> MethodContext:
+    """What an answer gets: these settings and LLM, and the embedder above unless told otherwise."""
+    return MethodContext(settings=settings, llm=llm, embed=embed)
 
 
 def rsum_responder(messages, schema):
@@ -50,7 +55,7 @@ def rsum_responder(messages, schema):
 
 def test_rsum_builds_each_memory_from_the_previous_one_and_that_session_only():
     llm = FakeChat(responder=rsum_responder)
-    out = asyncio.run(RSum().build(BuildContext(llm=llm, settings=RSumSettings()), episode(4)))
+    out = asyncio.run(RSum().build(MethodContext(settings=RSumSettings(), llm=llm), episode(4)))
     assert [r["memory"] for r in out["summary"]] == ["S1", "S1 S2", "S1 S2 S3", "S1 S2 S3 S4"]
     third = llm.calls[2]["messages"][-1]["content"]
     assert "S1 S2" in third and "news 3" in third and "news 4" not in third and "news 2" not in third
@@ -58,7 +63,7 @@ def test_rsum_builds_each_memory_from_the_previous_one_and_that_session_only():
     # A probe in session 4 sees exactly the memory after session 3.
     seen = {"summary": visible_memory(out["summary"], 4, 1, "snapshots")}
     answer_llm = FakeChat(responder=rsum_responder)
-    answer = asyncio.run(RSum().answer(answer_llm, probe(4), seen, RSumSettings()))
+    answer = asyncio.run(RSum().answer(answering(RSumSettings(), answer_llm), probe(4), seen))
     prompt = answer_llm.calls[0]["messages"][-1]["content"]
     assert "S1 S2 S3" in prompt and "S4" not in prompt
     assert answer.text == "sure" and answer.used_ids == ["summary:3"]
@@ -70,10 +75,11 @@ def test_rsum_llm_selects_relevant_memory_first_and_options_reach_the_prompt():
     settings = RSumSettings(select_relevant=True)
     memory = {"summary": [{"episode_id": "e1", "snapshot_session": 1, "snapshot_turn": None, "memory": "S1 and S9",
                            "tokens": 3, "error": None}]}
-    answer = asyncio.run(RSum().answer(llm, probe(2), memory, settings))
+    answer = asyncio.run(RSum().answer(answering(settings, llm), probe(2), memory))
     assert answer.details["selected"] == "S1 only" and "S1 only" in llm.calls[1]["messages"][-1]["content"]
     limited = FakeChat(responder=rsum_responder)
-    asyncio.run(RSum().build(BuildContext(llm=limited, settings=RSumSettings(max_words=50, one_shot=True)), episode(1)))
+    asyncio.run(RSum().build(MethodContext(settings=RSumSettings(max_words=50, one_shot=True), llm=limited),
+                             episode(1)))
     system = limited.calls[0]["messages"][0]["content"]
     assert "under 50 words" in system and "Example:" in system
 
@@ -103,7 +109,7 @@ def test_the_memory_pool_is_updated_at_each_session_end_and_never_sees_later_ses
         return {"operations": [{"new": 1, "op": "replace", "target": 1}, {"new": 2, "op": "append"}]}
 
     llm = FakeChat(responder=responder)
-    out = asyncio.run(AllMemoriesUpdate().build(BuildContext(llm=llm, settings=MemorySettings()), episode(3)))
+    out = asyncio.run(AllMemoriesUpdate().build(MethodContext(settings=MemorySettings(), llm=llm), episode(3)))
     pools = {s: [m["event"] for m in out["pool"] if m["snapshot_session"] == s] for s in (1, 2, 3)}
     assert pools == {1: ["fact 1a", "fact 1b"], 2: ["fact 2a", "fact 1b", "fact 2b"],
                      3: ["fact 3a", "fact 1b", "fact 2b", "fact 3b"]}
@@ -120,10 +126,10 @@ def test_memory_retrieval_returns_k_memories_from_earlier_sessions_only():
             return {"memories": [f"fact {s}{c}" for c in "abc"]}
         return "ok"
 
-    out = asyncio.run(MemoryRetrieval().build(BuildContext(llm=FakeChat(responder=responder),
-                                                           settings=RetrievalSettings(k=4)), episode(4)))
+    out = asyncio.run(MemoryRetrieval().build(MethodContext(settings=RetrievalSettings(k=4),
+                                                            llm=FakeChat(responder=responder)), episode(4)))
     seen = {"memories": visible_memory(out["memories"], 3, 1, "log")}
-    answer = asyncio.run(MemoryRetrieval().answer(FakeChat(["ok"]), probe(3), seen, RetrievalSettings(k=4)))
+    answer = asyncio.run(MemoryRetrieval().answer(answering(RetrievalSettings(k=4), FakeChat(["ok"])), probe(3), seen))
     assert len(answer.used_ids) == 4 and all(int(i.split(":")[0]) < 3 for i in answer.used_ids)
     assert RetrievalSettings().k == 6
 
@@ -135,14 +141,14 @@ def test_gold_memory_falls_back_to_episode_personas_only_without_per_session_one
     p = probe(2)
     p.episode = annotated
     llm = FakeChat(["ok"])
-    answer = asyncio.run(GoldMemory().answer(llm, p, {}, GoldMemorySettings()))
+    answer = asyncio.run(GoldMemory().answer(answering(GoldMemorySettings(), llm), p, {}))
     prompt = llm.calls[0]["messages"][-1]["content"]
     assert "Ann: I have a dog." in prompt and "They met." in prompt and "Later news." not in prompt
     assert answer.details == {"gold_sources": ["episode_persona", "summary"], "personas_from": "episode"}
     assert len(answer.used_ids) == 2
     bare = probe(2)
     llm = FakeChat(["ok"])
-    answer = asyncio.run(GoldMemory().answer(llm, bare, {}, GoldMemorySettings()))
+    answer = asyncio.run(GoldMemory().answer(answering(GoldMemorySettings(), llm), bare, {}))
     assert answer.used_ids == [] and "Memory:\n(empty)" in llm.calls[0]["messages"][-1]["content"]
 
 
@@ -167,7 +173,7 @@ def test_a_session_3_gold_memory_probe_sees_only_the_persona_summaries_of_sessio
     p = probe(3)
     p.episode = msc_episode(tmp_path)
     llm = FakeChat(["ok"])
-    answer = asyncio.run(GoldMemory().answer(llm, p, {}, GoldMemorySettings()))
+    answer = asyncio.run(GoldMemory().answer(answering(GoldMemorySettings(), llm), p, {}))
     memory = llm.calls[0]["messages"][-1]["content"].split("Memory:\n")[1].split("\n\n")[0]
     assert memory.splitlines() == ["[session 1 persona] Speaker 1: Speaker 1 fact of session 1.",
                                    "[session 1 persona] Speaker 2: Speaker 2 likes jazz.",
@@ -194,7 +200,7 @@ def test_rsum_paper_style_asks_for_no_length_and_short_style_for_a_short_reply()
     prompts = {}
     for style in ("paper", "short"):
         llm = FakeChat(["ok"])
-        asyncio.run(RSum().answer(llm, probe(2), memory, RSumSettings(response_style=style)))
+        asyncio.run(RSum().answer(answering(RSumSettings(response_style=style), llm), probe(2), memory))
         prompts[style] = llm.calls[0]["messages"][-1]["content"]
     assert prompts["paper"].endswith("Write Bob's next utterance only, without a speaker label.")
     assert "short" not in prompts["paper"].lower()
@@ -207,25 +213,25 @@ def test_rsum_temperature_null_leaves_the_role_temperature_in_force():
     assert RSum().params(RSumSettings(temperature=None)) == {}
     assert RSum().params(RSumSettings()) == {"temperature": 0.0}
     llm = FakeChat(responder=rsum_responder)
-    asyncio.run(RSum().build(BuildContext(llm=llm, settings=RSumSettings(temperature=None)), episode(2)))
+    asyncio.run(RSum().build(MethodContext(settings=RSumSettings(temperature=None), llm=llm), episode(2)))
     assert all("temperature" not in c["params"] for c in llm.calls)
 
 
 def test_rsum_one_shot_shows_our_worked_dialogue_in_both_the_memory_and_the_response_prompt():
     settings = RSumSettings(one_shot=True)
     build_llm = FakeChat(responder=rsum_responder)
-    asyncio.run(RSum().build(BuildContext(llm=build_llm, settings=settings), episode(1)))
+    asyncio.run(RSum().build(MethodContext(settings=settings, llm=build_llm), episode(1)))
     memory_system = build_llm.calls[0]["messages"][0]["content"]
     assert f"Example:\n{memory_example()}" in memory_system and EXAMPLE_NEW_MEMORY in memory_system
     memory = {"summary": [{"episode_id": "e1", "snapshot_session": 1, "snapshot_turn": None, "memory": "S1",
                            "tokens": 1, "error": None}]}
     answer_llm = FakeChat(["ok"])
-    asyncio.run(RSum().answer(answer_llm, probe(2), memory, settings))
+    asyncio.run(RSum().answer(answering(settings, answer_llm), probe(2), memory))
     response_system = answer_llm.calls[0]["messages"][0]["content"]
     assert f"Example:\n{response_example()}" in response_system
     assert response_example().endswith(f"Sam's next utterance: {EXAMPLE_SESSION[-1]['text']}")
     plain = FakeChat(["ok"])
-    asyncio.run(RSum().answer(plain, probe(2), memory, RSumSettings()))
+    asyncio.run(RSum().answer(answering(RSumSettings(), plain), probe(2), memory))
     assert "Example:" not in plain.calls[0]["messages"][0]["content"]
 
 
@@ -251,7 +257,7 @@ def test_a_keep_with_target_99_is_re_asked_instead_of_failing_the_episode():
     answers = [{"operations": [{"new": 1, "op": "keep", "target": 99}]},
                {"operations": [{"new": 1, "op": "keep", "target": 1}]}]
     llm = FakeChat(responder=update_responder(answers))
-    out = asyncio.run(AllMemoriesUpdate().build(BuildContext(llm=llm, settings=MemorySettings()), episode(2)))
+    out = asyncio.run(AllMemoriesUpdate().build(MethodContext(settings=MemorySettings(), llm=llm), episode(2)))
     update = next(c for c in llm.calls if c["schema"].__name__ == "Operations")
     assert update["attempts"] == 2 and "99" in update["errors"][0]
     assert [(r["op"], r["target_id"], r["error"]) for r in out["operations"] if r["snapshot_session"] == 2
@@ -263,7 +269,7 @@ def test_an_update_that_stays_out_of_range_is_recorded_and_appends_without_crash
     answers = [{"operations": [{"new": 1, "op": "keep", "target": 99}]}] * 2
     llm = FakeChat(responder=update_responder(list(answers)))
     method = AllMemoriesUpdate()
-    out = asyncio.run(method.build(BuildContext(llm=llm, settings=MemorySettings()), episode(2)))
+    out = asyncio.run(method.build(MethodContext(settings=MemorySettings(), llm=llm), episode(2)))
     op = next(r for r in out["operations"] if r["snapshot_session"] == 2)
     assert (op["op"], op["target_id"]) == ("append", None) and "99" in op["error"] and "keep" in op["raw"]
     assert [m["event"] for m in out["pool"] if m["snapshot_session"] == 2] == ["fact 1", "fact 2"]
@@ -273,21 +279,21 @@ def test_an_update_that_stays_out_of_range_is_recorded_and_appends_without_crash
 def test_an_append_target_is_dropped_from_the_operation_record():
     answers = [{"operations": [{"new": 1, "op": "append", "target": 1}]}]
     llm = FakeChat(responder=update_responder(answers))
-    out = asyncio.run(AllMemoriesUpdate().build(BuildContext(llm=llm, settings=MemorySettings()), episode(2)))
+    out = asyncio.run(AllMemoriesUpdate().build(MethodContext(settings=MemorySettings(), llm=llm), episode(2)))
     assert [(r["op"], r["target_id"]) for r in out["operations"] if r["snapshot_session"] == 2] == [("append", None)]
 
 
 def test_memory_retrieval_without_an_embedder_raises_instead_of_showing_every_memory():
     memories = [{"memory_id": f"1:{i}", "session_idx": 1, "memory_idx": i, "event": f"fact {i}",
                  "snapshot_session": 1, "source_turn_ids": []} for i in range(8)]
-    bare = probe(2)
-    bare.embed = None
+    no_embedder = answering(RetrievalSettings(), FakeChat(["ok"]), embed=None)
     with pytest.raises(RuntimeError, match="memory_retrieval .*no embedder"):
-        asyncio.run(MemoryRetrieval().answer(FakeChat(["ok"]), bare, {"memories": memories}, RetrievalSettings()))
-    few = asyncio.run(MemoryRetrieval().answer(FakeChat(["ok"]), probe(2), {"memories": memories[:3]},
-                                               RetrievalSettings()))
+        asyncio.run(MemoryRetrieval().answer(no_embedder, probe(2), {"memories": memories}))
+    few = asyncio.run(MemoryRetrieval().answer(answering(RetrievalSettings(), FakeChat(["ok"])), probe(2),
+                                               {"memories": memories[:3]}))
     assert len(few.used_ids) == 3  # fewer memories than k: all of them, with an embedder present
-    everything = asyncio.run(AllMemories().answer(FakeChat(["ok"]), bare, {"memories": memories}, MemorySettings()))
+    everything = asyncio.run(AllMemories().answer(answering(MemorySettings(), FakeChat(["ok"]), embed=None),
+                                                  probe(2), {"memories": memories}))
     assert len(everything.used_ids) == 8  # all_memories needs no embedder
 
 
@@ -299,7 +305,7 @@ def test_a_failed_session_summary_is_logged_for_its_session_and_counted():
         return {"memories": [f"fact {s}a", f"fact {s}b"]}
 
     method = AllMemories()
-    out = asyncio.run(method.build(BuildContext(llm=FakeChat(responder=responder), settings=MemorySettings()),
+    out = asyncio.run(method.build(MethodContext(settings=MemorySettings(), llm=FakeChat(responder=responder)),
                                    episode(3)))
     log = [(r["snapshot_session"], r["memories"], r["error"]) for r in out["build_log"]]
     assert log == [(1, 2, None), (2, 0, "summary call failed"), (3, 2, None)]

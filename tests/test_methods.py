@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.artifacts import StageDir
 from pipeline.errors import ConfigError
 from pipeline.runner import Runner

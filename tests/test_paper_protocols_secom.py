@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 
 import stages
 from pipeline.retrieval import count_tokens
-from stages.methods.base import ProbeInput
-from stages.methods.history import FullHistory
+from stages.methods.base import MethodContext, ProbeInput
+from stages.methods.baselines.history import FullHistory
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 QA_CONFIGS = ["secom_locomo", "secom_longmtbench"]
@@ -111,7 +111,7 @@ def test_full_history_fits_gpt35_0125s_window_with_room_for_the_answer(name):
     probe = ProbeInput(probe={"kind": "qa", "probe_id": "p", "session_idx": 36, "request": "What colour was the fence?"},
                        episode={"dataset": dataset, "speakers": ["Caroline", "Melanie"]}, history=sessions, current=[])
     llm = FakeChat(["Green."])
-    answer = asyncio.run(FullHistory().answer(llm, probe, {}, cfg.method.full_history))
+    answer = asyncio.run(FullHistory().answer(MethodContext(settings=cfg.method.full_history, llm=llm), probe, {}))
     prompt = sum(count_tokens(m["content"]) + 4 for m in llm.calls[0]["messages"])  # + chat framing per message
     assert answer.context_tokens <= budget and prompt + max_answer <= GPT35_0125_WINDOW
     assert answer.context_tokens > budget - 1_000  # whole recent sessions: at most one session short

@@ -26,7 +26,7 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 from stages.metrics import evaluate_bleu, nlgeval, rsum_eval, tokens
 from stages.report.memory_accuracy import MEMORY_SCORERS, memory_accuracy_summary
 from stages.report.tables import metric_summary
-from stages.response_metrics import (
+from stages.scoring.response_metrics import (
     BOUNDED_SCORES,
     COLUMN_SCORERS,
     CORPUS_METRICS,
@@ -336,16 +336,16 @@ def test_paper_corpus_statistics_get_episode_level_cluster_intervals():
 
 
 def test_ldagent_is_scored_on_the_raw_reply_it_kept_and_the_raw_reply_reaches_the_stage():
-    from fake_chat import FakeChat
-    from stages.methods.base import ProbeInput
-    from stages.methods.ld_agent_base import LDAgentBase, LDAgentBaseSettings
+    from pipeline.testing.fake_chat import FakeChat
+    from stages.methods.base import MethodContext, ProbeInput
+    from stages.methods.baselines.chatgpt import LDAgentBase, LDAgentBaseSettings
 
     episode = {"episode_id": "e1", "speakers": ["Ann", "Bob"]}
     probe = ProbeInput(probe={"respondent": "Bob", "request": "hi"}, episode=episode, history={},
                        current=[{"speaker": "Ann", "text": "hi", "session_idx": 2, "turn_idx": 0}],
-                       upstream={}, embed=None)
-    answered = asyncio.run(LDAgentBase().answer(FakeChat(answers=["RESPONSE: Hello Ann!"]), probe, {},
-                                                LDAgentBaseSettings()))
+                       upstream={})
+    ctx = MethodContext(settings=LDAgentBaseSettings(), llm=FakeChat(answers=["RESPONSE: Hello Ann!"]), embed=None)
+    answered = asyncio.run(LDAgentBase().answer(ctx, probe, {}))
     assert answered.text == "Hello Ann!" and answered.details["raw_reply"] == "RESPONSE: Hello Ann!"
     raw = raw_reply({"details_json": json.dumps(answered.details)})
     assert raw == "RESPONSE: Hello Ann!" and raw_reply({"details_json": None}) is None

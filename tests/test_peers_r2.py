@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.corpus import load_corpus
 from pipeline.llm.types import LLMError
 from stages import load_config
-from stages.methods import response
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput
-from stages.methods.comedy import ComedySettings, compress_messages, summary_messages
-from stages.methods.history import FullHistory, FullHistorySettings, budget_sessions, o200k_tokens
-from stages.methods.mem0_style import MEM0_ANSWER_SYSTEM, Mem0Settings, Mem0Style
-from stages.methods.memochat import NOTO_TOPIC, MemoChat, MemoChatSettings
+from stages.methods.shared import response
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput
+from stages.methods.baselines.comedy import ComedySettings, compress_messages, summary_messages
+from stages.methods.baselines.history import FullHistory, FullHistorySettings, budget_sessions, o200k_tokens
+from stages.methods.baselines.mem0_style import MEM0_ANSWER_SYSTEM, Mem0Settings, Mem0Style
+from stages.methods.baselines.memochat import NOTO_TOPIC, MemoChat, MemoChatSettings
 from stages.metrics import retrieval as rm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +57,8 @@ def lme_history() -> dict[int, list[dict]]:
 
 def test_the_longmemeval_reader_shows_dated_json_sessions_by_date_then_the_current_date_and_asks_openly():
     llm = FakeChat(["You moved to Leeds in May 2023."])
-    answer = asyncio.run(FullHistory().answer(llm, lme_probe(lme_history()), {},
-                                              FullHistorySettings(qa_prompt="longmemeval")))
+    ctx = MethodContext(settings=FullHistorySettings(qa_prompt="longmemeval"), llm=llm)
+    answer = asyncio.run(FullHistory().answer(ctx, lme_probe(lme_history()), {}))
     [call] = llm.calls
     [message] = call["messages"]
     assert message["role"] == "user"
@@ -83,8 +83,8 @@ def test_chain_of_note_reads_each_session_into_notes_and_answers_from_the_notes(
             return "moved to Leeds" if "Leeds" in text else "empty"
         return "Leeds"
     llm = FakeChat(responder=responder)
-    answer = asyncio.run(FullHistory().answer(llm, lme_probe(lme_history()), {},
-                                              FullHistorySettings(qa_prompt="longmemeval_con")))
+    ctx = MethodContext(settings=FullHistorySettings(qa_prompt="longmemeval_con"), llm=llm)
+    answer = asyncio.run(FullHistory().answer(ctx, lme_probe(lme_history()), {}))
     notes, final = llm.calls[:3], llm.calls[3]
     assert len(llm.calls) == 4 and all("Which city did I move to?" in c["messages"][0]["content"] for c in notes)
     assert answer.details["notes"] == ["empty", "moved to Leeds", "empty"]  # sessions by date
@@ -206,16 +206,17 @@ def mem0_responder(messages, schema):
 
 
 def test_mem0_facts_carry_their_date_and_the_answer_reads_each_speakers_top_k_with_mem0s_rules():
-    built = asyncio.run(Mem0Style().build(BuildContext(llm=FakeChat(responder=mem0_responder),
-                                                       settings=Mem0Settings(), embed=embed), mem0_episode()))
+    ctx = MethodContext(settings=Mem0Settings(), llm=FakeChat(responder=mem0_responder), embed=embed)
+    built = asyncio.run(Mem0Style().build(ctx, mem0_episode()))
     last = [f for f in built["facts"] if f["snapshot_session"] == 2]
     assert {f["text"]: f["fact_date"] for f in last}["Ann moved to Leeds"] == "2023-05-02"
     assert {f["text"]: f["fact_date"] for f in last}["Ann plays the cello"] == "2023-05-01"
     llm = FakeChat(responder=mem0_responder)
     probe = ProbeInput(probe={"probe_id": "qa:1", "kind": "qa", "session_idx": 3, "respondent": "Bob",
                               "request": "Is Ann in Leeds now?"},
-                       episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, history={}, current=[], embed=embed)
-    answer = asyncio.run(Mem0Style().answer(llm, probe, {"facts": last}, Mem0Settings(top_k=1)))
+                       episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, history={}, current=[])
+    answer = asyncio.run(Mem0Style().answer(MethodContext(settings=Mem0Settings(top_k=1), llm=llm, embed=embed), probe,
+                                            {"facts": last}))
     system, user = (m["content"] for m in llm.calls[0]["messages"])
     assert system == MEM0_ANSWER_SYSTEM
     assert all(w in system for w in ("most recent", "under six words", "relative", "date"))
@@ -277,8 +278,8 @@ def test_the_original_preset_closes_every_topic_at_each_write_and_files_a_failed
         return LLMError("refused", "no json")
 
     episode = EpisodeInput(episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, sessions=_memochat_turns(12))
-    built = asyncio.run(MemoChat().build(BuildContext(llm=FakeChat(responder=responder),
-                                                      settings=MemoChatSettings(preset="original")), episode))
+    built = asyncio.run(MemoChat().build(MethodContext(settings=MemoChatSettings(preset="original"),
+                                                       llm=FakeChat(responder=responder)), episode))
     memos = built["memos"]
     # The first write, after 8 lines, closes both topics (nothing pending); the second (session end) fails.
     assert [(m["topic"], m["turn_start"], m["turn_end"]) for m in memos[:2]] == [("camping", 0, 3), ("weather", 4, 7)]
@@ -301,7 +302,8 @@ def test_a_noto_memo_is_never_used_and_the_original_retrieval_reads_the_input_al
     probe = ProbeInput(probe={"probe_id": "p", "kind": "next_response", "session_idx": 2, "turn_idx": 2,
                               "respondent": "Bob", "request": "Any news?"},
                        episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, history={}, current=current)
-    answer = asyncio.run(MemoChat().answer(llm, probe, {"memos": memos}, MemoChatSettings(preset="original")))
+    answer = asyncio.run(MemoChat().answer(MethodContext(settings=MemoChatSettings(preset="original"), llm=llm), probe,
+                                           {"memos": memos}))
     assert answer.used_ids == ["1:0", "1:2", "1:3"]  # all chosen but NOTO: no cap
     retrieval = llm.calls[0]["messages"][-1]["content"]
     assert "earlier words" not in retrieval and "(just started)" in retrieval
@@ -309,15 +311,16 @@ def test_a_noto_memo_is_never_used_and_the_original_retrieval_reads_the_input_al
 
 
 def test_mem0_pooled_retrieval_and_our_answer_frame_are_settings():
-    built = asyncio.run(Mem0Style().build(BuildContext(llm=FakeChat(responder=mem0_responder),
-                                                       settings=Mem0Settings(), embed=embed), mem0_episode()))
+    ctx = MethodContext(settings=Mem0Settings(), llm=FakeChat(responder=mem0_responder), embed=embed)
+    built = asyncio.run(Mem0Style().build(ctx, mem0_episode()))
     last = [f for f in built["facts"] if f["snapshot_session"] == 2]
     probe = ProbeInput(probe={"probe_id": "qa:1", "kind": "qa", "session_idx": 3, "respondent": "Bob",
                               "request": "Is Ann in Leeds now?"},
-                       episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, history={}, current=[], embed=embed)
+                       episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, history={}, current=[])
     llm = FakeChat(responder=mem0_responder)
-    answer = asyncio.run(Mem0Style().answer(llm, probe, {"facts": last},
-                                            Mem0Settings(top_k=1, per_speaker=False, answer_prompt="ours")))
+    settings = Mem0Settings(top_k=1, per_speaker=False, answer_prompt="ours")
+    answer = asyncio.run(Mem0Style().answer(MethodContext(settings=settings, llm=llm, embed=embed), probe,
+                                            {"facts": last}))
     prompt = llm.calls[0]["messages"][-1]["content"]
     assert llm.calls[0]["messages"][0]["content"] != MEM0_ANSWER_SYSTEM  # the memory baselines' frame
     assert "Memories about Ann:\n2023-05-02: Ann moved to Leeds" in prompt and "Memories about Bob:\n(none)" in prompt
@@ -333,8 +336,8 @@ def test_memochat_also_writes_once_the_pending_lines_pass_write_words():
 
     episode = EpisodeInput(episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, sessions=_memochat_turns(6))
     # Each line is "Ann: line i about camping" (5 words): past 12 words after the third line.
-    asyncio.run(MemoChat().build(BuildContext(llm=FakeChat(responder=responder),
-                                              settings=MemoChatSettings(write_words=12, close_topics=True)), episode))
+    asyncio.run(MemoChat().build(MethodContext(settings=MemoChatSettings(write_words=12, close_topics=True),
+                                               llm=FakeChat(responder=responder)), episode))
     assert seen == [3, 3]
 
 

@@ -34,7 +34,7 @@ from stages.method_stages.respond import RESPONSES
 from stages.predictions import LOCOMO_FILE, SUMMARY_FILE, export_predictions
 from stages.probes import PROBES, qa_probes
 from stages.report.tables import metric_summary
-from stages.response_metrics import score_rows
+from stages.scoring.response_metrics import score_rows
 from stages.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

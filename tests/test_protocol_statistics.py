@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 
 from conftest import TEST_KEY_ENV, llm_config
 from pipeline.corpus import load_corpus
 from pipeline.llm import DiskCallCache, LLMClient, LocalRateLimiter
-from stages.methods import response
-from stages.methods.base import ProbeInput
-from stages.methods.dialogue import sessions_of
-from stages.methods.history import FullHistory, FullHistorySettings
+from stages.methods.shared import response
+from stages.methods.base import MethodContext, ProbeInput
+from stages.methods.shared.dialogue import sessions_of
+from stages.methods.baselines.history import FullHistory, FullHistorySettings
 from stages.methods.secom.units import build_units, make_units
 
 RELEASE = Path(__file__).resolve().parent / "fixtures" / "corpora" / "longmtbench" / "longmt_hf_release.jsonl"
@@ -46,13 +46,18 @@ def qa_probe(history: dict, dataset: str = "locomo", speakers: list[str] = [C, M
                       episode={"dataset": dataset, "speakers": speakers}, history=history, current=[])
 
 
+def full_history(settings: FullHistorySettings, probe: ProbeInput):
+    """FullHistory's answer to `probe` under `settings`, from a fake LLM."""
+    return run(FullHistory().answer(MethodContext(settings=settings, llm=FakeChat(["x"])), probe, {}))
+
+
 def test_full_history_counts_locomo_exchanges_not_its_per_utterance_ids():
-    answer = run(FullHistory().answer(FakeChat(["x"]), qa_probe(HISTORY), {}, FullHistorySettings()))
+    answer = full_history(FullHistorySettings(), qa_probe(HISTORY))
     assert answer.context_turns == 6  # not 11, the distinct dia_ids
     # Cut to the newest session by the token budget: its 3 exchanges only.
     one = FullHistorySettings(token_budget=response.context_tokens(
         [{"text": f"{t['speaker']}: {t['text']}"} for t in HISTORY[2]]) + 5)
-    assert run(FullHistory().answer(FakeChat(["x"]), qa_probe(HISTORY), {}, one)).context_turns == 3
+    assert full_history(one, qa_probe(HISTORY)).context_turns == 3
 
 
 def test_turn_session_and_segment_units_count_the_exchanges_they_hold_once_each():
@@ -88,8 +93,7 @@ def test_long_mt_bench_plus_as_released_counts_one_turn_per_exchange_as_before()
     assert len(turn) == 5 and all(u["turn_end"] - u["turn_start"] == 1 for u in turn)  # user + assistant
     assert response.context_turns(session, history) == 5 == len({t["source_turn_id"] for t in turns})
     assert response.context_turns(turn[:3], history) == 3 and response.context_turns([session[1]], history) == 2
-    answer = run(FullHistory().answer(FakeChat(["x"]), qa_probe(history, "longmtbench", ["user", "assistant"]), {},
-                                      FullHistorySettings()))
+    answer = full_history(FullHistorySettings(), qa_probe(history, "longmtbench", ["user", "assistant"]))
     assert answer.context_turns == 5  # Table 1's Full History "# Turns" is the conversation's exchanges
 
 

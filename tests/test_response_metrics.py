@@ -16,7 +16,7 @@ from sacrebleu.metrics import BLEU
 from stages.metrics import text
 from stages.metrics.significance import bootstrap_mean_interval
 from stages.report.tables import METRIC_SUMMARY, metric_summary
-from stages.response_metrics import (
+from stages.scoring.response_metrics import (
     CORPUS_METRICS,
     RESPONSE_METRICS,
     corpus_rows,

@@ -7,9 +7,9 @@ import asyncio
 from pathlib import Path
 
 import stages
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.reproduction import deviations
-from stages.methods.base import BuildContext, EpisodeInput
+from stages.methods.base import EpisodeInput, MethodContext
 from stages.methods.rsum import RSum, RSumSettings, update_messages
 from stages.probes import next_response_probes
 
@@ -40,7 +40,7 @@ def test_every_memory_update_of_a_build_asks_for_the_sentence_limit():
     llm = FakeChat(answers=["Speaker 1 has a puppy.", "Speaker 2 grew up with dogs."])
     episode = EpisodeInput(episode={"episode_id": "e1", "speakers": ["Speaker 1", "Speaker 2"]},
                            sessions={1: SESSION, 2: [{**t, "session_idx": 2} for t in SESSION]})
-    asyncio.run(RSum().build(BuildContext(llm=llm, settings=RSumSettings(max_sentences=12)), episode))
+    asyncio.run(RSum().build(MethodContext(settings=RSumSettings(max_sentences=12), llm=llm), episode))
     assert len(llm.calls) == 2 and all("in 12 sentences at most" in c["messages"][-1]["content"] for c in llm.calls)
 
 

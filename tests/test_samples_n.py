@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import llm_config
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LocalRateLimiter
 from pipeline.llm.types import ask_samples
 from pipeline.llm.usage import billed_to

@@ -12,7 +12,7 @@ import sacrebleu
 
 from stages.judging import answers, memory_quality, pairwise
 from stages.metrics import locomo_qa, significance, text
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 
 PAIRS = [
     ("the cat sat on the mat today", "the cat sat on the mat"),

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.llm.types import LLMError
-from stages.methods.response import answer_question, build_qa_messages, build_response_messages, respond
+from stages.methods.shared.response import answer_question, build_qa_messages, build_response_messages, respond
 from stages.methods.secom.reflection import ReflectionOutput, learn_guidance
 from stages.methods.secom.segmentation import (
     Numbered,
@@ -383,7 +383,7 @@ def test_response_messages_put_memory_in_time_order_then_current_session() -> No
     ("Line one\nline two: with a colon", "Line one\nline two: with a colon"),  # not a speaker tag
 ])
 def test_a_response_is_cut_to_one_turn(raw: str, expected: str) -> None:
-    from stages.methods.response import one_turn
+    from stages.methods.shared.response import one_turn
 
     assert one_turn(raw, ["A", "B"]) == expected
 

@@ -16,8 +16,8 @@ from pipeline.runner import Runner
 from stages.memory_units.guidance import GUIDANCE_FILE
 from stages.memory_units.segment import load_guidance, stored_guidance
 from stages.memory_units.segment_settings import SegmentConfig
-from stages.methods.dialogue import sessions_of
-from stages.score import segmentation_rows
+from stages.methods.shared.dialogue import sessions_of
+from stages.scoring.score import segmentation_rows
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

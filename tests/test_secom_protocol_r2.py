@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from rank_bm25 import BM25Okapi
 
 import stages
 from pipeline.reproduction import deviations
 from pipeline.retrieval import Retriever, bm25_scores, tokenize
-from stages.methods.base import ProbeInput
-from stages.methods.history import FullHistory, ZeroHistory
-from stages.methods.response import build_secom_chat_messages, generate
+from stages.methods.base import MethodContext, ProbeInput
+from stages.methods.baselines.history import FullHistory, ZeroHistory
+from stages.methods.shared.response import build_secom_chat_messages, generate
 from stages.methods.secom.retrieval import SeCom, TurnLevel
 from stages.methods.secom.segmentation import Numbered, build_segmentation_messages
 from stages.methods.secom.units import unit_retriever
@@ -140,8 +140,8 @@ def test_history_baselines_take_the_frame_too():
     llm = FakeChat(["x", "y"])
     probe = _probe("locomo")
     probe.history[1] = [{"session_idx": 1, "turn_idx": 0, "speaker": "A", "text": "hello there"}]
-    run(FullHistory().answer(llm, probe, {}, FullHistory.Settings(qa_prompt="secom_chat")))
-    run(ZeroHistory().answer(llm, probe, {}, ZeroHistory.Settings(qa_prompt="secom_chat")))
+    run(FullHistory().answer(MethodContext(settings=FullHistory.Settings(qa_prompt="secom_chat"), llm=llm), probe, {}))
+    run(ZeroHistory().answer(MethodContext(settings=ZeroHistory.Settings(qa_prompt="secom_chat"), llm=llm), probe, {}))
     assert "A: hello there\n\nQuestion: Where did A go?" in llm.calls[0]["messages"][0]["content"]
     assert len(llm.calls[1]["messages"]) == 1 and "hello" not in llm.calls[1]["messages"][0]["content"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from stages.metrics.retrieval import dcg_at_k
-from stages.score import ScoreConfig, retrieval_rows
+from stages.scoring.score import ScoreConfig, retrieval_rows
 
 
 def test_an_exchange_id_shared_by_user_and_assistant_is_one_position_in_dcg() -> None:

@@ -23,7 +23,7 @@ import pipeline.llm.breaker as breaker
 import pipeline.llm.params as params_module
 import pipeline.llm.transport as transport_module
 from conftest import llm_config
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter
 from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally

@@ -17,7 +17,7 @@ from pipeline.reproduction import PaperResult, run_value
 from stages.metrics.significance import (bootstrap_mean_interval, cluster_bootstrap_interval, mcnemar_exact,
                                          paired_cluster_test, sign_test, wilson_interval)
 from stages.report import render, tables
-from stages.response_metrics import RESPONSE_METRICS
+from stages.scoring.response_metrics import RESPONSE_METRICS
 
 
 # --- the library-backed functions keep the worked cases ------------------------------------------

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from conftest import ROOT
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.errors import PipelineError
 from pipeline.llm.types import LLMError
 from pipeline.stage import StageContext
@@ -242,7 +242,7 @@ def test_summaries_come_from_teabags_own_role_never_the_memory_methods_role():
 
 
 def test_teabag_summarises_with_its_own_prompt_so_no_call_equals_a_memory_methods_call():
-    from stages.methods.session_memories import summarize_messages
+    from stages.methods.shared.session_memories import summarize_messages
 
     turns = speaker_turns(2)
     ours = generate.summary_messages(turns, 2, "2023-01-02", 10)
@@ -325,7 +325,7 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
                                                                                         monkeypatch):
     from pipeline.artifacts import StageDir
     from pipeline.runner import Runner
-    from stages import registry
+    from stages import registry, teabag_fingerprint
     from stages.teabag.export import export_teabag
 
     cfg = teafarm_run
@@ -353,9 +353,9 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
     assert all(r["total"] + r["failed"] == 2 for r in summary)
 
     first, second = tmp_path / "x1", tmp_path / "x2"
-    export_teabag(run, first, cfg)
+    export_teabag(run, first, cfg, fingerprint=teabag_fingerprint(cfg))
     Runner(cfg, registry(cfg)).run(force=["teabag"])  # generated again from the same config and cache
-    export_teabag(run, second, cfg)
+    export_teabag(run, second, cfg, fingerprint=teabag_fingerprint(cfg))
     names = sorted(p.name for p in first.iterdir())
     assert names == ["README.md", "episodes.parquet", "next_sessions.parquet", "questions.parquet",
                      "rejects.parquet", "session_rejects.parquet", "sessions.parquet", "summaries.parquet"]
@@ -411,7 +411,8 @@ def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is
 def test_exporting_with_another_config_than_the_runs_is_refused_or_warned_and_the_card_keeps_the_runs_settings(
         teafarm_run, run_cfg, tmp_path, caplog):
     from pipeline.artifacts import StageDir
-    from stages.teabag.export import export_teabag, teabag_fingerprint
+    from stages import teabag_fingerprint
+    from stages.teabag.export import export_teabag
 
     cfg = teafarm_run
     run_fp = StageDir(cfg.run_dir, "teabag").manifest().fingerprint
@@ -422,22 +423,22 @@ def test_exporting_with_another_config_than_the_runs_is_refused_or_warned_and_th
     assert shorter.run_dir == cfg.run_dir
     other_fp = teabag_fingerprint(shorter)
     with pytest.raises(PipelineError) as refused:
-        export_teabag(cfg.run_dir, tmp_path / "refused", shorter)
+        export_teabag(cfg.run_dir, tmp_path / "refused", shorter, fingerprint=other_fp)
     message = str(refused.value)
     assert run_fp in message and other_fp in message and "mempipe run -c CONFIG --until teabag" in message
     assert not (tmp_path / "refused").exists()
     # a role the section does not show (the generator's temperature) is caught too
     hotter = run_cfg(*sets, "roles.teabag.temperature=0.1")
     with pytest.raises(PipelineError, match="teabag stage fingerprint"):
-        export_teabag(cfg.run_dir, tmp_path / "refused", hotter)
+        export_teabag(cfg.run_dir, tmp_path / "refused", hotter, fingerprint=teabag_fingerprint(hotter))
     # a bare teabag section (what `mempipe export` passes today) is checked against the recorded one
     with pytest.raises(PipelineError, match="teabag section fingerprint"):
         export_teabag(cfg.run_dir, tmp_path / "refused", shorter.teabag)
 
     with caplog.at_level("WARNING"):
-        out = export_teabag(cfg.run_dir, tmp_path / "warned", shorter, on_mismatch="warn")
+        out = export_teabag(cfg.run_dir, tmp_path / "warned", shorter, on_mismatch="warn", fingerprint=other_fp)
     assert run_fp in caplog.text and other_fp in caplog.text
     card = (out / "README.md").read_text()
     assert "(about 2 turns)" in card and "(about 6 turns)" not in card  # the run's value (default.yaml), not the export's
-    export_teabag(cfg.run_dir, tmp_path / "same", cfg)
+    export_teabag(cfg.run_dir, tmp_path / "same", cfg, fingerprint=run_fp)
     assert card == (tmp_path / "same" / "README.md").read_text()

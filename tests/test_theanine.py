@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from fake_chat import FakeChat
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput, visible_memory
+from pipeline.testing.fake_chat import FakeChat
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
 from stages.methods.theanine import Theanine, TheanineAllSettings, TheanineNoRelationSettings, TheanineSettings
 from stages.methods.theanine import graph as g
 
@@ -135,7 +135,7 @@ def responder(label: str = "SameTopic"):
 
 def build(n_sessions: int, settings, label: str = "SameTopic") -> tuple[dict, FakeChat]:
     llm = FakeChat(responder=responder(label))
-    out = asyncio.run(Theanine().build(BuildContext(llm=llm, settings=settings, embed=embed), episode(n_sessions)))
+    out = asyncio.run(Theanine().build(MethodContext(settings=settings, llm=llm, embed=embed), episode(n_sessions)))
     return out, llm
 
 
@@ -185,9 +185,9 @@ def test_an_episode_with_twelve_sessions_builds_and_answers():
     assert max(m["session_idx"] for m in memory["memories"]) == 12
     llm = FakeChat(responder=responder())
     ep = episode(13)
-    answer = asyncio.run(Theanine().answer(llm, ProbeInput(probe=probe, episode=ep.episode, history={},
-                                                            current=ep.sessions[13][:1], embed=embed),
-                                           memory, settings))
+    answer = asyncio.run(Theanine().answer(MethodContext(settings=settings, llm=llm, embed=embed),
+                                           ProbeInput(probe=probe, episode=ep.episode, history={},
+                                                      current=ep.sessions[13][:1]), memory))
     assert answer.text == "How is it going?" and answer.rationale == "she cares about it"
     d = answer.details
     n = len(d["timelines"])
@@ -207,8 +207,9 @@ def test_without_refinement_the_raw_timelines_reach_the_response():
     probe = {"probe_id": "qa:1", "kind": "qa", "session_idx": 4, "turn_idx": None, "respondent": "Bob",
              "request": "What pet does Ann have? dog"}
     settings = TheanineSettings(refine=False)
-    answer = asyncio.run(Theanine().answer(llm, ProbeInput(probe=probe, episode={"speakers": []}, history={},
-                                                            current=[], embed=embed), memory, settings))
+    answer = asyncio.run(Theanine().answer(MethodContext(settings=settings, llm=llm, embed=embed),
+                                           ProbeInput(probe=probe, episode={"speakers": []}, history={}, current=[]),
+                                           memory))
     assert not [c for c in llm.calls if c["schema"].__name__ == "Refined"]
     assert answer.details["refined_timelines"] == answer.details["raw_timelines"]
     assert "short phrase" in llm.calls[-1]["messages"][1]["content"]
@@ -221,8 +222,9 @@ def test_k_times_n_or_one_set_per_component_is_a_recorded_choice(per):
     settings = TheanineSettings(timelines_per=per, refine=False)
     probe = {"probe_id": "qa:2", "kind": "qa", "session_idx": 5, "turn_idx": None, "respondent": "Bob",
              "request": "the dog"}
-    answer = asyncio.run(Theanine().answer(FakeChat(responder=responder()), ProbeInput(
-        probe=probe, episode={"speakers": []}, history={}, current=[], embed=embed), memory, settings))
+    ctx = MethodContext(settings=settings, llm=FakeChat(responder=responder()), embed=embed)
+    answer = asyncio.run(Theanine().answer(ctx, ProbeInput(probe=probe, episode={"speakers": []}, history={},
+                                                            current=[]), memory))
     assert answer.details["timelines_per"] == per
     n = len(answer.details["timelines"])
     assert n + answer.details["dropped"] == 3 if per == "memory" else 1 <= n <= 3

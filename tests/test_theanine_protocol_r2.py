@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import stages
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 from pipeline.config import resolve_paths
 from pipeline.corpus import iter_episodes, load_corpus, read_episode_ids
 from pipeline.errors import ConfigError
@@ -29,9 +29,9 @@ from pipeline.stage import StageContext
 from stages.ingest import IngestStage
 from stages.judging import pairwise
 from stages.judging.judge_pairwise import JudgePairwiseStage
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput
-from stages.methods.memory_baselines import MemoryRetrieval, RetrievalSettings
-from stages.methods.session_memories import summarize_messages
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput
+from stages.methods.baselines.memory_baselines import MemoryRetrieval, RetrievalSettings
+from stages.methods.shared.session_memories import summarize_messages
 from stages.methods.theanine import Theanine, TheanineSettings, prompts
 from stages.methods.theanine import graph as g
 
@@ -177,9 +177,8 @@ def test_the_answer_refines_the_replacement_timeline_too(seed):
         return np.array([[1.0, 0.6, 0.0] for _ in texts], dtype=np.float32)
 
     llm = FakeChat(responder=respond)
-    answer = asyncio.run(Theanine().answer(llm, probe_input("hi", embed), {"memories": memories,
-                                                                           "edges": BRANCHING_EDGES},
-                                           TheanineSettings(k=2, seed=seed)))
+    ctx = MethodContext(settings=TheanineSettings(k=2, seed=seed), llm=llm, embed=embed)
+    answer = asyncio.run(Theanine().answer(ctx, probe_input("hi"), {"memories": memories, "edges": BRANCHING_EDGES}))
     d = answer.details
     assert d["retrieved"] == ["3:0", "2:0"] and d["timelines"] == [SHORT, LONG] and d["dropped"] == 0
     refined = [c["messages"][1]["content"] for c in llm.calls if c["schema"].__name__ == "Refined"]
@@ -229,9 +228,10 @@ def test_memory_retrieval_sends_exactly_the_k_most_similar_memories():
     probe = ProbeInput(probe={"probe_id": "p", "kind": "next_response", "session_idx": 6, "turn_idx": 1,
                               "respondent": "Bob", "request": "hi"},
                        episode={"episode_id": "e1", "speakers": ["Ann", "Bob"]}, history={},
-                       current=[{"speaker": "Ann", "text": "hi", "turn_idx": 0}], embed=embed)
+                       current=[{"speaker": "Ann", "text": "hi", "turn_idx": 0}])
     llm = FakeChat(["fine"])
-    answer = asyncio.run(MemoryRetrieval().answer(llm, probe, {"memories": memories}, RetrievalSettings(k=3)))
+    ctx = MethodContext(settings=RetrievalSettings(k=3), llm=llm, embed=embed)
+    answer = asyncio.run(MemoryRetrieval().answer(ctx, probe, {"memories": memories}))
     assert sorted(answer.used_ids) == ["2:0", "3:0", "4:0"]  # |s - 3| <= 1
     prompt = llm.calls[0]["messages"][-1]["content"] + llm.calls[0]["messages"][0]["content"]
     assert "fact 3" in prompt and "fact 1" not in prompt and "fact 5" not in prompt
@@ -255,8 +255,8 @@ def test_one_timeline_set_per_component_gives_exactly_those_timelines():
     async def embed(texts):
         return np.array([[1.0, 0.2] for _ in texts])
 
-    answer = asyncio.run(Theanine().answer(llm, probe_input("q", embed), {"memories": memories, "edges": edges},
-                                           TheanineSettings(timelines_per="component", refine=False)))
+    ctx = MethodContext(settings=TheanineSettings(timelines_per="component", refine=False), llm=llm, embed=embed)
+    answer = asyncio.run(Theanine().answer(ctx, probe_input("q"), {"memories": memories, "edges": edges}))
     assert answer.details["retrieved"] == ["2:0", "1:0", "1:1"]
     assert answer.details["timelines"] == [["1:0", "2:0"], ["1:1"]]
     assert answer.used_ids == ["1:0", "2:0", "1:1"]
@@ -431,16 +431,16 @@ def build_script(labels: dict[tuple[str, str], str]) -> tuple[dict, FakeChat]:
         return np.ones((len(texts), 2), dtype=np.float32)
 
     llm = FakeChat(responder=answer)
-    out = asyncio.run(Theanine().build(BuildContext(llm=llm, settings=TheanineSettings(j=3), embed=embed),
+    out = asyncio.run(Theanine().build(MethodContext(settings=TheanineSettings(j=3), llm=llm, embed=embed),
                                        EpisodeInput(episode={"episode_id": "e1"}, sessions=sessions)))
     return out, llm
 
 
-def probe_input(text: str, embed) -> ProbeInput:
+def probe_input(text: str) -> ProbeInput:
     probe = {"probe_id": "nr:5:1", "kind": "next_response", "session_idx": 5, "turn_idx": 1, "respondent": "Bob",
              "request": text}
     return ProbeInput(probe=probe, episode={"speakers": ["Ann", "Bob"]}, history={},
-                      current=[{"speaker": "Ann", "text": text, "turn_idx": 0}], embed=embed)
+                      current=[{"speaker": "Ann", "text": text, "turn_idx": 0}])
 
 
 def respond(messages, schema):

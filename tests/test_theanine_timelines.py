@@ -9,11 +9,11 @@ import random
 
 import numpy as np
 import pytest
-from fake_chat import FakeChat
+from pipeline.testing.fake_chat import FakeChat
 
 from pipeline.errors import ConfigError
-from stages.methods.base import BuildContext, EpisodeInput, ProbeInput
-from stages.methods.session_memories import (
+from stages.methods.base import EpisodeInput, MethodContext, ProbeInput
+from stages.methods.shared.session_memories import (
     gap_phrase,
     memory_lines,
     memory_rows,
@@ -105,8 +105,8 @@ def test_the_no_relation_ablation_answers_with_timelines_that_name_no_relation()
     edges = [{"source": "1:0", "target": "2:0", "relation": g.SIMILAR},
              {"source": "2:0", "target": "3:0", "relation": g.SIMILAR}]
     llm = FakeChat(responder=respond)
-    answer = asyncio.run(Theanine().answer(llm, probe_input(), {"memories": PUPPY, "edges": edges},
-                                           TheanineNoRelationSettings(k=1)))
+    answer = asyncio.run(Theanine().answer(context(TheanineNoRelationSettings(k=1), llm), probe_input(),
+                                           {"memories": PUPPY, "edges": edges}))
     assert answer.details["raw_timelines"] and "memory 1 -> memory 2: later" in answer.details["raw_timelines"][0]
     prompts_seen = "\n".join(m["content"] for c in llm.calls for m in c["messages"])
     assert not [name for name in g.RELATIONS if name in prompts_seen]
@@ -139,7 +139,7 @@ def test_the_labeller_sees_the_gap_of_each_memory_when_building():
                      "session_time": None, "session_gap_label": None if s == 1 else "2 weeks later"}]
                 for s in (1, 2, 3)}
     llm = FakeChat(responder=respond)
-    out = asyncio.run(Theanine().build(BuildContext(llm=llm, settings=TheanineSettings(), embed=embed_all),
+    out = asyncio.run(Theanine().build(MethodContext(settings=TheanineSettings(), llm=llm, embed=embed_all),
                                        EpisodeInput(episode={"episode_id": "e1"}, sessions=sessions)))
     assert [m["session_gap"] for m in out["memories"]] == [None, "2 weeks later", "2 weeks later"]
     labels = [c["messages"][1]["content"] for c in llm.calls if c["schema"].__name__ == "RelationLabel"]
@@ -158,8 +158,8 @@ CHAIN_EDGES = [{"source": "1:0", "target": "2:0", "relation": "Cause"},
 @pytest.mark.parametrize("dedupe", [True, False])
 def test_two_retrieved_memories_on_one_chain_give_one_timeline(dedupe):
     llm = FakeChat(responder=respond)
-    answer = asyncio.run(Theanine().answer(llm, probe_input(), {"memories": CHAIN, "edges": CHAIN_EDGES},
-                                           TheanineSettings(k=2, dedupe_timelines=dedupe)))
+    answer = asyncio.run(Theanine().answer(context(TheanineSettings(k=2, dedupe_timelines=dedupe), llm), probe_input(),
+                                           {"memories": CHAIN, "edges": CHAIN_EDGES}))
     d = answer.details
     assert d["retrieved"] == ["1:0", "2:0"]  # both on the chain 1:0 -> 2:0 -> 3:0
     if dedupe:
@@ -181,11 +181,11 @@ def test_a_memory_whose_only_path_is_taken_adds_no_timeline_and_is_counted():
 def test_answering_without_an_embedder_is_an_error_not_an_answer_without_retrieval():
     llm = FakeChat(responder=respond)
     with pytest.raises(ConfigError, match="embedding"):
-        asyncio.run(Theanine().answer(llm, probe_input(embed=None), {"memories": CHAIN, "edges": CHAIN_EDGES},
-                                      TheanineSettings()))
+        asyncio.run(Theanine().answer(context(TheanineSettings(), llm, embed=None), probe_input(),
+                                      {"memories": CHAIN, "edges": CHAIN_EDGES}))
     assert llm.calls == []
     with pytest.raises(ConfigError, match="embedding"):
-        asyncio.run(Theanine().build(BuildContext(llm=llm, settings=TheanineSettings(), embed=None),
+        asyncio.run(Theanine().build(MethodContext(settings=TheanineSettings(), llm=llm, embed=None),
                                      EpisodeInput(episode={"episode_id": "e1"}, sessions={})))
 
 
@@ -196,11 +196,16 @@ async def embed_all(texts: list[str]) -> np.ndarray:
     return np.array([[1.0, 0.0, 0.0] if "puppy" in t else [0.5, 0.5, 0.0] for t in texts], dtype=np.float32)
 
 
-def probe_input(embed=embed_all) -> ProbeInput:
+def context(settings: TheanineSettings, llm: FakeChat, embed=embed_all) -> MethodContext[TheanineSettings]:
+    """What Theanine's answer gets: these settings and LLM, and `embed_all` unless told otherwise."""
+    return MethodContext(settings=settings, llm=llm, embed=embed)
+
+
+def probe_input() -> ProbeInput:
     probe = {"probe_id": "nr:4:1", "kind": "next_response", "session_idx": 4, "turn_idx": 1, "respondent": "Bob",
              "request": "my puppy"}
     current = [{"speaker": "Ann", "text": "my puppy is better now", "turn_idx": 0}]
-    return ProbeInput(probe=probe, episode={"speakers": ["Ann", "Bob"]}, history={}, current=current, embed=embed)
+    return ProbeInput(probe=probe, episode={"speakers": ["Ann", "Bob"]}, history={}, current=current)
 
 
 def respond(messages, schema):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fake_openai import FakeOpenAI
+from pipeline.testing.fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
 RPM = 120

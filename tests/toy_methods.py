@@ -8,12 +8,10 @@ future. They call the LLM once per answer, like a real method.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
 from pipeline.stage import Rows
-from stages.methods.base import SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings, ProbeInput
+from stages.methods.base import SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
 
 TURN_LOG = pa.schema([*SNAPSHOT_FIELDS, pa.field("turn_ref", pa.string())])
 NOTES = pa.schema([*SNAPSHOT_FIELDS, pa.field("note", pa.string())])
@@ -27,12 +25,12 @@ class TurnLogSettings(MethodSettings):
     prefix: str = "seen"
 
 
-class TurnLog(Method):
+class TurnLog(Method[TurnLogSettings]):
     name = "turn_log"
     Settings = TurnLogSettings
     memory = {"log": TURN_LOG}
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, Rows]:
+    async def build(self, ctx: MethodContext[TurnLogSettings], episode: EpisodeInput) -> dict[str, Rows]:
         rows: Rows = []
         seen: list[str] = []
         eid = episode.episode["episode_id"]
@@ -43,25 +41,25 @@ class TurnLog(Method):
                          for r in seen]
         return {"log": rows}
 
-    async def answer(self, llm: Any, probe: ProbeInput, memory: dict[str, Rows], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[TurnLogSettings], probe: ProbeInput, memory: dict[str, Rows]) -> Answer:
         refs = [r["turn_ref"] for r in memory["log"]]
-        result = await llm.chat([{"role": "user", "content": f"{settings.prefix} {len(refs)}"}])
+        result = await ctx.llm.chat([{"role": "user", "content": f"{ctx.settings.prefix} {len(refs)}"}])
         return Answer(text=result.text, used_ids=refs, context_tokens=len(refs))
 
 
-class SessionNotes(Method):
+class SessionNotes(Method[MethodSettings]):
     name = "session_notes"
     memory = {"notes": NOTES}
     memory_kind = "log"
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, Rows]:
+    async def build(self, ctx: MethodContext[MethodSettings], episode: EpisodeInput) -> dict[str, Rows]:
         result = await ctx.llm.chat([{"role": "user", "content": "note"}])
         eid = episode.episode["episode_id"]
         return {"notes": [{"episode_id": eid, "snapshot_session": s, "snapshot_turn": None,
                            "note": f"session {s}: {result.text}"} for s in episode.sessions]}
 
-    async def answer(self, llm: Any, probe: ProbeInput, memory: dict[str, Rows], settings: Any) -> Answer:
-        result = await llm.chat([{"role": "user", "content": "answer"}])
+    async def answer(self, ctx: MethodContext[MethodSettings], probe: ProbeInput, memory: dict[str, Rows]) -> Answer:
+        result = await ctx.llm.chat([{"role": "user", "content": "answer"}])
         return Answer(text=result.text, used_ids=[n["note"].split(":")[0] for n in memory["notes"]])
 
 

@@ -71,6 +71,55 @@ def _date(value: object, path: str, chk: Checker) -> datetime:
         chk.fail(path, f"unrecognised date {shown(text)} (expected like '2023/05/20 (Sat) 02:21' or ISO 8601)")
 
 
+def _check_session_ids(ids: list, chk: Checker) -> None:
+    """Every haystack session id non-empty, usable in evidence ids, and given once."""
+    seen: dict[str, int] = {}
+    for i, sid in enumerate(ids):
+        at = join("haystack_session_ids", i)
+        sid = str(chk.check(sid, (str, int), at))
+        if not sid.strip() or _ID_BREAKS.search(sid):
+            chk.fail(at, f"session id {shown(sid)} must be non-empty, without spaces, ';' or ','")
+        if sid in seen:
+            chk.fail(at, f"session id {shown(sid)} is given twice (also at haystack_session_ids[{seen[sid]}])")
+        seen[sid] = i
+
+
+def _session_turns(raw: object, at: str, sid: str, chk: Checker) -> tuple[list[Turn], list[str]]:
+    """One haystack session's turns, and the ids of its user turns marked `has_answer`."""
+    turns: list[Turn] = []
+    evidence: list[str] = []
+    for j, item in enumerate(chk.check(raw, list, at)):
+        t_at = join(at, j)
+        t = chk.obj(item, t_at)
+        role = chk.req(t, "role", str, t_at)
+        if role not in SPEAKERS:
+            chk.fail(join(t_at, "role"), f"role {shown(role)} is not one of {SPEAKERS}")
+        turn_id = f"{sid}:{j + 1}"
+        if chk.opt(t, "has_answer", bool, t_at, default=False) and role == "user":
+            evidence.append(turn_id)
+        turns.append(Turn(speaker=role, text=chk.req(t, "content", str, t_at), path=t_at, source_turn_id=turn_id))
+    return turns, evidence
+
+
+def _sessions(raw_sessions: list, dates: list, ids: list, chk: Checker) -> tuple[list[Session], list[str]]:
+    """The haystack sessions sorted by date (empty ones skipped), and the user turns marked has_answer."""
+    sessions: list[Session] = []
+    evidence: list[str] = []  # user turns marked has_answer
+    for i, raw in enumerate(raw_sessions):
+        at = join("haystack_sessions", i)
+        when = _date(dates[i], join("haystack_dates", i), chk)
+        turns, marked = _session_turns(raw, at, str(ids[i]), chk)
+        evidence += marked
+        if not turns:
+            # A haystack filler session with nothing in it holds nothing to remember; dropping it
+            # keeps the other sessions (their turn ids carry their own session ids).
+            log.warning("file %s, record %s: %s is empty and was skipped", chk.file, chk.record, at)
+            continue
+        sessions.append(Session(turns, at, time=when))
+    sessions.sort(key=lambda session: session.time)  # stable: sessions of one date keep their order
+    return sessions, evidence
+
+
 def parse(rec: RawRecord, chk: Checker) -> Episode:
     d = chk.obj(rec.data, "")
     question_id = chk.ident(d, "question_id")
@@ -86,40 +135,8 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     for key, values in (("haystack_dates", dates), ("haystack_session_ids", ids)):
         if len(values) != len(raw_sessions):
             chk.fail(key, f"{len(values)} entries for {len(raw_sessions)} haystack sessions")
-    seen: dict[str, int] = {}
-    for i, sid in enumerate(ids):
-        at = join("haystack_session_ids", i)
-        sid = str(chk.check(sid, (str, int), at))
-        if not sid.strip() or _ID_BREAKS.search(sid):
-            chk.fail(at, f"session id {shown(sid)} must be non-empty, without spaces, ';' or ','")
-        if sid in seen:
-            chk.fail(at, f"session id {shown(sid)} is given twice (also at haystack_session_ids[{seen[sid]}])")
-        seen[sid] = i
-
-    sessions: list[Session] = []
-    evidence: list[str] = []  # user turns marked has_answer
-    for i, raw in enumerate(raw_sessions):
-        at = join("haystack_sessions", i)
-        sid = str(ids[i])
-        when = _date(dates[i], join("haystack_dates", i), chk)
-        turns: list[Turn] = []
-        for j, item in enumerate(chk.check(raw, list, at)):
-            t_at = join(at, j)
-            t = chk.obj(item, t_at)
-            role = chk.req(t, "role", str, t_at)
-            if role not in SPEAKERS:
-                chk.fail(join(t_at, "role"), f"role {shown(role)} is not one of {SPEAKERS}")
-            turn_id = f"{sid}:{j + 1}"
-            if chk.opt(t, "has_answer", bool, t_at, default=False) and role == "user":
-                evidence.append(turn_id)
-            turns.append(Turn(speaker=role, text=chk.req(t, "content", str, t_at), path=t_at, source_turn_id=turn_id))
-        if not turns:
-            # A haystack filler session with nothing in it holds nothing to remember; dropping it
-            # keeps the other sessions (their turn ids carry their own session ids).
-            log.warning("file %s, record %s: %s is empty and was skipped", chk.file, chk.record, at)
-            continue
-        sessions.append(Session(turns, at, time=when))
-    sessions.sort(key=lambda session: session.time)  # stable: sessions of one date keep their order
+    _check_session_ids(ids, chk)
+    sessions, evidence = _sessions(raw_sessions, dates, ids, chk)
 
     answer_sessions = d.get("answer_session_ids")
     if answer_sessions is not None:

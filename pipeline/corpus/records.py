@@ -213,14 +213,25 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
     if not ep.sessions:
         chk.fail(ep.sessions_path, "episode has no sessions")
     speakers = _speakers(ep, chk)
-    personas = None
-    if ep.personas is not None:
-        for name in ep.personas:
-            if name not in speakers:
-                chk.fail("personas", f"persona given for {shown(name)}, who is not a speaker of the episode "
-                                     f"{shown(speakers)}")
-        personas = [list(ep.personas.get(s, [])) for s in speakers]
+    personas = _personas(ep, speakers, chk)
+    turns = _turn_rows(ep, chk)
+    qa = _qa_rows(ep, {t["source_turn_id"] for t in turns}, chk)
+    return Rows(_episode_row(ep, speakers, personas, chk), turns, qa)
 
+
+def _personas(ep: Episode, speakers: list[str], chk: Checker) -> list[list[str]] | None:
+    """Each speaker's persona lines, in the order of `speakers` (None: the corpus gives none)."""
+    if ep.personas is None:
+        return None
+    for name in ep.personas:
+        if name not in speakers:
+            chk.fail("personas", f"persona given for {shown(name)}, who is not a speaker of the episode "
+                                 f"{shown(speakers)}")
+    return [list(ep.personas.get(s, [])) for s in speakers]
+
+
+def _turn_rows(ep: Episode, chk: Checker) -> list[dict]:
+    """The episode's turn rows, sessions numbered from 1 and turns from 0."""
     has_topics = any(t.topic_start is not None for s in ep.sessions for t in s.turns)
     turns: list[dict] = []
     for s_idx, session in enumerate(ep.sessions, start=1):
@@ -240,12 +251,15 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
                     "gold_topic_boundary": bool(t.topic_start) if has_topics else None,
                 }
             )
+    return turns
 
+
+def _qa_rows(ep: Episode, turn_ids: set[str], chk: Checker) -> list[dict]:
+    """The episode's question rows, each question's evidence kept to the turns `turn_ids` names."""
     # Evidence that names no turn of the episode (a typo, a turn the release dropped) is dropped and
     # the question kept: no retrieval could ever find it, so it would only cap recall. Evidence left
     # empty that way becomes null (unknown), as Long-MT-Bench+ evidence of an unknown shape; a warning
     # counts what was dropped.
-    turn_ids = {t["source_turn_id"] for t in turns}
     dropped: list[str] = []
     qa: list[dict] = []
     seen: set[str] = set()
@@ -277,7 +291,11 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
     if dropped:
         log.warning("file %s, record %s: dropped %d evidence id(s) that name no turn: %s", chk.file, chk.record,
                     len(dropped), "; ".join(dropped[:5]) + ("; ..." if len(dropped) > 5 else ""))
+    return qa
 
+
+def _episode_row(ep: Episode, speakers: list[str], personas: list[list[str]] | None, chk: Checker) -> dict:
+    """The episode's own row: its speakers, personas and the notes of its sessions."""
     notes = [{"session_idx": s_idx, "kind": n.kind, "speaker": n.speaker, "text": n.text}
              for s_idx, session in enumerate(ep.sessions, start=1) for n in session.notes]
     episode = {
@@ -290,7 +308,7 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
         "n_sessions": len(ep.sessions),
         "source_file": chk.file,
     }
-    return Rows(episode, turns, qa)
+    return episode
 
 
 def _speakers(ep: Episode, chk: Checker) -> list[str]:

@@ -1,5 +1,6 @@
 """Checks for runs on a multi-node Ray cluster: is `artifacts_dir` storage every node sees, and do
-the run's paths sit inside a submitted job's uploaded working directory.
+the run's paths sit inside a submitted job's uploaded working directory; and the live nodes that
+the executor's workers and embedding services are placed on.
 
 Shards write their Parquet parts and markers where `artifacts_dir` points, on whichever node runs
 them; the driver publishes the stage from what it sees there. A node-local path on a multi-node
@@ -106,6 +107,13 @@ def check_cluster_paths(cfg: RunConfig) -> None:
                     "storage on a multi-node cluster", PROBE_TIMEOUT_S, cfg.artifacts_dir)
     elif missing:
         raise PipelineError(not_shared_message(cfg.artifacts_dir, missing))
+
+
+def live_nodes() -> dict[str, float]:
+    """Node id -> CPUs of every live node that has CPUs (where workers and services can run)."""
+    import ray
+
+    return {n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")}
 
 
 def require_visible(marker: Location, node_id: str, artifacts_dir: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from pipeline.config import EmbeddingConfig, RunConfig
-from pipeline.llm_workers import LLMWorkers
+from pipeline.execution.cluster import live_nodes
 
 MAX_COPIES = 4  # model copies per node's service
 TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most
@@ -130,7 +130,7 @@ class EmbeddingServices:
 
         job = ray.get_runtime_context().get_job_id()
         retries = cfg.ray.max_task_retries
-        for node, node_cpus in LLMWorkers._live_nodes().items():
+        for node, node_cpus in live_nodes().items():
             cpus = max(1, int(node_cpus))
             name = service_name(job, node, cfg.embedding)
             if name in cls._started:

@@ -21,10 +21,11 @@ from typing import Any, Iterator
 
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
-from pipeline.embedding_service import EmbeddingServices
 from pipeline.errors import InputError, PipelineError, RunStopped
+from pipeline.execution.cluster import check_cluster_paths, require_visible
+from pipeline.execution.embedding_service import EmbeddingServices, node_embedder
+from pipeline.execution.llm_workers import LLMWorkers
 from pipeline.llm.ledger import LedgerBook, LocalLedger
-from pipeline.llm_workers import LLMWorkers
 from pipeline.manifest import ShardMarker
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import Stage
@@ -55,7 +56,7 @@ class Executor(ABC):
 
 class InlineExecutor(Executor):
     """`ray.executor: inline`: shards one after another in this process, without Ray (debugging,
-    profiling, a single sequential worker)."""
+    profiling, a single sequential worker). A stage that embeds loads its own model (no factory)."""
 
     def session(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -75,7 +76,9 @@ class InlineExecutor(Executor):
 class RayExecutor(Executor):
     """`ray.executor: ray`: a stage without LLM roles runs one Ray task per shard; an LLM stage's
     shards go to a pool of LLM workers (`LLMWorkers`) that keep requests flowing across shard
-    boundaries. A shard whose worker or node is lost runs again."""
+    boundaries. A shard whose worker or node is lost runs again. A stage that embeds with a local
+    model sends its texts to its node's embedding service (`EmbeddingServices`), which the shards'
+    contexts reach through their embedder factory (`node_embedder`)."""
 
     def session(self) -> AbstractContextManager[None]:
         return ray_session(self.cfg)
@@ -125,8 +128,6 @@ class RayExecutor(Executor):
         if not tasks:
             return
         import ray
-
-        from pipeline.cluster import require_visible
 
         retries = self.cfg.ray.max_task_retries
         if stage.uses_embedder and self.cfg.embedding.provider == "local":
@@ -182,7 +183,7 @@ def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], le
     under this function's name; bench/cluster.py looks for it.)"""
     import ray
 
-    stats = run_shard(task, cfg, handles, ledger)
+    stats = run_shard(task, cfg, handles, ledger, embedder_factory=node_embedder)
     stats["node"] = ray.get_runtime_context().get_node_id()
     return stats
 
@@ -229,10 +230,8 @@ LEAN_WORKERS = {"MALLOC_ARENA_MAX": "1"}
 @contextlib.contextmanager
 def ray_session(cfg: RunConfig) -> Iterator[None]:
     """Ray for one run: the cluster at ray.address / $RAY_ADDRESS (what `ray job submit` sets for
-    its driver), else a new local instance; then the cluster path checks (pipeline.cluster)."""
+    its driver), else a new local instance; then the cluster path checks (pipeline.execution.cluster)."""
     import ray
-
-    from pipeline.cluster import check_cluster_paths
 
     if ray.is_initialized():
         check_cluster_paths(cfg)
@@ -256,7 +255,7 @@ def ray_session(cfg: RunConfig) -> Iterator[None]:
         kwargs["_system_config"] = {
             "num_workers_soft_limit": math.ceil(cpus / min(cfg.ray.task_cpus, cfg.ray.llm_task_cpus))}
         # Workers must import this checkout (also when not pip-installed).
-        paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+        paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
         env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), **QUIET_WORKERS, **LEAN_WORKERS}
         kwargs["runtime_env"] = {"env_vars": env}
     ray.init(**kwargs)

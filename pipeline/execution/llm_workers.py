@@ -1,5 +1,5 @@
 """The Ray executor's LLM workers: async actors that run LLM stages' shards, several at once each,
-so that requests keep flowing across shard boundaries (pipeline.executors)."""
+so that requests keep flowing across shard boundaries (pipeline.execution.executors)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections import deque
 from typing import Any, ClassVar, Iterator
 
 from pipeline.config import RunConfig
+from pipeline.execution.cluster import live_nodes
+from pipeline.execution.embedding_service import node_embedder
 from pipeline.shard import ShardTask, run_shard_async
 
 
@@ -19,7 +21,8 @@ class LLMWorker:
     async def run(self, task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
         import ray
 
-        stats = await run_shard_async(task, cfg, handles, ledger)
+        # A stage that embeds locally uses its node's embedding service (the executor started it).
+        stats = await run_shard_async(task, cfg, handles, ledger, embedder_factory=node_embedder)
         stats["node"] = ray.get_runtime_context().get_node_id()
         return stats
 
@@ -59,16 +62,10 @@ class LLMWorkers:
     def __init__(self, cfg: RunConfig) -> None:
         self.retries = cfg.ray.max_task_retries
         self.per_cpu = cfg.ray.llm_task_cpus
-        per_node = [[node] * max(1, int(cpus // self.per_cpu)) for node, cpus in self._live_nodes().items()]
+        per_node = [[node] * max(1, int(cpus // self.per_cpu)) for node, cpus in live_nodes().items()]
         # Interleaved by node, so that even a few shards spread over the nodes.
         self.nodes = [n for group in itertools.zip_longest(*per_node) for n in group if n is not None]
         self.actors = [self._start(n) for n in self.nodes]
-
-    @staticmethod
-    def _live_nodes() -> dict[str, float]:
-        import ray
-
-        return {n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")}
 
     def _start(self, node: str) -> Any:
         """A worker pinned to `node` (Ray places a CPU-less actor anywhere under a soft affinity);
@@ -84,7 +81,7 @@ class LLMWorkers:
     def _replace(self, i: int) -> None:
         """Worker `i` is gone for good (its node, or its restarts): a new one on the live node with
         the fewest workers for its CPUs."""
-        live = self._live_nodes()
+        live = live_nodes()
         if not live:
             return
         node = min(live, key=lambda n: self.nodes.count(n) * self.per_cpu / live[n])

@@ -1,7 +1,7 @@
 """A simulated OpenAI-compatible endpoint for dry runs (`mempipe plan`): no model, no network.
 
 It serves `/v1/chat/completions`, `/v1/embeddings` and `/v1/models` over real HTTP on 127.0.0.1
-(aiohttp in a background thread, as `tests/fake_openai.py`), so the pipeline's own client, with its
+(aiohttp in a background thread, as `pipeline/testing/fake_openai.py`), so the pipeline's own client, with its
 structured-output modes, retries and accounting, makes exactly the requests a run would make, and
 every role of a dry run points here instead of at a paid or embedded model.
 

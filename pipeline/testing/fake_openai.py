@@ -1,5 +1,7 @@
 """A deterministic fake OpenAI-compatible server for tests and benchmarks.
 
+(Over 600 lines: one endpoint, every route and fault it plays beside the others it interacts with.)
+
 Real HTTP on 127.0.0.1 (aiohttp in a background thread), so Ray worker processes on this machine
 can call it too. Answers depend only on the request: plain text from a hash of the messages, and
 for `response_format: json_schema` a schema-valid JSON instance. Faults are injected
@@ -44,7 +46,7 @@ or "output": where a failed line is written), `batch_fail_status`, `batch_fail_m
 Standalone, for benchmarks and manual runs (serves until SIGINT / SIGTERM; GET /stats gives the
 counters and chat arrival times, POST /reset clears them):
 
-    python -m tests.fake_openai --port 8011 --latency 0.2 --max-concurrency 32 --faults 429=0.1,500=0.05
+    python -m pipeline.testing.fake_openai --port 8011 --latency 0.2 --max-concurrency 32 --faults 429=0.1,500=0.05
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from pipeline.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
 from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, sampled_rows
-from stages.methods.dialogue import format_unit, sessions_of
+from stages.methods.shared.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
 ANSWER_JUDGMENTS = pa.schema(
@@ -124,6 +124,46 @@ def related_history(probe: dict[str, Any], turns: Rows) -> tuple[str, str]:
     return history_text(before) or "(no earlier conversation)", "full_past"
 
 
+def reference_or_skip(probe: dict[str, Any], memochat: bool,
+                      unanswerable: str) -> tuple[str | None, str | None]:
+    """(reference_source, skipped) of one probe's judgment: what the judge compares the response with
+    (`gold`, `not_mentioned`; None for MemoChat's judge, which reads the history instead), or why it is
+    skipped (`unanswerable`: the `judge_answers.unanswerable` setting)."""
+    gold = probe["gold"]
+    is_unanswerable = gold is None and str(probe["category"]) in UNANSWERABLE_CATEGORIES
+    if memochat:
+        return None, SKIP_UNANSWERABLE if is_unanswerable and unanswerable == "skip" else None
+    if gold is not None:
+        return "gold", None
+    if not is_unanswerable:
+        return None, SKIP_NO_REFERENCE
+    if unanswerable == "skip":
+        return None, SKIP_UNANSWERABLE
+    return "not_mentioned", None
+
+
+def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict[str, str], turns: Rows,
+               memochat: bool, explain: bool) -> tuple[Any, tuple[str, ...], str | None]:
+    """(the judge's call, the fields it fills, the history source) for one probe's response."""
+    gold = probe["gold"]
+    if judge == longmemeval.JUDGE:
+        # An unanswerable question without a reference is an abstention question explained by
+        # "not mentioned"; an `_abs` question's reference is its explanation.
+        kind = longmemeval.prompt_kind(probe["category"], bool(probe.get("abstention")) or gold is None)
+        reference = gold if gold is not None else answers.NOT_MENTIONED
+        question = questions.get(probe.get("qa_id"), probe["request"])
+        return longmemeval.judge_call(kind, question, reference, response), ("score", "judge_prompt", "reason"), None
+    if judge == answers.LOCOMO_J:
+        question = questions.get(probe.get("qa_id"), probe["request"])
+        expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
+        return answers.locomo_j_call(question, expected, response), ("score", "reason"), None
+    if memochat:
+        history, source = related_history(probe, turns)
+        return answers.memochat_call(history, probe["request"], response), ("score", "reason"), source
+    return (answers.answer_call(judge, probe["request"], gold, response, explain=explain,
+                                false_premise=probe.get("false_premise")), ("score", "reason"), None)
+
+
 class JudgeAnswersStage(JudgeStage):
     name = section = "judge_answers"
     settings = JudgeAnswersSettings
@@ -151,41 +191,15 @@ class JudgeAnswersStage(JudgeStage):
                    "reference_source": None, "history_source": None, "skipped": None, "judge_prompt": None,
                    "abstention": probe.get("abstention"), **NO_FAILURE}
             runs = [{**row, "run": r} for r in range(settings.runs)]
-            gold = probe["gold"]
-            unanswerable = gold is None and str(probe["category"]) in UNANSWERABLE_CATEGORIES
-            if memochat:
-                if unanswerable and settings.unanswerable == "skip":
-                    return [{**r, "skipped": SKIP_UNANSWERABLE} for r in runs]
-            elif gold is not None:
-                row["reference_source"] = "gold"
-            elif not unanswerable:
-                return [{**r, "skipped": SKIP_NO_REFERENCE} for r in runs]
-            elif settings.unanswerable == "skip":
-                return [{**r, "skipped": SKIP_UNANSWERABLE} for r in runs]
-            else:
-                row["reference_source"] = "not_mentioned"
+            reference_source, skipped = reference_or_skip(probe, memochat, settings.unanswerable)
+            if skipped is not None:
+                return [{**r, "skipped": skipped} for r in runs]
+            row["reference_source"] = reference_source
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
                 return [{**r, "error": f"no response from {method}"} for r in runs]
-            fields: tuple[str, ...] = ("score", "reason")
-            if judge == longmemeval.JUDGE:
-                # An unanswerable question without a reference is an abstention question explained by
-                # "not mentioned"; an `_abs` question's reference is its explanation.
-                kind = longmemeval.prompt_kind(probe["category"], bool(probe.get("abstention")) or gold is None)
-                reference = gold if gold is not None else answers.NOT_MENTIONED
-                question = questions.get(probe.get("qa_id"), probe["request"])
-                call = longmemeval.judge_call(kind, question, reference, resp["response"])
-                fields = ("score", "judge_prompt", "reason")
-            elif judge == answers.LOCOMO_J:
-                question = questions.get(probe.get("qa_id"), probe["request"])
-                expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
-                call = answers.locomo_j_call(question, expected, resp["response"])
-            elif memochat:
-                history, row["history_source"] = related_history(probe, turns)
-                call = answers.memochat_call(history, probe["request"], resp["response"])
-            else:
-                call = answers.answer_call(judge, probe["request"], gold, resp["response"], explain=settings.explain,
-                                           false_premise=probe.get("false_premise"))
+            call, fields, row["history_source"] = judge_call(judge, probe, resp["response"], questions, turns,
+                                                             memochat, settings.explain)
             run_params = {**params, "max_tokens": settings.memochat_max_tokens} if memochat else params
             judgments = await call.runs(ctx.llm, settings.runs, **run_params)
             return sampled_rows([{**row, "run": r} for r in range(settings.runs)], fields, judgments)

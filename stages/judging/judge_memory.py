@@ -25,7 +25,7 @@ from stages.judging import memory_quality
 from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
 from stages.method_stages import memory_stage_name
-from stages.methods.dialogue import format_unit, sessions_of
+from stages.methods.shared.dialogue import format_unit, sessions_of
 
 MemoryCriterion = Literal["integration", "consistency", "sophistication", "conciseness", "relevance",
                           "concreteness", "diversity"]

@@ -33,11 +33,11 @@ from pipeline.errors import ConfigError
 from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
-from stages.methods.dialogue import format_unit, last_turns, sessions_of
+from stages.methods.shared.dialogue import format_unit, last_turns, sessions_of
 from stages.judging import pairwise
 from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
-from stages.probes import sample
+from stages.probes import probe_view, sample
 
 Criterion = Literal["specificity", "memorability", "consistency"]
 PROTOCOL_CRITERIA: dict[str, list[Criterion]] = {
@@ -142,6 +142,105 @@ def session_summaries(episode: dict[str, Any]) -> dict[int, str]:
     return {n["session_idx"]: n["text"] for n in episode.get("notes") or [] if n["kind"] == "summary" and n["text"]}
 
 
+@dataclass
+class _EpisodePairs:
+    """One episode's head-to-head judgments being made: what its pairs share, and how each is judged."""
+    ctx: StageContext
+    settings: JudgePairwiseSettings
+    episode_id: str
+    reference: str
+    criteria: list[str]
+    samples: int
+    stamp: dict[str, Any]
+    params: dict[str, Any]
+    responses: dict[str, dict[str, dict[str, Any]]]  # method -> probe id -> its response row
+    views: dict[str, tuple[list[dict], Past | None]]  # probe id -> (current turns shown, past)
+
+    @property
+    def protocol(self) -> str:
+        return self.settings.protocol
+
+    def blank(self, probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
+        current, past = self.views[probe["probe_id"]]
+        return {**self.stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
+                "criterion": criterion, "reference": self.reference, "other": other, "protocol": self.protocol,
+                "reference_first": reference_first, "sample": s, "preferred": None, "reason": None,
+                "past_shown": past.shown if past else None, "past_summarised": past.summarised if past else None,
+                "past_truncated": past.truncated if past else None, "current_shown": len(current), **NO_FAILURE}
+
+    def judged(self, probe: dict[str, Any], other: str) -> tuple[str, str, str, str | None] | str:
+        """(dialogue, the reference's response, the other's, the past shown) or why there is no pair."""
+        reference = self.reference
+        ref, oth = self.responses[reference].get(probe["probe_id"]), self.responses[other].get(probe["probe_id"])
+        missing = [m for m, r in ((reference, ref), (other, oth)) if r is None or r["error"] is not None]
+        if missing:
+            return f"no response from {', '.join(missing)}"
+        current, past = self.views[probe["probe_id"]]
+        dialogue = transcript(current) if current else f"(question) {probe['request']}"
+        return dialogue, ref["response"], oth["response"], past.text if past else None
+
+    def shown(self, probe: dict[str, Any], other: str, criterion: str) -> list[tuple[bool, int]]:
+        """(reference shown first, sample) of each judgment of one item, in the table's order."""
+        if self.protocol == "both_orders":
+            return [(first, s) for first in (True, False) for s in range(self.samples)]
+        return [(reference_shown_first(self.settings.seed, self.episode_id, probe["probe_id"], other, criterion, s), s)
+                for s in range(self.samples)]
+
+    # The samples of one item shown in one order share a prompt: one request with `n` for them
+    # (pipeline.llm.client); CREEM's draw per sample splits an item's samples into two such prompts.
+    async def pair(self, probe: dict[str, Any], other: str, criterion: str) -> Rows:
+        """The judgments of one item (probe, opponent, criterion), one call per order shown."""
+        settings = self.settings
+        slots, judged_pair = self.shown(probe, other, criterion), self.judged(probe, other)
+        rows = {(first, s): self.blank(probe, other, criterion, first, s) for first, s in slots}
+        if isinstance(judged_pair, str):
+            return [{**rows[slot], "error": judged_pair} for slot in slots]
+        dialogue, ref, oth, past = judged_pair
+
+        async def in_order(first: bool, indexes: list[int]) -> Rows:
+            with billed_to(other):
+                judgments = await pairwise.judge_pair(
+                    self.ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=first,
+                    past_sessions=past, explain=settings.explain, protocol=self.protocol, samples=indexes,
+                    length_rule=settings.length_rule, **self.params)
+            return sampled_rows([rows[first, s] for s in indexes], ("preferred", "reason"), judgments)
+
+        orders = {first: [s for f, s in slots if f == first] for first in (True, False)}
+        for part in await asyncio.gather(*(in_order(f, ix) for f, ix in orders.items() if ix)):
+            rows.update({(r["reference_first"], r["sample"]): r for r in part})
+        return [rows[slot] for slot in slots]
+
+    async def every(self, probe: dict[str, Any], other: str, reference_first: bool) -> Rows:
+        """The judgments of every criterion of one (probe, opponent) in one order, from one call."""
+        settings, criteria = self.settings, self.criteria
+        groups = [[self.blank(probe, other, c, reference_first, s) for c in criteria] for s in range(self.samples)]
+        judged_pair = self.judged(probe, other)
+        if isinstance(judged_pair, str):
+            return [{**r, "error": judged_pair} for rows in groups for r in rows]
+        dialogue, ref, oth, past = judged_pair
+        with billed_to(other):
+            judgments = await pairwise.judge_pair_all(
+                self.ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
+                past_sessions=past, explain=settings.explain, samples=self.samples, length_rule=settings.length_rule,
+                **{**self.params, "max_tokens": settings.max_tokens * len(criteria)})
+        return sampled_criteria_rows(groups, ("preferred", "reason"), judgments)
+
+    async def all_at_once(self, probes: Rows, others: list[str]) -> Rows:
+        """Every criterion in one call: rows in the same order as one call per criterion."""
+        calls = [self.every(p, o, first) for p in probes for o in others for first in (True, False)]
+        rows = [r for part in await asyncio.gather(*calls) for r in part]
+        rank = {c: i for i, c in enumerate(self.criteria)}
+        order = {(p["probe_id"], o): i for i, (p, o) in enumerate((p, o) for p in probes for o in others)}
+        rows.sort(key=lambda r: (order[r["probe_id"], r["other"]], rank[r["criterion"]], not r["reference_first"],
+                                 r["sample"]))
+        return rows
+
+    async def one_by_one(self, probes: Rows, others: list[str]) -> Rows:
+        """One call per criterion (and per order shown)."""
+        parts = await asyncio.gather(*(self.pair(p, o, c) for p in probes for o in others for c in self.criteria))
+        return [r for part in parts for r in part]
+
+
 class JudgePairwiseStage(JudgeStage):
     name = section = "judge_pairwise"
     settings = JudgePairwiseSettings
@@ -166,8 +265,6 @@ class JudgePairwiseStage(JudgeStage):
         probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds],
                         settings.max_probes_per_episode, settings.seed, episode_id)
         protocol = settings.protocol
-        criteria = settings.criteria or PROTOCOL_CRITERIA[protocol]
-        samples = settings.samples or PROTOCOL_SAMPLES[protocol]
         turns_shown = PROTOCOL_CONTEXT_TURNS[protocol] if settings.context_turns is None else (
             None if settings.context_turns == "all" else settings.context_turns)
         stamp = self.stamp(ctx, episode)
@@ -175,87 +272,17 @@ class JudgePairwiseStage(JudgeStage):
 
         def seen(probe: dict[str, Any]) -> tuple[list[dict], Past | None]:
             """The current session's turns shown and the past, for one probe."""
-            if probe.get("context") is not None:  # a session the corpus does not hold (TeaFarm's)
-                current = [{"speaker": c["speaker"], "text": c["text"]} for c in probe["context"]]
-            else:
-                turns, t = sessions.get(probe["session_idx"], []), probe["turn_idx"]
-                current = turns if t is None else [turn for turn in turns if turn["turn_idx"] < t]
+            current = probe_view(probe, sessions)
             past = (past_within(sessions, probe["session_idx"], settings.past_session_tokens, summaries)
                     if settings.show_past else None)
             return last_turns(current, turns_shown), past
 
         views = {p["probe_id"]: seen(p) for p in probes}
-
-        def blank(probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
-            current, past = views[probe["probe_id"]]
-            return {**stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
-                    "criterion": criterion, "reference": reference, "other": other, "protocol": protocol,
-                    "reference_first": reference_first, "sample": s, "preferred": None, "reason": None,
-                    "past_shown": past.shown if past else None, "past_summarised": past.summarised if past else None,
-                    "past_truncated": past.truncated if past else None, "current_shown": len(current), **NO_FAILURE}
-
-        def judged(probe: dict[str, Any], other: str) -> tuple[str, str, str, str | None] | str:
-            """(dialogue, the reference's response, the other's, the past shown) or why there is no pair."""
-            ref, oth = responses[reference].get(probe["probe_id"]), responses[other].get(probe["probe_id"])
-            missing = [m for m, r in ((reference, ref), (other, oth)) if r is None or r["error"] is not None]
-            if missing:
-                return f"no response from {', '.join(missing)}"
-            current, past = views[probe["probe_id"]]
-            dialogue = transcript(current) if current else f"(question) {probe['request']}"
-            return dialogue, ref["response"], oth["response"], past.text if past else None
-
-        def shown(probe: dict[str, Any], other: str, criterion: str) -> list[tuple[bool, int]]:
-            """(reference shown first, sample) of each judgment of one item, in the table's order."""
-            if protocol == "both_orders":
-                return [(first, s) for first in (True, False) for s in range(samples)]
-            return [(reference_shown_first(settings.seed, episode_id, probe["probe_id"], other, criterion, s), s)
-                    for s in range(samples)]
-
-        # The samples of one item shown in one order share a prompt: one request with `n` for them
-        # (pipeline.llm.client); CREEM's draw per sample splits an item's samples into two such prompts.
-        async def pair(probe: dict[str, Any], other: str, criterion: str) -> Rows:
-            slots, judged_pair = shown(probe, other, criterion), judged(probe, other)
-            rows = {(first, s): blank(probe, other, criterion, first, s) for first, s in slots}
-            if isinstance(judged_pair, str):
-                return [{**rows[slot], "error": judged_pair} for slot in slots]
-            dialogue, ref, oth, past = judged_pair
-
-            async def in_order(first: bool, indexes: list[int]) -> Rows:
-                with billed_to(other):
-                    judgments = await pairwise.judge_pair(
-                        ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=first,
-                        past_sessions=past, explain=settings.explain, protocol=protocol, samples=indexes,
-                        length_rule=settings.length_rule, **params)
-                return sampled_rows([rows[first, s] for s in indexes], ("preferred", "reason"), judgments)
-
-            orders = {first: [s for f, s in slots if f == first] for first in (True, False)}
-            for part in await asyncio.gather(*(in_order(f, ix) for f, ix in orders.items() if ix)):
-                rows.update({(r["reference_first"], r["sample"]): r for r in part})
-            return [rows[slot] for slot in slots]
-
-        async def every(probe: dict[str, Any], other: str, reference_first: bool) -> Rows:
-            groups = [[blank(probe, other, c, reference_first, s) for c in criteria] for s in range(samples)]
-            judged_pair = judged(probe, other)
-            if isinstance(judged_pair, str):
-                return [{**r, "error": judged_pair} for rows in groups for r in rows]
-            dialogue, ref, oth, past = judged_pair
-            with billed_to(other):
-                judgments = await pairwise.judge_pair_all(
-                    ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                    past_sessions=past, explain=settings.explain, samples=samples, length_rule=settings.length_rule,
-                    **{**params, "max_tokens": settings.max_tokens * len(criteria)})
-            return sampled_criteria_rows(groups, ("preferred", "reason"), judgments)
-
-        if settings.per_call == "all":  # rows in the same order as one call per criterion
-            calls = [every(p, o, first) for p in probes for o in others for first in (True, False)]
-            rows = [r for part in await asyncio.gather(*calls) for r in part]
-            rank = {c: i for i, c in enumerate(criteria)}
-            order = {(p["probe_id"], o): i for i, (p, o) in enumerate((p, o) for p in probes for o in others)}
-            rows.sort(key=lambda r: (order[r["probe_id"], r["other"]], rank[r["criterion"]], not r["reference_first"],
-                                     r["sample"]))
-            return {"pairwise_judgments": rows}
-        parts = await asyncio.gather(*(pair(p, o, c) for p in probes for o in others for c in criteria))
-        return {"pairwise_judgments": [r for part in parts for r in part]}
+        pairs = _EpisodePairs(ctx, settings, episode_id, reference, settings.criteria or PROTOCOL_CRITERIA[protocol],
+                              settings.samples or PROTOCOL_SAMPLES[protocol], stamp, params, responses, views)
+        if settings.per_call == "all":
+            return {"pairwise_judgments": await pairs.all_at_once(probes, others)}
+        return {"pairwise_judgments": await pairs.one_by_one(probes, others)}
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         rows = produced["pairwise_judgments"]

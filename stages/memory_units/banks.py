@@ -17,7 +17,7 @@ from pipeline.embeddings import aencode
 from pipeline.lance_store import write_bank
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.memory_units.compress import Granularity
-from stages.methods.secom.units import UNIT_FIELDS
+from stages.methods.secom.units import UNIT_FIELDS, bank_schema
 
 LANCE_DIR = "lance"
 
@@ -75,4 +75,5 @@ def _write_banks(ctx: StageContext, episode_id: str, granularities: list[str], r
     for granularity in granularities:
         bank = [r for r in rows if r["granularity"] == granularity]
         if bank:
-            write_bank(ctx.out_dir / LANCE_DIR, bank_name(episode_id, granularity), bank, len(bank[0]["vector"]))
+            write_bank(ctx.out_dir / LANCE_DIR, bank_name(episode_id, granularity), bank,
+                       bank_schema(len(bank[0]["vector"])))

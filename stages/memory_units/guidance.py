@@ -17,7 +17,7 @@ from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
 from pipeline.errors import InputError, PipelineError
 from pipeline.stage import GlobalStage, StageContext
-from stages.methods.dialogue import sessions_of
+from stages.methods.shared.dialogue import sessions_of
 from stages.methods.secom import reflection
 from stages.memory_units.segment_settings import SegmentConfig
 

@@ -13,7 +13,7 @@ from pipeline.artifacts import read_text
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.storage import join
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.methods.dialogue import sessions_of
+from stages.methods.shared.dialogue import sessions_of
 from stages.methods.secom import segmentation
 from stages.memory_units.guidance import GUIDANCE_FILE
 from stages.memory_units.segment_settings import SegmentConfig

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.stage import EpisodeStage
-from stages.methods.base import Method
+from pipeline.stage import EpisodeStage, StageContext
+from stages.methods.base import Method, MethodContext, MethodSettings
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed
@@ -35,8 +35,14 @@ class MethodStage(EpisodeStage):
     def code_roots(self) -> tuple[str, ...]:
         return (type(self).__module__, type(self.method).__module__)
 
-    def settings_of(self, cfg: Any) -> Any:
+    def settings_of(self, cfg: Any) -> MethodSettings:
         return getattr(cfg.method, self.method.name)
+
+    def method_context(self, ctx: StageContext) -> MethodContext[Any]:
+        """What the method's `build` / `answer` get: its settings, the client of this stage's role and,
+        when it embeds, an embedder that loads its model at the first call."""
+        return MethodContext(settings=ctx.section, llm=ctx.llm,
+                             embed=ctx.lazy_embed() if self.method.uses_embedder else None)
 
     def models(self, cfg: Any) -> list["ModelNeed"]:
         """The embedder (when the method embeds) and the models the method loads itself."""

@@ -10,8 +10,8 @@ import pyarrow as pa
 from pipeline.retrieval import count_tokens
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name
-from stages.methods.base import BuildContext, EpisodeInput, Method, visible_memory
-from stages.methods.dialogue import sessions_of
+from stages.methods.base import EpisodeInput, Method, MethodSettings, visible_memory
+from stages.methods.shared.dialogue import sessions_of
 
 MEMORY_VIEW = pa.schema(
     [
@@ -33,12 +33,10 @@ class MemoryStage(MethodStage):
                                upstream=self.needed(inputs))
         built: dict[str, Rows] = {}
         if self.method.memory:
-            build = BuildContext(llm=ctx.llm, settings=ctx.section,
-                                 embed=ctx.lazy_embed() if self.method.uses_embedder else None)
-            built = await self.method.build(build, episode)
+            built = await self.method.build(self.method_context(ctx), episode)
         return {**built, "memory_view": self.memory_view(episode, built, ctx.section)}
 
-    def memory_view(self, episode: EpisodeInput, built: dict[str, Rows], settings: Any) -> Rows:
+    def memory_view(self, episode: EpisodeInput, built: dict[str, Rows], settings: MethodSettings) -> Rows:
         """The memory visible after the episode's last session, as the method shows it."""
         after_last = max(episode.sessions, default=0) + 1
         final = {t: visible_memory(rows, after_last, None, self.method.memory_kind) for t, rows in built.items()}

@@ -12,7 +12,8 @@ from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
 from stages.methods.base import Method, ProbeInput, visible_memory
-from stages.methods.dialogue import sessions_of
+from stages.methods.shared.dialogue import sessions_of
+from stages.probes import probe_view
 
 RESPONSES = pa.schema(
     [
@@ -32,19 +33,12 @@ RESPONSES = pa.schema(
 )
 
 def probe_input(probe: dict[str, Any], episode: dict[str, Any], sessions: dict[int, Rows],
-                upstream: dict[str, Rows], embed: Any) -> ProbeInput:
-    """What a method may see of the conversation at a probe: earlier sessions, and the probe's own
-    session up to the turn to produce (nothing of it for a question asked after the history; the
-    probe's `context` for a session the corpus does not hold, as TeaFarm's)."""
-    s, t = probe["session_idx"], probe["turn_idx"]
-    if probe.get("context") is not None:
-        current = [{"episode_id": probe["episode_id"], "session_idx": s, "turn_idx": i, "speaker": c["speaker"],
-                    "text": c["text"], "session_time": None, "session_gap_label": None, "source_turn_id": None}
-                   for i, c in enumerate(probe["context"])]
-    else:
-        current = [] if t is None else [turn for turn in sessions.get(s, []) if turn["turn_idx"] < t]
-    history = {k: v for k, v in sessions.items() if k < s}
-    return ProbeInput(probe=probe, episode=episode, history=history, current=current, upstream=upstream, embed=embed)
+                upstream: dict[str, Rows]) -> ProbeInput:
+    """What a method may see of the conversation at a probe: earlier sessions, and what it sees of its
+    own session (`probe_view`)."""
+    history = {k: v for k, v in sessions.items() if k < probe["session_idx"]}
+    return ProbeInput(probe=probe, episode=episode, history=history, current=probe_view(probe, sessions),
+                      upstream=upstream)
 
 
 def memory_point(probe: dict[str, Any]) -> tuple[int, int | None]:
@@ -64,12 +58,11 @@ class RespondStage(MethodStage):
         super().__init__(method, respond_stage_name(method.name), inputs, method.answer_role)
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        settings = ctx.section
         sessions = sessions_of(inputs["ingest.turns"])
         episode = inputs["ingest.episodes"][0]
         upstream = self.needed(inputs)
         memory = {t: inputs[f"{self.memory_stage}.{t}"] for t in self.method.memory} if self.memory_stage else {}
-        embed = ctx.lazy_embed() if self.method.uses_embedder else None
+        method_ctx = self.method_context(ctx)
 
         async def one(probe: dict[str, Any]) -> dict[str, Any]:
             seen = {t: visible_memory(rows, *memory_point(probe), self.method.memory_kind) for t, rows in memory.items()}
@@ -79,8 +72,7 @@ class RespondStage(MethodStage):
             return await row_or_failure(row, answered(probe, seen))
 
         async def answered(probe: dict[str, Any], seen: dict[str, Rows]) -> dict[str, Any]:
-            ans = await self.method.answer(ctx.llm, probe_input(probe, episode, sessions, upstream, embed), seen,
-                                           settings)
+            ans = await self.method.answer(method_ctx, probe_input(probe, episode, sessions, upstream), seen)
             return {"response": ans.text, "rationale": ans.rationale, "memory_ids": ans.used_ids,
                     "context_tokens": ans.context_tokens, "context_turns": ans.context_turns,
                     "details_json": json.dumps(ans.details) if ans.details is not None else None,

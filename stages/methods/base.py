@@ -1,13 +1,16 @@
 """What a memory method is, and what the framework hands it.
 
-A method is one module (or small package) under `stages/methods/` with:
+A method is one module (or small package), under `stages/methods/` or in a package of its own
+registered under the `mempipe.methods` entry point (docs/adding-a-method.md), with:
 - `Settings`: its pydantic settings model, configured as `method.<name>.*`;
 - `needs`: upstream stages it reads besides `ingest` and `probes` (SeCom's retrieval needs `banks`);
 - `memory`: the tables its `build` writes, with their Arrow schemas (start them with
   `SNAPSHOT_FIELDS`); empty for methods without memory (full history, SeCom's banks);
 - `build(ctx, episode)`: walks the episode session by session (turn by turn where memory evolves
   inside a session) and returns memory rows keyed by the point they were built up to;
-- `answer(llm, probe, memory, settings)`: the response plus what it used;
+- `answer(ctx, probe, memory)`: the response plus what it used.
+  Both get one `MethodContext`: the method's typed settings, the LLM client of the role the call
+  plays (`build_role` for build, `answer_role` for answer) and the embedder when `uses_embedder`;
 - `memory_view(episode, memory, settings)`: its memory of the whole episode as text, which the
   memory-quality judge rates (None for methods that keep none); `shows_memory` gives a method
   without memory tables a memory stage that writes only this view (SeCom's bank units);
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +60,9 @@ class MethodSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+S = TypeVar("S", bound=MethodSettings)
+
+
 @dataclass
 class EpisodeInput:
     """One episode as `build` sees it."""
@@ -67,10 +73,12 @@ class EpisodeInput:
 
 
 @dataclass
-class BuildContext:
-    llm: ChatLLM
-    settings: Any  # the method's Settings
-    embed: Embed | None = None
+class MethodContext(Generic[S]):
+    """What the framework hands `build` and `answer`."""
+
+    settings: S  # the method's `Settings`, as configured under `method.<name>`
+    llm: ChatLLM  # the client of the role this call plays (`build_role` / `answer_role`)
+    embed: Embed | None = None  # None unless the method `uses_embedder`
 
 
 @dataclass
@@ -82,7 +90,6 @@ class ProbeInput:
     history: dict[int, Rows]  # sessions before the probe's session
     current: Rows  # the probe's session up to (not including) the turn to produce
     upstream: dict[str, Rows] = field(default_factory=dict)  # "<stage>.<table>" rows of `needs`
-    embed: Embed | None = None
 
     @property
     def request(self) -> str:
@@ -111,7 +118,9 @@ class ReportPanel:
     caption: str = ""  # the figure's caption (alt text)
 
 
-class Method:
+class Method(Generic[S]):
+    """A memory method; `S` is its settings model (`Method[MySettings]`, with `Settings = MySettings`)."""
+
     name: ClassVar[str]
     Settings: ClassVar[type[MethodSettings]] = MethodSettings
     needs: ClassVar[tuple[str, ...]] = ()
@@ -125,10 +134,10 @@ class Method:
     report_table: ClassVar[tuple[str, pa.Schema] | None] = None  # (name, schema) of its panel's rows
     prompts: ClassVar[dict[str, str]] = {}
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, Rows]:
+    async def build(self, ctx: MethodContext[S], episode: EpisodeInput) -> dict[str, Rows]:
         raise NotImplementedError(f"method {self.name} has no memory to build")
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Rows], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[S], probe: ProbeInput, memory: dict[str, Rows]) -> Answer:
         raise NotImplementedError
 
     def build_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
@@ -136,7 +145,7 @@ class Method:
         episodes; nested dicts, e.g. per episode, merge)."""
         return {}
 
-    def models(self, settings: Any) -> list["ModelNeed"]:
+    def models(self, settings: S) -> list["ModelNeed"]:
         """Models it loads itself with these settings, besides the embedder (`uses_embedder`), which
         its stages declare; none by default."""
         return []
@@ -145,7 +154,7 @@ class Method:
     def has_memory_stage(self) -> bool:
         return bool(self.memory) or self.shows_memory
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows], settings: S) -> str | None:
         """The method's memory of the whole episode as text (for the memory-quality judge), given its
         memory rows visible after the last session; None for a method that keeps no memory."""
         return None

@@ -22,14 +22,14 @@ from typing import Any
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import Messages
 from pipeline.retrieval import count_tokens
 from pipeline.failures import FAILURE_FIELDS, attempt
-from stages.methods import memory_response
-from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput)
-from stages.methods.session_memories import session_time, when
-from stages.methods.dialogue import format_unit
+from stages.methods.shared import memory_response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
+                                 ProbeInput, after_session)
+from stages.methods.shared.session_memories import session_time, when
+from stages.methods.shared.dialogue import format_unit
 
 SUMMARY = pa.schema([
     *SNAPSHOT_FIELDS,  # the memory after session snapshot_session
@@ -110,7 +110,7 @@ def select_messages(memory: str, dialogue: str) -> Messages:
             {"role": "user", "content": f"Memory:\n{memory}\n\nConversation now:\n{dialogue}\n\nRelevant sentences:"}]
 
 
-class RSum(Method):
+class RSum(Method[RSumSettings]):
     name = "rsum"
     Settings = RSumSettings
     memory = {"summary": SUMMARY}
@@ -119,7 +119,7 @@ class RSum(Method):
     def params(self, settings: RSumSettings) -> dict[str, Any]:
         return {} if settings.temperature is None else {"temperature": settings.temperature}
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[RSumSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         rows, memory = [], ""
         for s, turns in episode.sessions.items():
@@ -134,7 +134,8 @@ class RSum(Method):
             rows.append({**key, "memory": memory, "tokens": count_tokens(memory), **failed})
         return {"summary": rows}
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[RSumSettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         visible = [r for r in memory.get("summary", []) if r["memory"] is not None]
         latest = max(visible, key=lambda r: r["snapshot_session"], default=None)
         text = latest["memory"] if latest else ""
@@ -148,7 +149,7 @@ class RSum(Method):
             llm, probe, text, used, details=details, style=settings.response_style,
             example=response_example() if settings.one_shot else None, **self.params(settings))
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: RSumSettings) -> str | None:
         visible = [r for r in memory.get("summary", []) if r["memory"] is not None]
         return max(visible, key=lambda r: r["snapshot_session"])["memory"] if visible else None
 

@@ -5,7 +5,7 @@ strings.
 
 The papers' corpus-level scorers live beside this module: `evaluate_bleu.py` (SeCom; RSum Table 1's
 BLEU-1/2), `rsum_eval.py` (RSum's F1 and DIST-n), `nlgeval.py` (LD-Agent's BLEU and ROUGE-L);
-`stages/response_metrics.py`'s `COLUMN_SCORERS` names which scorer computes each column.
+`stages/scoring/response_metrics.py`'s `COLUMN_SCORERS` names which scorer computes each column.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ resamples whole episodes (stages/report/tables.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -258,6 +258,138 @@ def _pairwise_intro(pairwise: pl.DataFrame) -> str:
             "dataset; `all` pools the datasets. `past_shown`: the judge saw the earlier sessions.")
 
 
+# A figure of the report as a section's figures: [(file, alt text)] when it was drawn, else [].
+Figure = Callable[[str, str], list[tuple[str, str]]]
+
+
+def _quality_column(methods: pl.DataFrame) -> str:
+    """The quality measure the cost plot sets against context tokens: gpt4score where judged, else token F1."""
+    return next((q for q in ("gpt4score", "token_f1") if q in methods.columns and methods[q].drop_nulls().len()),
+                "token_f1")
+
+
+def _draw_figures(t: dict[str, pl.DataFrame], quality: str, out: Path) -> dict[str, bool]:
+    """Draw the report's figures into `out` from the summary tables `t`: file name -> whether drawn."""
+    teafarm = t["teafarm_summary"].filter(pl.col("dataset") == "all")
+    return {
+        "win_rates.png": plots.win_rates(t["pairwise_summary"], out / "win_rates.png"),
+        "cost_quality.png": plots.cost_quality(tables.whole_run_rows(t["method_summary"]), quality,
+                                               out / "cost_quality.png"),
+        "teafarm.png": plots.bars_by_method({r["method"]: r["correctness"] for r in teafarm.iter_rows(named=True)},
+                                            out / "teafarm.png", "TeaFarm correct / total", 1.0),
+        "memory_quality.png": plots.memory_quality(t["memory_summary"], out / "memory_quality.png"),
+        "segmentation.png": plots.segmentation(t["segmentation_summary"], out / "segmentation.png"),
+        "retrieval_recall.png": plots.retrieval_recall(t["retrieval_summary"], out / "retrieval_recall.png"),
+    }
+
+
+def _headline_sections(t: dict[str, pl.DataFrame], cfg: Any, wins: pl.DataFrame | None,
+                       fig: Figure) -> list[render.Section]:
+    """The leaderboard, the reproduction of the compared papers (when any) and the head-to-head."""
+    pairwise = t["pairwise_summary"]
+    board = render.leaderboard(t["method_summary"], t["answer_summary"], t["teafarm_summary"], t["metric_summary"],
+                               pairwise, wins)
+    return [
+        render.Section("Leaderboard",
+                       "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
+                       "value [95% interval] n=items ep=episodes. gpt4score 0-100 and strict correctness from the "
+                       "answer judges, TeaFarm correctness, token F1 against the gold, and the method's share of "
+                       "decided head-to-head pairs against the reference, pooled over criteria. " + INTERVALS
+                       + " Details in the sections below.", [("", board)], table_class="leaderboard"),
+        *[s for s in [reproduction_section(
+            t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
+        render.Section("Head-to-head (G-Eval)", _pairwise_intro(pairwise) + (
+            " The matrices: the reference's win share per method and criterion over each whole dataset, "
+            "green where the reference wins, red where it loses; the full table (per session too) is folded "
+            "below and kept in `pairwise_summary`." if not pairwise.is_empty() else ""),
+                       [("Full head-to-head table", pairwise)], fig("win_rates.png", "win rates"),
+                       matrices=render.win_matrices(pairwise)),
+    ]
+
+
+def _cost_sections(t: dict[str, pl.DataFrame], quality: str, fig: Figure) -> list[render.Section]:
+    """Cost beside quality per method, then where the money goes (when the run spent any)."""
+    methods = t["method_summary"]
+    return [
+        render.Section("Methods: cost beside quality",
+                      "LLM calls and tokens of each method's memory and respond stages (cached calls "
+                      "included), memory tokens in the context, response length, and its scores.",
+                      [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
+        *([render.Section("Where the money goes",
+                          "LLM cost (USD) per method: its memory and respond stages, its share of the judges "
+                          "(each judged row billed to its method; head-to-head, to the non-reference one) and of "
+                          f"other stages; `{tables.SHARED}`: calls made for no one method (segmentation, TeaBag, "
+                          "or a stage whose manifest predates the split). Then per stage and per LLM role. "
+                          "`cost_usd` counts every call, cache replays included; `spent_usd` is what this run "
+                          "paid. Every (stage, role, method) row is in `cost_breakdown`.",
+                          tables.cost_views(t["cost_breakdown"]))]
+          if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
+    ]
+
+
+def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_differ: str,
+                     fig: Figure) -> list[render.Section]:
+    """The answers judged against the reference, then TeaFarm (when the run asked its questions)."""
+    answers = t["answer_summary"]
+    return [
+        render.Section("Answers judged against the reference",
+                      "gpt4score: 0-100 (mean); strict / lenient: share judged correct; teafarm: TeaFarm "
+                      "correctness. `ci_low` / `ci_high`: 95% interval resampling whole episodes (`episodes` "
+                      "beside `judged`); `iid_low` / `iid_high`: the same treating questions as independent "
+                      "(Wilson for a share, bootstrap for a mean). `p_value`: paired cluster permutation test "
+                      "against the reference method over episodes, on the questions both answered; `mcnemar_p`: "
+                      "exact McNemar test over those questions taken as independent (`only_reference` / "
+                      "`only_other`: questions only one got right). LongMemEval's `task_average` row is the mean "
+                      "of its per-type scores (its official task-averaged accuracy), `abstention` its abstention "
+                      "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
+                      "pools the datasets. " + judges_differ, [("", answers)]),
+        *([render.Section("TeaFarm (counterfactual questions)",
+                         "Each question treats an outdated or false thing as true; a method is correct when its "
+                         "answer does not go along with it (Theanine Table 3: correct / total; `ci_*`: 95% interval "
+                         "resampling whole episodes, `iid_*`: Wilson; `p_value`: paired cluster permutation test "
+                         "against the reference method over episodes, `mcnemar_p`: exact McNemar over questions "
+                         "taken as independent). `all` pools every dataset.",
+                         [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
+                         fig("teafarm.png", "TeaFarm correct / total"))]
+          if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),
+    ]
+
+
+def _score_sections(t: dict[str, pl.DataFrame], implementations: pl.DataFrame, fig: Figure) -> list[render.Section]:
+    """The reference metrics, CREEM's memory quality and the memory accuracy against gold (when any)."""
+    return [
+        render.Section("Reference metrics", "Means per dataset, probe kind, category and session (empty = all); a failed response "
+                       "scores 0 (`failed` counts them); `_low` / `_high`: 95% interval resampling whole episodes "
+                       "(`episodes` beside `responses`), `_iid_low` / `_iid_high`: bootstrap over responses taken "
+                       "as independent. Each paper's numbers are its own scorer's: `evaluate_bleu*` (SeCom: HF "
+                       "evaluate's corpus BLEU by sacrebleu), `evaluate_precision*`, `rsum_*` (RSum), `ldagent_*` "
+                       "(LD-Agent: nlg-eval per reply, averaged per episode and session); the Implementations "
+                       "table names the scorer of every column.",
+                      [("", t["metric_summary"]), ("Implementations", implementations)]),
+        render.Section("Memory quality (CREEM G-Eval, 1-5)",
+                       "One rating per (episode, speaker), the mean of its samples; `score_low` / `score_high`: "
+                       "95% interval resampling whole episodes (both speakers together), `score_iid_*`: bootstrap "
+                       "over ratings taken as independent.", [("", t["memory_summary"])],
+                      fig("memory_quality.png", "memory quality")),
+        *([render.Section("Memory accuracy against gold persona summaries (RSum Table 2)",
+                          "Each method's memory after session k-1 (what session k reads) against the corpus's "
+                          "persona summaries of sessions 1..k-1 with RSum's scorer: precision, recall and F1 as its "
+                          "`compute_f1` (`rsum_mem_f1` with a 95% bootstrap interval over episodes), BLEU-1/2 as "
+                          "evaluate's precisions (`evaluate_precision1/2`); our sentence BLEU-1/2 (means); "
+                          "`memory_tokens` / `gold_tokens`: mean lengths.",
+                          [("", t["memory_accuracy_summary"])])]
+          if not t["memory_accuracy_summary"].is_empty() else []),
+    ]
+
+
+def _report_header(cfg: Any, methods: Sequence[str]) -> list[str]:
+    """The report's opening lines: its methods and corpus, and the model of every role."""
+    roles = {r: cfg.role(r).model for r in sorted(set(cfg.roles) | {JUDGE_ROLE, "generator"})}
+    corpora = "; ".join(f"`{c.format}` ({c.path})" for c in cfg.corpus.sources())
+    return [f"Methods: {', '.join(methods)}; corpus {corpora}.",
+            "Models by role: " + ", ".join(f"{r} = {m}" for r, m in roles.items()) + "."]
+
+
 class ReportStage(GlobalStage):
     """Reads the scores, the judges, and every per-method stage of the run."""
 
@@ -371,105 +503,24 @@ class ReportStage(GlobalStage):
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
         cfg = ctx.cfg
-        methods = t["method_summary"]
-        quality = next((q for q in ("gpt4score", "token_f1") if q in methods.columns
-                        and methods[q].drop_nulls().len()), "token_f1")
-        answers = t["answer_summary"]
-        teafarm = t["teafarm_summary"].filter(pl.col("dataset") == "all")
-        judges_differ = self.strict_vs_lenient(answers)
-        figures = {
-            "win_rates.png": plots.win_rates(t["pairwise_summary"], out / "win_rates.png"),
-            "cost_quality.png": plots.cost_quality(tables.whole_run_rows(methods), quality, out / "cost_quality.png"),
-            "teafarm.png": plots.bars_by_method({r["method"]: r["correctness"] for r in teafarm.iter_rows(named=True)},
-                                                out / "teafarm.png", "TeaFarm correct / total", 1.0),
-            "memory_quality.png": plots.memory_quality(t["memory_summary"], out / "memory_quality.png"),
-            "segmentation.png": plots.segmentation(t["segmentation_summary"], out / "segmentation.png"),
-            "retrieval_recall.png": plots.retrieval_recall(t["retrieval_summary"], out / "retrieval_recall.png"),
-        }
+        quality = _quality_column(t["method_summary"])
+        judges_differ = self.strict_vs_lenient(t["answer_summary"])
+        figures = _draw_figures(t, quality, out)
 
         def fig(name: str, alt: str) -> list[tuple[str, str]]:
             return [(name, alt)] if figures[name] else []
 
-        pairwise = t["pairwise_summary"]
-        board = render.leaderboard(methods, answers, t["teafarm_summary"], t["metric_summary"], pairwise, wins)
         sections = [
-            render.Section("Leaderboard",
-                           "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
-                           "value [95% interval] n=items ep=episodes. gpt4score 0-100 and strict correctness from the "
-                           "answer judges, TeaFarm correctness, token F1 against the gold, and the method's share of "
-                           "decided head-to-head pairs against the reference, pooled over criteria. " + INTERVALS
-                           + " Details in the sections below.", [("", board)], table_class="leaderboard"),
-            *[s for s in [reproduction_section(
-                t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
-            render.Section("Head-to-head (G-Eval)", _pairwise_intro(pairwise) + (
-                " The matrices: the reference's win share per method and criterion over each whole dataset, "
-                "green where the reference wins, red where it loses; the full table (per session too) is folded "
-                "below and kept in `pairwise_summary`." if not pairwise.is_empty() else ""),
-                           [("Full head-to-head table", pairwise)], fig("win_rates.png", "win rates"),
-                           matrices=render.win_matrices(pairwise)),
-            render.Section("Methods: cost beside quality",
-                          "LLM calls and tokens of each method's memory and respond stages (cached calls "
-                          "included), memory tokens in the context, response length, and its scores.",
-                          [("", methods)], fig("cost_quality.png", f"context tokens vs {quality}")),
-            *([render.Section("Where the money goes",
-                              "LLM cost (USD) per method: its memory and respond stages, its share of the judges "
-                              "(each judged row billed to its method; head-to-head, to the non-reference one) and of "
-                              f"other stages; `{tables.SHARED}`: calls made for no one method (segmentation, TeaBag, "
-                              "or a stage whose manifest predates the split). Then per stage and per LLM role. "
-                              "`cost_usd` counts every call, cache replays included; `spent_usd` is what this run "
-                              "paid. Every (stage, role, method) row is in `cost_breakdown`.",
-                              tables.cost_views(t["cost_breakdown"]))]
-              if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
-            render.Section("Answers judged against the reference",
-                          "gpt4score: 0-100 (mean); strict / lenient: share judged correct; teafarm: TeaFarm "
-                          "correctness. `ci_low` / `ci_high`: 95% interval resampling whole episodes (`episodes` "
-                          "beside `judged`); `iid_low` / `iid_high`: the same treating questions as independent "
-                          "(Wilson for a share, bootstrap for a mean). `p_value`: paired cluster permutation test "
-                          "against the reference method over episodes, on the questions both answered; `mcnemar_p`: "
-                          "exact McNemar test over those questions taken as independent (`only_reference` / "
-                          "`only_other`: questions only one got right). LongMemEval's `task_average` row is the mean "
-                          "of its per-type scores (its official task-averaged accuracy), `abstention` its abstention "
-                          "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
-                          "pools the datasets. " + judges_differ, [("", answers)]),
-            *([render.Section("TeaFarm (counterfactual questions)",
-                             "Each question treats an outdated or false thing as true; a method is correct when its "
-                             "answer does not go along with it (Theanine Table 3: correct / total; `ci_*`: 95% interval "
-                             "resampling whole episodes, `iid_*`: Wilson; `p_value`: paired cluster permutation test "
-                             "against the reference method over episodes, `mcnemar_p`: exact McNemar over questions "
-                             "taken as independent). `all` pools every dataset.",
-                             [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
-                             fig("teafarm.png", "TeaFarm correct / total"))]
-              if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),
-            render.Section("Reference metrics", "Means per dataset, probe kind, category and session (empty = all); a failed response "
-                           "scores 0 (`failed` counts them); `_low` / `_high`: 95% interval resampling whole episodes "
-                           "(`episodes` beside `responses`), `_iid_low` / `_iid_high`: bootstrap over responses taken "
-                           "as independent. Each paper's numbers are its own scorer's: `evaluate_bleu*` (SeCom: HF "
-                           "evaluate's corpus BLEU by sacrebleu), `evaluate_precision*`, `rsum_*` (RSum), `ldagent_*` "
-                           "(LD-Agent: nlg-eval per reply, averaged per episode and session); the Implementations "
-                           "table names the scorer of every column.",
-                          [("", t["metric_summary"]), ("Implementations", implementations)]),
-            render.Section("Memory quality (CREEM G-Eval, 1-5)",
-                           "One rating per (episode, speaker), the mean of its samples; `score_low` / `score_high`: "
-                           "95% interval resampling whole episodes (both speakers together), `score_iid_*`: bootstrap "
-                           "over ratings taken as independent.", [("", t["memory_summary"])],
-                          fig("memory_quality.png", "memory quality")),
-            *([render.Section("Memory accuracy against gold persona summaries (RSum Table 2)",
-                              "Each method's memory after session k-1 (what session k reads) against the corpus's "
-                              "persona summaries of sessions 1..k-1 with RSum's scorer: precision, recall and F1 as its "
-                              "`compute_f1` (`rsum_mem_f1` with a 95% bootstrap interval over episodes), BLEU-1/2 as "
-                              "evaluate's precisions (`evaluate_precision1/2`); our sentence BLEU-1/2 (means); "
-                              "`memory_tokens` / `gold_tokens`: mean lengths.",
-                              [("", t["memory_accuracy_summary"])])]
-              if not t["memory_accuracy_summary"].is_empty() else []),
+            *_headline_sections(t, cfg, wins, fig),
+            *_cost_sections(t, quality, fig),
+            *_answer_sections(t, teabag, judges_differ, fig),
+            *_score_sections(t, implementations, fig),
             *(self.panel_section(m, p, out) for m, p in panels),
             render.Section("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),
             render.Section("Retrieval against gold evidence", "", [("", t["retrieval_summary"])],
                           fig("retrieval_recall.png", "evidence recall by k")),
         ]
-        roles = {r: cfg.role(r).model for r in sorted(set(cfg.roles) | {JUDGE_ROLE, "generator"})}
-        corpora = "; ".join(f"`{c.format}` ({c.path})" for c in cfg.corpus.sources())
-        header = [f"Methods: {', '.join(self.methods)}; corpus {corpora}.",
-                  "Models by role: " + ", ".join(f"{r} = {m}" for r, m in roles.items()) + "."]
+        header = _report_header(cfg, self.methods)
         title = f"Run {cfg.run_name}"
         (out / REPORT_MD).write_text(render.render_markdown(title, header, sections, probes))
         (out / REPORT_HTML).write_text(render.render_html(

@@ -19,6 +19,7 @@ used are written beside the tables (`SETTINGS_FILE`) for the dataset card.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ from pipeline.config import Section
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.methods.dialogue import sessions_of
-from stages.methods.session_memories import session_time
+from stages.methods.shared.dialogue import sessions_of
+from stages.methods.shared.session_memories import session_time
 from stages.teabag import generate
 from stages.teabag.generate import Summary
 
@@ -170,6 +171,121 @@ def recorded_settings(section: TeabagConfig, gen: Any, summ: Any, summ_role: str
             "summariser": _role_record(summ_role, summ), "prompt_fingerprint": fingerprint()}
 
 
+def _stamp(llm: Any, fp: str, sample: int = 0) -> dict[str, Any]:
+    """The STAMP columns of a row `llm` made (its `sample`-th try offsets the seed)."""
+    seed = llm.cfg.seed
+    return {"model": llm.cfg.model, "prompt_fingerprint": fp, "seed": None if seed is None else seed + sample}
+
+
+def _record_settings(out_dir: Any, cfg: TeabagConfig, gen: Any, summ: Any, summ_role: str) -> None:
+    """Write SETTINGS_FILE into the stage folder; every shard records the same settings, the first write stays."""
+    if out_dir is not None:
+        path = Path(out_dir) / SETTINGS_FILE
+        if not path.exists():
+            atomic_write_json(path, recorded_settings(cfg, gen, summ, summ_role))
+
+
+async def _summaries(summ: Any, fp: str, episode_id: str, past: dict[int, Rows], max_memories: int) -> Rows:
+    """One SUMMARIES row per past session (its memories; None and the error when the call failed)."""
+    async def summarize(s: int, turns: Rows) -> dict[str, Any]:
+        row = {"episode_id": episode_id, "session_idx": s, "session_time": session_time(turns), **_stamp(summ, fp),
+               "memories": None}
+        memories, failed = await attempt(generate.summarize_session(summ, turns, s, row["session_time"], max_memories))
+        return {**row, "memories": memories, **failed}
+
+    return list(await asyncio.gather(*(summarize(s, t) for s, t in past.items())))
+
+
+@dataclass
+class _Questions:
+    """One episode's TeaBag questions being made: what its question slots share, and the rows they add
+    to `out` (the stage's tables)."""
+    cfg: TeabagConfig
+    gen: Any
+    fp: str
+    episode: dict[str, Any]
+    speakers: list[str]
+    summaries: list[Summary]
+    failed: Rows  # the summary rows whose call failed: no question can be made
+    last: Rows  # session N's turns (the speakers' style)
+    n: int  # sessions 1..N are the past
+    out: dict[str, Rows]
+
+    def stamp(self, sample: int = 0) -> dict[str, Any]:
+        return _stamp(self.gen, self.fp, sample)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"max_tokens": self.cfg.max_tokens} if self.cfg.max_tokens else {}
+
+    async def asks(self, speaker: str, slots: list[tuple[int, str, str]]) -> None:
+        """One speaker's questions in turn, so they differ."""
+        avoid: list[str] = []
+        for k, asker, answerer in slots:
+            if asker == speaker:
+                await self.slot(k, asker, answerer, avoid)
+
+    async def slot(self, k: int, asker: str, answerer: str, avoid: list[str]) -> None:
+        """Question k: a counterfactual question `asker` puts to `answerer`, then its session N+1."""
+        episode_id = self.episode["episode_id"]
+        qid = f"{episode_id}:tb{k}"
+        row: dict[str, Any] = {"episode_id": episode_id, "dataset": self.episode["dataset"], "question_id": qid,
+                               "question_idx": k, "asker": asker, "answerer": answerer, "memory_sessions": self.n,
+                               **self.stamp(), **NO_FAILURE}
+        if self.failed:
+            failed = self.failed[0]
+            self.out["questions"].append({**row, "error": f"session {failed['session_idx']} summary: {failed['error']}"})
+            return
+        made, failed_call = await attempt(generate.generate_question(
+            self.gen, self.summaries, self.speakers, asker, answerer, avoid=avoid, check=self.cfg.counterfactual_check,
+            max_attempts=self.cfg.max_attempts, params=self.params))
+        if made is None:
+            self.out["questions"].append({**row, **failed_call})
+            return
+        self.out["rejects"] += [{"episode_id": episode_id, "question_id": qid, "attempt": r.attempt, "asker": asker,
+                                 "question": r.question, "false_premise": r.false_premise, "answer": r.answer,
+                                 "evidence_sessions": r.evidence_sessions, "reason": r.reason,
+                                 **self.stamp(r.attempt)} for r in made.rejects]
+        a = made.accepted
+        if a is None:
+            self.out["questions"].append({**row, "attempts": len(made.rejects), "checked": False,
+                                          "error": f"no counterfactual question after {len(made.rejects)} attempts"})
+            return
+        avoid.append(a.question)
+        row.update(question=a.question, false_premise=a.false_premise, answer=a.answer,
+                   evidence_sessions=a.evidence_sessions, attempts=a.attempt + 1, checked=a.accepted,
+                   check_reason=a.reason, **self.stamp(a.attempt))
+        await self.session(row, asker, answerer, a)
+
+    async def session(self, row: dict[str, Any], asker: str, answerer: str, a: Any) -> None:
+        """Session N+1 of the accepted question `a` (`row`: its QUESTIONS row so far), ending with it."""
+        n, qid = self.n, row["question_id"]
+        written, failed_call = await attempt(generate.write_session(
+            self.gen, self.summaries, asker, answerer, a, self.last, turns=self.cfg.session_turns,
+            style_turns=self.cfg.style_turns, leak_check=self.cfg.leak_check,
+            max_attempts=self.cfg.session_attempts, params=self.params))
+        if written is None:
+            self.out["questions"].append({**row, **failed_call, "error": f"session {n + 1}: {failed_call['error']}"})
+            return
+        self.out["session_rejects"] += [{"episode_id": row["episode_id"], "question_id": qid, "attempt": r.attempt,
+                                         "asker": asker, "turns": r.turns, "reason": r.reason,
+                                         **self.stamp(r.attempt)} for r in written.rejects]
+        used = written.accepted
+        if used is None:
+            last = written.rejects[-1]
+            self.out["questions"].append({**row, "session_attempts": len(written.rejects), "leak_checked": False,
+                                          "leak_reason": last.reason,
+                                          "error": f"session {n + 1} gave the truth away in all "
+                                                   f"{len(written.rejects)} attempts"})
+            return
+        row.update(session_attempts=used.attempt + 1, leak_checked=used.hidden, leak_reason=used.reason)
+        self.out["questions"].append(row)
+        self.out["sessions"] += [{"episode_id": row["episode_id"], "question_id": qid, "session_idx": n + 1,
+                                  "turn_idx": i, "speaker": t["speaker"], "text": t["text"],
+                                  "is_question": i == len(used.turns) - 1, **self.stamp(used.attempt)}
+                                 for i, t in enumerate(used.turns)]
+
+
 class TeabagStage(EpisodeStage):
     name = section = "teabag"
     settings = TeabagConfig
@@ -183,10 +299,7 @@ class TeabagStage(EpisodeStage):
         cfg: TeabagConfig = ctx.section
         summ_role = summary_role(ctx.cfg)
         gen, summ = ctx.role(GENERATOR_ROLE), ctx.role(summ_role)
-        if ctx.out_dir is not None:  # every shard records the same settings; the first write stays
-            path = Path(ctx.out_dir) / SETTINGS_FILE
-            if not path.exists():
-                atomic_write_json(path, recorded_settings(cfg, gen, summ, summ_role))
+        _record_settings(ctx.out_dir, cfg, gen, summ, summ_role)
         episode = inputs["ingest.episodes"][0]
         sessions = sessions_of(inputs["ingest.turns"])
         n = cfg.sessions or max(sessions, default=0)
@@ -197,82 +310,13 @@ class TeabagStage(EpisodeStage):
             return empty
         n = max(past)
         fp = fingerprint()
-
-        def stamp(llm: Any, sample: int = 0) -> dict[str, Any]:
-            seed = llm.cfg.seed
-            return {"model": llm.cfg.model, "prompt_fingerprint": fp, "seed": None if seed is None else seed + sample}
-
-        async def summarize(s: int, turns: Rows) -> dict[str, Any]:
-            row = {"episode_id": episode_id, "session_idx": s, "session_time": session_time(turns), **stamp(summ),
-                   "memories": None}
-            memories, failed = await attempt(generate.summarize_session(summ, turns, s, row["session_time"],
-                                                                        cfg.max_memories))
-            return {**row, "memories": memories, **failed}
-
-        summary_rows = list(await asyncio.gather(*(summarize(s, t) for s, t in past.items())))
-        failed = [r for r in summary_rows if r["error"]]
-        summaries = [Summary(r["session_idx"], r["session_time"], r["memories"] or []) for r in summary_rows]
-        params = {"max_tokens": cfg.max_tokens} if cfg.max_tokens else {}
-        slots = [(k, speakers[k % 2], speakers[(k + 1) % 2]) for k in range(cfg.questions_per_episode)]
+        summary_rows = await _summaries(summ, fp, episode_id, past, cfg.max_memories)
         out = {**empty, "summaries": summary_rows}
-
-        async def slot(k: int, asker: str, answerer: str, avoid: list[str]) -> None:
-            qid = f"{episode_id}:tb{k}"
-            row: dict[str, Any] = {"episode_id": episode_id, "dataset": episode["dataset"], "question_id": qid,
-                                   "question_idx": k, "asker": asker, "answerer": answerer, "memory_sessions": n,
-                                   **stamp(gen), **NO_FAILURE}
-            if failed:
-                out["questions"].append({**row, "error": f"session {failed[0]['session_idx']} summary: {failed[0]['error']}"})
-                return
-            made, failed_call = await attempt(generate.generate_question(
-                gen, summaries, speakers, asker, answerer, avoid=avoid, check=cfg.counterfactual_check,
-                max_attempts=cfg.max_attempts, params=params))
-            if made is None:
-                out["questions"].append({**row, **failed_call})
-                return
-            out["rejects"] += [{"episode_id": episode_id, "question_id": qid, "attempt": r.attempt, "asker": asker,
-                                "question": r.question, "false_premise": r.false_premise, "answer": r.answer,
-                                "evidence_sessions": r.evidence_sessions, "reason": r.reason, **stamp(gen, r.attempt)}
-                               for r in made.rejects]
-            a = made.accepted
-            if a is None:
-                out["questions"].append({**row, "attempts": len(made.rejects), "checked": False,
-                                         "error": f"no counterfactual question after {len(made.rejects)} attempts"})
-                return
-            avoid.append(a.question)
-            row.update(question=a.question, false_premise=a.false_premise, answer=a.answer,
-                       evidence_sessions=a.evidence_sessions, attempts=a.attempt + 1, checked=a.accepted,
-                       check_reason=a.reason, **stamp(gen, a.attempt))
-            written, failed_call = await attempt(generate.write_session(
-                gen, summaries, asker, answerer, a, past[n], turns=cfg.session_turns, style_turns=cfg.style_turns,
-                leak_check=cfg.leak_check, max_attempts=cfg.session_attempts, params=params))
-            if written is None:
-                out["questions"].append({**row, **failed_call, "error": f"session {n + 1}: {failed_call['error']}"})
-                return
-            out["session_rejects"] += [{"episode_id": episode_id, "question_id": qid, "attempt": r.attempt,
-                                        "asker": asker, "turns": r.turns, "reason": r.reason,
-                                        **stamp(gen, r.attempt)} for r in written.rejects]
-            used = written.accepted
-            if used is None:
-                last = written.rejects[-1]
-                out["questions"].append({**row, "session_attempts": len(written.rejects), "leak_checked": False,
-                                         "leak_reason": last.reason,
-                                         "error": f"session {n + 1} gave the truth away in all "
-                                                  f"{len(written.rejects)} attempts"})
-                return
-            row.update(session_attempts=used.attempt + 1, leak_checked=used.hidden, leak_reason=used.reason)
-            out["questions"].append(row)
-            out["sessions"] += [{"episode_id": episode_id, "question_id": qid, "session_idx": n + 1, "turn_idx": i,
-                                 "speaker": t["speaker"], "text": t["text"], "is_question": i == len(used.turns) - 1,
-                                 **stamp(gen, used.attempt)} for i, t in enumerate(used.turns)]
-
-        async def asks(speaker: str) -> None:  # one speaker's questions in turn, so they differ
-            avoid: list[str] = []
-            for k, asker, answerer in slots:
-                if asker == speaker:
-                    await slot(k, asker, answerer, avoid)
-
-        await asyncio.gather(*(asks(s) for s in speakers))
+        questions = _Questions(cfg, gen, fp, {"episode_id": episode_id, "dataset": episode["dataset"]}, speakers,
+                               [Summary(r["session_idx"], r["session_time"], r["memories"] or []) for r in summary_rows],
+                               [r for r in summary_rows if r["error"]], past[n], n, out)
+        slots = [(k, speakers[k % 2], speakers[(k + 1) % 2]) for k in range(cfg.questions_per_episode)]
+        await asyncio.gather(*(questions.asks(s, slots) for s in speakers))
         for table, key in (("questions", "question_idx"), ("rejects", "attempt"), ("sessions", "turn_idx"),
                            ("session_rejects", "attempt")):
             out[table].sort(key=lambda r: (r["question_id"], r[key]))

@@ -20,8 +20,8 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, Messages
-from stages.methods.dialogue import format_unit
-from stages.methods.session_memories import when
+from stages.methods.shared.dialogue import format_unit
+from stages.methods.shared.session_memories import when
 
 SUMMARY_SYSTEM = (
     "You take notes on one session of a conversation between two people: events, plans, decisions, changes "

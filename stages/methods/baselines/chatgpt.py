@@ -2,8 +2,9 @@
 LD-Agent with no memory and no personas, given only the current session (the last
 `short_term_turns` utterances) and the same length cap.
 
-The response frame lives here so that LD-Agent (`ld_agent.py`, App. D.3 Prompt 4) builds on it: an
-edit to the frame re-runs both methods, an edit to LD-Agent's own prompts re-runs only LD-Agent.
+The response frame lives here so that LD-Agent (`stages/methods/ld_agent/`, App. D.3 Prompt 4)
+builds on it: an edit to the frame re-runs both methods, an edit to LD-Agent's own prompts re-runs
+only LD-Agent.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.llm.types import ChatLLM, Messages
-from stages.methods import response
-from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
-from stages.methods.dialogue import format_unit
+from pipeline.llm.types import Messages
+from stages.methods.shared import response
+from stages.methods.base import Answer, Method, MethodContext, MethodSettings, ProbeInput
+from stages.methods.shared.dialogue import format_unit
 
 # App. D.3 (Prompts 3 and 4), in our words. Every instruction is kept: the respondent's role and
 # habits, the recent conversation to draw on, continue the dialogue in role, what the user just
@@ -68,12 +69,13 @@ def raw_reply_details(raw: str, reply: str) -> dict[str, str]:
     return {"raw_reply": raw} if raw.strip() != reply else {}
 
 
-class LDAgentBase(Method):
+class LDAgentBase(Method[LDAgentBaseSettings]):
     name = "ld_agent_base"
     Settings = LDAgentBaseSettings
     prompts = PROMPTS
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[LDAgentBaseSettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         context = probe.current[-settings.short_term_turns:]
         result = await llm.chat(frame_messages(probe.probe["respondent"], partner(probe), context, probe.request,
                                                settings.response_words))

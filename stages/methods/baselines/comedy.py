@@ -31,14 +31,14 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from pipeline.failures import FAILURE_FIELDS, attempt
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import Messages
 from pipeline.retrieval import count_tokens
-from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+from stages.methods.shared import response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
-from stages.methods.dialogue import format_unit
-from stages.methods.memory_response import ResponseStyle, closing_block
-from stages.methods.session_memories import session_time, when
+from stages.methods.shared.dialogue import format_unit
+from stages.methods.shared.memory_response import ResponseStyle, closing_block
+from stages.methods.shared.session_memories import session_time, when
 
 # Both tables are logs keyed by the end of the session they were written after: a probe sees the
 # summaries and compressed memories of the sessions before its own.
@@ -160,7 +160,7 @@ def latest_memory(memory: dict[str, list[dict]]) -> dict | None:
     return max(ok, key=lambda r: r["snapshot_session"], default=None)
 
 
-class Comedy(Method):
+class Comedy(Method[ComedySettings]):
     name = "comedy"
     Settings = ComedySettings
     memory = {"summaries": SUMMARIES, "compressed": COMPRESSED}
@@ -170,7 +170,7 @@ class Comedy(Method):
     def params(self, settings: ComedySettings) -> dict[str, Any]:
         return {} if settings.temperature is None else {"temperature": settings.temperature}
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[ComedySettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         settings: ComedySettings = ctx.settings
         speakers = speakers_of(episode)
@@ -202,7 +202,8 @@ class Comedy(Method):
             compressed.append(row)
         return {"summaries": summaries, "compressed": compressed}
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[ComedySettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         latest = latest_memory(memory)
         text = latest["memory"] if latest else ""
         question = probe.probe["kind"] == "qa"
@@ -214,7 +215,7 @@ class Comedy(Method):
                       details={"memory_after_session": latest["snapshot_session"] if latest else None,
                                "sessions": list(latest["sessions"]) if latest else []})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: ComedySettings) -> str | None:
         latest = latest_memory(memory)
         return latest["memory"] if latest else None
 

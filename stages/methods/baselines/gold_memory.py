@@ -14,9 +14,8 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.llm.types import ChatLLM
-from stages.methods import memory_response
-from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
+from stages.methods.shared import memory_response
+from stages.methods.base import Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
 
 
 class GoldMemorySettings(MethodSettings):
@@ -64,18 +63,19 @@ def gold_memory(episode: dict[str, Any], before_session: int, kinds: list[str]) 
     return "\n".join(lines), ids, sources
 
 
-class GoldMemory(Method):
+class GoldMemory(Method[GoldMemorySettings]):
     name = "gold_memory"
     Settings = GoldMemorySettings
     shows_memory = True  # the gold summaries, rated like a built memory
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[GoldMemorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         text, ids, sources = gold_memory(probe.episode, probe.probe["session_idx"], settings.kinds)
         return await memory_response.answer_from_memory(
             llm, probe, text, ids,
             details={"gold_sources": sources, "personas_from": persona_source(probe.episode, settings.kinds)},
             style=settings.response_style)
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: GoldMemorySettings) -> str | None:
         return gold_memory(episode.episode, max(episode.sessions, default=0) + 1,
                            settings.kinds)[0] or None

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.llm.types import ChatLLM, LLMError
-from stages.methods.base import Answer, Method, ProbeInput
+from pipeline.llm.types import LLMError
+from stages.methods.base import Answer, Method, MethodContext, MethodSettings, ProbeInput
 
 GOLD_MODEL = "gold"  # the `model` of its responses: no model wrote them
 
@@ -17,10 +17,10 @@ class NoGold(LLMError):
     """The probe carries no gold response to return."""
 
 
-class Golden(Method):
+class Golden(Method[MethodSettings]):
     name = "golden"
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[MethodSettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
         gold = probe.probe.get("gold")
         if gold is None:
             raise NoGold(f"golden: probe {probe.probe['probe_id']} has no gold response")

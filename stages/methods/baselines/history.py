@@ -16,16 +16,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens
-from stages.methods.base import Answer, Method, MethodSettings, ProbeInput
-from stages.methods.dialogue import format_unit, unit_id
-from stages.methods.response import QAPrompt, generate, longmemeval_content
+from stages.methods.base import Answer, Method, MethodContext, MethodSettings, ProbeInput
+from stages.methods.shared.dialogue import format_unit, unit_id
+from stages.methods.shared.response import QAPrompt, generate, longmemeval_content
 
 
 class ZeroHistorySettings(MethodSettings):
     # How QA probes are asked: ours, LoCoMo's task_eval protocol, or LongMemEval's reader (with
-    # Chain-of-Note: longmemeval_con); stages/methods/response.py
+    # Chain-of-Note: longmemeval_con); stages/methods/shared/response.py
     qa_prompt: QAPrompt = "ours"
 
 
@@ -100,11 +99,12 @@ def budget_sessions(sessions: list[list[dict]], budget: int | None, keep: str, c
     return kept
 
 
-class FullHistory(Method):
+class FullHistory(Method[FullHistorySettings]):
     name = "full_history"
     Settings = FullHistorySettings
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[FullHistorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         count = o200k_tokens if settings.budget_tokenizer == "o200k" else count_tokens
         past = [(s, turns) for s, turns in sorted(probe.history.items()) if turns]
         kept = budget_sessions([turns for _, turns in past], settings.token_budget, settings.keep, count,
@@ -120,11 +120,12 @@ class FullHistory(Method):
         return await generate(llm, probe, units, settings.qa_prompt)
 
 
-class ZeroHistory(Method):
+class ZeroHistory(Method[ZeroHistorySettings]):
     name = "zero_history"
     Settings = ZeroHistorySettings
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[ZeroHistorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         return await generate(llm, probe, [], settings.qa_prompt)
 
 

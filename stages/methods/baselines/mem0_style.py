@@ -53,12 +53,12 @@ from pydantic import BaseModel, Field
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.methods import memory_response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, Embed, EpisodeInput, Method, MethodSettings,
+from stages.methods.shared import memory_response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput)
-from stages.methods import response
-from stages.methods.dialogue import build_exchanges, format_unit, last_turns
-from stages.methods.session_memories import session_time
+from stages.methods.shared import response
+from stages.methods.shared.dialogue import build_exchanges, format_unit, last_turns
+from stages.methods.shared.session_memories import session_time
 
 FACTS = pa.schema([
     *SNAPSHOT_FIELDS,  # the store after this unit
@@ -246,7 +246,7 @@ def mem0_answer_messages(groups: list[tuple[str, list[dict]]], question: str) ->
     return [{"role": "system", "content": MEM0_ANSWER_SYSTEM}, {"role": "user", "content": user}]
 
 
-class Mem0Style(Method):
+class Mem0Style(Method[Mem0Settings]):
     name = "mem0_style"
     Settings = Mem0Settings
     memory = {"facts": FACTS, "operations": OPERATIONS, "extractions": EXTRACTIONS}
@@ -296,7 +296,7 @@ class Mem0Style(Method):
             return Decision(op="ADD"), False, failed
         return result.parsed, True, failed
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[Mem0Settings], episode: EpisodeInput) -> dict[str, list[dict]]:
         settings: Mem0Settings = ctx.settings
         eid = episode.episode["episode_id"]
         out: dict[str, list[dict]] = {"facts": [], "operations": [], "extractions": []}
@@ -330,20 +330,21 @@ class Mem0Style(Method):
                     out["facts"] += [{**key, **f} for f in store]
         return out
 
-    async def retrieve(self, probe: ProbeInput, facts: list[dict], settings: Mem0Settings
+    async def retrieve(self, embed: Embed | None, probe: ProbeInput, facts: list[dict], settings: Mem0Settings
                        ) -> list[tuple[str, list[dict]]]:
         """(speaker, the facts retrieved for them, nearest first) for each speaker: the episode's
         speakers in order, then any other speaker with facts."""
         speakers = list(dict.fromkeys([*(probe.episode.get("speakers") or []), *(f["speaker"] for f in facts)]))
         if settings.per_speaker:
-            return [(sp, await most_similar(probe.embed, probe.request, [f for f in facts if f["speaker"] == sp],
+            return [(sp, await most_similar(embed, probe.request, [f for f in facts if f["speaker"] == sp],
                                             settings.top_k)) for sp in speakers]
-        pooled = await most_similar(probe.embed, probe.request, facts, settings.top_k)
+        pooled = await most_similar(embed, probe.request, facts, settings.top_k)
         return [(sp, [f for f in pooled if f["speaker"] == sp]) for sp in speakers]
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[Mem0Settings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         facts = memory.get("facts", [])
-        groups = await self.retrieve(probe, facts, settings)
+        groups = await self.retrieve(ctx.embed, probe, facts, settings)
         chosen = [f for _, group in groups for f in group]
         snapshot = max(((f["snapshot_session"], f["snapshot_turn"]) for f in facts),
                        key=lambda k: (k[0], float("inf") if k[1] is None else k[1]), default=None)
@@ -358,7 +359,7 @@ class Mem0Style(Method):
             llm, probe, speaker_blocks(groups) if chosen else "", [f["fact_id"] for f in chosen], details=details,
             style=settings.response_style, **self.params(settings))
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Mem0Settings) -> str | None:
         return fact_lines(memory.get("facts", [])) or None
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:

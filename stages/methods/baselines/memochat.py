@@ -41,12 +41,12 @@ from pydantic import BaseModel, Field, create_model, model_validator
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens
-from stages.methods import response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+from stages.methods.shared import response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
-from stages.methods.dialogue import format_unit, last_turns
-from stages.methods.memory_response import ResponseStyle, closing_block
-from stages.methods.session_memories import session_time, when
+from stages.methods.shared.dialogue import format_unit, last_turns
+from stages.methods.shared.memory_response import ResponseStyle, closing_block
+from stages.methods.shared.session_memories import session_time, when
 
 # A log: each memo is keyed by the point whose memorization wrote it (a turn inside a session, or
 # the session's end), so a probe sees only memos written from turns before it.
@@ -233,7 +233,7 @@ def in_order(memos: list[dict]) -> list[dict]:
     return sorted(memos, key=lambda m: (m["session_idx"], m["turn_start"]))
 
 
-class MemoChat(Method):
+class MemoChat(Method[MemoChatSettings]):
     name = "memochat"
     Settings = MemoChatSettings
     memory = {"memos": MEMOS, "writes": WRITES}
@@ -266,7 +266,7 @@ class MemoChat(Method):
         return memos, {**log, "topics": len(spans), "memos": len(memos),
                        "pending_from": left[0]["turn_idx"] if left else None}, left
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[MemoChatSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         settings: MemoChatSettings = ctx.settings
         memos: list[dict] = []
@@ -290,7 +290,8 @@ class MemoChat(Method):
                 new = 0
         return {"memos": memos, "writes": writes}
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[MemoChatSettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         memos = in_order(memory.get("memos", []))
         question = probe.probe["kind"] == "qa"
         chosen: list[dict] = []
@@ -319,7 +320,7 @@ class MemoChat(Method):
                       used_ids=[m["memo_id"] for m in chosen], context_tokens=count_tokens(text) if text else 0,
                       context_turns=turns, details=details, model=out.model)
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: MemoChatSettings) -> str | None:
         memos = in_order(memory.get("memos", []))
         return "\n".join(f"[session {m['session_idx']}, turns {m['turn_start']}-{m['turn_end']}] "
                          f"{m['topic']}: {m['summary']}" for m in memos) or None

@@ -27,11 +27,11 @@ from pydantic import BaseModel, Field
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import dense_scores, top_k
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
-from stages.methods import memory_response
-from stages.methods.base import (SNAPSHOT_FIELDS, after_session, Answer, BuildContext, EpisodeInput, Method,
-                                 MethodSettings, ProbeInput)
-from stages.methods.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
-from stages.methods.dialogue import format_unit
+from stages.methods.shared import memory_response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
+                                 ProbeInput, after_session)
+from stages.methods.shared.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
+from stages.methods.shared.dialogue import format_unit
 
 MEMORIES = pa.schema(MEMORY_FIELDS)
 POOL = pa.schema(MEMORY_FIELDS)  # the whole pool after each session (a `snapshots` memory)
@@ -110,7 +110,7 @@ def apply_operations(pool: list[dict], new: list[dict], ops: list[Operation]) ->
     return kept + [new[o.new - 1] for o in ops if o.op == "append"]
 
 
-class SessionMemoryMethod(Method):
+class SessionMemoryMethod(Method[MemorySettings]):
     """Memories summarised at the end of every session; the answer reads all or the top-k."""
 
     Settings: ClassVar[type[MethodSettings]] = MemorySettings
@@ -119,7 +119,7 @@ class SessionMemoryMethod(Method):
     uses_embedder = True
     table = "memories"
 
-    async def session_memories(self, ctx: BuildContext, eid: str, s: int, turns: list[dict],
+    async def session_memories(self, ctx: MethodContext, eid: str, s: int, turns: list[dict],
                                log: list[dict]) -> list[dict]:
         """Session `s`'s memory rows; its summary call is logged (a failed one gives no memories)."""
         events, failed = await attempt(summarize_session(ctx.llm, turns, s, ctx.settings.max_memories))
@@ -127,7 +127,7 @@ class SessionMemoryMethod(Method):
         log.append({**after_session(eid, s), "memories": len(new), **failed})
         return new
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[MemorySettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         out: dict[str, list[dict]] = {"memories": [], "build_log": []}
         for s, turns in episode.sessions.items():
@@ -146,21 +146,22 @@ class SessionMemoryMethod(Method):
                                            if r["error"] is not None})
         return stats
 
-    async def select(self, probe: ProbeInput, memories: list[dict], k: int | None) -> list[dict]:
+    async def select(self, embed: Embed | None, probe: ProbeInput, memories: list[dict], k: int | None) -> list[dict]:
         if k is None:
             return memories
-        if probe.embed is None:  # all memories instead would quietly turn memory retrieval into all_memories
+        if embed is None:  # all memories instead would quietly turn memory retrieval into all_memories
             raise RuntimeError(f"{self.name} retrieves the top {k} memories by embedding similarity but was "
                                "given no embedder")
         if len(memories) <= k:
             return memories
         query = format_unit(probe.current) if probe.current else probe.request
-        vectors = np.asarray(await probe.embed([m["event"] for m in memories] + [query]), dtype=np.float32)
+        vectors = np.asarray(await embed([m["event"] for m in memories] + [query]), dtype=np.float32)
         vectors, qvec = vectors[:-1], vectors[-1]
         return [memories[i] for i in top_k(dense_scores(qvec, vectors), k)]
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
-        chosen = await self.select(probe, memory.get(self.table, []), settings.k)
+    async def answer(self, ctx: MethodContext[MemorySettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
+        chosen = await self.select(ctx.embed, probe, memory.get(self.table, []), settings.k)
         snapshot = max((m["snapshot_session"] for m in memory.get(self.table, [])), default=None)
         turns = {t for m in chosen for t in (m.get("source_turn_ids") or [])}
         if settings.reply_frame == "creem":
@@ -171,7 +172,7 @@ class SessionMemoryMethod(Method):
             llm, probe, memory_lines(chosen), [m["memory_id"] for m in chosen], len(turns),
             details={"memory_after_session": snapshot})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: MemorySettings) -> str | None:
         return memory_lines(memory.get(self.table, [])) or None
 
 
@@ -191,7 +192,7 @@ class UpdatedMemoryMethod(SessionMemoryMethod):
     memory_kind = "snapshots"
     table = "pool"
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[MemorySettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         out: dict[str, list[dict]] = {"pool": [], "operations": [], "build_log": []}
         pool: list[dict] = []

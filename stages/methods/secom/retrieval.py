@@ -13,11 +13,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import BM25Idf, BM25Tokens, Similarity
-from stages.methods import response
-from stages.methods.base import Answer, EpisodeInput, Method, MethodSettings, ProbeInput
-from stages.methods.response import QAPrompt, generate
+from stages.methods.shared import response
+from stages.methods.base import Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
+from stages.methods.shared.response import QAPrompt, generate
 from stages.methods.secom.units import unit_retriever
 
 BANK = "banks.memory_units"
@@ -40,7 +39,7 @@ class RetrievalSettings(MethodSettings):
     bm25_tokens: BM25Tokens = "words"
     bm25_idf: BM25Idf = "lucene"
     # How QA probes are asked: ours, LoCoMo's task_eval protocol, or SeCom's chat frame
-    # (stages/methods/response.py)
+    # (stages/methods/shared/response.py)
     qa_prompt: QAPrompt = "ours"
 
     @model_validator(mode="after")
@@ -54,7 +53,7 @@ class TurnSettings(RetrievalSettings):
     top_k: int | None = Field(default=3, ge=1)
 
 
-class RetrievalMethod(Method):
+class RetrievalMethod(Method[RetrievalSettings]):
     """Retrieve the top-k units of one granularity with the request, answer from them."""
 
     Settings = RetrievalSettings
@@ -63,10 +62,11 @@ class RetrievalMethod(Method):
     shows_memory = True  # its bank units, rated like a built memory
     granularity: ClassVar[str]
 
-    async def rank(self, probe: ProbeInput, settings: RetrievalSettings) -> list[dict]:
+    async def rank(self, ctx: MethodContext[RetrievalSettings], probe: ProbeInput) -> list[dict]:
+        settings = ctx.settings
         pool, retriever = self._index(probe, settings)
-        dense = settings.retriever != "bm25" and probe.embed is not None and pool
-        qvec = (await probe.embed([probe.request]))[0] if dense else None  # type: ignore[misc]
+        dense = settings.retriever != "bm25" and ctx.embed is not None and pool
+        qvec = (await ctx.embed([probe.request]))[0] if dense else None  # type: ignore[misc]
         hits = retriever.search(probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
                                 budget=settings.token_budget, hybrid_weight=settings.hybrid_weight)
         by_id = {u["unit_id"]: u for u in pool}
@@ -93,10 +93,11 @@ class RetrievalMethod(Method):
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_indexes"}  # a memo never travels
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, Any], settings: Any) -> Answer:
-        return await generate(llm, probe, await self.rank(probe, settings), settings.qa_prompt)
+    async def answer(self, ctx: MethodContext[RetrievalSettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
+        return await generate(llm, probe, await self.rank(ctx, probe), settings.qa_prompt)
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: RetrievalSettings) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]
         return response.format_memory(units) or None
 

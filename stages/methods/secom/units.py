@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from pipeline.retrieval import Retriever, count_tokens
 from pipeline.stage import Rows
-from stages.methods.dialogue import Span, build_exchanges, format_unit, unit_id
+from stages.methods.shared.dialogue import Span, build_exchanges, format_unit, unit_id
 
 UNIT_FIELDS = [
     pa.field("episode_id", pa.string(), nullable=False),
@@ -31,6 +31,25 @@ UNIT_FIELDS = [
     pa.field("compressed_text", pa.string()),  # the retrieval key after denoising
     pa.field("compression", pa.string()),  # method@rate, or "none"
 ]
+
+
+def bank_schema(vector_dim: int) -> pa.Schema:
+    """A memory bank's row (the Lance tables the `banks` stage writes through pipeline/lance_store.py):
+    a unit with the embedding of its retrieval key, `vector_dim` values."""
+    return pa.schema([
+        pa.field("unit_id", pa.string(), nullable=False),
+        pa.field("episode_id", pa.string(), nullable=False),
+        pa.field("granularity", pa.string(), nullable=False),  # turn | session | segment | ...
+        pa.field("session_idx", pa.int32()),
+        pa.field("turn_start", pa.int32()),  # first turn_idx covered by the unit
+        pa.field("turn_end", pa.int32()),  # last turn_idx covered (inclusive)
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("compressed_text", pa.string()),  # denoised retrieval key; null = not compressed
+        pa.field("vector", pa.list_(pa.float32(), vector_dim)),
+    ])
+
+
+BANK_COLUMNS = tuple(bank_schema(1).names)
 
 
 def unit_exchanges(turns: Sequence[dict]) -> list[str]:

@@ -8,7 +8,7 @@ Theanine credits RSum-LLM's long answers, 77 words on average, for its specifici
 
 Also CREEM's response frame (App. A.4, `creem_reply_messages`): CREEM answers with it, and so do its
 stand-in baselines with `reply_frame: creem` (CREEM Sec. 3.2 gives every method the same response
-generator), which is why it lives here and not in creem.py."""
+generator), which is why it lives here and not in creem/."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens
-from stages.methods import response
+from stages.methods.shared import response
 from stages.methods.base import Answer, ProbeInput
-from stages.methods.dialogue import format_unit
+from stages.methods.shared.dialogue import format_unit
 
 ResponseStyle = Literal["paper", "short"]
 
@@ -62,7 +62,7 @@ async def answer_from_memory(llm: ChatLLM, probe: ProbeInput, memory: str, used_
 
 
 # ------------------------------------------------------------------------------- CREEM's frame
-# CREEM App. A.4's response frame, here rather than in creem.py because CREEM's stand-in baselines
+# CREEM App. A.4's response frame, here rather than in creem/ because CREEM's stand-in baselines
 # answer with it too (`reply_frame: creem` of all_memories and ld_agent): CREEM Sec. 3.2 gives every
 # method the same response generator, so Table 3 compares memories, not prompts or lengths. Every
 # element of A.4, in our words: a response generator that takes the memory into account and

@@ -40,20 +40,11 @@ from pipeline.errors import ConfigError
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, within_tokens
-from stages.methods import response
-from stages.methods.base import (
-    SNAPSHOT_FIELDS,
-    Answer,
-    BuildContext,
-    EpisodeInput,
-    Method,
-    MethodSettings,
-    ProbeInput,
-    ReportPanel,
-    after_session,
-)
-from stages.methods.dialogue import format_unit
-from stages.methods.session_memories import (
+from stages.methods.shared import response
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
+                                 ProbeInput, ReportPanel, after_session)
+from stages.methods.shared.dialogue import format_unit
+from stages.methods.shared.session_memories import (
     MEMORY_FIELDS,
     memory_lines,
     memory_rows,
@@ -95,6 +86,9 @@ class TheanineSettings(MethodSettings):
     max_memories: int = Field(default=10, ge=1)  # memories summarised per session
     link_mode: g.LinkMode = "recent_per_component"
     relation_aware: bool = True  # False: no labelling, every candidate is linked as `graph.SIMILAR`
+    # Without relation labels: whether the most-recent-per-component rule still applies to the
+    # (unlabelled) candidates (theanine_no_relation's ablation).
+    per_component: bool = True
     refine: bool = True  # Phase II-2
     # Algorithm 2 loops over the components of the retrieved memories, while Section 2.2 collects
     # k*n timelines: `memory` (default) = n per retrieved memory; `component` = n per component.
@@ -114,8 +108,6 @@ class TheanineAllSettings(TheanineSettings):
 
 class TheanineNoRelationSettings(TheanineSettings):
     relation_aware: Literal[False] = False  # type: ignore[assignment]
-    # Whether the most-recent-per-component rule still applies to the (unlabelled) candidates.
-    per_component: bool = True
 
 
 class TheanineNoRefineSettings(TheanineSettings):
@@ -136,7 +128,7 @@ def graph_of(memories: list[dict], edges: list[dict]) -> g.Graph:
     return graph
 
 
-class Theanine(Method):
+class Theanine(Method[TheanineSettings]):
     name = "theanine"
     Settings: ClassVar[type[MethodSettings]] = TheanineSettings
     memory = {"memories": MEMORIES, "edges": EDGES, "link_labels": LINK_LABELS, "build_log": BUILD_LOG}
@@ -148,18 +140,18 @@ class Theanine(Method):
     # ---------------------------------------------------------------- Phase I
 
     async def label(self, llm: ChatLLM, older: dict, newer: dict, sessions: dict[int, list[dict]],
-                    settings: Any) -> prompts.RelationLabel:
+                    settings: TheanineSettings) -> prompts.RelationLabel:
         msgs = prompts.relation_messages(
             older, newer, origin_dialogue(sessions[older["session_idx"]], settings.origin_tokens),
             origin_dialogue(sessions[newer["session_idx"]], settings.origin_tokens))
         return (await llm.chat(msgs, schema=prompts.RelationLabel)).parsed
 
-    def link_mode(self, settings: Any) -> g.LinkMode:
-        if not settings.relation_aware and not getattr(settings, "per_component", True):
+    def link_mode(self, settings: TheanineSettings) -> g.LinkMode:
+        if not settings.relation_aware and not settings.per_component:
             return "all_candidates"
         return settings.link_mode
 
-    async def build(self, ctx: BuildContext, episode: EpisodeInput) -> dict[str, list[dict]]:
+    async def build(self, ctx: MethodContext[TheanineSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         settings, eid = ctx.settings, episode.episode["episode_id"]
         if ctx.embed is None:
             raise ConfigError(f"{self.name} links memories by embedding similarity: configure `embedding:`")
@@ -190,7 +182,7 @@ class Theanine(Method):
         return out
 
     async def link(self, llm: ChatLLM, graph: g.Graph, by_id: dict[str, dict], vectors: dict[str, np.ndarray],
-                   new: list[dict], new_vectors: np.ndarray, sessions: dict[int, list[dict]], settings: Any
+                   new: list[dict], new_vectors: np.ndarray, sessions: dict[int, list[dict]], settings: TheanineSettings
                    ) -> tuple[list[g.Edge], list[dict]]:
         """Algorithm 1 for one session: every new memory against the graph as it stood before it."""
         if not graph.ages or not new:
@@ -228,7 +220,7 @@ class Theanine(Method):
 
     # ---------------------------------------------------------------- Phase II and III
 
-    def timelines(self, graph: g.Graph, retrieved: list[str], settings: Any, probe_id: str
+    def timelines(self, graph: g.Graph, retrieved: list[str], settings: TheanineSettings, probe_id: str
                   ) -> tuple[list[list[str]], bool, int]:
         """Algorithm 2's timelines for the retrieved memories, in their order: (paths, whether an
         enumeration hit `max_paths`, timelines short). With `dedupe_timelines` a path already chosen
@@ -247,8 +239,9 @@ class Theanine(Method):
             chosen += drawn
         return chosen, bound_hit, short
 
-    async def answer(self, llm: ChatLLM, probe: ProbeInput, memory: dict[str, list[dict]], settings: Any) -> Answer:
-        if probe.embed is None:  # without it there is no retrieval, so no timelines: refuse, do not guess
+    async def answer(self, ctx: MethodContext[TheanineSettings], probe: ProbeInput, memory: dict[str, list[dict]]) -> Answer:
+        llm, settings = ctx.llm, ctx.settings
+        if ctx.embed is None:  # without it there is no retrieval, so no timelines: refuse, do not guess
             raise ConfigError(f"{self.name} retrieves memories by embedding similarity: configure `embedding:`")
         memories = memory.get("memories", [])
         by_id = {m["memory_id"]: m for m in memories}
@@ -259,7 +252,7 @@ class Theanine(Method):
         retrieved: list[str] = []
         if memories:
             ids = [m["memory_id"] for m in memories]
-            qvec = np.asarray((await probe.embed([dialogue]))[0], dtype=np.float32)
+            qvec = np.asarray((await ctx.embed([dialogue]))[0], dtype=np.float32)
             retrieved = g.top_similar(qvec, ids, np.asarray([m["vector"] for m in memories], dtype=np.float32),
                                       settings.k)
         paths, bound_hit, dropped = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])
@@ -285,7 +278,7 @@ class Theanine(Method):
             details={"retrieved": retrieved, "timelines": paths, "raw_timelines": raw, "refined_timelines": refined,
                      "timelines_per": settings.timelines_per, "bound_hit": bound_hit, "dropped": dropped})
 
-    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Any) -> str | None:
+    def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: TheanineSettings) -> str | None:
         return memory_lines(memory.get("memories", [])) or None
 
     def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:

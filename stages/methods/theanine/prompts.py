@@ -12,7 +12,7 @@ from typing import Literal, Sequence
 from pydantic import BaseModel, Field
 
 from pipeline.llm.types import Messages
-from stages.methods.session_memories import memory_when
+from stages.methods.shared.session_memories import memory_when
 from stages.methods.theanine.graph import RELATIONS
 
 # What each relation means for an edge from an earlier memory {a} to a later memory {b} (App. A.1,
