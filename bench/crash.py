@@ -27,11 +27,9 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,8 @@ import pyarrow.parquet as pq
 
 from pipeline.llm.cache import cache_stats
 
-from harness import KEY_ENV, ROOT, FakeServer, fake_sets, manifest, mempipe, mempipe_cmd, table, write_results
+from harness import (KEY_ENV, ROOT, FakeServer, fake_sets, manifest, mempipe, mempipe_cmd, table, temp_workdir,
+                     write_results)
 from make_corpus import write_corpus
 
 STAGES = "stages=[ingest,guidance,segment,compress,banks,probes,respond_turn]"
@@ -370,14 +369,8 @@ def render(a: argparse.Namespace, r: dict[str, Any], checks: list[tuple[str, int
 
 def main() -> int:
     a = parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="mempipe-crash-"))
-    try:
+    with temp_workdir("mempipe-crash-", a.keep) as workdir:
         r = crash_and_compare(a, workdir)
-    finally:
-        if a.keep:
-            print(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     checks = [("calls finished before the kill that the rerun sent again: 0", r["calls"]["repeated"]),
               ("calls sent again although the cache held their answer at the kill: 0",
                r["calls"]["resent_despite_cache"]),

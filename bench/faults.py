@@ -40,8 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import tempfile
 import threading
 import time
 import urllib.request
@@ -52,7 +50,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness import FakeServer, fake_sets, mempipe, table, write_results
+from harness import FakeServer, fake_sets, mempipe, table, temp_workdir, write_results
 from make_corpus import write_corpus
 
 FAULTS = "429=0.1,500=0.05,timeout=0.02,malformed=0.05,badjson=0.05"
@@ -397,14 +395,8 @@ def run_all(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def main() -> int:
     a = parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="mempipe-faults-"))
-    try:
+    with temp_workdir("mempipe-faults-", a.keep) as workdir:
         r = run_all(a, workdir)
-    finally:
-        if a.keep:
-            print(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     checks = targets(r["runs"], r["retry"])
     missed = any(n for _, n in checks)
     server = {k: {s: {**v, "keys": len(v["keys"])} for s, v in server_report(e).items()}

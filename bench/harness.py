@@ -3,16 +3,19 @@ runs in subprocesses against it, manifests, and the results files (Markdown + JS
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -110,3 +113,16 @@ def write_results(name: str, title: str, body: str, data: dict[str, Any]) -> Non
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.md").write_text(text)
     (RESULTS / f"{name}.json").write_text(json.dumps({"when": stamp, **data}, indent=2, default=str))
+
+
+@contextlib.contextmanager
+def temp_workdir(prefix: str, keep: bool) -> Iterator[Path]:
+    """A fresh temporary folder for one benchmark run, removed after it unless `keep` (then named)."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield workdir
+    finally:
+        if keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)

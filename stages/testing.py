@@ -15,6 +15,7 @@ in-process client are `pipeline.testing.fake_openai.FakeOpenAI` and `pipeline.te
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from pipeline.config import resolve_paths
 from pipeline.runner import Runner
 from pipeline.testing.fake_openai import FakeOpenAI
 from stages import load_config, registry
-from stages.method_stages import memory_stage_name, respond_stage_name
+from stages.method_stages import respond_stage_name
 from stages.methods import METHODS
 from stages.methods.base import Method
 
@@ -44,8 +45,6 @@ def run_method(method: Method, llm_url: str, workdir: Path, *, settings: Mapping
     returns each table the run wrote as "<stage>.<table>". `settings`: the method's settings
     (`method.<name>.<key>`); `sets`: any other config keys as `--set` takes them; `executor`: `ray`
     runs the shards on Ray as a real run does (slower to start)."""
-    import os
-
     os.environ.setdefault(_KEY_ENV, "sk-fake-for-tests")
     methods = {**METHODS, method.name: method}
     cfg = resolve_paths(load_config(None, [
@@ -57,25 +56,11 @@ def run_method(method: Method, llm_url: str, workdir: Path, *, settings: Mapping
         "teabag.enabled=false",
         *(f"method.{method.name}.{k}={v}" for k, v in (settings or {}).items()), *sets,
     ], methods=methods))
-    stages = ["ingest", "probes", *([memory_stage_name(method.name)] if method.has_memory_stage else []),
-              respond_stage_name(method.name)]
-    stages = [*_needed(cfg, methods, stages)]
-    Runner(cfg, {k: v for k, v in registry(cfg, methods).items() if k in stages}).run()
-    return {f"{stage}.{table}": StageDir(cfg.run_dir, stage).read_table(table)
-            for stage in stages for table in registry(cfg, methods)[stage].outputs}
-
-
-def _needed(cfg: Any, methods: Mapping[str, Method], wanted: list[str]) -> list[str]:
-    """`wanted` and every stage they read, in pipeline order (SeCom-like methods need `banks`)."""
-    every = registry(cfg, methods)
-    keep: set[str] = set()
-    todo = list(wanted)
-    while todo:
-        name = todo.pop()
-        if name not in keep:
-            keep.add(name)
-            todo += [i for i in every[name].inputs if i in every]
-    return [name for name in every if name in keep]
+    runner = Runner(cfg, registry(cfg, methods))
+    respond = respond_stage_name(method.name)
+    runner.run(until=respond)  # the method's answers and whatever they need (banks for SeCom-like methods)
+    ran = [s for s in runner.plan if s.name in runner.upstream(respond)]
+    return {f"{s.name}.{table}": StageDir(cfg.run_dir, s.name).read_table(table) for s in ran for table in s.outputs}
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from pipeline.retrieval import count_tokens
 from pipeline.stage import StageContext
 from stages.judging import judge_memory, judge_pairwise, pairwise
 from stages.judging.judge_memory import JudgeMemoryStage, dialogue_within, speaker_lines
-from stages.judging.judge_pairwise import JudgePairwiseStage, past_within, reference_shown_first
+from stages.judging.judge_pairwise import JudgePairwiseStage
+from stages.judging.pairwise import past_within, reference_shown_first
 from stages.methods.base import MethodContext, ProbeInput
 from stages.methods.baselines.golden import Golden, NoGold
 from stages.metrics.significance import bootstrap_mean_interval, cluster_bootstrap_interval, sign_test, wilson_interval

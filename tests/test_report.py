@@ -11,7 +11,7 @@ from pipeline.artifacts import StageDir
 from stages.cli import main
 from pipeline.runner import Runner
 from stages import registry
-from stages.judging.judge_pairwise import reference_shown_first
+from stages.judging.pairwise import reference_shown_first
 
 METHODS = ["secom", "turn", "full_history"]
 # The judges as the papers run them, not as the default job sizes them.

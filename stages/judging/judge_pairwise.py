@@ -22,7 +22,6 @@ rule is ours; the Theanine configs turn it off and show the whole current sessio
 from __future__ import annotations
 
 import asyncio
-import random
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -30,11 +29,11 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from pipeline.errors import ConfigError
-from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
-from stages.methods.shared.dialogue import format_unit, last_turns, sessions_of
+from stages.methods.shared.dialogue import last_turns, sessions_of
 from stages.judging import pairwise
+from stages.judging.pairwise import Past, past_within, reference_shown_first, session_summaries, transcript
 from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
 from stages.probes import probe_view, sample
@@ -98,48 +97,6 @@ class JudgePairwiseSettings(JudgeSettings):
         if self.per_call == "all" and self.protocol == "creem":
             raise ValueError("per_call: all is for the both_orders protocol; CREEM B.1 judges one metric per prompt")
         return self
-
-
-def transcript(turns: list[dict]) -> str:
-    return format_unit(turns) or "(nothing yet)"
-
-
-@dataclass
-class Past:
-    """The earlier sessions as the judge sees them."""
-
-    text: str
-    shown: int  # sessions shown in full
-    summarised: int  # sessions shown as the corpus's summary instead
-    truncated: bool  # some earlier session is not shown in full
-
-
-def past_within(sessions: dict[int, Rows], before: int, budget: int | None,
-                summaries: dict[int, str] | None = None) -> Past:
-    """The sessions before `before`, oldest first. With a budget (cl100k), the most recent whole
-    sessions that fit; the older ones are replaced by their `summaries` (newest first, within what
-    is left of the budget) where there are any, else dropped."""
-    past = [s for s, turns in sessions.items() if s < before and turns]
-    blocks = [f"[Session {s}]\n{transcript(sessions[s])}" for s in past]
-    full = within_tokens(blocks, budget)
-    older = past[:len(past) - len(full)]
-    summarised: list[str] = []
-    if older and summaries and budget is not None:
-        left = budget - sum(count_tokens(b) for b in full)
-        notes = [f"[Session {s}, summary]\n{summaries[s]}" for s in older if summaries.get(s)]
-        summarised = within_tokens(notes, left) if left > 0 else []
-    return Past("\n\n".join(summarised + full), len(full), len(summarised), bool(older))
-
-
-def reference_shown_first(seed: int, episode_id: str, probe_id: str, other: str, criterion: str, sample: int) -> bool:
-    """CREEM protocol: the reference's position for one sample, drawn from a seeded RNG (the same
-    config always shows the same order; different samples of an item are drawn independently)."""
-    return random.Random(f"{seed}:{episode_id}:{probe_id}:{other}:{criterion}:{sample}").random() < 0.5
-
-
-def session_summaries(episode: dict[str, Any]) -> dict[int, str]:
-    """The corpus's own summary of each session (LoCoMo's), when the episode carries them."""
-    return {n["session_idx"]: n["text"] for n in episode.get("notes") or [] if n["kind"] == "summary" and n["text"]}
 
 
 @dataclass

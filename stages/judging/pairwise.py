@@ -16,11 +16,16 @@ All wording is ours.
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, LLMError, Messages, ask_samples
+from pipeline.retrieval import count_tokens, within_tokens
+from pipeline.stage import Rows
+from stages.methods.shared.dialogue import format_unit
 
 CRITERIA = {
     "specificity": "Specificity: the response is concrete and particular to this conversation and this "
@@ -196,3 +201,47 @@ async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, 
     return [r if isinstance(r, LLMError) else
             (preferred_side(r.parsed.better, reference_first), getattr(r.parsed, "reason", None), r.model)
             for r in results]
+
+
+# ------------------------------------------------------------------ what the judge is shown
+
+def transcript(turns: list[dict]) -> str:
+    return format_unit(turns) or "(nothing yet)"
+
+
+@dataclass
+class Past:
+    """The earlier sessions as the judge sees them."""
+
+    text: str
+    shown: int  # sessions shown in full
+    summarised: int  # sessions shown as the corpus's summary instead
+    truncated: bool  # some earlier session is not shown in full
+
+
+def past_within(sessions: dict[int, Rows], before: int, budget: int | None,
+                summaries: dict[int, str] | None = None) -> Past:
+    """The sessions before `before`, oldest first. With a budget (cl100k), the most recent whole
+    sessions that fit; the older ones are replaced by their `summaries` (newest first, within what
+    is left of the budget) where there are any, else dropped."""
+    past = [s for s, turns in sessions.items() if s < before and turns]
+    blocks = [f"[Session {s}]\n{transcript(sessions[s])}" for s in past]
+    full = within_tokens(blocks, budget)
+    older = past[:len(past) - len(full)]
+    summarised: list[str] = []
+    if older and summaries and budget is not None:
+        left = budget - sum(count_tokens(b) for b in full)
+        notes = [f"[Session {s}, summary]\n{summaries[s]}" for s in older if summaries.get(s)]
+        summarised = within_tokens(notes, left) if left > 0 else []
+    return Past("\n\n".join(summarised + full), len(full), len(summarised), bool(older))
+
+
+def reference_shown_first(seed: int, episode_id: str, probe_id: str, other: str, criterion: str, sample: int) -> bool:
+    """CREEM protocol: the reference's position for one sample, drawn from a seeded RNG (the same
+    config always shows the same order; different samples of an item are drawn independently)."""
+    return random.Random(f"{seed}:{episode_id}:{probe_id}:{other}:{criterion}:{sample}").random() < 0.5
+
+
+def session_summaries(episode: dict[str, Any]) -> dict[int, str]:
+    """The corpus's own summary of each session (LoCoMo's), when the episode carries them."""
+    return {n["session_idx"]: n["text"] for n in episode.get("notes") or [] if n["kind"] == "summary" and n["text"]}
