@@ -27,14 +27,16 @@ utterance's words, the speaker tag and every line intact. A user's run never ent
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.content_cache import ContentCache
 from pipeline.models import DEFAULT_CACHE_DIR
 from pipeline.simulation import simulating_models
 
@@ -163,7 +165,8 @@ class Compressor:
 
     def __init__(self, method: CompressMethod = "llmlingua", model: str | None = None,
                  rate: float = 0.75, cache_dir: str | Path = DEFAULT_CACHE_DIR,
-                 device: str = "cpu", min_words: int = 4, restore_pruned_lines: bool = True) -> None:
+                 device: str = "cpu", min_words: int = 4, restore_pruned_lines: bool = True,
+                 results_dir: str | Path | None = None) -> None:
         if method not in ("llmlingua2", "llmlingua", "none"):
             raise ValueError(f"unknown compression method {method!r} (llmlingua2, llmlingua, none)")
         if not 0.0 < rate <= 1.0:
@@ -182,6 +185,10 @@ class Compressor:
         # LLMLingua-2's exchanges tidied by `restore_exchange` (ours), or kept exactly as returned once
         # every line and tag is there (False: what SeCom's official code indexes)
         self.restore_pruned_lines = restore_pruned_lines
+        # What the model returned for an input, kept on disk (None: not kept): a later run or
+        # worker asks the model only for inputs it has not seen, and loads it only then.
+        self.results = None if results_dir is None or method == "none" else ContentCache(
+            results_dir, self._model_identity(), "compression cache")
 
     @property
     def name(self) -> str:
@@ -190,6 +197,28 @@ class Compressor:
             return "none"
         kept = "" if self.restore_pruned_lines else ":as_returned"
         return f"{self.method}:{self.model or 'default'}:rate={self.rate}:min_words={self.min_words}{kept}"
+
+    def _model_identity(self) -> str:
+        """What a model call's output depends on: the method, the model and the rate, and the
+        llmlingua release (its thresholds have changed between releases)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("llmlingua")
+        except PackageNotFoundError:
+            release = "?"
+        return f"{self.method}:{self.model or 'default'}:rate={self.rate}:llmlingua={release}"
+
+    def _model_call(self, payload: str, call: Callable[[Any], Any]) -> Any:
+        """`call(prompt_compressor)` for one input (`payload` says it whole), or what the results
+        cache holds for it. The model loads on the first miss; calls hold the model lock."""
+        if self.results is not None and (kept := self.results.get_many([payload])[0]) is not None:
+            return kept
+        with _COMPRESS_LOCK:  # the shared torch model is not safe to call from several threads at once
+            out = call(self._compressor())
+        if self.results is not None:
+            self.results.set_many([(payload, out)])
+        return out
 
     def _compressor(self) -> Any:
         from pipeline.models import ensure_tiktoken_offline
@@ -251,30 +280,30 @@ class Compressor:
             min_words = self.min_words if self.per_line else 0
             return Compressed("\n".join(simulate_line(line, tags, self.rate, min_words) for line in text.split("\n")),
                               "per_line" if self.per_line else "per_exchange")
-        pc = self._compressor()
-        with _COMPRESS_LOCK:  # the shared torch model is not safe to call from several threads at once
-            if not self.per_line:
-                out = pc.compress_prompt(**llmlingua2_arguments(exchanges, tags, self.rate))
-                parts = [str(c) for c in out["compressed_prompt_list"]]
-                if not self.restore_pruned_lines:
-                    if len(parts) == len(exchanges) and all(exchange_intact(o, c, tags) for o, c in zip(exchanges, parts)):
-                        return Compressed("\n".join(parts), "per_exchange")
-                else:
-                    restored = [restore_exchange(o, c, tags) for o, c in zip(exchanges, parts)]
-                    if len(parts) == len(exchanges) and all(r is not None for r in restored):
-                        n = sum(pruned_lines(o, c, tags) for o, c in zip(exchanges, parts))
-                        return Compressed("\n".join(restored), "per_exchange", n)  # type: ignore[arg-type]
-            cache = {} if lines is None else lines
-            out_lines = []
-            for line in text.split("\n"):
-                if line not in cache:
-                    cache[line] = self._compress_line(pc, line, tags)
-                out_lines.append(cache[line])
+        if not self.per_line:
+            arguments = llmlingua2_arguments(exchanges, tags, self.rate)
+            parts = self._model_call(json.dumps(["exchanges", arguments], sort_keys=True), lambda pc: [
+                str(c) for c in pc.compress_prompt(**arguments)["compressed_prompt_list"]])
+            if not self.restore_pruned_lines:
+                if len(parts) == len(exchanges) and all(exchange_intact(o, c, tags) for o, c in zip(exchanges, parts)):
+                    return Compressed("\n".join(parts), "per_exchange")
+            else:
+                restored = [restore_exchange(o, c, tags) for o, c in zip(exchanges, parts)]
+                if len(parts) == len(exchanges) and all(r is not None for r in restored):
+                    n = sum(pruned_lines(o, c, tags) for o, c in zip(exchanges, parts))
+                    return Compressed("\n".join(restored), "per_exchange", n)  # type: ignore[arg-type]
+        cache = {} if lines is None else lines
+        out_lines = []
+        for line in text.split("\n"):
+            if line not in cache:
+                cache[line] = self._compress_line(line, tags)
+            out_lines.append(cache[line])
         return Compressed("\n".join(out_lines), "per_line")
 
-    def _compress_line(self, pc: Any, line: str, tags: Sequence[str]) -> str:
+    def _compress_line(self, line: str, tags: Sequence[str]) -> str:
         tag, utterance = split_known_tag(line, tags)
         if len(utterance.split()) < self.min_words:
             return line
-        short = self._compress_utterance(pc, utterance) or utterance
+        short = self._model_call(json.dumps(["utterance", utterance]),
+                                 lambda pc: self._compress_utterance(pc, utterance)) or utterance
         return f"{tag} {short}" if tag else short

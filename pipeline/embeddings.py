@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import hashlib
 import logging
 import queue
 import re
-import sqlite3
 import threading
 import weakref
 import zlib
@@ -27,6 +25,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 import numpy as np
 
 from pipeline.config import EmbeddingConfig
+from pipeline.content_cache import ContentCache
 from pipeline.errors import ConfigError
 from pipeline.simulation import simulating_models
 
@@ -222,64 +221,20 @@ class CachedEmbedder:
         return np.stack([vectors[t] for t in texts]).astype(np.float32, copy=False)
 
 
-class VectorCache:
-    """Vectors by content in a diskcache (SQLite, safe across processes): key = sha256 of the
-    embedder's identity and the text. A cache that cannot be read or written is set aside with a
-    warning and the run embeds without it; a wrong-length value is never served."""
+class VectorCache(ContentCache):
+    """Vectors by content (`ContentCache`: sha256 of the embedder's identity and the text). A
+    wrong-length value is never served."""
 
-    def __init__(self, directory: str | Path, identity: str) -> None:
-        self.directory = str(directory)
-        self.identity = identity
-        self._cache: Any = None
-        self._broken = False
-
-    def _key(self, text: str) -> str:
-        return hashlib.sha256(f"{self.identity}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
-
-    def _open(self) -> Any:
-        if self._cache is None and not self._broken:
-            import diskcache
-
-            try:
-                self._cache = diskcache.Cache(self.directory, size_limit=2**34, eviction_policy="least-recently-stored")
-            except (OSError, sqlite3.Error) as e:
-                self._give_up(e)
-        return self._cache
-
-    def _give_up(self, e: BaseException) -> None:
-        log.warning("embedding vector cache %s set aside (%s: %s); embedding without it", self.directory,
-                    type(e).__name__, e)
-        self._broken, self._cache = True, None
+    def __init__(self, directory: str | Path, identity: str, what: str = "embedding vector cache") -> None:
+        super().__init__(directory, identity, what)
 
     def get_many(self, texts: list[str]) -> list[np.ndarray | None]:
-        cache = self._open()
-        if cache is None:
-            return [None] * len(texts)
-        try:
-            raw = [cache.get(self._key(t)) for t in texts]
-        except (OSError, sqlite3.Error) as e:
-            self._give_up(e)
-            return [None] * len(texts)
         # Anything but a whole float32 vector (a foreign or damaged value) is a miss.
         return [np.frombuffer(v, dtype=np.float32) if isinstance(v, bytes) and v and len(v) % 4 == 0 else None
-                for v in raw]
+                for v in super().get_many(texts)]
 
-    def set_many(self, texts: list[str], vectors: np.ndarray) -> None:
-        cache = self._open()
-        if cache is None:
-            return
-        try:
-            with cache.transact():
-                for t, v in zip(texts, vectors):
-                    cache.set(self._key(t), np.asarray(v, dtype=np.float32).tobytes())
-        except (OSError, sqlite3.Error) as e:
-            self._give_up(e)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"directory": self.directory, "identity": self.identity}  # workers open their own
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["directory"], state["identity"])  # type: ignore[misc]
+    def set_many(self, texts: list[str], vectors: np.ndarray) -> None:  # type: ignore[override]
+        super().set_many((t, np.asarray(v, dtype=np.float32).tobytes()) for t, v in zip(texts, vectors))
 
 
 class _Rounds:

@@ -20,6 +20,21 @@ ROOT = TESTS.parent
 TEST_KEY_ENV = "MEMPIPE_TEST_LLM_KEY"  # tests set a fake secret here; never a real key
 
 
+@pytest.fixture(autouse=True)
+def _fresh_endpoint_knowledge() -> Iterator[None]:
+    """What this process learnt about endpoints (parameters refused, endpoints failing or down) is
+    kept per base URL, and a fake server of a later test may get an earlier one's port: each test
+    starts knowing nothing."""
+    from pipeline.llm import params, transport
+
+    states = (params._DROPPED_PARAMS, transport._FAILING_ENDPOINTS, transport._DOWN_ENDPOINTS)
+    for state in states:
+        state.clear()
+    yield
+    for state in states:
+        state.clear()
+
+
 @pytest.fixture
 def fake_llm(tmp_path: Path) -> Iterator[FakeOpenAI]:
     """A started fake server; `cache_dir` is a fresh directory for this test's LLM cache."""

@@ -225,3 +225,25 @@ def test_llmlingua2_path_keeps_tags(no_network: None, tmp_path: Path) -> None:
     _check_shape(DIALOGUE, out.text)
     assert out.path == "per_exchange"  # forced tags and newlines survive LLMLingua-2 itself
     assert len(out.text.split()) < len(DIALOGUE.split())
+
+
+@pytest.mark.parametrize("method", ["llmlingua2", "llmlingua"])
+def test_kept_results_are_served_without_the_model_and_only_for_the_same_method_and_rate(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, method: str) -> None:
+    fake = FakeLingua()
+    first = Compressor(method=method, rate=0.75, results_dir=tmp_path / "kept")  # type: ignore[arg-type]
+    monkeypatch.setattr(first, "_compressor", lambda: fake)
+    out = first.compress_unit(EXCHANGES, SPEAKERS)
+    asked = len(fake.calls)
+    assert asked > 0
+
+    # A later run (a fresh instance, as in another worker) is answered from disk: the model is never loaded.
+    again = pickle.loads(pickle.dumps(Compressor(method=method, rate=0.75, results_dir=tmp_path / "kept")))  # type: ignore[arg-type]
+    monkeypatch.setattr(again, "_compressor", lambda: pytest.fail("the model was loaded for a kept result"))
+    assert again.compress_unit(EXCHANGES, SPEAKERS) == out
+
+    # Another rate is another model output: asked anew.
+    other = Compressor(method=method, rate=0.5, results_dir=tmp_path / "kept")  # type: ignore[arg-type]
+    monkeypatch.setattr(other, "_compressor", lambda: fake)
+    other.compress_unit(EXCHANGES, SPEAKERS)
+    assert len(fake.calls) == 2 * asked

@@ -95,7 +95,7 @@ def test_a_damaged_vector_cache_is_set_aside_and_never_served(tmp_path: Path, ca
     inner = CountingEmbedder()
     cache = VectorCache(tmp_path / "vectors", "counting|v1")
     CachedEmbedder(inner, cache).encode(["a cat"])
-    cache._open().set(cache._key("a cat"), b"\x01\x02\x03")  # not a whole float32 vector
+    cache._open().set(cache.key("a cat"), b"\x01\x02\x03")  # not a whole float32 vector
     assert cache.get_many(["a cat"]) == [None]
     db = tmp_path / "garbage"
     db.mkdir()

@@ -21,7 +21,6 @@ from pydantic import BaseModel
 
 import pipeline.llm.breaker as breaker
 import pipeline.llm.params as params_module
-import pipeline.llm.transport as transport_module
 from conftest import llm_config
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
@@ -59,17 +58,6 @@ def client_for(server: FakeOpenAI, *, cache: bool = True, ledger: LocalLedger | 
 
 def new_ledger() -> LocalLedger:
     return LocalLedger(LedgerBook(Budget()))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_process_state():
-    """Refused parameters are remembered per process: each test starts without any."""
-    states = (params_module._DROPPED_PARAMS, transport_module._FAILING_ENDPOINTS, transport_module._DOWN_ENDPOINTS)
-    for state in states:
-        state.clear()
-    yield
-    for state in states:
-        state.clear()
 
 
 # ------------------------------------------------------------------ recognising a rejection

@@ -82,7 +82,10 @@ def pool(ray_local):
 def test_three_workers_never_pass_the_cap_together_and_keep_the_endpoint_full(holders, pool):
     import ray
 
-    cap, latency, per_holder = 16, 0.05, 320
+    # A latency well above what a loaded machine adds to passing a slot on (actor calls, event-loop
+    # delays: a few ms), so the check measures the design, not the machine: slots held back from
+    # a worker with requests waiting would cost a third of the rate with three workers.
+    cap, latency, per_holder = 16, 0.2, 100
     handle = pool(cap)
     start = time.time() + 0.3
     runs = ray.get([h.run.remote(handle, _cfg(cap), per_holder, latency, start) for h in holders])
@@ -93,7 +96,7 @@ def test_three_workers_never_pass_the_cap_together_and_keep_the_endpoint_full(ho
     rate = len(spans) / span
     print(f"3 holders, cap {cap}, latency {latency}: most in flight {most_in_flight(spans)}, "
           f"{rate:.1f} req/s = {rate * latency / cap:.3f} of ideal")
-    assert rate >= 0.95 * cap / latency
+    assert rate >= 0.9 * cap / latency
     time.sleep(0.3)  # idle slots go back within LINGER_S
     assert ray.get(handle.actor.stats.remote())["in_use"] == 0
 
@@ -101,11 +104,13 @@ def test_three_workers_never_pass_the_cap_together_and_keep_the_endpoint_full(ho
 def test_a_late_worker_gets_its_share_and_an_idle_workers_slots_flow_back_to_the_busy_one(holders, pool):
     import ray
 
-    cap, latency = 16, 0.05
+    # Latency and lengths with seconds of slack on each side, so a loaded machine's delays in
+    # starting the late worker cannot make it end after the busy one.
+    cap, latency = 16, 0.2
     handle = pool(cap)
     start = time.time() + 0.3
-    busy = holders[0].run.remote(handle, _cfg(cap), 700, latency, start)  # ~2.2 s at the full cap
-    late = holders[1].run.remote(handle, _cfg(cap), 80, latency, start + 0.5)
+    busy = holders[0].run.remote(handle, _cfg(cap), 400, latency, start)  # ~5 s at the full cap
+    late = holders[1].run.remote(handle, _cfg(cap), 40, latency, start + 1.0)  # ~1 s at half of it
     a, b = ray.get([busy, late])
     assert most_in_flight(a + b) == cap
     assert most_in_flight(a, start + 0.3) == cap  # alone, the busy worker has the whole cap

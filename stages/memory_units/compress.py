@@ -7,6 +7,7 @@ unit records how it was compressed (`compression_path`: none, per_exchange, per_
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -49,11 +50,14 @@ _COMPRESSORS: dict[tuple[Any, ...], Compressor] = {}
 
 
 def compressor_for(cfg: CompressConfig, cache_dir: str) -> Compressor:
-    """One compressor per worker process: loading the scorer model is the slow part."""
+    """One compressor per worker process: loading the scorer model is the slow part. What the model
+    returned is kept beside the models (`<embedding.cache_dir>/compressed`), so a later run, or
+    another worker, loads the model only for utterances it has not seen."""
     key = (cfg.method, cfg.model, cfg.rate, cache_dir, cfg.restore_pruned_lines)
     if key not in _COMPRESSORS:
         _COMPRESSORS[key] = Compressor(method=cfg.method, model=cfg.model, rate=cfg.rate, cache_dir=cache_dir,
-                                       restore_pruned_lines=cfg.restore_pruned_lines)
+                                       restore_pruned_lines=cfg.restore_pruned_lines,
+                                       results_dir=Path(cache_dir) / "compressed")
     return _COMPRESSORS[key]
 
 

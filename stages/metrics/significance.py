@@ -213,14 +213,19 @@ def cluster_bootstrap_statistic(cluster_stats: Sequence[Sequence[float]], statis
         return None, None
     from scipy.stats import bootstrap
 
-    def of_resample(indices: Any) -> float:
-        value = statistic(stats[indices.astype(int)].sum(axis=0))
-        return float("nan") if value is None else value
+    def of_resamples(indices: Any, axis: int = -1) -> Any:
+        # A resample's value depends only on its summed row: the statistic (the scorer's own code,
+        # one row at a time) runs once per distinct sum, so few episodes cost few calls.
+        summed = stats[np.moveaxis(indices, axis, -1).astype(int)].sum(axis=-2)
+        distinct, where = np.unique(summed.reshape(-1, stats.shape[1]), axis=0, return_inverse=True)
+        values = np.array([np.nan if (v := statistic(row)) is None else v for row in distinct], dtype=float)
+        return values[where.reshape(-1)].reshape(summed.shape[:-1])
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # every resample equal: the interval is that value
-        res = bootstrap((np.arange(len(stats)),), of_resample, vectorized=False, n_resamples=resamples,
-                        confidence_level=level, method="percentile", **_seeded(bootstrap, seed))
+        res = bootstrap((np.arange(len(stats)),), of_resamples, vectorized=True, n_resamples=resamples,
+                        batch=_batch(len(stats), resamples), confidence_level=level, method="percentile",
+                        **_seeded(bootstrap, seed))
     return _interval(res)
 
 
