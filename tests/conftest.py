@@ -73,19 +73,26 @@ def segmenting_responder(body: dict) -> str | None:
 
 
 @pytest.fixture
-def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, ray_local):
-    """make(*sets, methods=None): the default config pointed at the fake server, on Ray; `methods`
-    adds method plug-ins to the registry the config is validated against."""
+def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, request):
+    """make(*sets, methods=None, executor="inline"): the default config pointed at the fake server;
+    `methods` adds method plug-ins to the registry the config is validated against.
+
+    A test whose subject is a method's or a stage's behaviour runs its shards in this process
+    (`ray.executor=inline`: the same shard code at about half the CPU, no Ray process started); one
+    about how a run behaves on Ray (every method at once, a plug-in package in the workers, what
+    the shards share) asks for `executor="ray"` and gets the session's local Ray."""
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
     fake_llm.responder = segmenting_responder
 
-    def make(*sets: str, methods: Any = None):
+    def make(*sets: str, methods: Any = None, executor: str = "inline"):
+        if executor == "ray":
+            request.getfixturevalue("ray_local")
         extra = {} if methods is None else {"methods": methods}
         cfg = load_config(ROOT / "configs" / "default.yaml", [
             f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
             "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
             f"embedding.cache_dir={models_cache}",
-            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1",
+            "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", f"ray.executor={executor}",
             "teabag.enabled=false",  # TeaFarm's tests opt in; the rest plan their own stage lists
             *sets,
         ], **extra)

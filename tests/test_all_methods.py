@@ -1,5 +1,7 @@
 """Every registered method, together in one run, on the bundled sample and on a LongMemEval-shaped
-corpus, against the fake server: nothing fails, every probe is answered by every method."""
+corpus, against the fake server: nothing fails, every probe is answered by every method. The
+sample run is on Ray (the one run of every method's stages in Ray's workers); the LongMemEval one
+in this process."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def test_every_method_runs_with_no_failed_rows(run_cfg, fake_llm, corpus):
             "judge_pairwise.samples=1"]
     if corpus == "longmemeval":
         sets += ["corpus.format=longmemeval", f"corpus.path={LONGMEMEVAL}", "corpus.limit=3"]
-    cfg = run_cfg(*sets)
+    cfg = run_cfg(*sets, executor="ray" if corpus == "sample" else "inline")
     fake_llm.responder = answering_validly
     out = Runner(cfg, registry(cfg)).run()
     assert set(out.values()) == {"ran"}

@@ -103,7 +103,8 @@ def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shap
         "paper:\n  title: 'Acme digests'\n  seed: 'acme'\n  reproduces: 'a row of ours'\n  results:\n"
         "  - {name: 'Acme, GPT4Score', paper: 50.0, source: 'our paper, Table 1', table: answer_summary, "
         "where: {dataset: all, category: null, method: acme_digest, judge: gpt4score}, column: score, scale: 1}\n")
-    cfg = run_cfg("corpus.limit=1", "methods=[rsum,acme_digest]", f"report.compare_with=[{sheet}]", methods=acme)
+    cfg = run_cfg("corpus.limit=1", "methods=[rsum,acme_digest]", f"report.compare_with=[{sheet}]", methods=acme,
+                  executor="ray")  # the workers import the package too
     stages = registry(cfg, acme)
     assert {"memory_acme_digest", "respond_acme_digest"} <= set(stages)
     runner = Runner(cfg, stages)

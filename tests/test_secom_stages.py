@@ -218,7 +218,8 @@ def test_banks_embed_through_the_endpoint_with_provider_openai(run_cfg, fake_llm
     `embedder` role's client: batched requests through the shared cache, limiter and ledger."""
     cfg = run_cfg("corpus.limit=2", "compress.method=none", "compress.granularities=[turn,session]",
                   "banks.granularities=[turn,session]", "stages=[ingest,guidance,segment,compress,banks]",
-                  "embedding.provider=openai", "embedding.model=text-embedding-3-small", "llm.max_concurrency=4")
+                  "embedding.provider=openai", "embedding.model=text-embedding-3-small", "llm.max_concurrency=4",
+                  executor="ray")  # the shards' clients share the cache, limiter and ledger
     assert Runner(cfg, registry(cfg)).run()["banks"] == "ran"
     units = StageDir(cfg.run_dir, "banks").read_table("memory_units").to_pylist()
     texts = {u["text"] for u in units}
@@ -234,6 +235,7 @@ def test_banks_embed_through_the_endpoint_with_provider_openai(run_cfg, fake_llm
     fake_llm.reset()
     again = run_cfg("corpus.limit=2", "compress.method=none", "compress.granularities=[turn,session]",
                     "banks.granularities=[turn,session]", "stages=[ingest,guidance,segment,compress,banks]",
-                    "embedding.provider=openai", "embedding.model=text-embedding-3-small", "run_name=again")
+                    "embedding.provider=openai", "embedding.model=text-embedding-3-small", "run_name=again",
+                    executor="ray")
     Runner(again, registry(again)).run()
     assert fake_llm.count("/v1/embeddings") == 0
