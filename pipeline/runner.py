@@ -206,6 +206,8 @@ class Runner:
             todo.append(stage)
         if not todo:
             return outcome
+        for stage in todo:
+            stage.check_inputs(self.cfg)
         with self._services(todo) as (handles, ledger):
             for stage in todo:
                 self._execute(stage, fps[stage.name], handles, ledger)

@@ -141,6 +141,11 @@ class Stage:
         """Anything else the output depends on (e.g. input file hashes for ingest)."""
         return {}
 
+    def check_inputs(self, cfg: "RunConfig") -> None:
+        """Raise InputError / ConfigError for an input it reads that the driver already sees is
+        missing; called before a run starts its backend (Ray, model servers), so a mistyped path
+        costs a second, not a cluster start. By default nothing to check."""
+
     def code_roots(self) -> tuple[str, ...]:
         """Modules whose source, with every project module they import, enters the fingerprint
         (`pipeline.code_closure`): the stage's own module; a stage made per method adds the method's."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import RunConfig, under_cwd
+from pipeline.config import CorpusSource, RunConfig, under_cwd
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.errors import ConfigError, InputError
@@ -36,15 +36,16 @@ class IngestStage(GlobalStage):
     # the ids seen, not the corpus (a 10k-episode corpus parsed whole took 700 MB).
     streams = True
 
+    def check_inputs(self, cfg: RunConfig) -> None:
+        for source in cfg.corpus.sources():
+            _require_source(source)
+
     def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
                   episodes_per_part: int) -> Iterator[dict[str, pa.Table]]:
         seen: dict[str, str] = {}  # episode_id -> the source it came from
         part = Corpus()
         for source in ctx.cfg.corpus.sources():
-            if not Path(source.path).exists():
-                hint = missing_corpus_hint(source.format, under_cwd(source.path))
-                raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path)
-                                 + (f"; {hint}" if hint else ""))
+            _require_source(source)  # again where it runs: a worker may not see what the driver saw
             for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids):
                 eid = rows.episode["episode_id"]
                 if eid in seen:
@@ -58,6 +59,15 @@ class IngestStage(GlobalStage):
                     part = Corpus()
         if part.episodes:
             yield part.tables()
+
+
+def _require_source(source: CorpusSource) -> None:
+    """A corpus source that is not there: its path, every place it was looked for, and the fetch
+    command for a corpus we know."""
+    if not Path(source.path).exists():
+        hint = missing_corpus_hint(source.format, under_cwd(source.path))
+        raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path)
+                         + (f"; {hint}" if hint else ""))
 
 
 def _digests(path: Path) -> dict[str, Any]:

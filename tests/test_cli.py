@@ -131,11 +131,13 @@ def test_project_errors_survive_pickling():
     assert (llm_err.reason, llm_err.raw) == ("bad", "{")
 
 
-def test_missing_corpus_file(tmp_path, capsys, ray_local):
+def test_missing_corpus_file(tmp_path, capsys):
     code = main(["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}",
                  "--set", f"corpus.path={tmp_path / 'nope.jsonl'}"])
     assert code == 1
-    assert "nope.jsonl" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nope.jsonl" in err and "no such file or directory" in err
+    assert "ingest: started" not in err  # found before the run started Ray or any stage
 
 
 def test_cache_stats_export_import_replays_offline(tmp_path, fake_llm, capsys, monkeypatch):

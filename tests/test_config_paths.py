@@ -50,3 +50,19 @@ def test_mempipe_names_the_places_it_looked_for_a_missing_corpus_and_the_fetch_c
     assert out.returncode != 0
     assert "no such file or directory (looked in:" in out.stderr and str(ROOT / "data" / "locomo10.json") in out.stderr
     assert "run `mempipe data fetch locomo`" in out.stderr
+    # Said before the run starts its backend: no stage began, no Ray was started.
+    assert "ingest: started" not in out.stderr and "Ray" not in out.stderr
+
+
+def test_a_missing_reflection_corpus_is_named_before_any_stage_runs(tmp_path) -> None:
+    from pipeline.errors import InputError
+    from pipeline.runner import Runner
+
+    missing = tmp_path / "annotated.json"
+    cfg = resolve_paths(app.load_config(ROOT / "configs" / "default.yaml", [
+        f"artifacts_dir={tmp_path / 'a'}", "ray.executor=inline", "segment.mode=reflection",
+        f"segment.reflection.corpus_path={missing}"]))
+    with pytest.raises(InputError, match="no such file or directory") as err:
+        Runner(cfg, app.registry(cfg)).run(until="guidance")
+    assert err.value.file == str(missing)
+    assert not (tmp_path / "a").exists()  # not even ingest ran

@@ -19,7 +19,7 @@ from pipeline.errors import InputError, PipelineError
 from pipeline.stage import GlobalStage, StageContext
 from stages.methods.shared.dialogue import sessions_of
 from stages.methods.secom import reflection
-from stages.memory_units.segment_settings import SegmentConfig
+from stages.memory_units.segment_settings import ReflectionConfig, SegmentConfig
 
 GUIDANCE_FILE = "guidance.json"  # the learned guidance, read by `segment`
 
@@ -66,14 +66,16 @@ class GuidanceStage(GlobalStage):
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
         return {"active": self.active(cfg), "convention": scoring_convention(cfg)}
 
+    def check_inputs(self, cfg: RunConfig) -> None:
+        if self.active(cfg):
+            _require_reflection_corpus(cfg.segment.reflection)
+
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         if not self.active(ctx.cfg):
             return {"guidance": GUIDANCE.empty_table()}
         rcfg = ctx.section.reflection
         if rcfg.corpus_path:
-            if not Path(rcfg.corpus_path).exists():
-                raise InputError(rcfg.corpus_path, None, None,
-                                 "no such file or directory" + rcfg.looked_in(rcfg.corpus_path))
+            _require_reflection_corpus(rcfg)
             turns = load_corpus(rcfg.corpus_format, rcfg.corpus_path).turns
         else:
             turns = inputs["ingest.turns"].to_pylist()
@@ -94,3 +96,9 @@ class GuidanceStage(GlobalStage):
                "history_json": json.dumps(data["history"]), "sessions_used": len(sessions),
                "model": ctx.llm.cfg.model}
         return {"guidance": pa.Table.from_pylist([row], GUIDANCE)}
+
+
+def _require_reflection_corpus(rcfg: ReflectionConfig) -> None:
+    """`segment.reflection.corpus_path`, when set, names a file that is there."""
+    if rcfg.corpus_path and not Path(rcfg.corpus_path).exists():
+        raise InputError(rcfg.corpus_path, None, None, "no such file or directory" + rcfg.looked_in(rcfg.corpus_path))
