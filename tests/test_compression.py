@@ -247,3 +247,29 @@ def test_kept_results_are_served_without_the_model_and_only_for_the_same_method_
     monkeypatch.setattr(other, "_compressor", lambda: fake)
     other.compress_unit(EXCHANGES, SPEAKERS)
     assert len(fake.calls) == 2 * asked
+
+
+def test_while_smollm2_is_rebuilt_each_gguf_file_is_parsed_once_and_gguf_is_left_as_it_was(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    from pipeline.models import _gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 2), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _gguf_parsed_once():
+        from gguf import GGUFReader, get_tensor_name_map  # as transformers looks them up, at call time
+
+        first = GGUFReader(path)
+        assert GGUFReader(str(path)) is first and [t.name for t in first.tensors] == ["token_embd.weight"]
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert get_tensor_name_map(arch, 2) is get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_name_map)
+    assert gguf.GGUFReader(path) is not first
