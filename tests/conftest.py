@@ -94,6 +94,9 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, request):
             f"embedding.cache_dir={models_cache}",
             "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1", f"ray.executor={executor}",
             "teabag.enabled=false",  # TeaFarm's tests opt in; the rest plan their own stage lists
+            # SeCom's compression (LLMLingua on SmolLM2: a model load per process and seconds per
+            # episode on a fresh clone) where a test is about it: `compress.method=llmlingua`.
+            "compress.method=none",
             *sets,
         ], **extra)
         return resolve_paths(cfg)

@@ -88,7 +88,8 @@ def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
 
 def test_locomo_banks_and_retrieval_scores(run_cfg):
     cfg = run_cfg("corpus.format=locomo", f"corpus.path={FIXTURES / 'locomo' / 'locomo_mini.json'}",
-                  "stages=[ingest,guidance,segment,compress,banks,score]", "score.retrievers=[bm25,dense]")
+                  "stages=[ingest,guidance,segment,compress,banks,score]", "score.retrievers=[bm25,dense]",
+                  "compress.method=llmlingua")
     Runner(cfg, registry(cfg)).run()
     run = cfg.run_dir
     turns = StageDir(run, "ingest").read_table("turns")
