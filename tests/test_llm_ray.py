@@ -96,11 +96,16 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
 
 
 def test_retry_after_pauses_every_worker(fake_llm: FakeOpenAI, handles: Any) -> None:
-    fake_llm.retry_after_s = 2
-    fake_llm.force = ["429"]  # the first request of the job is told to wait 2 s
-    cfg = llm_config(fake_llm, rpm=600, cache_enabled=False, backoff_max_s=0.01)
+    # Slots 0.3 s apart: the 429's pause reaches the limiter through the worker that got it and an
+    # actor call, which on a loaded 2-core machine takes a good part of 0.1 s.
+    cfg = llm_config(fake_llm, rpm=200, cache_enabled=False, backoff_max_s=0.01)
     h = handles(cfg)
     assert h.cache is None
+    # The workers are up before the measured phase (a process started late sends late anyway).
+    ray.get([ask_all.remote(cfg, h, [f"warm {t}"]) for t in range(3)], timeout=300)
+    fake_llm.reset()
+    fake_llm.retry_after_s = 2
+    fake_llm.force = ["429"]  # the first request of the job is told to wait 2 s
     out = ray.get([ask_all.remote(cfg, h, [f"t{t} q{i}" for i in range(3)]) for t in range(3)], timeout=60)
     first, *rest = sorted(fake_llm.requests, key=lambda r: r["t"])
     assert first["outcome"] == "429" and len(rest) == 9
