@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,9 @@ TINY = Path(__file__).resolve().parent / "fixtures" / "corpora" / "tiny"
 
 
 def _servers() -> list[str]:
-    out = subprocess.run(["pgrep", "-f", "pipeline.llm.local_server"], capture_output=True, text=True)
+    """The embedded servers this process started (a test beside it, under xdist, may run its own)."""
+    out = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "pipeline.llm.local_server"],
+                         capture_output=True, text=True)
     return out.stdout.split()
 
 

@@ -65,11 +65,13 @@ def test_chat_and_json_schema_then_stopped(tmp_path: Path) -> None:
     require_llama()
     import openai
 
-    cfg = LLMConfig(model="SmolLM2-135M-Instruct", local=LocalServerConfig(n_ctx=2048))
+    # One llama.cpp thread: with one per core, a CPU-heavy job beside the tests left its threads
+    # waiting on each other and a 48-token answer took over a minute.
+    cfg = LLMConfig(model="SmolLM2-135M-Instruct", local=LocalServerConfig(n_ctx=2048, n_threads=1))
     with LocalLLMServer(cfg, log_path=tmp_path / "server.log") as server:
         pid = server.pid
         assert pid is not None and server.base_url.startswith("http://127.0.0.1:")
-        client = openai.OpenAI(base_url=server.base_url, api_key="local", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=server.base_url, api_key="local", max_retries=0, timeout=300)
 
         plain = client.chat.completions.create(
             model=cfg.model, messages=[{"role": "user", "content": "Name one fruit."}],
