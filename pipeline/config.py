@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, model_validator
 
 from pipeline.corpus import FORMATS
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, InputError
 from pipeline.reproduction import PaperSheet
 from pipeline.yamlio import read_yaml
 from pipeline.storage import Location, is_remote, join, location
@@ -35,6 +35,12 @@ class Section(BaseModel):
         """" (looked in: A, B)" for an input path of this section that was found nowhere, else ""."""
         places = self._looked_in.get(str(path))
         return f" (looked in: {', '.join(places)})" if places else ""
+
+    def require_file(self, path: str, hint: str | None = None) -> None:
+        """InputError naming `path`, every place it was looked for and `hint`, unless it exists."""
+        if not Path(path).exists():
+            raise InputError(path, None, None, "no such file or directory" + self.looked_in(path)
+                             + (f"; {hint}" if hint else ""))
 
 
 def PathField(default: Any = None, *, lookup: bool = False, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ import pyarrow as pa
 from pipeline.config import CorpusSource, RunConfig, under_cwd
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
-from pipeline.errors import ConfigError, InputError
+from pipeline.errors import ConfigError
 from pipeline.schemas import EPISODES, QA, TURNS
 from pipeline.stage import GlobalStage, StageContext
 
@@ -62,12 +62,9 @@ class IngestStage(GlobalStage):
 
 
 def _require_source(source: CorpusSource) -> None:
-    """A corpus source that is not there: its path, every place it was looked for, and the fetch
-    command for a corpus we know."""
+    """A corpus source that is there, or an error with the fetch command for a corpus we know."""
     if not Path(source.path).exists():
-        hint = missing_corpus_hint(source.format, under_cwd(source.path))
-        raise InputError(source.path, None, None, "no such file or directory" + source.looked_in(source.path)
-                         + (f"; {hint}" if hint else ""))
+        source.require_file(source.path, missing_corpus_hint(source.format, under_cwd(source.path)))
 
 
 def _digests(path: Path) -> dict[str, Any]:

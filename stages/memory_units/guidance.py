@@ -8,18 +8,17 @@ segment stage reads; copy that file anywhere and point `segment.guidance_path` a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
-from pipeline.errors import InputError, PipelineError
+from pipeline.errors import PipelineError
 from pipeline.stage import GlobalStage, StageContext
 from stages.methods.shared.dialogue import sessions_of
 from stages.methods.secom import reflection
-from stages.memory_units.segment_settings import ReflectionConfig, SegmentConfig
+from stages.memory_units.segment_settings import SegmentConfig
 
 GUIDANCE_FILE = "guidance.json"  # the learned guidance, read by `segment`
 
@@ -68,14 +67,16 @@ class GuidanceStage(GlobalStage):
 
     def check_inputs(self, cfg: RunConfig) -> None:
         if self.active(cfg):
-            _require_reflection_corpus(cfg.segment.reflection)
+            rcfg = cfg.segment.reflection
+            if rcfg.corpus_path:
+                rcfg.require_file(rcfg.corpus_path)
 
     async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         if not self.active(ctx.cfg):
             return {"guidance": GUIDANCE.empty_table()}
         rcfg = ctx.section.reflection
         if rcfg.corpus_path:
-            _require_reflection_corpus(rcfg)
+            rcfg.require_file(rcfg.corpus_path)
             turns = load_corpus(rcfg.corpus_format, rcfg.corpus_path).turns
         else:
             turns = inputs["ingest.turns"].to_pylist()
@@ -96,9 +97,3 @@ class GuidanceStage(GlobalStage):
                "history_json": json.dumps(data["history"]), "sessions_used": len(sessions),
                "model": ctx.llm.cfg.model}
         return {"guidance": pa.Table.from_pylist([row], GUIDANCE)}
-
-
-def _require_reflection_corpus(rcfg: ReflectionConfig) -> None:
-    """`segment.reflection.corpus_path`, when set, names a file that is there."""
-    if rcfg.corpus_path and not Path(rcfg.corpus_path).exists():
-        raise InputError(rcfg.corpus_path, None, None, "no such file or directory" + rcfg.looked_in(rcfg.corpus_path))
