@@ -1,8 +1,8 @@
-"""Benchmark: how many lookups per second the job's call-cache actor serves, and whether it limits the
+"""Benchmark: how many lookups per second the job's call cache (a service in the job's host actor) serves, and whether it limits the
 LLM throughput benchmark at a 64-request endpoint cap.
 
 Several Ray tasks (workers) each run an event loop with the same cache proxy the LLM client uses
-(`ActorCallCache`), many lookups in flight, against one `CallCacheActor` on a fresh cache
+(`ActorCallCache`), many lookups in flight, against the job's `CallCacheService` (in its service host) on a fresh cache
 directory: misses, writes, then hits, as a cold run and a warm rerun do. A cold LLM request costs
 one lookup and one write; a warm one one lookup. The need at cap C and latency L is C / L requests/s.
 
@@ -105,14 +105,14 @@ def main() -> int:
     capacity = measured["batched"]["cold_requests"]
     limits = capacity < 1.1 * need
     body = (f"{a.workers} Ray workers x {a.keys} keys, {a.in_flight} operations in flight per worker, one "
-            "`CallCacheActor` (diskcache) on a fresh directory.\n\n"
+            "`CallCacheService` (diskcache, in the job's service host) on a fresh directory.\n\n"
             + table(["", "one actor call per operation (before)", "batched per 2 ms (now)"], rows)
             + f"\n\nNeed at cap {a.cap} and latency {a.latency} s: {need:.0f} cold requests/s "
             f"({2 * need:.0f} cache operations/s). The cache {'LIMITS' if limits else 'does not limit'} it "
             f"({capacity / need:.1f}x the need; one call per operation: "
             f"{measured['one_call_per_operation']['cold_requests'] / need:.1f}x, and every operation costs the "
             "workers' and the actor's CPU that the LLM requests need).")
-    write_results("cache_throughput", "Call-cache actor throughput", body,
+    write_results("cache_throughput", "Call-cache service throughput", body,
                   {"measured": measured, "need": need, "limits": limits, "args": vars(a)})
     return 1 if limits else 0
 

@@ -14,7 +14,7 @@ under 10% of cold for each).
 Where the forced replay's time goes (information): the same forced rerun with `ray.executor=inline`
 (no Ray: shards one after another in the driver, the cache opened in-process), the time a fresh
 Python process takes to import what a shard task needs (every new Ray worker pays it before its
-first shard), and with `--profile` the cost of cache reads through the job's cache actor from
+first shard), and with `--profile` the cost of cache reads through the job's cache service from
 1 to 8 tasks at once.
 
     python bench/warm_rerun.py                        # 100 episodes x 30 questions = 3000 calls
@@ -69,7 +69,7 @@ def import_seconds() -> float:
 
 
 def actor_reads(cache_dir: Path, in_flight: int, tasks: tuple[int, ...] = (1, 4, 8)) -> list[dict[str, Any]]:
-    """Every key of `cache_dir` read through a `CallCacheActor` (as shard tasks do), from n tasks at
+    """Every key of `cache_dir` read through the job's `CallCacheService` (as shard tasks do), from n tasks at
     once, each with `in_flight` reads outstanding (a shard asks for all its calls at once).
 
     Starts and stops its own local Ray; returns per n: wall s, reads, ms per read overall.
@@ -77,14 +77,15 @@ def actor_reads(cache_dir: Path, in_flight: int, tasks: tuple[int, ...] = (1, 4,
     import diskcache
     import ray
 
-    from pipeline.llm.shared import CallCacheActor
+    from pipeline.llm.service_host import start_service
+    from pipeline.llm.shared import CallCacheService
 
     with diskcache.Cache(str(cache_dir)) as c:
         keys = list(c.iterkeys())
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
-        actor = CallCacheActor.options(max_concurrency=8).remote(str(cache_dir))  # type: ignore[attr-defined]
+        actor = start_service("bench-cache", CallCacheService, str(cache_dir))
         reader = ray.remote(num_cpus=0.25)(_read_all)
         # one worker per task started and its imports done (each holds its CPU share a while)
         ray.get([reader.remote(actor, keys[:8], 1, 2.0) for _ in range(max(tasks))])
@@ -135,7 +136,7 @@ def main() -> int:
     ap.add_argument("--latency", type=float, default=0.2)
     ap.add_argument("--cap", type=int, default=32)
     ap.add_argument("--episodes-per-shard", type=int, default=4)
-    ap.add_argument("--profile", action="store_true", help="also time cache reads through the cache actor")
+    ap.add_argument("--profile", action="store_true", help="also time cache reads through the cache service")
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="mempipe-warm-"))
@@ -218,7 +219,7 @@ def profile_text(forced: dict[str, Any], prof: dict[str, Any]) -> str:
          "paid by every new Ray worker before its first shard"],
     ]
     for r in prof["actor_reads"]:
-        rows.append([f"{r['reads']} cache reads through the cache actor from {r['tasks']} task(s), "
+        rows.append([f"{r['reads']} cache reads through the cache service from {r['tasks']} task(s), "
                      f"{r['in_flight']} in flight each",
                      f"{r['wall_s']:.2f}", f"{r['ms_per_read']:.3f} ms per read"])
     return "Where the forced replay's time goes (information):\n\n" + table(["what", "seconds", "note"], rows)

@@ -76,9 +76,11 @@ class Mirror:
                 self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
                 payload = body[start:][: mirror.cut.pop(path, None)]  # a cut: the first n bytes, then close
+                # Logged before the body goes out: the client may return (and the test read the log)
+                # as soon as the last byte arrives, before this thread would run another line.
+                mirror.log.append((path, asked, len(payload)))
                 self.wfile.write(payload)
                 self.wfile.flush()
-                mirror.log.append((path, asked, len(payload)))
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -1,4 +1,4 @@
-"""Several Ray workers sharing the job's cache actor and rate-limiter actor."""
+"""Several Ray workers sharing the job's cache and rate limiter (services in the job's host actor)."""
 
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
     job = uuid.uuid4().hex[:8]
     h = handles(cfg, job)
     assert h.cache is not None and h.limiter is not None
-    same = SharedLLMHandles.get_or_create(cfg, job)  # a second lookup finds the same actors
-    assert same.limiter._actor_id == h.limiter._actor_id and same.cache._actor_id == h.cache._actor_id
+    same = SharedLLMHandles.get_or_create(cfg, job)  # a second lookup finds the same services
+    assert same.limiter == h.limiter and same.cache == h.cache
     other = handles(cfg)  # another job gets its own limiter
-    assert other.limiter._actor_id != h.limiter._actor_id
+    assert other.limiter != h.limiter
 
     # Warm-up: worker processes start and import the client first, so the measured phase shows
     # the limiter rather than process start-up (a first request can reach the server long after

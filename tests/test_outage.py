@@ -55,7 +55,7 @@ def endpoint(fake_llm, monkeypatch):
 @pytest.mark.parametrize("executor", ["inline", "ray"])
 def test_an_outage_mid_run_pauses_every_call_and_ends_with_no_failed_row(tmp_path, endpoint, capsys, executor, request):
     if executor == "ray":
-        request.getfixturevalue("ray_local")  # the breaker is shared by workers through the ledger actor
+        request.getfixturevalue("ray_local")  # the breaker is shared by workers through the ledger service
     watcher = _down_after(endpoint, 4, 6.0)
     assert main(["run", "--until", "segment", *_args(tmp_path, endpoint, executor=executor)]) == 0
     watcher.join()

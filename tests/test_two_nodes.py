@@ -1,5 +1,5 @@
 """A pipeline run on a two-node Ray cluster on this machine: shards run on both nodes, every node's
-workers go through the driver's one cache actor and one limiter (a rerun on the same cache sends
+workers go through the driver's one cache and one limiter (a rerun on the same cache sends
 nothing; llm.rpm holds for the job, not per node). The heavier story (token auth, `ray job submit`,
 a node killed mid-stage) is bench/cluster.py."""
 

@@ -190,7 +190,7 @@ def _our_value(raw: Any) -> str | None:
 
 
 class DiskCallCache:
-    """diskcache-backed store. The sync methods are used by the cache actor; async ones by clients."""
+    """diskcache-backed store. The sync methods are used by the job's cache service (pipeline.llm.shared); async ones by clients."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = str(directory)

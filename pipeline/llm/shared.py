@@ -1,9 +1,10 @@
-"""What the workers of one Ray job share: the call cache, the rate limiter and the endpoint's
-concurrency slots (pipeline.llm.slots), as named actors.
+"""What the workers of one Ray job share: the call cache, the rate limiter, the endpoint's
+concurrency slots (pipeline.llm.slots) and the run's ledger, as named services in the job's host
+actor (pipeline.llm.service_host), on the node of the driver that starts them.
 
-Both actors are pinned to the node of the driver that creates them. The cache actor is the only
-process that opens the cache's SQLite file, so a multi-node cluster never has two nodes (or NFS)
-writing it; the limiter actor hands out send times so the job's rpm / tpm hold across all workers.
+The host is the only process that opens the cache's SQLite file, so a multi-node cluster never has
+two nodes (or NFS) writing it; the limiter hands out send times so the job's rpm / tpm hold across
+all workers.
 
 A Ray task receives `(cfg, handles)` (both picklable; no key inside) and calls `make_client`.
 """
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.config import LLMConfig
 from pipeline.hashing import canonical_json
@@ -29,17 +29,19 @@ from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.breaker import Admission
 from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook
 from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
+from pipeline.llm.service_host import ServiceRef, start_service
 from pipeline.llm.slots import EndpointSlots, SlotsHandle, start_slot_pool
 
-# Threads let cache reads overlap SQLite writes; diskcache keeps one connection per thread.
-_CACHE_ACTOR_THREADS = 8
 # A worker's cache calls within this window travel as one actor call (a request waits at most this).
 _BATCH_WINDOW_S = 0.002
 _BATCH_MAX = 256
 
 
-@ray.remote(num_cpus=0)
-class CallCacheActor:
+class CallCacheService:
+    """The job's call cache, one SQLite file behind it."""
+
+    THREADED = True  # on the host's threads: reads overlap SQLite writes (diskcache: a connection per thread)
+
     def __init__(self, directory: str) -> None:
         self._cache = DiskCallCache(directory)
 
@@ -59,9 +61,8 @@ class CallCacheActor:
         self._cache.close()
 
 
-@ray.remote(num_cpus=0)
-class RateLimiterActor:
-    # Default max_concurrency 1: calls are serialised, which is what the schedule needs.
+class RateLimiterService:
+    # Not threaded: its calls run one at a time on the host's loop, which is what the schedule needs.
     def __init__(self, rpm: int | None, tpm: int | None) -> None:
         self._clock = time.monotonic
         self._schedule = PacingSchedule(rpm, tpm)
@@ -78,9 +79,8 @@ class RateLimiterActor:
         return self._schedule.paused_for(self._clock())
 
 
-@ray.remote(num_cpus=0)
-class LedgerActor:
-    """The run's spend ledger (pipeline.llm.ledger) for every worker of a job; calls serialised."""
+class LedgerService:
+    """The run's spend ledger (pipeline.llm.ledger) for every worker of a job; calls one at a time."""
 
     def __init__(self, budget: Budget, spent_before: dict[str, float]) -> None:
         self._book = LedgerBook(budget, spent_before)
@@ -117,7 +117,7 @@ class LedgerActor:
 
 
 class ActorLedger:
-    """What a worker's clients hold of the job's `LedgerActor` (picklable: a handle and the caps)."""
+    """What a worker's clients hold of the job's `LedgerService` (picklable: its ref and the caps)."""
 
     def __init__(self, handle: Any, budget: Budget) -> None:
         self.handle = handle
@@ -160,17 +160,11 @@ class ActorLedger:
 
     @classmethod
     def start(cls, book: LedgerBook, job_key: str) -> ActorLedger:
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        handle = LedgerActor.options(  # type: ignore[attr-defined]
-            name=f"mempipe-ledger-{job_key}", get_if_exists=True, scheduling_strategy=here,
-        ).remote(book.budget, book.spent_before)
+        handle = start_service(f"mempipe-ledger-{job_key}", LedgerService, book.budget, book.spent_before)
         return cls(handle, book.budget)
 
     def close(self) -> None:
-        try:
-            ray.kill(self.handle)
-        except ray.exceptions.RayError:
-            pass
+        self.handle.stop()
 
 
 class _Batcher:
@@ -217,7 +211,7 @@ class _Batcher:
 
 
 class ActorCallCache:
-    """`CallCache` proxy to a `CallCacheActor`: lookups and writes batched per few milliseconds,
+    """`CallCache` proxy to the job's `CallCacheService`: lookups and writes batched per few milliseconds,
     values (de)serialised here so the one actor only moves text."""
 
     def __init__(self, handle: Any, window_s: float = _BATCH_WINDOW_S, max_items: int = _BATCH_MAX) -> None:
@@ -243,7 +237,7 @@ class ActorCallCache:
 
 
 class ActorRateLimiter:
-    """`RateLimiter` proxy to a `RateLimiterActor` shared by every worker of a job."""
+    """`RateLimiter` proxy to the `RateLimiterService` shared by every worker of a job."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
@@ -276,51 +270,38 @@ def _digest(*parts: Any) -> str:
 
 @dataclass(frozen=True)
 class SharedLLMHandles:
-    """Actor handles for one (job, LLM config). Picklable: pass it to Ray tasks with the config."""
+    """Service refs for one (job, LLM config). Picklable: pass it to Ray tasks with the config."""
 
-    cache: Any | None = None  # CallCacheActor handle, None when the cache is disabled
-    limiter: Any | None = None  # RateLimiterActor handle, None when neither rpm nor tpm is set
+    cache: ServiceRef | None = None  # the CallCacheService, None when the cache is disabled
+    limiter: ServiceRef | None = None  # the RateLimiterService, None when neither rpm nor tpm is set
     slots: SlotsHandle | None = None  # the endpoint's `max_concurrency` slots for every worker of the job
 
     @classmethod
     def get_or_create(cls, cfg: LLMConfig, job_key: str) -> SharedLLMHandles:
-        """Look up or start the job's actors (call on the driver, after ray.init).
+        """Look up or start the job's services (call on the driver, after ray.init).
 
         Names include `job_key`, so two jobs never share a limiter. Two configs of one job with the
-        same cache directory share one cache actor (one owner per SQLite file); two with the same
+        same cache directory share one cache (one owner per SQLite file); two with the same
         endpoint, model and limits share one limiter.
         """
         if not ray.is_initialized():
             raise RuntimeError("SharedLLMHandles.get_or_create needs ray.init() first")
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         cache = limiter = None
         if cfg.cache_enabled:
-            # Resolved on the driver: the actor's working directory may differ from ours.
+            # Resolved on the driver: the host's working directory may differ from ours.
             directory = str(Path(cfg.cache_dir).expanduser().resolve())
-            cache = CallCacheActor.options(  # type: ignore[attr-defined]
-                name=f"mempipe-llm-cache-{job_key}-{_digest(directory)}", get_if_exists=True,
-                scheduling_strategy=here, max_concurrency=_CACHE_ACTOR_THREADS,
-            ).remote(directory)
+            cache = start_service(f"mempipe-llm-cache-{job_key}-{_digest(directory)}", CallCacheService, directory)
         if cfg.rpm or cfg.tpm:
-            limiter = RateLimiterActor.options(  # type: ignore[attr-defined]
-                name=f"mempipe-llm-limiter-{job_key}-{_digest(endpoint_identity(cfg), cfg.model, cfg.rpm, cfg.tpm)}",
-                get_if_exists=True, scheduling_strategy=here,
-            ).remote(cfg.rpm, cfg.tpm)
+            limiter = start_service(
+                f"mempipe-llm-limiter-{job_key}-{_digest(endpoint_identity(cfg), cfg.model, cfg.rpm, cfg.tpm)}",
+                RateLimiterService, cfg.rpm, cfg.tpm)
         return cls(cache=cache, limiter=limiter, slots=start_slot_pool(cfg, job_key))
 
     def close(self) -> None:
-        """Close the cache file and stop the actors (end of job). Safe to call twice."""
-        if self.cache is not None:
-            try:
-                ray.get(self.cache.close.remote())
-            except ray.exceptions.RayError:
-                pass  # already gone
-        for actor in (self.cache, self.limiter):
-            if actor is not None:
-                try:
-                    ray.kill(actor)
-                except ray.exceptions.RayError:
-                    pass
+        """Close the cache file and stop the services (end of run). Safe to call twice."""
+        for service in (self.cache, self.limiter):
+            if service is not None:
+                service.stop()
         if self.slots is not None:
             self.slots.close()
 

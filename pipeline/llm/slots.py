@@ -1,7 +1,8 @@
 """One `llm.max_concurrency` per endpoint: the requests in flight at an endpoint, across every LLM
 worker and node of a run, never pass it.
 
-Two sides. A named async Ray actor per (job, endpoint, model, cap), `SlotPoolActor`, leases slots
+Two sides. A named service per (job, endpoint, model, cap) in the job's host actor
+(pipeline.llm.service_host), `SlotPoolService`, leases slots
 to the workers in blocks: each event loop that sends requests is one holder, tells the actor how
 many slots it could use (`want`), and is granted up to its max-min fair share (`target`) of the cap.
 Inside the loop, `_LoopSlots` hands leased slots to requests with plain counters and futures, so a
@@ -128,8 +129,9 @@ except ImportError:  # pragma: no cover - Ray is a dependency; inline slots work
     ray = None  # type: ignore[assignment]
 
 
-class _SlotPoolActor:
-    """The job's slots for one endpoint; async, so a holder's long poll waits without blocking."""
+class SlotPoolService:
+    """The job's slots for one endpoint; `lease` is async, so a holder's long poll waits without
+    blocking the host; the other calls run one at a time on its loop."""
 
     def __init__(self, cap: int, expiry_s: float = EXPIRY_S) -> None:
         self._pool = SlotPool(cap, expiry_s)
@@ -178,23 +180,17 @@ class _SlotPoolActor:
                 "in_use": p.cap - p.free(), "peak_held": p.peak_held}
 
 
-SlotPoolActor = ray.remote(num_cpus=0)(_SlotPoolActor) if ray is not None else None
-
-
 @dataclass(frozen=True)
 class SlotsHandle:
-    """What a worker needs of the job's `SlotPoolActor` (picklable; made by the driver)."""
+    """What a worker needs of the job's `SlotPoolService` (picklable; made by the driver)."""
 
-    actor: Any
+    actor: Any  # the service's ServiceRef, called like an actor
     cap: int
-    token: str  # this actor's own id: a new job's actor of the same name gets new local sides
+    token: str  # this pool's own id: a new run's pool of the same name gets new local sides
 
     def close(self) -> None:
-        """Stop the actor (end of job). Safe to call twice."""
-        try:
-            ray.kill(self.actor)
-        except ray.exceptions.RayError:
-            pass
+        """Stop the pool (end of run). Safe to call twice."""
+        self.actor.stop()
 
 
 def slot_pool_name(cfg: Any, job_key: str) -> str:
@@ -205,16 +201,13 @@ def slot_pool_name(cfg: Any, job_key: str) -> str:
 
 
 def start_slot_pool(cfg: Any, job_key: str) -> SlotsHandle:
-    """Look up or start the job's slot actor for this role's endpoint, model and
-    `max_concurrency` (call on the driver, after ray.init); pinned to the driver's node. Roles
-    with the same endpoint, model and cap share it, as they share a rate limiter."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    """Look up or start the job's slot pool for this role's endpoint, model and
+    `max_concurrency` (call on the driver, after ray.init), in the job's host on the driver's
+    node. Roles with the same endpoint, model and cap share it, as they share a rate limiter."""
+    from pipeline.llm.service_host import start_service
 
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    actor = SlotPoolActor.options(  # type: ignore[union-attr]
-        name=slot_pool_name(cfg, job_key), get_if_exists=True, scheduling_strategy=here,
-    ).remote(cfg.max_concurrency)
-    return SlotsHandle(actor, cfg.max_concurrency, ray.get(actor.token.remote()))
+    pool = start_service(slot_pool_name(cfg, job_key), SlotPoolService, cfg.max_concurrency)
+    return SlotsHandle(pool, cfg.max_concurrency, ray.get(pool.token.remote()))
 
 
 class _LoopSlots:
