@@ -104,6 +104,15 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, request):
     return make
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test on the session's Ray (the `ray_local` fixture, or a `session_ray` mark where a
+    test asks for it at run time) goes to one xdist worker: one local Ray for the whole session,
+    and its workers' imports and models loaded once, not once per xdist worker."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()) or item.get_closest_marker("session_ray"):
+            item.add_marker(pytest.mark.xdist_group("session-ray"))
+
+
 @pytest.fixture(scope="session")
 def toy_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("toy")
