@@ -104,20 +104,6 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, request):
     return make
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test on the session's Ray (the `ray_local` fixture, or a `session_ray` mark where a
-    test asks for it at run time) goes to one xdist worker (`--dist loadgroup`): one local Ray for
-    the whole session, and its workers' imports and models loaded once, not once per worker."""
-    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
-        return
-    for item in items:
-        if "ray_local" in getattr(item, "fixturenames", ()) or item.get_closest_marker("session_ray"):
-            # The group's name ends the node id, which is how xdist's scheduler reads a group.
-            # (xdist 3.8 writes it to `_nodeid`, which pytest 9 no longer reads its node id from.)
-            item._id = type(item._id).parse(f"{item.nodeid}@session-ray")  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="session")
 def toy_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("toy")

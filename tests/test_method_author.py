@@ -97,7 +97,6 @@ def acme(toy_dir, monkeypatch):
     return {**METHODS, **found}
 
 
-@pytest.mark.session_ray
 def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shape(acme, run_cfg, tmp_path):
     sheet = tmp_path / "acme_paper.yaml"
     sheet.write_text(
