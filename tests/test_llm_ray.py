@@ -80,9 +80,10 @@ def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -
     gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
     # Each task's first request also pays for its client and connection, so the first few can
     # arrive late and together (seen: 5 within 5 ms, and a first request 0.4 s later than the last
-    # one's lag): the span is measured from the last of them, with half a second of slack.
+    # one's lag; beside a busy loop, 0.7 s late, and the span 0.52 s short): the span is measured
+    # from the last of them, with a second of slack (a limiter per worker would span a quarter).
     late = N_TASKS + 1
-    assert ts[-1] - ts[late - 1] >= (n - late) / per_s - 0.5, gaps
+    assert ts[-1] - ts[late - 1] >= (n - late) / per_s - 1.0, gaps
     for width in (3.0, 4.0):
         assert max_in_window(ts, width) <= per_s * width * 1.05 + 5, (width, gaps)
     assert sum(u["calls"] for _, u in cold) == n
