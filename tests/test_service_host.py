@@ -8,11 +8,12 @@ import asyncio
 import threading
 import time
 import uuid
-from typing import Any
 
 import pytest
 
+from pipeline.config import LLMConfig
 from pipeline.llm.service_host import ServiceGone, job_host, start_service
+from pipeline.llm.shared import SharedLLMHandles
 
 
 class Spans:
@@ -104,15 +105,11 @@ def test_an_async_service_waits_without_holding_the_host_and_a_stopped_one_is_go
 def test_starting_a_running_name_returns_it_and_every_run_of_a_driver_uses_one_host(ray_local, name) -> None:
     import ray
 
-    from pipeline.llm.shared import SharedLLMHandles
-
     first = start_service(name, Spans)
     ray.get(first.nap.remote(0.0))
     again = start_service(name, Spans)  # the running one, with its calls
     assert again == first and len(ray.get(again.record.remote())) == 1
     first.stop()
-
-    from pipeline.config import LLMConfig
 
     hosts = set()
     for run in range(2):
