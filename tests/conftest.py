@@ -11,7 +11,20 @@ from typing import Any, Iterator
 
 import pytest
 
-from pipeline.testing.fake_openai import FakeOpenAI
+
+def _write_bytecode() -> None:
+    """With PYTHONDONTWRITEBYTECODE set, every process of the session (test workers, ~50 Ray
+    workers, the CLI runs) compiled the project from source again: ~0.8 s each. The session writes
+    it (git-ignored __pycache__, as without that setting) and passes that on to what it starts."""
+    import sys
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+_write_bytecode()
+
+from pipeline.testing.fake_openai import FakeOpenAI  # noqa: E402 (after the bytecode setting)
 from pipeline.config import LLMConfig, resolve_paths
 from stages import load_config
 

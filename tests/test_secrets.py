@@ -50,7 +50,7 @@ def test_a_recognisable_key_is_found_nowhere_after_a_run_that_works_and_one_that
               "--set", "llm.provider=openai", "--set", f"llm.base_url={fake_llm.base_url}",
               "--set", "llm.api_key_env=MEMPIPE_CANARY_KEY", "--set", f"llm.cache_dir={tmp_path / 'cache'}",
               "--set", "llm.model=fake-model", "--set", "llm.backoff_base_s=0.01", "--set", "llm.max_retries=1",
-              "--set", "ray.num_cpus=2", "--set", "teabag.enabled=false", "--set", "corpus.limit=2",
+              "--set", "ray.num_cpus=1", "--set", "teabag.enabled=false", "--set", "corpus.limit=2",
               "--set", "report.compare_with=[]"]
     outputs = []
     works = subprocess.run([sys.executable, "-m", "stages.cli", "run", "--until", "segment", *common],

@@ -37,9 +37,11 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     base_url, workdir, rpm = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    # One CPU per node: a task and an LLM worker on each (every worker a process that imports the
+    # project: more CPUs would add processes, not coverage).
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
-        cluster.add_node(num_cpus=2)
+        cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
