@@ -33,6 +33,14 @@ ROOT = TESTS.parent
 TEST_KEY_ENV = "MEMPIPE_TEST_LLM_KEY"  # tests set a fake secret here; never a real key
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heavy tests (`@pytest.mark.heavy`: tens of CPU-seconds, or seconds of waiting) run
+    first, the rest in their usual order after them: handed out one or two at a time (pyproject's
+    `--dist load --maxschedchunk 2`), the longest go out while the other worker has short ones to
+    run beside them, and no worker ends the session alone on one."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_endpoint_knowledge() -> Iterator[None]:
     """What this process learnt about endpoints (parameters refused, endpoints failing or down) is

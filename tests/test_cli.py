@@ -93,6 +93,7 @@ def test_bad_input_stops_before_publishing(tmp_path, capsys, ray_local):
     assert not (tmp_path / "a" / "default" / "ingest").exists()
 
 
+@pytest.mark.heavy
 def test_input_error_in_a_ray_task_prints_one_line_naming_file_record_field(tmp_path, capsys, ray_local):
     """A fresh `mempipe` process, so ingest runs as a Ray task exactly as a user runs it, and what
     Ray's workers print reaches its stderr too."""

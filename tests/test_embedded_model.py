@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pipeline.artifacts import StageDir
 from pipeline.config import resolve_paths
 from stages import load_config, registry
@@ -22,6 +24,7 @@ def _servers() -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.heavy
 def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeypatch, ray_local, models_cache):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     before = _servers()

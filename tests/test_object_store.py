@@ -25,6 +25,7 @@ from pipeline.runner import Runner
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 BUCKET = "mempipe-test"
+pytestmark = pytest.mark.heavy  # one moto server for the module; runs on Ray
 
 
 def _free_port() -> int:

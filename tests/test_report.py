@@ -7,6 +7,8 @@ from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
+
 from pipeline.artifacts import StageDir
 from stages.cli import main
 from pipeline.runner import Runner
@@ -51,6 +53,7 @@ class Tables(HTMLParser):
             self._cell = None
 
 
+@pytest.mark.heavy
 def test_every_method_is_judged_scored_and_reported(run_cfg, fake_llm, capsys):
     cfg = run_cfg(*SETS)
     out = Runner(cfg, registry(cfg)).run()
