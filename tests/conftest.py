@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import socket
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,6 +28,7 @@ _write_bytecode()
 
 from pipeline.testing.fake_openai import FakeOpenAI  # noqa: E402 (after the bytecode setting)
 from pipeline.config import LLMConfig, resolve_paths
+from pipeline.llm import DiskCallCache
 from stages import load_config
 
 TESTS = Path(__file__).resolve().parent
@@ -78,6 +81,42 @@ def llm_config(fake_llm: FakeOpenAI, **overrides: Any) -> LLMConfig:
     base.update(overrides)
     return LLMConfig(**base)
 
+
+class LateSecondReads(DiskCallCache):
+    """A call cache whose second read of the same keys answers what it read at once, but only once
+    another call has stored them and moved on: a store (a Ray service's round trip, a thread hop)
+    whose reader started before the other call's reply came back."""
+
+    def __init__(self, directory: Any) -> None:
+        super().__init__(directory)
+        self.reads: Counter[tuple[str, ...]] = Counter()
+        self.stored: set[str] = set()
+
+    async def _late(self, keys: tuple[str, ...], read: Any) -> Any:
+        self.reads[keys] += 1
+        nth = self.reads[keys]
+        value = await read
+        if nth == 2:
+            for _ in range(500):  # up to 5 s
+                if self.stored.issuperset(keys):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # the storing call goes on past its store
+        return value
+
+    async def get(self, key: str) -> Any:
+        return await self._late((key,), super().get(key))
+
+    async def get_many(self, keys: list[str]) -> list[Any]:
+        return await self._late(tuple(keys), super().get_many(keys))
+
+    async def set(self, key: str, value: dict[str, Any]) -> None:
+        await super().set(key, value)
+        self.stored.add(key)
+
+    async def set_many(self, items: list[tuple[str, dict[str, Any]]]) -> None:
+        await super().set_many(items)
+        self.stored.update(key for key, _ in items)
 
 def segmenting_responder(body: dict) -> str | None:
     """Answer segmentation requests with valid segments of two units (spans or starts format, as

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from conftest import TEST_KEY_ENV, llm_config
+from conftest import TEST_KEY_ENV, LateSecondReads, llm_config
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
@@ -159,6 +159,24 @@ def test_requests_in_flight_are_spread_over_pools_of_at_most_32(fake_llm: FakeOp
     assert len(pools) == 3 and len(set(map(id, pools))) == 3 and fake_llm.count() == 6
     assert sorted(used) == sorted([id(p) for p in pools] * 2)  # each pool took two of the six
 
+
+def test_a_twin_whose_cache_read_is_older_than_the_first_reply_is_not_sent(fake_llm: FakeOpenAI, tmp_path) -> None:
+    """One row's cache read started before the other row's reply was stored, and answers after
+    that request stopped being in flight: it reads again rather than pay twice."""
+    cfg = llm_config(fake_llm, cache_dir=str(tmp_path))
+    client = LLMClient(cfg, cache=LateSecondReads(cfg.cache_dir), limiter=LocalRateLimiter(cfg.rpm, cfg.tpm))
+
+    async def go() -> list[LLMResult]:
+        first = asyncio.ensure_future(client.chat(msgs("same")))
+        await asyncio.sleep(0)  # the first row's read goes first and answers at once
+        try:
+            return list(await asyncio.gather(first, client.chat(msgs("same"))))
+        finally:
+            await client.aclose()
+
+    results = run(go())
+    assert fake_llm.count() == 1 and results[0].text == results[1].text
+    assert sorted(r.cached for r in results) == [False, True]
 
 def test_a_twin_of_a_failed_request_is_sent_on_its_own(fake_llm: FakeOpenAI) -> None:
     fake_llm.latency_s = 0.2

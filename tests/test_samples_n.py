@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import llm_config
+from conftest import LateSecondReads, llm_config
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LocalRateLimiter
 from pipeline.llm.types import ask_samples
@@ -207,6 +207,28 @@ def test_two_calls_sampling_one_prompt_at_once_send_one_request(fake_llm: FakeOp
     first, second = asyncio.run(twice())
     assert first == second and len(first) == 10 and [b.get("n") for b in chats(fake_llm)] == [10]
 
+
+
+def test_a_call_whose_lookup_is_older_than_the_other_calls_samples_sends_nothing(fake_llm: FakeOpenAI,
+                                                                                 tmp_path) -> None:
+    """The second call's lookup read the cache before the first call's `n` request came back and
+    stored its choices, and answers after that request is no longer in flight: those samples are
+    not missing (seen as a second request for the last 3 of 10 under load)."""
+    fake_llm.responder = seeded_score
+    cfg = llm_config(fake_llm, cache_dir=str(tmp_path), structured_mode="json_schema")
+    client = LLMClient(cfg, cache=LateSecondReads(cfg.cache_dir), limiter=LocalRateLimiter(cfg.rpm, cfg.tpm))
+
+    async def twice() -> list[Any]:
+        first = asyncio.ensure_future(memory_quality.rate_memory(
+            client, "diversity", "Ann", "(empty)", DIALOGUE, samples=10, temperature=1.0))
+        await asyncio.sleep(0)  # the first call's lookup goes first and answers at once
+        second = memory_quality.rate_memory(client, "diversity", "Ann", "(empty)", DIALOGUE, samples=10,
+                                            temperature=1.0)
+        return list(await asyncio.gather(first, second))
+
+    first, second = asyncio.run(twice())
+    assert first == second and len(first) == 10
+    assert [b.get("n") for b in chats(fake_llm)] == [10]
 
 def test_ten_locomo_j_runs_go_as_one_request_and_one_run_sends_what_it_always_did(fake_llm: FakeOpenAI,
                                                                                     tmp_path) -> None:

@@ -24,12 +24,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Awaitable, Iterable, Protocol, TypeVar
 
 import diskcache
 
 from pipeline.errors import PipelineError
 from pipeline.hashing import canonical_json, sha256
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,43 @@ async def store_many(cache: CallCache, items: list[tuple[str, dict[str, Any]]]) 
         await many(items)
     else:
         await asyncio.gather(*(cache.set(k, v) for k, v in items))
+
+
+class StaleMisses:
+    """Which misses of a client's lookups may be stale. A store answers what it held when it read,
+    and that can be before another call of the same client stored the key and stopped being in
+    flight (a thread hop, a Ray service's round trip): a caller that took the miss as final would
+    send the request again. Keys stored while a lookup was in flight are kept (`in`) until every
+    lookup that started before them has answered."""
+
+    def __init__(self) -> None:
+        self._stored_at: dict[str, int] = {}  # key -> the clock when stored; in the clock's order
+        self._clock = 0
+        self._lookups_since: list[int] = []  # the clock when each lookup in flight started
+
+    async def lookup(self, read: Awaitable[T]) -> T:
+        started = self._clock
+        self._lookups_since.append(started)
+        try:
+            return await read
+        finally:
+            # Stored at or before the oldest lookup in flight (this one included) started: no
+            # lookup that could have missed them is left.
+            oldest = min(self._lookups_since)
+            while self._stored_at and next(iter(self._stored_at.values())) <= oldest:
+                self._stored_at.pop(next(iter(self._stored_at)))
+            self._lookups_since.remove(started)
+
+    def stored(self, keys: Iterable[str]) -> None:
+        if not self._lookups_since:
+            return  # no lookup in flight read before these
+        self._clock += 1
+        for key in keys:
+            self._stored_at.pop(key, None)  # to the end: the dict stays in the clock's order
+            self._stored_at[key] = self._clock
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._stored_at
 
 
 def _kind(value: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
 from pipeline.llm.accounting import Accounting
 from pipeline.llm.batch import queue_for
-from pipeline.llm.cache import CallCache, Reply, chat_cache_key
+from pipeline.llm.cache import CallCache, Reply, StaleMisses, chat_cache_key
 from pipeline.llm.embed import EMBED_BATCH, Embedder
 from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.params import RefusedParams, sampling_params
@@ -75,7 +75,9 @@ class LLMClient:
         self.accounts = Accounting(self.prices, self.usage, tally)
         self._refused = RefusedParams(self.endpoint, cache, self.usage)
         self._structured = StructuredCalls(cfg, self.endpoint, cache, self.usage, tally, self._request, retry_samples)
-        self._samples = Samples(self, cfg, cache, self.transport, self.accounts, self._refused, self._structured)
+        self._stale = StaleMisses()  # the misses a twin's store may have overtaken
+        self._samples = Samples(self, cfg, cache, self.transport, self.accounts, self._refused, self._structured,
+                                self._stale)
         self._embedder = Embedder(self.transport, self.accounts, cache)
         # Cache key -> the reply of that exact request, while it is being sent (per loop).
         self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future]] = \
@@ -155,7 +157,9 @@ class LLMClient:
         if preloaded is not None:
             return preloaded  # a choice of this call's `n` request: sent and accounted there
         if self.cache is not None:
-            hit = await self.cache.get(key)
+            hit = await self._stale.lookup(self.cache.get(key))
+            if hit is None and key in self._stale:  # its twin stored it after this read
+                hit = await self.cache.get(key)
             if hit is not None:
                 reply = Reply.from_cache(hit, model)
                 self.accounts.add_tokens(model, reply.prompt_tokens, reply.completion_tokens, cached=True,
@@ -232,4 +236,5 @@ class LLMClient:
         reply = Reply(text, pt, ct, resp_model or model, cached=False, cached_prompt_tokens=cpt)
         if self.cache is not None:
             await self.cache.set(key, reply.value())
+            self._stale.stored([key])
         return reply

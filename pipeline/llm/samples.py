@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from pipeline.config import LLMConfig
 from pipeline.llm.accounting import Accounting, split_tokens
-from pipeline.llm.cache import CallCache, Reply, chat_cache_key, lookup_many, store_many
+from pipeline.llm.cache import CallCache, Reply, StaleMisses, chat_cache_key, lookup_many, store_many
 from pipeline.llm.params import RefusedParams, sampling_params
 from pipeline.llm.ratelimit import estimate_tokens
 from pipeline.llm.structured import RequestRejected, StructuredCalls, request_format, with_schema_in_prompt
@@ -37,7 +37,8 @@ class Samples:
     finds the choice left for it (`take`) or the cache."""
 
     def __init__(self, llm: ChatLLM, cfg: LLMConfig, cache: CallCache | None, transport: Transport,
-                 accounts: Accounting, refused: RefusedParams, structured: StructuredCalls) -> None:
+                 accounts: Accounting, refused: RefusedParams, structured: StructuredCalls,
+                 stale: StaleMisses) -> None:
         self.llm = llm
         self.cfg = cfg
         self.cache = cache
@@ -50,6 +51,7 @@ class Samples:
         # accounted, until its own chat call takes it (works with the cache off too).
         self._preloaded: dict[str, Reply] = {}
         self._prefetching: dict[str, asyncio.Future] = {}  # cache key -> its `n` request's completion
+        self._stale = stale  # the client's: misses another call's store may have overtaken
 
     def take(self, key: str) -> Reply | None:
         """The reply an `n` request brought for this exact request, once."""
@@ -118,12 +120,14 @@ class Samples:
                 sampling = {k: v for k, v in sampling.items() if k not in dropped}
                 keyed.append((i, sampling, chat_cache_key(self.endpoint, model, conversation, sampling,
                                                           response_format, i)))
-            hits = await lookup_many(self.cache, [k for *_, k in keyed]) if self.cache is not None \
-                else [None] * len(keyed)
+            hits = await self._stale.lookup(lookup_many(self.cache, [k for *_, k in keyed])) \
+                if self.cache is not None else [None] * len(keyed)
             # Samples another call of the same prompt is asking for right now: wait for its answer.
             theirs = {id(f): f for *_, key in keyed if (f := self._prefetching.get(key)) is not None}
+            # (Stored by another call since this lookup read: each sample's own call finds it.)
             missing = [(i, sampling, key) for (i, sampling, key), hit in zip(keyed, hits)
-                       if hit is None and key not in self._preloaded and key not in self._prefetching]
+                       if hit is None and key not in self._preloaded and key not in self._prefetching
+                       and key not in self._stale]
             try:
                 if len(missing) >= 2:  # else nothing shares a request
                     await self._ask_n_once(model, conversation, missing, response_format)
@@ -190,6 +194,7 @@ class Samples:
         self._preloaded.update(replies)
         if self.cache is not None:
             await store_many(self.cache, [(key, reply.value()) for key, reply in replies])
+            self._stale.stored(key for key, _ in replies)
         if len(got) < n:
             # llama-cpp-python's server answers one choice whatever `n` says: the rest go one by one,
             # and so do this model's samples from now on.
