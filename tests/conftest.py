@@ -118,6 +118,7 @@ class LateSecondReads(DiskCallCache):
         await super().set_many(items)
         self.stored.update(key for key, _ in items)
 
+
 def segmenting_responder(body: dict) -> str | None:
     """Answer segmentation requests with valid segments of two units (spans or starts format, as
     the request asks); others get the default."""

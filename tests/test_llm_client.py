@@ -178,6 +178,7 @@ def test_a_twin_whose_cache_read_is_older_than_the_first_reply_is_not_sent(fake_
     assert fake_llm.count() == 1 and results[0].text == results[1].text
     assert sorted(r.cached for r in results) == [False, True]
 
+
 def test_a_twin_of_a_failed_request_is_sent_on_its_own(fake_llm: FakeOpenAI) -> None:
     fake_llm.latency_s = 0.2
     fake_llm.force = ["500"]  # the first request fails for good (no retries); its twin then asks itself

@@ -208,7 +208,6 @@ def test_two_calls_sampling_one_prompt_at_once_send_one_request(fake_llm: FakeOp
     assert first == second and len(first) == 10 and [b.get("n") for b in chats(fake_llm)] == [10]
 
 
-
 def test_a_call_whose_lookup_is_older_than_the_other_calls_samples_sends_nothing(fake_llm: FakeOpenAI,
                                                                                  tmp_path) -> None:
     """The second call's lookup read the cache before the first call's `n` request came back and
@@ -229,6 +228,7 @@ def test_a_call_whose_lookup_is_older_than_the_other_calls_samples_sends_nothing
     first, second = asyncio.run(twice())
     assert first == second and len(first) == 10
     assert [b.get("n") for b in chats(fake_llm)] == [10]
+
 
 def test_ten_locomo_j_runs_go_as_one_request_and_one_run_sends_what_it_always_did(fake_llm: FakeOpenAI,
                                                                                     tmp_path) -> None:
