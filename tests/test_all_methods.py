@@ -38,9 +38,6 @@ def test_every_method_runs_with_no_failed_rows(run_cfg, fake_llm, corpus):
     if corpus == "longmemeval":
         sets += ["corpus.format=longmemeval", f"corpus.path={LONGMEMEVAL}", "corpus.limit=3"]
     if corpus == "sample":
-        # SeCom's default compression, its model loaded in a Ray worker (here, not again in the
-        # LongMemEval run: a model load and seconds of CPU per episode, the same code).
-        sets.append("compress.method=llmlingua")
         # On Ray: every method's own stages and what they read. The stages after them (scores,
         # judges, report) are the same code for every method: the LongMemEval run has them.
         names = registry(run_cfg(*sets))

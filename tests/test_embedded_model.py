@@ -1,4 +1,7 @@
-"""The default config's embedded model runs an LLM stage offline: no key, no network."""
+"""The default config's embedded models run offline on Ray: no key, no network. The packaged
+SmolLM2 answers the segmenter through the embedded server, and scores SeCom's LLMLingua
+compression in a Ray worker (the suite's one run of that model in a worker: each utterance costs
+a forward pass, so on this tiny corpus, not on the sample's)."""
 
 from __future__ import annotations
 
@@ -25,15 +28,15 @@ def _servers() -> list[str]:
 
 
 @pytest.mark.heavy
-def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeypatch, ray_local, models_cache):
+def test_default_config_segments_and_compresses_with_its_embedded_models(tmp_path, monkeypatch, ray_local, models_cache):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     before = _servers()
     cfg = resolve_paths(load_config(ROOT / "configs" / "default.yaml", [
         f"artifacts_dir={tmp_path / 'a'}", f"corpus.path={TINY}", f"llm.cache_dir={tmp_path / 'cache'}",
-        f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,probes]",
+        f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,compress,probes]",
         "teabag.enabled=false",
     ]))
-    assert cfg.llm.provider == "local"
+    assert cfg.llm.provider == "local" and cfg.compress.method == "llmlingua" and cfg.ray.executor == "ray"
     assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}
     sd = StageDir(cfg.run_dir, "segment")
     m = sd.manifest()
@@ -46,5 +49,11 @@ def test_default_config_runs_segment_stage_with_embedded_model(tmp_path, monkeyp
         assert spans[0][0] == 0 and spans[-1][1] == 3  # every turn of the session is covered
         assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
     assert m.stats["fallback_sessions"] == sum(1 for s in (1, 2, 3) if any(r["fallback"] for r in rows if r["session_idx"] == s))
+    # LLMLingua with the packaged scorer, line by line: every unit compressed, none failed, and the
+    # long utterances shortened (short ones stay verbatim).
+    units = StageDir(cfg.run_dir, "compress").read_table("units").to_pylist()
+    assert units and {u["compression"] for u in units} == {"llmlingua@0.75"}
+    assert {u["compression_path"] for u in units} == {"per_line"} and not any(u["error"] for u in units)
+    assert any(len(u["compressed_text"].split()) < len(u["text"].split()) for u in units)
     assert (cfg.run_dir / "_logs" / "llm-server.log").exists()
     assert _servers() == before  # the embedded server was stopped
