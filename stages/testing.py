@@ -9,31 +9,28 @@ OpenAI-compatible server and read back every table it wrote, in a few lines.
         assert tables["respond_my_method.responses"].num_rows > 0
 
 The fixtures (`fake_llm`, `sample_corpus`) come with the package as a pytest plug-in (the `pytest11`
-entry point `mempipe`): installed, they are there in any project's tests. The server and a scripted
-in-process client are `pipeline.testing.fake_openai.FakeOpenAI` and `pipeline.testing.fake_chat.FakeChat`.
+entry point `mempipe`: `pipeline.testing.plugin`): installed, they are there in any project's tests.
+The server and a scripted in-process client are `pipeline.testing.fake_openai.FakeOpenAI` and `pipeline.testing.fake_chat.FakeChat`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
 from pipeline.artifacts import StageDir
 from pipeline.config import resolve_paths
 from pipeline.runner import Runner
-from pipeline.testing.fake_openai import FakeOpenAI
+from pipeline.testing.plugin import SAMPLE_CORPUS
 from stages import load_config, registry
 from stages.method_stages import respond_stage_name
 from stages.methods import METHODS
 from stages.methods.base import Method
 
-# The bundled sample corpus (data/sample of the project checkout the package runs from).
-SAMPLE_CORPUS = Path(__file__).resolve().parent.parent / "data" / "sample"
 _KEY_ENV = "MEMPIPE_TESTING_KEY"  # a dummy key for the fake server; never a real one
 
 
@@ -61,20 +58,3 @@ def run_method(method: Method, llm_url: str, workdir: Path, *, settings: Mapping
     runner.run(until=respond)  # the method's answers and whatever they need (banks for SeCom-like methods)
     ran = [s for s in runner.plan if s.name in runner.upstream(respond)]
     return {f"{s.name}.{table}": StageDir(cfg.run_dir, s.name).read_table(table) for s in ran for table in s.outputs}
-
-
-@pytest.fixture
-def fake_llm() -> Iterator[FakeOpenAI]:
-    """A started fake OpenAI-compatible server: set `.responder = fn(body) -> str | None` to script
-    answers (None: its default, a hash of the request or a schema-valid JSON instance)."""
-    server = FakeOpenAI().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def sample_corpus() -> Path:
-    """The bundled sample corpus (sample format)."""
-    return SAMPLE_CORPUS
