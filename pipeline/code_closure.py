@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from functools import lru_cache
 
 from pipeline.hashing import sha256
 
@@ -90,13 +89,21 @@ def _imported(tree: ast.AST, module: str, is_package: bool, projects: frozenset[
     return found
 
 
-@lru_cache(maxsize=None)
+# Parsed once per process (a run fingerprints every stage, each over the closure of its modules);
+# `forget` drops an entry whose source changed.
+_IMPORTS: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
+_HASHES: dict[str, str] = {}
+
+
 def imports_of(module: str, projects: frozenset[str] = frozenset()) -> frozenset[str]:
     """What `module` imports; `from pkg import name` is resolved to the submodule `pkg.name` for the
     packages of `projects` (and the module's own and the framework's), not for libraries."""
-    spec = importlib.util.find_spec(module)
-    is_package = bool(spec and spec.submodule_search_locations)
-    return frozenset(_imported(ast.parse(read_source(module)), module, is_package, projects))
+    key = (module, projects)
+    if key not in _IMPORTS:
+        spec = importlib.util.find_spec(module)
+        is_package = bool(spec and spec.submodule_search_locations)
+        _IMPORTS[key] = frozenset(_imported(ast.parse(read_source(module)), module, is_package, projects))
+    return _IMPORTS[key]
 
 
 def in_scope(module: str, projects: frozenset[str]) -> bool:
@@ -122,9 +129,10 @@ def code_closure(*roots: str) -> list[str]:
     return sorted(seen)
 
 
-@lru_cache(maxsize=None)
 def source_hash(module: str) -> str:
-    return sha256(read_source(module))
+    if module not in _HASHES:
+        _HASHES[module] = sha256(read_source(module))
+    return _HASHES[module]
 
 
 def code_hashes(*roots: str) -> dict[str, str]:
@@ -132,7 +140,14 @@ def code_hashes(*roots: str) -> dict[str, str]:
     return {m: source_hash(m) for m in code_closure(*roots)}
 
 
-def forget() -> None:
-    """Drop parsed imports and source hashes (after source files changed within one process)."""
-    imports_of.cache_clear()
-    source_hash.cache_clear()
+def forget(*modules: str) -> None:
+    """Drop the parsed imports and source hashes of `modules` (of every module when none is named),
+    after their source changed within one process."""
+    if not modules:
+        _IMPORTS.clear()
+        _HASHES.clear()
+        return
+    for key in [k for k in _IMPORTS if k[0] in modules]:
+        del _IMPORTS[key]
+    for module in modules:
+        _HASHES.pop(module, None)

@@ -41,12 +41,11 @@ def edit_source(monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
     def edit(module: str, old: str, new: str) -> None:
         edits[module] = (old, new)
-        code_closure.forget()
+        code_closure.forget(module)
 
     monkeypatch.setattr(code_closure, "read_source", read)
-    code_closure.forget()
     yield edit
-    code_closure.forget()
+    code_closure.forget(*edits)  # what this process parsed of the other modules still holds
 
 
 def fingerprints(run: dict) -> dict[str, str]:

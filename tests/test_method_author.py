@@ -127,7 +127,7 @@ def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shap
     # an edit to the package's prompt module reruns its two stages and what reads them, not rsum's
     before = runner.fingerprints()
     Path(sys.modules["acme_memory.prompts"].__file__).write_text('DIGEST = "Summarise in one sentence."\n')
-    code_closure.forget()
+    code_closure.forget("acme_memory.prompts")
     after = Runner(cfg, registry(cfg, acme)).fingerprints()
     changed = {s for s in before if before[s] != after[s]}
     assert {"memory_acme_digest", "respond_acme_digest"} <= changed and "memory_rsum" not in changed
