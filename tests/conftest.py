@@ -7,6 +7,9 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -188,6 +191,26 @@ def ray_local(toy_dir):
              runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}:{toy_dir / 'site'}", "TOY_DIR": str(toy_dir)}})
     yield
     ray.shutdown()
+
+
+def driver_on_session_ray(tmp_path: Path, code: str, env_vars: dict[str, str] | None = None) -> subprocess.Popen:
+    """`code` run by a driver process of its own on this session's Ray (`ray_local`): a job of its
+    own on a running cluster, as `ray job submit` starts one, in a process group of its own so a
+    test can kill it whole (Ray then stops that job's workers). `env_vars` reach it and its
+    workers; its output goes to tmp_path/driver.log."""
+    import ray
+
+    env_vars = {"PYTHONPATH": f"{TESTS}:{ROOT}", "TOY_DIR": os.environ["TOY_DIR"], **(env_vars or {})}
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import ray
+        ray.init(address={ray.get_runtime_context().gcs_address!r}, log_to_driver=False,
+                 runtime_env={{"env_vars": {env_vars!r}}})
+    """) + textwrap.dedent(code))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env_vars
+    log = (tmp_path / "driver.log").open("w")
+    return subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
+                            stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="session")

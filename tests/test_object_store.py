@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Iterator
@@ -17,6 +16,7 @@ from typing import Iterator
 import pytest
 
 import toy_stages
+from conftest import driver_on_session_ray
 from pipeline import storage
 from pipeline.artifacts import StageDir
 from pipeline.config import load_config
@@ -130,26 +130,18 @@ def test_republishing_a_changed_stage_replaces_its_objects(toy_s3):
     assert StageDir(run, "count").read_table("counts").num_rows == 2
 
 
-def test_a_killed_run_on_s3_resumes_from_its_finished_shards(toy_s3, toy_dir, tmp_path, s3_env):
+def test_a_killed_run_on_s3_resumes_from_its_finished_shards(toy_s3, toy_dir, tmp_path, s3_env, ray_local):
     toy_s3().run(only=["ingest"])
     (toy_dir / "control.json").write_text(json.dumps({"hang_on": "ep04"}))
-    # The killed driver runs on Ray (its own local cluster), so workers write the shards to S3.
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(TESTS)!r}, {str(ROOT)!r}]
+    # The killed driver runs on Ray (a job on this session's cluster), so workers write the shards to S3.
+    proc = driver_on_session_ray(tmp_path, f"""
         import toy_stages
         from pipeline.config import load_config
         from pipeline.runner import Runner
         cfg = load_config(None, ["artifacts_dir={toy_s3.artifacts}", "corpus.path={toy_s3.corpus}",
-                                 "ray.episodes_per_shard=2", "ray.num_cpus=2"], toy_stages.config_model())
+                                 "ray.episodes_per_shard=2"], toy_stages.config_model())
         Runner(cfg, toy_stages.registry()).run(only=["count"])
-    """))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(s3_env, PYTHONPATH=f"{TESTS}:{ROOT}")
-    log = (tmp_path / "driver.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
-                            stdout=log, stderr=subprocess.STDOUT)
+    """, s3_env)
     sd = StageDir(f"{toy_s3.artifacts}/default", "count")
     deadline = time.time() + 180
     while time.time() < deadline and len(sd.finished_shards()) < 2:

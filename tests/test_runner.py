@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 import toy_stages
+from conftest import driver_on_session_ray
 from pipeline.artifacts import StageDir
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
@@ -172,22 +170,14 @@ def test_a_stage_context_carries_its_finished_upstream_manifests(toy):
 def test_resume_after_killed_run(toy, toy_dir, tmp_path):
     toy().run(only=["ingest"])
     (toy_dir / "control.json").write_text(json.dumps({"hang_on": "ep04"}))
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(TESTS)!r}, {str(ROOT)!r}]
+    proc = driver_on_session_ray(tmp_path, f"""
         import toy_stages
         from pipeline.config import load_config
         from pipeline.runner import Runner
         cfg = load_config(None, ["artifacts_dir={tmp_path / 'artifacts'}", "corpus.path={toy.corpus}",
-                                 "ray.episodes_per_shard=2", "ray.num_cpus=2"], toy_stages.config_model())
+                                 "ray.episodes_per_shard=2"], toy_stages.config_model())
         Runner(cfg, toy_stages.registry()).run(only=["count"])
-    """))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = f"{TESTS}:{ROOT}"
-    log = (tmp_path / "driver.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
-                            stdout=log, stderr=subprocess.STDOUT)
+    """)
     sd = StageDir(toy.run_dir, "count")
     deadline = time.time() + 120
     while time.time() < deadline and len(sd.finished_shards()) < 2:
