@@ -8,6 +8,7 @@ forbids unknown keys so a typo is an error that names the key, not a silent defa
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Literal, Mapping, Sequence, TypeVar
@@ -368,7 +369,16 @@ def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, 
                    roles: Iterable[str], unavailable: Mapping[str, str] | None = None) -> type[RunConfig]:
     """The full config model: run-level sections + one section per stage settings model +
     `method.<name>` per method settings model. `roles` are the role names stages ask for;
-    `unavailable`: methods that could not be loaded, with why (named when a config selects one)."""
+    `unavailable`: methods that could not be loaded, with why (named when a config selects one).
+    Built once per distinct input: a model costs ~25 ms to build, and every config load asks."""
+    return _composed(tuple(sections.items()), tuple(methods.items()), frozenset(roles),
+                     tuple(sorted((unavailable or {}).items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _composed(section_items: tuple[tuple[str, type[Section]], ...], method_items: tuple[tuple[str, type[Section]], ...],
+              roles: frozenset[str], unavailable: tuple[tuple[str, str], ...]) -> type[RunConfig]:
+    sections, methods = dict(section_items), dict(method_items)
     method_model = create_model(  # type: ignore[call-overload]
         "MethodSettings", __base__=Section,
         **{name: (model, Field(default_factory=model)) for name, model in methods.items()})
@@ -380,7 +390,7 @@ def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, 
     model = create_model("RunConfig", __base__=RunConfig, **fields)  # type: ignore[call-overload]
     model.known_roles = frozenset(roles)
     model.known_methods = frozenset(methods)
-    model.unavailable_methods = dict(unavailable or {})
+    model.unavailable_methods = dict(unavailable)
     return model
 
 
