@@ -10,7 +10,8 @@ OpenAI-compatible server and read back every table it wrote, in a few lines.
 
 The fixtures (`fake_llm`, `sample_corpus`) come with the package as a pytest plug-in (the `pytest11`
 entry point `mempipe`: `pipeline.testing.plugin`): installed, they are there in any project's tests.
-The server and a scripted in-process client are `pipeline.testing.fake_openai.FakeOpenAI` and `pipeline.testing.fake_chat.FakeChat`.
+The server and a scripted in-process client are `pipeline.testing.fake_openai.FakeOpenAI` and
+`pipeline.testing.fake_chat.FakeChat`.
 """
 
 from __future__ import annotations

@@ -208,9 +208,9 @@ def driver_on_session_ray(tmp_path: Path, code: str, env_vars: dict[str, str] | 
                  runtime_env={{"env_vars": {env_vars!r}}})
     """) + textwrap.dedent(code))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | env_vars
-    log = (tmp_path / "driver.log").open("w")
-    return subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
-                            stdout=log, stderr=subprocess.STDOUT)
+    with (tmp_path / "driver.log").open("w") as log:  # the driver keeps its own copy
+        return subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="session")
