@@ -39,12 +39,21 @@ ROOT = TESTS.parent
 TEST_KEY_ENV = "MEMPIPE_TEST_LLM_KEY"  # tests set a fake secret here; never a real key
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The heavy tests (`@pytest.mark.heavy`: tens of CPU-seconds, or seconds of waiting) run
-    first, the rest in their usual order after them: handed out one or two at a time (pyproject's
-    `--dist load --maxschedchunk 2`), the longest go out while the other worker has short ones to
-    run beside them, and no worker ends the session alone on one."""
+    first, the rest in their usual order after them, so that no worker ends the session alone on
+    one. Every test on the session's Ray (the `ray_local` fixture, or a `session_ray` mark where a
+    test asks for it at run time) goes to one xdist worker as one unit (pyproject's `--dist
+    loadgroup`): one local Ray, its embedding service, LLM workers and their imports for the whole
+    session, not one per worker; the other workers take the rest one test at a time meanwhile."""
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
+        return
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()) or item.get_closest_marker("session_ray"):
+            # The group's name ends the node id, which is how xdist's scheduler reads a group
+            # (xdist 3.8 writes it to `_nodeid`, which pytest 9 no longer reads the node id from).
+            item._id = type(item._id).parse(f"{item.nodeid}@session-ray")  # type: ignore[attr-defined]
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,7 @@ def answering_validly(body: dict) -> str | None:
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("corpus", ["sample", "longmemeval"])
+@pytest.mark.parametrize("corpus", [pytest.param("sample", marks=pytest.mark.session_ray), "longmemeval"])
 def test_every_method_runs_with_no_failed_rows(run_cfg, fake_llm, corpus):
     # One episode on Ray (several shards at once are the cluster tests' subject); three in this process.
     sets = [f"methods={json.dumps(list(METHODS))}", "corpus.limit=1", "judge_memory.samples=1", "judge_pairwise.samples=1"]

@@ -39,7 +39,7 @@ def paid(fake_llm, monkeypatch):
     return fake_llm
 
 
-@pytest.mark.parametrize("executor", ["inline", "ray"])
+@pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.session_ray)])
 def test_budget_stops_before_the_next_call_and_a_higher_budget_resumes_without_paying_twice(
         tmp_path, paid, capsys, executor, request):
     if executor == "ray":

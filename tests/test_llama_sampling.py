@@ -36,7 +36,7 @@ def answers(llm, temperature: float = 0.0) -> list[str]:
 @pytest.fixture(scope="module")
 def model():
     llama_cpp = pytest.importorskip("llama_cpp")  # the `local` extra; the test extra installs it
-    return lambda: llama_cpp.Llama(model_path=str(smollm2_gguf_path()), n_ctx=1024, n_threads=2, verbose=False)
+    return lambda: llama_cpp.Llama(model_path=str(smollm2_gguf_path()), n_ctx=1024, n_threads=1, verbose=False)
 
 
 @pytest.mark.heavy

@@ -99,6 +99,7 @@ def acme(toy_dir, monkeypatch):
 
 
 @pytest.mark.heavy
+@pytest.mark.session_ray
 def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shape(acme, run_cfg, tmp_path):
     sheet = tmp_path / "acme_paper.yaml"
     sheet.write_text(

@@ -53,7 +53,7 @@ def endpoint(fake_llm, monkeypatch):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("executor", ["inline", "ray"])
+@pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.session_ray)])
 def test_an_outage_mid_run_pauses_every_call_and_ends_with_no_failed_row(tmp_path, endpoint, capsys, executor, request):
     if executor == "ray":
         request.getfixturevalue("ray_local")  # the breaker is shared by workers through the ledger service

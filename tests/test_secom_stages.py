@@ -217,6 +217,7 @@ def test_segment_manifest_counts_model_normalised_and_fallback_sessions(run_cfg,
     assert all(r["normalised"] and r["summary"] is None for r in seg)
 
 
+@pytest.mark.session_ray
 def test_banks_embed_through_the_endpoint_with_provider_openai(run_cfg, fake_llm):
     """`embedding.provider: openai`: `banks` (a stage with no LLM role of its own) gets the
     `embedder` role's client: batched requests through the shared cache, limiter and ledger."""

@@ -135,7 +135,7 @@ def test_workers_sharing_the_run_ledger_send_one_rejected_request_between_them(f
     assert ledger.book.modes and {m for m, _ in ledger.book.modes.values()} == {"json_object"}
 
 
-@pytest.mark.parametrize("where", ["inline", "actor"])
+@pytest.mark.parametrize("where", ["inline", pytest.param("actor", marks=pytest.mark.session_ray)])
 def test_the_ledger_gives_one_scout_the_decision_and_everyone_the_mode_it_publishes(where, request) -> None:
     if where == "actor":
         request.getfixturevalue("ray_local")
