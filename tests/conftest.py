@@ -40,13 +40,21 @@ TEST_KEY_ENV = "MEMPIPE_TEST_LLM_KEY"  # tests set a fake secret here; never a r
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The heavy tests (`@pytest.mark.heavy`: tens of CPU-seconds, or seconds of waiting) run
-    first, the rest in their usual order after them, so that no worker ends the session alone on
-    one. Every test on the session's Ray (the `ray_local` fixture, or a `session_ray` mark where a
-    test asks for it at run time) goes to one xdist worker as one unit (pyproject's `--dist
-    loadgroup`): one local Ray, its embedding service, LLM workers and their imports for the whole
-    session, not one per worker; the other workers take the rest one test at a time meanwhile."""
-    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+    """The heavy tests (`@pytest.mark.heavy(seconds=...)`: tens of CPU-seconds, or seconds of
+    waiting; about how long each takes on a fresh clone) run first, the longest first, the rest in
+    their usual order after them: no worker ends the session alone on a long one, and the Ray
+    tests' waits (rate limits, outages) fall beside the other worker's busiest ones.
+
+    Every test on the session's Ray (the `ray_local` fixture, or a `session_ray` mark where a test
+    asks for it at run time) goes to one xdist worker as one unit (pyproject's `--dist loadgroup`):
+    one local Ray, its embedding service, LLM workers and their imports for the whole session, not
+    one per worker; the other workers take the rest one test at a time meanwhile."""
+
+    def longest_first(item: pytest.Item) -> float:
+        heavy = item.get_closest_marker("heavy")
+        return -heavy.kwargs.get("seconds", 1) if heavy else 0
+
+    items.sort(key=longest_first)
     if not getattr(config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
         return
     for item in items:

@@ -30,7 +30,7 @@ def answering_validly(body: dict) -> str | None:
     return segmenting_responder(body)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=40)
 @pytest.mark.parametrize("corpus", [pytest.param("sample", marks=pytest.mark.session_ray), "longmemeval"])
 def test_every_method_runs_with_no_failed_rows(run_cfg, fake_llm, corpus):
     # One episode on Ray (several shards at once are the cluster tests' subject); three in this process.

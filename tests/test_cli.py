@@ -93,17 +93,21 @@ def test_bad_input_stops_before_publishing(tmp_path, capsys, ray_local):
     assert not (tmp_path / "a" / "default" / "ingest").exists()
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=8)
 def test_input_error_in_a_ray_task_prints_one_line_naming_file_record_field(tmp_path, capsys, ray_local):
     """A fresh `mempipe` process, so ingest runs as a Ray task exactly as a user runs it, and what
-    Ray's workers print reaches its stderr too."""
+    Ray's workers print reaches its stderr too: a driver on this session's Ray, as `ray job submit`
+    starts one on a running cluster (a local Ray of its own would add seconds of start-up, nothing
+    to the check)."""
     raw = json.loads((FIXTURES / "locomo" / "locomo_mini.json").read_text())
     del raw[0]["conversation"]["session_2"][1]["speaker"]
     bad = tmp_path / "locomo_bad.json"
     bad.write_text(json.dumps(raw))
     args = ["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}", "--set", "corpus.format=locomo",
             "--set", f"corpus.path={bad}", "--set", "ray.num_cpus=1"]
-    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "stages.cli", *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 1, proc.stderr

@@ -324,7 +324,7 @@ def test_readme_cluster_commands_are_the_ones_the_bench_runs():
         assert cmd.startswith("RAY_AUTH_MODE=token MALLOC_ARENA_MAX=1 ray start")  # the local workers' arena too
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=14)
 def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checkout(tmp_path):
     """`ray_session` on a new local instance (a fresh process: this one may hold the tests' Ray)."""
     import subprocess
@@ -346,7 +346,7 @@ def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checko
     assert arenas == "1" and str(root) in path.split(os.pathsep)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=22)
 def test_workers_embed_through_their_nodes_one_model(ray_local, models_cache, tmp_path):
     """The Ray executor's embedding service: one model per node, which a worker's stage context
     uses (the vectors of a model of its own) without importing sentence-transformers itself."""

@@ -188,7 +188,7 @@ def _check_shape(original: str, compressed: str) -> None:
         assert after.startswith(tag + " "), (before, after)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=18)
 def test_llmlingua_with_packaged_smollm2(no_network: None) -> None:
     c = Compressor(method="llmlingua", rate=0.5, cache_dir=MODEL_CACHE)
     out = c.compress_unit(EXCHANGES, SPEAKERS)

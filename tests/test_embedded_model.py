@@ -27,7 +27,7 @@ def _servers() -> list[str]:
     return out.stdout.split()
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=23)
 def test_default_config_segments_and_compresses_with_its_embedded_models(tmp_path, monkeypatch, ray_local, models_cache):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     before = _servers()

@@ -39,7 +39,7 @@ def model():
     return lambda: llama_cpp.Llama(model_path=str(smollm2_gguf_path()), n_ctx=1024, n_threads=1, verbose=False)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=16)
 def test_grammar_last_greedy_answers_equal_grammar_first_and_sampling_is_untouched(model, monkeypatch):
     import llama_cpp
 

@@ -50,7 +50,7 @@ def handles(fake_llm: FakeOpenAI, ray_local: None) -> Any:
         h.close()
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=15)
 def test_workers_share_rpm_limit_and_cache(fake_llm: FakeOpenAI, handles: Any) -> None:
     rpm = 600  # one request per 100 ms for the whole job
     cfg = llm_config(fake_llm, rpm=rpm, max_concurrency=8)

@@ -216,7 +216,7 @@ def _responder(body: dict) -> str | None:
     return "yes" if reference.lower() in response.lower() else "no"
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=4)
 def test_the_pipeline_judges_each_type_with_its_prompt_and_reports_accuracy_per_type(run_cfg, fake_llm):
     cfg = run_cfg("corpus.format=longmemeval", f"corpus.path={FIXTURE}", "corpus.limit=null",
                   "methods=[zero_history,turn]", "compress.method=none", "compress.granularities=[turn,session]",

@@ -46,7 +46,7 @@ def test_the_docs_complete_method_is_the_scaffold_and_runs_as_printed(fake_llm, 
                for r in responses)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=6)
 def test_new_method_writes_a_module_its_test_and_docs_that_pass_as_written(tmp_path, capsys):
     assert main(["new-method", "my_notes", "--dir", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_notes.md", "my_notes.py", "test_my_notes.py"]
@@ -98,7 +98,7 @@ def acme(toy_dir, monkeypatch):
     return {**METHODS, **found}
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=10)
 @pytest.mark.session_ray
 def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shape(acme, run_cfg, tmp_path):
     sheet = tmp_path / "acme_paper.yaml"

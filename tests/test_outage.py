@@ -52,7 +52,7 @@ def endpoint(fake_llm, monkeypatch):
     return fake_llm
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=10)
 @pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.session_ray)])
 def test_an_outage_mid_run_pauses_every_call_and_ends_with_no_failed_row(tmp_path, endpoint, capsys, executor, request):
     if executor == "ray":

@@ -53,7 +53,7 @@ class Tables(HTMLParser):
             self._cell = None
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=6)
 def test_every_method_is_judged_scored_and_reported(run_cfg, fake_llm, capsys):
     cfg = run_cfg(*SETS)
     out = Runner(cfg, registry(cfg)).run()

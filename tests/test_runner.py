@@ -166,7 +166,7 @@ def test_a_stage_context_carries_its_finished_upstream_manifests(toy):
     assert all(s["upstream"] == {"count": count.to_json()} for s in seen)  # its inputs only, as published
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=5)
 def test_resume_after_killed_run(toy, toy_dir, tmp_path):
     toy().run(only=["ingest"])
     (toy_dir / "control.json").write_text(json.dumps({"hang_on": "ep04"}))

@@ -87,7 +87,7 @@ def test_invalid_segmentation_falls_back_and_is_recorded(run_cfg, fake_llm):
     assert sd.manifest().stats["fallback_sessions"] == 6
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=5)
 def test_locomo_banks_and_retrieval_scores(run_cfg):
     cfg = run_cfg("corpus.format=locomo", f"corpus.path={FIXTURES / 'locomo' / 'locomo_mini.json'}",
                   "stages=[ingest,guidance,segment,compress,banks,score]", "score.retrievers=[bm25,dense]",
@@ -168,7 +168,7 @@ def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
     assert StageDir(reuse.run_dir, "segment").read_table("segments").drop_columns(["raw"]).equals(first)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=12)
 def test_faults_leave_every_row_answered_or_failed_with_reason(run_cfg, fake_llm):
     # Transport faults plus the 200 bodies a misbehaving proxy sends (HTML, non-JSON, no choices).
     fake_llm.faults = {"429": 0.05, "500": 0.05, "timeout": 0.03, "malformed": 0.04,

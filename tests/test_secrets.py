@@ -39,7 +39,7 @@ def ray_tmp():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=48)
 def test_a_recognisable_key_is_found_nowhere_after_a_run_that_works_and_one_that_fails(tmp_path, fake_llm, ray_tmp):
     key = f"sk-mempipe-canary-{secrets.token_hex(12)}"
     fake_llm.responder = segmenting_responder

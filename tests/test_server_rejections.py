@@ -249,7 +249,7 @@ def test_a_refused_n_is_recognised_recorded_and_not_retried(fake_llm: FakeOpenAI
 # ------------------------------------------------------------------ an instant-503 outage
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=7)
 def test_a_60_s_outage_answering_503_at_once_receives_at_most_60_requests(fake_llm: FakeOpenAI, monkeypatch) -> None:
     """Default concurrency, retries and backoff; three shards' clients of one role on one ledger. The
     probe pauses run ten times faster (1 s -> 0.1 s, 10 s -> 1 s), so 6 s here stand for 60 s."""
@@ -341,7 +341,7 @@ class Colour(BaseModel):
     colour: str = ""
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=8)
 def test_llama_cpp_servers_own_500_steps_the_role_down_after_one_rejected_request(llama_server, tmp_path) -> None:
     base_url, log_path = llama_server
     before = _refused(log_path)
@@ -367,7 +367,7 @@ def test_llama_cpp_servers_own_500_steps_the_role_down_after_one_rejected_reques
     assert not ledger.book.health.get(client.endpoint) or not ledger.book.health[client.endpoint].outages
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=4)
 def test_llama_cpp_servers_single_choice_for_n_gets_the_rest_asked_one_by_one(llama_server, tmp_path) -> None:
     base_url, _ = llama_server
     cfg = LLMConfig(provider="openai", base_url=base_url, model="smollm2", api_key_env=None,

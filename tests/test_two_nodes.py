@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RPM = 120
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(seconds=45)
 def test_two_node_run_shares_the_cache_and_the_limiter(fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "two_node_run.py"), fake_llm.base_url, str(tmp_path), str(RPM)],
