@@ -167,6 +167,9 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, request):
 
     def make(*sets: str, methods: Any = None, executor: str = "inline"):
         if executor == "ray":
+            # Only the Ray group's worker may start the session's Ray (pytest_collection_modifyitems).
+            if not request.node.get_closest_marker("session_ray"):
+                pytest.fail("a test that runs on the session's Ray needs @pytest.mark.session_ray")
             request.getfixturevalue("ray_local")
         extra = {} if methods is None else {"methods": methods}
         cfg = load_config(ROOT / "configs" / "default.yaml", [

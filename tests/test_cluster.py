@@ -172,7 +172,7 @@ def test_a_shard_whose_llm_worker_is_gone_for_good_runs_on_a_new_worker(runner, 
 
 def test_llm_workers_run_several_shards_at_once_within_one_cap_per_endpoint(runner, fake_llm, monkeypatch):
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
-    fake_llm.latency_s = 1.0
+    fake_llm.latency_s = 0.6  # long beside a shard's own work: requests sent together overlap
     llm = ["llm.provider=openai", f"llm.base_url={fake_llm.base_url}", "llm.model=fake-model",
            "llm.api_key_env=MEMPIPE_TEST_KEY", "ray.episodes_per_shard=1"]
     # Five one-episode shards on two workers, one request each. One slot for the run: one request

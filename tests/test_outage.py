@@ -24,8 +24,9 @@ def _args(tmp_path: Path, fake_llm, *sets: str, executor: str = "inline") -> lis
             "--set", f"artifacts_dir={tmp_path / 'a'}", "--set", "llm.provider=openai",
             "--set", f"llm.base_url={fake_llm.base_url}", "--set", "llm.api_key_env=MEMPIPE_TEST_KEY",
             "--set", f"llm.cache_dir={tmp_path / 'cache'}", "--set", "llm.model=fake-model",
-            # Retries that a 6 s outage would exhaust three times over without the breaker.
-            "--set", "llm.max_retries=3", "--set", "llm.backoff_base_s=0.2", "--set", "llm.backoff_max_s=1",
+            # Retries (0.1 + 0.2 + 0.4 s) that a 2.5 s outage would exhaust three times over
+            # without the breaker.
+            "--set", "llm.max_retries=3", "--set", "llm.backoff_base_s=0.1", "--set", "llm.backoff_max_s=0.5",
             "--set", "ray.episodes_per_shard=1", "--set", f"ray.executor={executor}",
             "--set", "corpus.limit=null", "--set", "teabag.enabled=false",
             *[x for s in sets for x in ("--set", s)]]
@@ -52,12 +53,13 @@ def endpoint(fake_llm, monkeypatch):
     return fake_llm
 
 
-@pytest.mark.heavy(seconds=10)
+@pytest.mark.heavy(seconds=6)
 @pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.session_ray)])
 def test_an_outage_mid_run_pauses_every_call_and_ends_with_no_failed_row(tmp_path, endpoint, capsys, executor, request):
     if executor == "ray":
         request.getfixturevalue("ray_local")  # the breaker is shared by workers through the ledger service
-    watcher = _down_after(endpoint, 4, 6.0)
+    # Back before the second probe (the breaker probes 1 s, then 3 s after it opened).
+    watcher = _down_after(endpoint, 4, 2.5)
     assert main(["run", "--until", "segment", *_args(tmp_path, endpoint, executor=executor)]) == 0
     watcher.join()
     manifest = Manifest.from_json(json.loads((tmp_path / "a" / "default" / "segment" / "_manifest.json").read_text()))
