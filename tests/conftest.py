@@ -167,10 +167,7 @@ def run_cfg(tmp_path, fake_llm, models_cache, monkeypatch, request):
 
     def make(*sets: str, methods: Any = None, executor: str = "inline"):
         if executor == "ray":
-            # Only the Ray group's worker may start the session's Ray (pytest_collection_modifyitems).
-            if not request.node.get_closest_marker("session_ray"):
-                pytest.fail("a test that runs on the session's Ray needs @pytest.mark.session_ray")
-            request.getfixturevalue("ray_local")
+            session_ray(request)
         extra = {} if methods is None else {"methods": methods}
         cfg = load_config(ROOT / "configs" / "default.yaml", [
             f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
@@ -211,6 +208,15 @@ def ray_local(toy_dir):
              runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}:{toy_dir / 'site'}", "TOY_DIR": str(toy_dir)}})
     yield
     ray.shutdown()
+
+
+def session_ray(request: pytest.FixtureRequest) -> None:
+    """The session's Ray (`ray_local`) for a test that asks for it at run time. Such a test carries
+    `@pytest.mark.session_ray`, which puts it on the Ray group's worker
+    (pytest_collection_modifyitems); unmarked, it would start a second Ray on another worker."""
+    if not request.node.get_closest_marker("session_ray"):
+        pytest.fail("a test that runs on the session's Ray needs @pytest.mark.session_ray")
+    request.getfixturevalue("ray_local")
 
 
 def driver_on_session_ray(tmp_path: Path, code: str, env_vars: dict[str, str] | None = None) -> subprocess.Popen:

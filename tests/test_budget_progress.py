@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import segmenting_responder
+from conftest import segmenting_responder, session_ray
 from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook, StageTally, load_spend
 from pipeline.progress import end_text, live_text, planned_calls
 from pipeline.llm.usage import Usage
@@ -43,7 +43,7 @@ def paid(fake_llm, monkeypatch):
 def test_budget_stops_before_the_next_call_and_a_higher_budget_resumes_without_paying_twice(
         tmp_path, paid, capsys, executor, request):
     if executor == "ray":
-        request.getfixturevalue("ray_local")  # workers share the ledger through its actor
+        session_ray(request)  # workers share the ledger through its actor
 
     def _args(*a, **k):
         return globals()["_args"](*a, **k, executor=executor)

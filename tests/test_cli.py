@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import ray
 
 from stages.cli import main
 from stages import load_config
@@ -105,8 +106,6 @@ def test_input_error_in_a_ray_task_prints_one_line_naming_file_record_field(tmp_
     bad.write_text(json.dumps(raw))
     args = ["run", "--only", "ingest", "--set", f"artifacts_dir={tmp_path / 'a'}", "--set", "corpus.format=locomo",
             "--set", f"corpus.path={bad}", "--set", "ray.num_cpus=1"]
-    import ray
-
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "stages.cli", *args], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=300)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import segmenting_responder
+from conftest import segmenting_responder, session_ray
 from pipeline.manifest import Manifest
 from pipeline.llm.breaker import OPEN_AFTER_FAILURES, OPEN_AFTER_S, EndpointHealth
 from stages.cli import main
@@ -57,7 +57,7 @@ def endpoint(fake_llm, monkeypatch):
 @pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.session_ray)])
 def test_an_outage_mid_run_pauses_every_call_and_ends_with_no_failed_row(tmp_path, endpoint, capsys, executor, request):
     if executor == "ray":
-        request.getfixturevalue("ray_local")  # the breaker is shared by workers through the ledger service
+        session_ray(request)  # the breaker is shared by workers through the ledger service
     # Back before the second probe (the breaker probes 1 s, then 3 s after it opened).
     watcher = _down_after(endpoint, 4, 2.5)
     assert main(["run", "--until", "segment", *_args(tmp_path, endpoint, executor=executor)]) == 0

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 import pipeline.llm.breaker as breaker
 import pipeline.llm.params as params_module
-from conftest import llm_config
+from conftest import llm_config, session_ray
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter
@@ -138,7 +138,7 @@ def test_workers_sharing_the_run_ledger_send_one_rejected_request_between_them(f
 @pytest.mark.parametrize("where", ["inline", pytest.param("actor", marks=pytest.mark.session_ray)])
 def test_the_ledger_gives_one_scout_the_decision_and_everyone_the_mode_it_publishes(where, request) -> None:
     if where == "actor":
-        request.getfixturevalue("ray_local")
+        session_ray(request)
         from pipeline.llm.shared import ActorLedger
 
         ledger: Any = ActorLedger.start(LedgerBook(Budget()), f"modes-{os.getpid()}")
