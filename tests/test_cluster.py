@@ -347,7 +347,7 @@ def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checko
 
 
 @pytest.mark.heavy(seconds=22)
-def test_workers_embed_through_their_nodes_one_model(ray_local, models_cache, tmp_path):
+def test_workers_embed_through_their_nodes_one_model(ray_local, run_cfg, tmp_path):
     """The Ray executor's embedding service: one model per node, which a worker's stage context
     uses (the vectors of a model of its own) without importing sentence-transformers itself."""
     import ray
@@ -355,8 +355,9 @@ def test_workers_embed_through_their_nodes_one_model(ray_local, models_cache, tm
     from pipeline.execution.embedding_service import EmbeddingServices, service_name
     from pipeline.embeddings import LocalEmbedder
 
-    cfg = load_config(None, [f"artifacts_dir={tmp_path}", f"embedding.cache_dir={models_cache}",
-                             "embedding.vector_cache_dir=null"])
+    # The tests' embedding settings: the session's other Ray runs may have started this service
+    # already (a model load in a process of its own saved), which is what a later stage finds too.
+    cfg = run_cfg()
     EmbeddingServices.ensure(cfg)
     EmbeddingServices.ensure(cfg)  # a second stage: the same service
     texts = ["Ann's dog barks at night", "Bob sold his bike", "the dog is old"]

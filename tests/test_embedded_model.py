@@ -35,6 +35,9 @@ def test_default_config_segments_and_compresses_with_its_embedded_models(tmp_pat
         f"artifacts_dir={tmp_path / 'a'}", f"corpus.path={TINY}", f"llm.cache_dir={tmp_path / 'cache'}",
         f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,compress,probes]",
         "teabag.enabled=false",
+        # One thread (the default is one per core): beside the other test worker's busy core, a
+        # second llama.cpp thread spins waiting for it (seen: 55 CPU-s instead of 19).
+        "llm.local.n_threads=1",
     ]))
     assert cfg.llm.provider == "local" and cfg.compress.method == "llmlingua" and cfg.ray.executor == "ray"
     assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}

@@ -33,7 +33,6 @@ def mempipe_run(address: str, base_url: str, workdir: Path, run_name: str, rpm: 
 
 
 def main() -> None:
-    import ray
     from ray.cluster_utils import Cluster
 
     base_url, workdir, rpm = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
@@ -43,9 +42,7 @@ def main() -> None:
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
-        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-        ray.shutdown()
+        nodes = [node.node_id for node in cluster.list_all_nodes()]  # no driver of this process needed
         first = mempipe_run(cluster.address, base_url, workdir, "first", rpm)
         manifest = json.loads((workdir / "artifacts" / "first" / STAGE / "_manifest.json").read_text())
         again = mempipe_run(cluster.address, base_url, workdir, "again", rpm)  # same cache, new run name
