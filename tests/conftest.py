@@ -17,31 +17,31 @@ from typing import Any, Iterator
 import pytest
 
 
-def _write_bytecode() -> None:
-    """With PYTHONDONTWRITEBYTECODE set, every process of the session (test workers, ~50 Ray
-    workers, the CLI runs) compiled the project from source again: ~0.8 s each. The session writes
-    it (git-ignored __pycache__, as without that setting) and passes that on to what it starts."""
-    import sys
+# A recognisable fake key in the environment the session's Ray starts from, as a user exports a key
+# before `ray start`: every Ray process inherits it; test_secrets finds it nowhere after a job.
+SESSION_RAY_KEY_ENV = "MEMPIPE_SESSION_RAY_KEY"
 
+
+def _session_environment() -> None:
+    """What every process of the session inherits (test workers, the session's Ray, the CLI runs),
+    set before anything is imported or started.
+
+    - Bytecode: with PYTHONDONTWRITEBYTECODE set, each process (~50 Ray workers among them) compiled
+      the project from source again, ~0.8 s each; the session writes it (git-ignored __pycache__).
+    - One OpenMP thread: two test workers share the two cores, and torch's thread per core in each
+      (MiniLM, LLMLingua, the GGUF rebuild) spun waiting beside the other worker's busy core: the
+      LLMLingua test took 29 s that way, 12 s with one thread.
+    - The fake key of the session's Ray (SESSION_RAY_KEY_ENV)."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
-
-
-_write_bytecode()
-
-
-def _one_thread_per_worker() -> None:
-    """Two test workers share the two cores. torch's OpenMP starts a thread per core in each (MiniLM,
-    LLMLingua, the GGUF rebuild), and those threads spin while they wait for each other: beside the
-    other worker's busy core the LLMLingua test took 29 s, with one thread 12 s. One each, for the
-    processes they start too."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    os.environ.setdefault(SESSION_RAY_KEY_ENV, f"sk-mempipe-canary-{os.urandom(12).hex()}")
 
 
-_one_thread_per_worker()
+_session_environment()
 
-from pipeline.testing.fake_openai import FakeOpenAI  # noqa: E402 (after the bytecode setting)
+from pipeline.testing.fake_openai import FakeOpenAI  # noqa: E402 (after the environment settings)
 from pipeline.config import LLMConfig, resolve_paths
 from pipeline.llm import DiskCallCache
 from stages import load_config
@@ -49,9 +49,6 @@ from stages import load_config
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 TEST_KEY_ENV = "MEMPIPE_TEST_LLM_KEY"  # tests set a fake secret here; never a real key
-# A recognisable fake key in the environment the session's Ray starts from, as a user exports a key
-# before `ray start`: every Ray process inherits it; test_secrets finds it nowhere after a job.
-SESSION_RAY_KEY_ENV = "MEMPIPE_SESSION_RAY_KEY"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -218,7 +215,6 @@ def ray_local(toy_dir):
     if ray.is_initialized():  # started by another module's fixture: share it
         yield
         return
-    os.environ[SESSION_RAY_KEY_ENV] = f"sk-mempipe-canary-{os.urandom(12).hex()}"  # before Ray starts
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              # toy_dir/site: packages a test installs (a method from another package) that workers import
              runtime_env={"env_vars": {"PYTHONPATH": f"{TESTS}:{ROOT}:{toy_dir / 'site'}", "TOY_DIR": str(toy_dir)}})
