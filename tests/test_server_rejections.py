@@ -306,7 +306,9 @@ def llama_server(tmp_path_factory) -> Any:
     log_path = tmp_path_factory.mktemp("llama") / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf_path()),
-                                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"],
+                                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+                                 # One thread: beside the other test worker, a second one spins.
+                                 "--n_threads", "1", "--n_threads_batch", "1"],
                                 stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:

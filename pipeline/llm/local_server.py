@@ -185,7 +185,8 @@ class LocalLLMServer:
             "--n_ctx", str(local.n_ctx), "--model_alias", self.cfg.model,
         ]
         if local.n_threads is not None:
-            cmd += ["--n_threads", str(local.n_threads)]
+            # Both: llama-cpp-python reads the prompt on n_threads_batch (default: every core).
+            cmd += ["--n_threads", str(local.n_threads), "--n_threads_batch", str(local.n_threads)]
         env = dict(os.environ)
         env[_PARENT_ENV] = str(os.getpid())
         # The child imports this package; make that work from a plain checkout too.
