@@ -83,7 +83,8 @@ def _fresh_endpoint_knowledge() -> Iterator[None]:
     starts knowing nothing."""
     from pipeline.llm import params, transport
 
-    states = (params._DROPPED_PARAMS, transport._FAILING_ENDPOINTS, transport._DOWN_ENDPOINTS)
+    states = (params._DROPPED_PARAMS, transport._FAILING_ENDPOINTS, transport._DOWN_ENDPOINTS,
+              transport._ANSWERED_SENT_AT)
     for state in states:
         state.clear()
     yield

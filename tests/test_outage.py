@@ -122,3 +122,42 @@ def test_a_success_between_failures_keeps_the_breaker_closed():
         h.report(False, 1000.0 + i)
         h.report(True, 1000.5 + i)
     assert not h.down
+
+
+def test_a_request_out_of_retries_waits_for_the_breaker_unless_a_later_request_was_answered(fake_llm, monkeypatch):
+    """Two 500s use up a request's retries (llm.max_retries=1). Alone, it gives the breaker until
+    DECIDE_S after its first failure to call an outage; when a request sent after that failure was
+    answered, the endpoint is up and the request fails at once, with its reason."""
+    import asyncio
+
+    import pipeline.llm.transport as transport
+    from conftest import llm_config
+    from pipeline.llm import LLMClient, LLMError, LocalRateLimiter
+    from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
+
+    monkeypatch.setattr(transport, "DECIDE_S", 2.0)
+    monkeypatch.setenv("MEMPIPE_TEST_LLM_KEY", "sk-test")
+    cfg = llm_config(fake_llm, max_retries=1, backoff_base_s=0.3, backoff_max_s=0.3, cache_enabled=False)
+
+    async def failed_after(force: list[str | None], answered_between: bool) -> tuple[float, str]:
+        """Seconds from the failing request's last try reaching the server to its LLMError."""
+        client = LLMClient(cfg, cache=None, limiter=LocalRateLimiter(),
+                           tally=StageTally(LocalLedger(LedgerBook(Budget())), "stage", "judge"), section="judge")
+        fake_llm.reset()
+        fake_llm.force = force
+        failing = asyncio.create_task(client.chat([{"role": "user", "content": "a"}]))
+        if answered_between:
+            while fake_llm.count() < 1:  # its first try was refused; then another request goes and is answered
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            assert (await client.chat([{"role": "user", "content": "b"}])).text
+        with pytest.raises(LLMError) as failed:
+            await failing
+        at = time.time()
+        await client.aclose()
+        return at - max(fake_llm.timestamps), str(failed.value)
+
+    alone, reason = asyncio.run(failed_after(["500", "500"], answered_between=False))
+    assert alone >= 2.0 - 0.3 - 0.1 and "gave up after 2 attempts" in reason  # waited out the window
+    answered, reason = asyncio.run(failed_after(["500", None, "500"], answered_between=True))
+    assert answered < 1.0 and "HTTP 500" in reason and "gave up after 2 attempts" in reason

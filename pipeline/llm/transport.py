@@ -61,6 +61,10 @@ _POOL_REQUESTS = 32
 # sending, also from a client that has not failed yet (a new shard's first request).
 _FAILING_ENDPOINTS: set[str] = set()
 _DOWN_ENDPOINTS: set[str] = set()  # endpoints the breaker said are down, until it says up again
+# Per endpoint, when the latest request of this process that was answered left (time.monotonic()):
+# one sent after a request's first failure and answered shows the endpoint up, so that request's
+# failures are its own and it need not wait for the breaker.
+_ANSWERED_SENT_AT: dict[str, float] = {}
 
 
 def resolve_api_key(cfg: LLMConfig, section: str = "llm") -> str:
@@ -326,6 +330,7 @@ class Transport:
                 await self.limiter.acquire(est_tokens)
             if not probe and self._went_quiet(asked):
                 return _QUIET
+            sent_at = time.monotonic()
             try:
                 result = read(await call(st.next_client()))
             except openai.APIStatusError as e:
@@ -347,6 +352,7 @@ class Transport:
                 return _Failure(f"malformed response: body is not JSON ({e.msg})")
             except MalformedResponse as e:
                 return _Failure(f"malformed response: {e}")
+            _ANSWERED_SENT_AT[self.endpoint] = max(_ANSWERED_SENT_AT.get(self.endpoint, sent_at), sent_at)
             await self._endpoint_answered(True, probe)
             return result
 
@@ -397,13 +403,16 @@ class Transport:
     async def _went_down_since(self, first_failure: float) -> bool:
         """Retries ran out on outage-like failures: give the breaker until DECIDE_S after the first
         of them, and at least OPEN_AFTER_S from now (a busy machine stretches the failures other
-        rows report), to call it an outage; then the request waits instead of failing."""
+        rows report), to call it an outage; then the request waits instead of failing. Not when a
+        request this process sent after that first failure was answered: the endpoint is up."""
         if self.tally is None:
             return False
         deadline = max(first_failure + DECIDE_S, time.monotonic() + OPEN_AFTER_S)
         while True:
             if await self.tally.ledger.is_down(self.endpoint):
                 return True
+            if _ANSWERED_SENT_AT.get(self.endpoint, first_failure) > first_failure:
+                return False
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
