@@ -192,14 +192,16 @@ def run_value(table: Any, result: PaperResult) -> RunValue:
     for col in (*result.where, result.column):
         if col not in names:
             raise ConfigError(f"paper result {result.name!r}: table {result.table} has no column {col!r}")
-    rows = [r for r in arrow.to_pylist() if all(r[k] == v if v is not None else r[k] is None
-                                                 for k, v in result.where.items())]
-    if not rows:
+    # Only the `where` columns as Python values (a report reads hundreds of results per table).
+    keys = arrow.select(list(result.where)).to_pydict()
+    matches = [i for i in range(arrow.num_rows) if all(keys[k][i] == v if v is not None else keys[k][i] is None
+                                                       for k, v in result.where.items())]
+    if not matches:
         return RunValue(produced=False)
-    if len(rows) > 1:
-        raise ConfigError(f"paper result {result.name!r}: {len(rows)} rows of {result.table} match "
+    if len(matches) > 1:
+        raise ConfigError(f"paper result {result.name!r}: {len(matches)} rows of {result.table} match "
                           f"{json.dumps(result.where)}; add the columns that tell them apart to `where`")
-    row = rows[0]
+    row = arrow.slice(matches[0], 1).to_pylist()[0]
     low = high = None
     for pair in INTERVAL_COLUMNS:
         lo, hi = pair.format(column=result.column).split("/")
