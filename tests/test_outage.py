@@ -4,6 +4,7 @@ stops the run cleanly, and the same command resumes it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -11,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import segmenting_responder, session_ray
+import pipeline.llm.transport as transport
+from conftest import llm_config, segmenting_responder, session_ray
 from pipeline.manifest import Manifest
+from pipeline.llm import LLMClient, LLMError, LocalRateLimiter
 from pipeline.llm.breaker import OPEN_AFTER_FAILURES, OPEN_AFTER_S, EndpointHealth
+from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
 from stages.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,15 +132,7 @@ def test_a_request_out_of_retries_waits_for_the_breaker_unless_a_later_request_w
     """Two 500s use up a request's retries (llm.max_retries=1). Alone, it gives the breaker until
     DECIDE_S after its first failure to call an outage; when a request sent after that failure was
     answered, the endpoint is up and the request fails at once, with its reason."""
-    import asyncio
-
-    import pipeline.llm.transport as transport
-    from conftest import llm_config
-    from pipeline.llm import LLMClient, LLMError, LocalRateLimiter
-    from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
-
     monkeypatch.setattr(transport, "DECIDE_S", 2.0)
-    monkeypatch.setenv("MEMPIPE_TEST_LLM_KEY", "sk-test")
     cfg = llm_config(fake_llm, max_retries=1, backoff_base_s=0.3, backoff_max_s=0.3, cache_enabled=False)
 
     async def failed_after(force: list[str | None], answered_between: bool) -> tuple[float, str]:

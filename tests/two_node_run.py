@@ -43,7 +43,7 @@ def main() -> None:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         nodes = [node.node_id for node in cluster.list_all_nodes()]
-        ray.init(address=cluster.address, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(address=cluster.address, logging_level=logging.WARNING)
         first = mempipe_run(base_url, workdir, "first", rpm)
         manifest = json.loads((workdir / "artifacts" / "first" / STAGE / "_manifest.json").read_text())
         again = mempipe_run(base_url, workdir, "again", rpm)  # same cache, new run name
