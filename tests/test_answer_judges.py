@@ -73,7 +73,7 @@ def test_memochat_reply_parses_into_explanation_and_rating():
     parsed = answers.parse_memochat("The response names the dog as in the history, Rex. Rating: [[73]]")
     assert parsed == answers.MemoChatRating(explanation="The response names the dog as in the history, Rex. Rating:",
                                             rating=73)
-    assert answers.parse_memochat("x [[ 5 ]] then [[100]]").rating == 100  # the last rating counts
+    assert answers.parse_memochat("x [[ 5 ]] then [[100]]").rating == 5  # the first, as MemoChat's re.search
     with pytest.raises(ValueError):
         answers.parse_memochat("A fine answer, 73/100.")
     with pytest.raises(ValidationError):

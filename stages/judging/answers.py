@@ -169,13 +169,13 @@ _RATING = re.compile(r"\[\[\s*(\d{1,3})\s*\]\]")
 
 
 def parse_memochat(text: str) -> MemoChatRating:
-    """The explanation (the text before the last [[rating]]) and the rating; ValueError when the reply
-    holds no [[rating]] or one outside 1-100."""
-    found = list(_RATING.finditer(text))
-    if not found:
+    """The explanation (the text before the first [[rating]]) and the rating: the first [[n]] of the
+    reply, as MemoChat's llm_judge.py reads it (`re.search`); ValueError when the reply holds no
+    [[rating]] or its first one is outside 1-100."""
+    first = _RATING.search(text)
+    if first is None:
         raise ValueError("the judge's reply has no [[rating]]")
-    last = found[-1]
-    return MemoChatRating(explanation=text[: last.start()].strip(), rating=int(last.group(1)))
+    return MemoChatRating(explanation=text[: first.start()].strip(), rating=int(first.group(1)))
 
 
 def answer_call(judge: str, question: str, reference: str | None, answer: str, *, explain: bool = True,
