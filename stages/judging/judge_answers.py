@@ -75,6 +75,10 @@ class JudgeAnswersSettings(JudgeSettings):
     # related history + question + response, faithfulness, explanation then [[1-100]]
     gpt4score_mode: Literal["reference", "memochat"] = "reference"
     memochat_max_tokens: int = Field(default=512, ge=16)  # room for the explanation before the [[rating]]
+    # MemoChat's history with each session's date in its "[Session n, date]" header (true), or
+    # "[Session n]" only (false: MemoChat's own layout has no dates, and an answer prompt without dates,
+    # SeCom's chat frame, is then judged on what its generator could see)
+    memochat_dates: bool = True
     # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type;
     # locomo_j: the community LoCoMo judge (mem0's J: CORRECT / WRONG against the gold answer)
     correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j"]] = ["strict", "lenient"]
@@ -94,11 +98,12 @@ def evidence_ids(evidence: list[str] | None) -> list[str]:
     return [part for item in evidence or [] for part in re.split(r"[;,\s]+", item) if part]
 
 
-def history_text(turns: Rows) -> str:
-    """Turns grouped under "[Session n, time]" headers in time order; "..." marks skipped turns."""
+def history_text(turns: Rows, dates: bool = True) -> str:
+    """Turns grouped under "[Session n, time]" headers ("[Session n]" without `dates`) in time order;
+    "..." marks skipped turns."""
     blocks = []
     for s, part in sessions_of(turns).items():
-        when = part[0].get("session_time")
+        when = part[0].get("session_time") if dates else None
         header = f"[Session {s}" + (f", {when}" if when not in (None, "") else "") + "]"
         lines: list[str] = []
         for prev, t in zip([None, *part[:-1]], part):
@@ -109,7 +114,7 @@ def history_text(turns: Rows) -> str:
     return "\n\n".join(blocks)
 
 
-def related_history(probe: dict[str, Any], turns: Rows) -> tuple[str, str]:
+def related_history(probe: dict[str, Any], turns: Rows, dates: bool = True) -> tuple[str, str]:
     """(history text, source) for MemoChat's judge, the same whichever method answered: the probe's
     gold evidence turns (source `evidence`); when the corpus holds none of them, every turn before the
     probe (`full_past`). Never what a method put in its own context: a judge shown the method's
@@ -117,11 +122,11 @@ def related_history(probe: dict[str, Any], turns: Rows) -> tuple[str, str]:
     ids = set(evidence_ids(probe.get("evidence")))
     chosen = [t for t in turns if t.get("source_turn_id") in ids] if ids else []
     if chosen:
-        return history_text(chosen), "evidence"
+        return history_text(chosen, dates), "evidence"
     s, turn = probe["session_idx"], probe.get("turn_idx")
     before = [t for t in turns if t["session_idx"] < s or (t["session_idx"] == s and turn is not None
                                                             and t["turn_idx"] < turn)]
-    return history_text(before) or "(no earlier conversation)", "full_past"
+    return history_text(before, dates) or "(no earlier conversation)", "full_past"
 
 
 def reference_or_skip(probe: dict[str, Any], memochat: bool,
@@ -143,7 +148,7 @@ def reference_or_skip(probe: dict[str, Any], memochat: bool,
 
 
 def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict[str, str], turns: Rows,
-               memochat: bool, explain: bool) -> tuple[Any, tuple[str, ...], str | None]:
+               memochat: bool, explain: bool, memochat_dates: bool = True) -> tuple[Any, tuple[str, ...], str | None]:
     """(the judge's call, the fields it fills, the history source) for one probe's response."""
     gold = probe["gold"]
     if judge == longmemeval.JUDGE:
@@ -158,7 +163,7 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
         expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
         return answers.locomo_j_call(question, expected, response), ("score", "reason"), None
     if memochat:
-        history, source = related_history(probe, turns)
+        history, source = related_history(probe, turns, memochat_dates)
         return answers.memochat_call(history, probe["request"], response), ("score", "reason"), source
     return (answers.answer_call(judge, probe["request"], gold, response, explain=explain,
                                 false_premise=probe.get("false_premise")), ("score", "reason"), None)
@@ -199,7 +204,7 @@ class JudgeAnswersStage(JudgeStage):
             if resp is None or resp["error"] is not None:
                 return [{**r, "error": f"no response from {method}"} for r in runs]
             call, fields, row["history_source"] = judge_call(judge, probe, resp["response"], questions, turns,
-                                                             memochat, settings.explain)
+                                                             memochat, settings.explain, settings.memochat_dates)
             run_params = {**params, "max_tokens": settings.memochat_max_tokens} if memochat else params
             judgments = await call.runs(ctx.llm, settings.runs, **run_params)
             return sampled_rows([{**row, "run": r} for r in range(settings.runs)], fields, judgments)
