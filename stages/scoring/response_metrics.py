@@ -25,7 +25,7 @@ import json
 from collections import defaultdict
 from functools import partial
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 from pydantic import Field
@@ -175,8 +175,46 @@ COLUMN_SCORERS: dict[str, str] = {
 }
 
 
+# SeCom's pre-scoring strips (microsoft/SeCom experiment/chat.py, the official scoring path into
+# metrics.py evaluate_sim): each `str.strip(chars)` removes any of those CHARACTERS from both ends, not
+# the word, so "sunset" loses its leading "s" and "Sweden" its trailing "en"; replicated as they are.
+# Predictions (`get_answer`): strips in this order, then a cut at the first of the cut markers.
+SECOM_PREDICTION_STRIPS = ("\nDialogs:", "\n[bot]:", "\nAssistant:", "\nReview:", "\n", "[bot]:")
+SECOM_PREDICTION_CUTS = ("\n[human]:", "\nQuestion:", "\nQ:")
+# Golds: `str(ans).strip("\n").strip("Answer:")`.
+SECOM_GOLD_STRIPS = ("\n", "Answer:")
+Postprocess = Literal["clean", "secom_official"]
+
+
+def secom_prediction(text: str) -> str:
+    """A prediction as SeCom's get_answer leaves it (character-set strips, then the cuts)."""
+    for chars in SECOM_PREDICTION_STRIPS:
+        text = text.strip(chars)
+    for marker in SECOM_PREDICTION_CUTS:
+        text = text.split(marker)[0]
+    return text
+
+
+def secom_gold(text: str) -> str:
+    """A gold answer as SeCom's chat.py leaves it before scoring (character-set strips)."""
+    for chars in SECOM_GOLD_STRIPS:
+        text = str(text).strip(chars)
+    return text
+
+
+def scored_texts(response: str | None, gold: str | None, postprocess: Postprocess) -> tuple[str | None, str | None]:
+    """(response, gold) as the scorers read them: as given (`clean`: the response as the method cleaned
+    it, the corpus's gold), or through SeCom's official strips (`secom_official`)."""
+    if postprocess == "clean":
+        return response, gold
+    return (None if response is None else secom_prediction(response)), (None if gold is None else secom_gold(gold))
+
+
 class ResponseMetricsSettings(Section):
     bertscore: bool = False  # needs bert-score and a model from the hub or a local path
+    # The texts every score reads: `clean` (the response as the method cleaned it, the gold as the
+    # corpus gives it) or `secom_official` (both through SeCom's pre-scoring strips, `scored_texts`)
+    postprocess: Postprocess = "clean"
     bertscore_model: str = "roberta-large"  # bert-score's default for English
     bertscore_layers: int | None = Field(default=None, ge=1)  # required for a model bert-score does not know
     bertscore_batch_size: int = Field(default=16, ge=1)
@@ -335,7 +373,8 @@ class ResponseMetricsStage(GlobalStage):
                 if p is None or (p["gold"] is None and p["category"] != "adversarial"):
                     continue
                 answered = r["error"] is None and r["response"] is not None
-                rows.append({**p, "method": m, "response": r["response"] if answered else None,
+                response, gold = scored_texts(r["response"] if answered else None, p["gold"], settings.postprocess)
+                rows.append({**p, "gold": gold, "method": m, "response": response,
                              "raw_response": raw_reply(r) if answered else None,
                              "dataset": datasets[r["episode_id"]]})
         scored = score_rows(rows)
@@ -353,7 +392,10 @@ class ResponseMetricsStage(GlobalStage):
                 if r["gold"] is not None and r["response"] is None:
                     row["bertscore"] = 0.0  # a failed response, as for the other reference metrics
         used = [k for k in COLUMN_SCORERS if k != "bertscore" or settings.bertscore]
-        impl = {"metric": used, "implementation": [COLUMN_SCORERS[k] for k in used]}
+        texts = "" if settings.postprocess == "clean" else (
+            "; texts: responses and golds through SeCom's official pre-scoring character-set strips "
+            "(experiment/chat.py get_answer; gold .strip('\\n').strip('Answer:'))")
+        impl = {"metric": used, "implementation": [COLUMN_SCORERS[k] + texts for k in used]}
         return {"response_metrics": pa.Table.from_pylist(scored, schema=RESPONSE_METRICS),
                 "corpus_metrics": pa.Table.from_pylist(corpus_rows(rows), schema=CORPUS_METRICS),
                 "metric_implementations": pa.Table.from_pydict(impl, schema=METRIC_IMPLEMENTATIONS)}

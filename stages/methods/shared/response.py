@@ -3,7 +3,8 @@ baselines, Theanine Sec. 3.2's full / zero history): memory units placed in time
 current session, then the request; `generate` runs it for a probe. A QA probe is asked with our
 prompt, as LoCoMo's task_eval asks it (`qa_prompt: locomo_official`), or as LongMemEval's reader
 asks it (`qa_prompt: longmemeval`, with Chain-of-Note: `longmemeval_con`), or in SeCom's official
-chat frame (`qa_prompt: secom_chat`: the units as ranked, no headers).
+chat frame (`qa_prompt: secom_chat`: no headers; the units in time order as Sec. 2.1 says, or as
+ranked as experiment/chat.py shows them: `secom_chat_order`).
 
 Its own module so that editing these prompts re-runs only the respond stages of the methods
 that use them, never segmentation, compression or banks.
@@ -31,6 +32,10 @@ from stages.methods.shared.dialogue import build_exchanges, format_unit, in_time
 # `build_longmemeval_messages`).
 # `secom_chat`: SeCom's experiment/chat.py frame (see `build_secom_chat_messages`).
 QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat"]
+# The order of the units in the `secom_chat` frame: `time` (session, then first turn: SeCom Sec. 2.1,
+# "the retrieved memory units in time order") or `rank` (as retrieval ranked them: experiment/chat.py
+# joins the retrieved texts as retrieve.py returns them).
+SecomChatOrder = Literal["time", "rank"]
 
 # The length instruction every compared method's response prompt shares, so a comparison between
 # methods is not one of reply lengths (CREEM and the memory baselines use it too).
@@ -294,9 +299,10 @@ async def answer_longmemeval(llm: ChatLLM, units: Sequence[dict], request: str,
 # code; the paper shows none), in our words with every element: the model is a dialogue agent; it is
 # shown evidence that bears on the user's input and the recent dialogue between the user and itself;
 # it is to read, retain and understand that material, then give one reply that is brief, coherent
-# and helpful. One user message, no system message: the frame, the retrieved units in the order
-# retrieval ranked them (each unit's text as it is, units separated by a blank line, no headers),
-# then the question after "Question:". The official code shows no dates, so none are added.
+# and helpful. One user message, no system message: the frame, the retrieved units (each unit's text
+# as it is, units separated by a blank line, no headers) in time order (Sec. 2.1) or in the order
+# retrieval ranked them (the official code; `secom_chat_order`), then the question after "Question:".
+# The official code shows no dates, so none are added.
 SECOM_CHAT_FRAME = ("You are a capable conversational agent. What follows is evidence that bears on the user's "
                     "input, along with recent dialogue between the user and you. Go through the material "
                     "carefully, keep it in memory and make sense of it; then write a single reply that is "
@@ -305,10 +311,10 @@ SECOM_CHAT_FRAME = ("You are a capable conversational agent. What follows is evi
 SECOM_CHAT_CUTS = ("\nQuestion:", "\nQ:")
 
 
-def build_secom_chat_messages(ranked_units: Sequence[dict], question: str) -> Messages:
-    """The `secom_chat` request: one user message with the frame, the units in the order given (rank
-    order for retrieval; session order for full history) joined by blank lines, and the question."""
-    context = "\n\n".join(u["text"] for u in ranked_units)
+def build_secom_chat_messages(units: Sequence[dict], question: str) -> Messages:
+    """The `secom_chat` request: one user message with the frame, the units in the order given (time
+    or rank order, `secom_chat_order`) joined by blank lines, and the question."""
+    context = "\n\n".join(u["text"] for u in units)
     parts = [SECOM_CHAT_FRAME, *([context] if context else []), f"Question: {question}"]
     return [{"role": "user", "content": "\n\n".join(parts)}]
 
@@ -369,6 +375,26 @@ def context_turns(units: list[dict], history: dict[int, list[dict]] | None = Non
     return len(seen) + len(loose_ids) + loose
 
 
+def context_turn_pairs(units: list[dict], history: dict[int, list[dict]] | None = None) -> int:
+    """SeCom Table 6's "# Turns" of LoCoMo as its numbers count it: per session, the utterances of the
+    past in the context, halved and rounded down (a pair of consecutive utterances is one turn), summed
+    over sessions; the whole past gives the sum over sessions of floor(utterances / 2) (293.4 on
+    locomo10 = Table 6's 293, where `context_turns`' first-speaker exchanges give 307.9). A unit whose
+    session is not in `history` counts its distinct source turn ids, else its utterances."""
+    shown: dict[int | str, set] = {}
+    for u in units:
+        s = int(u["session_idx"])
+        turns = (history or {}).get(s)
+        if turns and u.get("turn_start") is not None and u.get("turn_end") is not None:
+            first, last = int(u["turn_start"]), int(u["turn_end"])
+            shown.setdefault(s, set()).update(t["turn_idx"] for t in turns if first <= int(t["turn_idx"]) <= last)
+        elif u.get("source_turn_ids"):
+            shown.setdefault(f"ids:{s}", set()).update(u["source_turn_ids"])
+        else:
+            shown.setdefault(f"span:{s}", set()).update(range(int(u["turn_start"]), int(u["turn_end"]) + 1))
+    return sum(len(ids) // 2 for ids in shown.values())
+
+
 # Datasets whose questions are user requests with full reference answers, not short-fact QA.
 CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
@@ -380,20 +406,25 @@ def turn_spans(units: list[dict]) -> list[list[int]]:
             if u.get("turn_start") is not None and u.get("turn_end") is not None]
 
 
-async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt: QAPrompt = "ours") -> Answer:
-    """The shared response frame over memory units in time order (QA or next response), cut to
-    one turn; records the exchanges (`context_turns`) and tokens of memory that entered the context,
-    and in `details` the turn spans of that memory (and, under LoCoMo's protocol, its sampling, the
-    options and the reply before mapping; under LongMemEval's reader, its sampling and any notes)."""
+async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt: QAPrompt = "ours",
+                   secom_chat_order: SecomChatOrder = "time") -> Answer:
+    """The shared response frame over memory units in time order (QA or next response; `secom_chat`
+    in `secom_chat_order`), cut to one turn; records the exchanges (`context_turns`) and tokens of
+    memory that entered the context, and in `details` the turn spans of that memory and its utterance
+    pairs (`context_turn_pairs`; and, under LoCoMo's protocol, its sampling, the options and the reply
+    before mapping; under LongMemEval's reader, its sampling and any notes)."""
     ordered = in_time_order(units)
-    details: dict[str, Any] = {"context_spans": turn_spans(ordered)}
+    details: dict[str, Any] = {"context_spans": turn_spans(ordered),
+                               "context_turn_pairs": context_turn_pairs(ordered, probe.history)}
     speakers = probe.episode.get("speakers") or []
     options = None
     if probe.probe["kind"] == "qa":
         chat = probe.episode.get("dataset") in CHAT_QA_DATASETS
-        if qa_prompt == "secom_chat":  # both QA benchmarks; the units as ranked, not re-sorted
+        if qa_prompt == "secom_chat":  # both QA benchmarks; in time order (Sec. 2.1) or as ranked
             details["qa_prompt"] = qa_prompt
-            result = await llm.chat(build_secom_chat_messages(units, probe.request))
+            details["secom_chat_order"] = secom_chat_order
+            shown = ordered if secom_chat_order == "time" else units
+            result = await llm.chat(build_secom_chat_messages(shown, probe.request))
         elif qa_prompt == "locomo_official" and not chat:
             category = probe.probe.get("category")
             adversarial = probe.probe.get("adversarial_answer")
