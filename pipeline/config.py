@@ -284,6 +284,8 @@ class CorpusSource(Section):
     # Only these episodes, in the file's order: a list of ids, or a file of them (.json: a list; else
     # one per line, '#' comments). An id is the episode id or the corpus's own (`dataID`, ...).
     episode_ids: list[str] | str | None = PathField(None)  # ids, or a file of them (resolved, not looked up)
+    # LoCoMo: a shared photo's BLIP caption appended to its turn's text (false: the text alone)
+    captions: bool = True
 
 
 class CorpusConfig(CorpusSource):

@@ -46,7 +46,7 @@ class IngestStage(GlobalStage):
         part = Corpus()
         for source in ctx.cfg.corpus.sources():
             _require_source(source)  # again where it runs: a worker may not see what the driver saw
-            for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids):
+            for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids, source.captions):
                 eid = rows.episode["episode_id"]
                 if eid in seen:
                     raise ConfigError(f"corpus.extra: episode {eid!r} of {source.path} is also in {seen[eid]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -77,11 +78,11 @@ def _selected(episode: dict, wanted: set[str]) -> str | None:
 
 
 def load_corpus(fmt: str, path: str | Path, limit: int | None = None,
-                episode_ids: list[str] | str | None = None) -> Corpus:
+                episode_ids: list[str] | str | None = None, captions: bool = True) -> Corpus:
     """Load the first `limit` episodes (all when None) of a file, or of every *.json/*.jsonl in a
     directory; with `episode_ids`, of the episodes they name."""
     corpus = Corpus()
-    for rows in iter_episodes(fmt, path, limit, episode_ids):
+    for rows in iter_episodes(fmt, path, limit, episode_ids, captions):
         corpus.episodes.append(rows.episode)
         corpus.turns.extend(rows.turns)
         corpus.qa.extend(rows.qa)
@@ -89,7 +90,7 @@ def load_corpus(fmt: str, path: str | Path, limit: int | None = None,
 
 
 def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
-                  episode_ids: list[str] | str | None = None) -> Iterator[Rows]:
+                  episode_ids: list[str] | str | None = None, captions: bool = True) -> Iterator[Rows]:
     """The canonical rows of the first `limit` episodes (all when None), one episode at a time, so a
     reader holds one episode (one JSON file's records for .json) however big the corpus. With
     `episode_ids` (`read_episode_ids`) only the episodes they name, in the file's order; an id the
@@ -106,6 +107,8 @@ def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
     wanted = set(ids) if ids is not None else None
     found: set[str] = set()
     parse = _PARSERS[fmt]
+    if fmt == "locomo" and not captions:  # `corpus.captions: false`: LoCoMo turns without photo captions
+        parse = partial(locomo.parse, captions=False)
     seen: dict[str, str] = {}  # episode_id -> where it was first seen
     if limit == 0:
         corpus_files(path)  # still report a missing path

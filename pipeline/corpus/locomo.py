@@ -13,7 +13,9 @@ _SESSION_RE = re.compile(r"^session_(\d+)$")
 _PACKED = re.compile(r"[;,\s]+")  # a few evidence entries pack several ids: "D8:6; D9:17"
 
 
-def parse(rec: RawRecord, chk: Checker) -> Episode:
+def parse(rec: RawRecord, chk: Checker, captions: bool = True) -> Episode:
+    """One LoCoMo sample. captions: a shared photo's BLIP caption appended to its turn's text
+    (`corpus.captions`; SeCom's Table 6 token counts fit LoCoMo's text without them)."""
     d = chk.obj(rec.data, "")
     episode_id = f"{DATASET}-{chk.ident(d, 'sample_id')}"
     chk.name(episode_id)
@@ -44,7 +46,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
             t = chk.obj(raw, t_at)
             text = chk.req(t, "text", str, t_at)
             caption = chk.opt(t, "blip_caption", str, t_at)
-            if caption:
+            if caption and captions:
                 # The shared photo carries content that questions ask about.
                 text = f"{text} [shares {caption}]"
             turns.append(
