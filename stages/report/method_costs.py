@@ -36,6 +36,9 @@ METHOD_SUMMARY = pa.schema(
         pa.field("batch_calls", pa.int64()),  # of llm_calls, sent through the Batch API
         pa.field("mean_context_tokens", pa.float64()),
         pa.field("mean_context_turns", pa.float64()),
+        # SeCom Table 6's LoCoMo "# Turns": per session the utterances in the context halved, rounded down
+        # (response.context_turn_pairs, from each answer's details); null where no answer records it
+        pa.field("mean_context_turn_pairs", pa.float64()),
         pa.field("mean_response_words", pa.float64()),  # whitespace words of the answered responses
         pa.field("gpt4score", pa.float64()),
         pa.field("strict_accuracy", pa.float64()),
@@ -143,14 +146,35 @@ def _scoped(df: pl.DataFrame, pool_datasets: bool, pool_kinds: bool) -> pl.DataF
     return pl.concat(frames)
 
 
+def _pairs(responses: pl.DataFrame) -> pl.Expr:
+    """Each response's `context_turn_pairs` from its details (null when it records none)."""
+    if "details_json" not in responses.columns:
+        return pl.lit(None, pl.Float64)
+    return pl.col("details_json").cast(pl.String).str.json_path_match("$.context_turn_pairs").cast(pl.Float64)
+
+
+def _unjudged(responses: pl.DataFrame, answers: pl.DataFrame) -> pl.DataFrame:
+    """`responses` with `_unjudged`: every judge row of the (probe, method) was skipped by design (e.g.
+    `judge_answers.unanswerable: skip`), so the context means leave it out as the scores do."""
+    keys = ["episode_id", "probe_id", "method"]
+    if answers.is_empty() or "skipped" not in answers.columns or not set(keys) <= set(answers.columns):
+        return responses.with_columns(pl.lit(False).alias("_unjudged"))
+    skipped = (answers.group_by(keys).agg(pl.col("skipped").is_not_null().all().alias("_unjudged"))
+               .with_columns([pl.col(k).cast(responses.schema[k]) for k in keys]))
+    return responses.join(skipped, on=keys, how="left").with_columns(pl.col("_unjudged").fill_null(False))
+
+
 def _response_columns(scoped: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Per scope: probes, episodes, failed, mean context and mean response words."""
+    """Per scope: probes, episodes, failed, mean context (over the probes the judges did not skip by
+    design: `_unjudged`) and mean response words."""
     answered = pl.col("error").is_null()
+    judged = ~pl.col("_unjudged")
     return scoped.group_by(keys).agg(
         pl.len().cast(pl.Int64).alias("probes"), pl.col("_episode").n_unique().cast(pl.Int64).alias("episodes"),
         (~answered).sum().cast(pl.Int64).alias("failed"),
-        pl.col("context_tokens").cast(pl.Float64).mean().alias("mean_context_tokens"),
-        pl.col("context_turns").cast(pl.Float64).mean().alias("mean_context_turns"),
+        pl.col("context_tokens").cast(pl.Float64).filter(judged).mean().alias("mean_context_tokens"),
+        pl.col("context_turns").cast(pl.Float64).filter(judged).mean().alias("mean_context_turns"),
+        pl.col("_pairs").filter(judged).mean().alias("mean_context_turn_pairs"),
         # whitespace words, as response_metrics counts them (str.split()), of the answered responses
         pl.col("response").cast(pl.String).filter(answered).str.extract_all(r"\S+").list.len()
         .cast(pl.Float64).mean().alias("mean_response_words"),
@@ -196,12 +220,15 @@ def method_summary(responses: pl.DataFrame, usage: dict[str, dict[str, float]], 
     one row per method. usage: method -> the LLM usage of its memory and respond stages over the whole
     run, on the whole-run row only; the judges' means (answers), token F1 and ROUGE-L (metrics) over
     each row's own probes; memory quality (memory: per episode, whatever the kind) on the rows of every
-    kind. Words: whitespace words of the answered responses."""
+    kind. Words: whitespace words of the answered responses. The context means leave out a probe every
+    judge skipped by design (`judge_answers.unanswerable: skip`), so they average the questions the
+    scores average."""
     if responses.is_empty():
         return empty(METHOD_SUMMARY)
     answers, metrics = [f if f.is_empty() or "kind" in f.columns else f.with_columns(_kind_from_id().alias("kind"))
                         for f in (answers, metrics)]  # an older table without `kind`
-    r = _labelled(responses, [answers, metrics], [answers, metrics, memory])
+    r = _unjudged(_labelled(responses, [answers, metrics], [answers, metrics, memory]), answers)
+    r = r.with_columns(_pairs(r).alias("_pairs"))
     datasets, kinds = r["dataset"].unique().to_list(), r["kind"].unique().to_list()
     pool_datasets, pool_kinds = len(datasets) > 1, len(kinds) > 1
     whole_dataset = ALL if pool_datasets else datasets[0]

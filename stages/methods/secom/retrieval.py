@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from pipeline.retrieval import BM25Idf, BM25Tokens, Similarity
 from stages.methods.shared import response
 from stages.methods.base import Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
-from stages.methods.shared.response import QAPrompt, generate
+from stages.methods.shared.response import QAPrompt, SecomChatOrder, generate
 from stages.methods.secom.units import unit_retriever
 
 BANK = "banks.memory_units"
@@ -41,6 +41,8 @@ class RetrievalSettings(MethodSettings):
     # How QA probes are asked: ours, LoCoMo's task_eval protocol, or SeCom's chat frame
     # (stages/methods/shared/response.py)
     qa_prompt: QAPrompt = "ours"
+    # Under `secom_chat`, the retrieved units in time order (Sec. 2.1) or as ranked (experiment/chat.py)
+    secom_chat_order: SecomChatOrder = "time"
 
     @model_validator(mode="after")
     def _sized(self) -> RetrievalSettings:
@@ -95,7 +97,7 @@ class RetrievalMethod(Method[RetrievalSettings]):
 
     async def answer(self, ctx: MethodContext[RetrievalSettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
         llm, settings = ctx.llm, ctx.settings
-        return await generate(llm, probe, await self.rank(ctx, probe), settings.qa_prompt)
+        return await generate(llm, probe, await self.rank(ctx, probe), settings.qa_prompt, settings.secom_chat_order)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: RetrievalSettings) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]
