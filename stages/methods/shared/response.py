@@ -4,7 +4,9 @@ current session, then the request; `generate` runs it for a probe. A QA probe is
 prompt, as LoCoMo's task_eval asks it (`qa_prompt: locomo_official`), or as LongMemEval's reader
 asks it (`qa_prompt: longmemeval`, with Chain-of-Note: `longmemeval_con`), or in SeCom's official
 chat frame (`qa_prompt: secom_chat`: no headers; the units in time order as Sec. 2.1 says, or as
-ranked as experiment/chat.py shows them: `secom_chat_order`).
+ranked as experiment/chat.py shows them: `secom_chat_order`), or in mem0's rag.py frame
+(`qa_prompt: mem0_rag`, stages/methods/shared/mem0_rag.py). LoCoMo's protocol shows the units
+newest first, as its get_input_context builds the conversation.
 
 Its own module so that editing these prompts re-runs only the respond stages of the methods
 that use them, never segmentation, compression or banks.
@@ -24,6 +26,7 @@ from pipeline.corpus.locomo import CATEGORIES as LOCOMO_CATEGORIES
 from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
+from stages.methods.shared import mem0_rag
 from stages.methods.shared.dialogue import build_exchanges, format_unit, in_time_order
 
 # How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned"),
@@ -31,7 +34,8 @@ from stages.methods.shared.dialogue import build_exchanges, format_unit, in_time
 # `longmemeval` / `longmemeval_con` (LongMemEval's reader, without / with Chain-of-Note; see
 # `build_longmemeval_messages`).
 # `secom_chat`: SeCom's experiment/chat.py frame (see `build_secom_chat_messages`).
-QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat"]
+# `mem0_rag`: mem0's evaluation/src/rag.py frame for its full-context and RAG rows (stages/methods/shared/mem0_rag.py).
+QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat", "mem0_rag"]
 # The order of the units in the `secom_chat` frame: `time` (session, then first turn: SeCom Sec. 2.1,
 # "the retrieved memory units in time order") or `rank` (as retrieval ranked them: experiment/chat.py
 # joins the retrieved texts as retrieve.py returns them).
@@ -168,9 +172,10 @@ def cat5_answer(prediction: str, options: dict[str, str]) -> str:
 
 
 def format_locomo_context(units: Sequence[dict]) -> str:
-    """Memory units in time order, each under "DATE: <session time>" and "CONVERSATION:"."""
+    """Memory units newest first (each one's turns in order), each under "DATE: <session time>" and
+    "CONVERSATION:": task_eval's get_input_context prepends each later session before the earlier ones."""
     blocks = []
-    for u in in_time_order(units):
+    for u in reversed(in_time_order(units)):
         when = u.get("session_time")
         date = when if when not in (None, "") else f"unknown (session {u['session_idx']})"
         blocks.append(f"DATE: {date}\nCONVERSATION:\n{u['text']}")
@@ -395,6 +400,8 @@ def context_turn_pairs(units: list[dict], history: dict[int, list[dict]] | None 
     return sum(len(ids) // 2 for ids in shown.values())
 
 
+# QA frames whose reply is the raw completion, stripped, as their official code stores it.
+RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag"})
 # Datasets whose questions are user requests with full reference answers, not short-fact QA.
 CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
@@ -442,14 +449,22 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
                                                      notes=qa_prompt == "longmemeval_con")
             if notes is not None:
                 details["notes"] = notes  # Chain-of-Note's reading notes, one per session block by date
+        elif qa_prompt == "mem0_rag" and not chat:  # the units as given: rank order for retrieval
+            details["qa_prompt"] = qa_prompt
+            details["sampling"] = dict(mem0_rag.MEM0_RAG_SAMPLING)
+            result = await llm.chat(mem0_rag.build_messages(units, probe.request, probe.history),
+                                    **mem0_rag.MEM0_RAG_SAMPLING)
         else:
             result = await answer_question(llm, ordered, probe.request, chat=chat)
     else:
         result = await respond(llm, ordered, probe.current, probe.request, probe.probe["respondent"])
     raw = cut_secom_chat(result.text) if details.get("qa_prompt") == "secom_chat" else result.text
-    text = one_turn(raw, speakers)
+    # LongMemEval's reader and mem0's rag.py keep the completion as written (stripped): no turn cut.
+    text = raw.strip() if details.get("qa_prompt") in RAW_REPLY else one_turn(raw, speakers)
     if options is not None:
         details["raw_answer"] = text
         text = cat5_answer(text, options)
-    return Answer(text=text, used_ids=[u["unit_id"] for u in ordered], context_tokens=context_tokens(ordered),
+    shown = count_tokens(mem0_rag.context(units, probe.history)) if details.get("qa_prompt") == "mem0_rag" else None
+    return Answer(text=text, used_ids=[u["unit_id"] for u in ordered],
+                  context_tokens=context_tokens(ordered) if shown is None else shown,
                   context_turns=context_turns(ordered, probe.history), details=details, model=result.model)
