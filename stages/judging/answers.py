@@ -78,8 +78,9 @@ MEMOCHAT_SYSTEM = (
 # first, then exactly one of the two labels.
 LOCOMO_J = "locomo_j"
 LOCOMO_J_SYSTEM = (
-    "You label an answer to a question as CORRECT or WRONG. You are given three things: (1) a question that one "
-    "person asks another about something from their earlier conversations, which the other should remember; "
+    "You grade a generated reply against the truth and call it CORRECT or WRONG. You are given three "
+    "things: (1) a question that one person asks another about something from their earlier conversations, "
+    "which the other should remember; "
     "(2) the gold answer, the ground truth; (3) a generated answer, the one you label. The gold answer is "
     "usually brief and names what the question is about (asked \"Which plant did I repot last spring?\", the "
     "gold answer might be \"A fiddle-leaf fig\"). Grade generously: the generated answer may be much longer "

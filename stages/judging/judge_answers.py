@@ -84,7 +84,8 @@ class JudgeAnswersSettings(JudgeSettings):
     correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
-    # judge needs no reference), or skipped by every judge (rows with `skipped` set).
+    # judge needs no reference), or skipped by every judge (rows with `skipped` set): `skip` leaves out
+    # the whole category, its few items with a gold answer too.
     unanswerable: Literal["not_mentioned", "skip"] = "not_mentioned"
     # Independent runs of every judgment (the mem0 paper's J: 10 runs, mean and s.d. across them): one
     # row per run, sent as samples of one prompt (one request with `n` where the endpoint takes it; the
@@ -135,9 +136,13 @@ def reference_or_skip(probe: dict[str, Any], memochat: bool,
     (`gold`, `not_mentioned`; None for MemoChat's judge, which reads the history instead), or why it is
     skipped (`unanswerable`: the `judge_answers.unanswerable` setting)."""
     gold = probe["gold"]
-    is_unanswerable = gold is None and str(probe["category"]) in UNANSWERABLE_CATEGORIES
+    adversarial = str(probe["category"]) in UNANSWERABLE_CATEGORIES
+    is_unanswerable = gold is None and adversarial
+    if adversarial and unanswerable == "skip":
+        # by category, gold or not (two of locomo10's carry answer "No"), as mem0's evals.py skips category 5
+        return None, SKIP_UNANSWERABLE
     if memochat:
-        return None, SKIP_UNANSWERABLE if is_unanswerable and unanswerable == "skip" else None
+        return None, None
     if gold is not None:
         return "gold", None
     if not is_unanswerable:

@@ -6,8 +6,8 @@ elements of LongMemEval's evaluate_qa.py prompt for that type, and no others:
 - standard (single-session-user, single-session-assistant, multi-session, and any other category):
   yes when the response contains the correct answer or an equivalent of it, or every intermediate
   step that leads to it; no when it gives only part of what is needed;
-- temporal-reasoning: as standard, and a count of days (weeks, months, ...) that is off by one is
-  still correct;
+- temporal-reasoning: as standard, and any asked-for count of days, weeks, months or the like that
+  is off by one is still correct (whatever the count measures, as the official clause);
 - knowledge-update: yes when the response contains the correct answer; a response that also repeats
   older information is correct as long as its updated answer is the correct one (no equivalence or
   partial-answer clause: the official prompt for this type has neither);
@@ -16,7 +16,8 @@ elements of LongMemEval's evaluate_qa.py prompt for that type, and no others:
   information correctly;
 - abstention (question ids ending in "_abs", or a question without a reference answer that the
   conversation cannot answer): correct when the response says the question cannot be answered: the
-  information is missing or incomplete, or something related was mentioned but not what is asked.
+  information is missing or incomplete, or something related was mentioned but not what is asked
+  (and no added clause on when it is no: the official prompt has none).
 The judge is shown the bare question and replies with yes or no. As evaluate_qa.py reads it, the
 verdict is yes when "yes" appears anywhere in the lower-cased reply; everything else (a no, or a reply
 with neither word) is no, scored 0 with the reply kept, never a failed row. All wording is ours.
@@ -42,8 +43,8 @@ _YES_NO = " Your whole reply is one word: yes or no."
 SYSTEMS = {
     "standard": _OPENING + _HAS_ANSWER + _EQUIVALENT + _YES_NO,
     "temporal": _OPENING + _HAS_ANSWER + _EQUIVALENT
-                + " Do not hold an off-by-one error in a count of days, weeks or months against the response: "
-                  "when the question asks how long ago or how long between two events and the response is off by "
+                + " Do not hold an off-by-one error in a count of days against the response: whenever the "
+                  "question asks for a number of days, weeks, months or the like and the response misses it by "
                   "one (say 19 days where the answer is 18), it still gets a yes." + _YES_NO,
     "knowledge_update": _OPENING + _HAS_ANSWER
                         + " A response that brings up older information next to an updated answer still gets a "
@@ -57,7 +58,7 @@ SYSTEMS = {
                   "answer, an explanation of why, and a model's response. The verdict is yes when the response "
                   "recognises that the question cannot be answered: for example it says the information is "
                   "missing or incomplete, or that something related was mentioned but not what the question "
-                  "asks. It is no when the response gives an answer as if the conversations held one." + _YES_NO,
+                  "asks." + _YES_NO,
 }
 # The second item names what the reference is to the judge.
 LABELS = {"standard": "Correct answer", "temporal": "Correct answer", "knowledge_update": "Correct answer",

@@ -28,8 +28,11 @@ ANSWER_SUMMARY = pa.schema(
         pa.field("judge", pa.string()),
         pa.field("items", pa.int64()),  # (question, method) rows of this judge
         pa.field("skipped", pa.int64()),  # not judged by design (reasons in skip_reasons)
-        pa.field("failed", pa.int64()),  # no response from the method or no verdict from the judge
-        pa.field("judged", pa.int64()),  # items - skipped - failed: what score is over
+        # no response from the method or no verdict from the judge
+        pa.field("failed", pa.int64()),
+        # what score is over: items - skipped - no verdict from the judge; a correct / wrong judge's item
+        # whose response failed is in it, scored wrong (0), as the exported empty answer is scored
+        pa.field("judged", pa.int64()),
         pa.field("episodes", pa.int64()),  # episodes the judged items come from
         # judged correct; null for gpt4score, task_average and several judge runs (score: the mean share)
         pa.field("correct", pa.int64()),
@@ -70,14 +73,14 @@ TEAFARM_SUMMARY = pa.schema(
         pa.field("dataset", pa.string()),
         pa.field("method", pa.string()),
         pa.field("correct", pa.int64()),  # null with several judge runs (correctness: the mean share of runs)
-        pa.field("total", pa.int64()),  # questions judged
+        pa.field("total", pa.int64()),  # questions judged, a failed response among them scored wrong
         pa.field("episodes", pa.int64()),  # episodes those questions come from
         pa.field("correctness", pa.float64()),  # correct / total
         pa.field("ci_low", pa.float64()),  # 95% episode-level cluster bootstrap interval; null with one episode
         pa.field("ci_high", pa.float64()),
         pa.field("iid_low", pa.float64()),  # Wilson 95% interval: questions assumed independent
         pa.field("iid_high", pa.float64()),
-        pa.field("failed", pa.int64()),  # no response or no verdict: not in total
+        pa.field("failed", pa.int64()),  # no response (in total, scored wrong) or no verdict (not in total)
         pa.field("reference", pa.string()),
         pa.field("paired", pa.int64()),
         pa.field("only_reference", pa.int64()),
@@ -96,13 +99,25 @@ _JUDGMENT_COLUMNS = {"episode_id": pl.String, "probe_id": pl.String, "category":
                      "abstention": pl.Boolean}
 
 
+# judge_answers' error on an item whose method gave no response (the judge was never asked).
+NO_RESPONSE = "no response from "
+_NO_RESPONSE = pl.col("error").fill_null("").str.starts_with(NO_RESPONSE) & pl.col("skipped").is_null()
+
+
 def _judgment_columns(judgments: pl.DataFrame) -> pl.DataFrame:
-    """Judgments with every column the summaries read (null where an older table lacks one)."""
-    return judgments.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in _JUDGMENT_COLUMNS.items()
-                                   if c not in judgments.columns])
+    """Judgments with every column the summaries read (null where an older table lacks one), and a
+    failed response scored wrong (0) by a correct / wrong judge, as the official scorers score the
+    empty answer the export writes for it; it stays counted in `failed`. A 0-100 judge's failed
+    response (gpt4score) has no score: it has no "wrong"."""
+    j = judgments.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in _JUDGMENT_COLUMNS.items()
+                                if c not in judgments.columns])
+    return j.with_columns(pl.when(_NO_RESPONSE & (pl.col("judge") != "gpt4score")).then(pl.lit(0.0))
+                          .otherwise(pl.col("score").cast(pl.Float64)).alias("score"))
 
 
-_HAS_VERDICT = pl.col("error").is_null() & pl.col("skipped").is_null() & pl.col("score").is_not_null()
+# A value the score counts: a verdict, or a failed response scored wrong.
+_HAS_VERDICT = (pl.col("skipped").is_null() & pl.col("score").is_not_null()
+                & (pl.col("error").is_null() | pl.col("error").fill_null("").str.starts_with(NO_RESPONSE)))
 _ITEM_KEY = [*_QUESTION_KEY, "method", "judge"]
 
 
@@ -136,7 +151,7 @@ def _binary(values: Sequence[float]) -> bool:
 
 
 def _with_verdict(rows: pl.DataFrame) -> pl.DataFrame:
-    return rows.filter(pl.col("error").is_null() & pl.col("skipped").is_null() & pl.col("score").is_not_null())
+    return rows.filter(_HAS_VERDICT)
 
 
 def _episodes(rows: pl.DataFrame) -> list[tuple[str, str]]:
@@ -289,7 +304,8 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
     with `episodes`, a 95% episode-level cluster bootstrap interval (`ci_*`) beside the Wilson one
     (`iid_*`) and, with `reference` (the run's first method), the paired cluster test of each method
     against it on the questions both have a verdict on (`p_value`) beside the exact McNemar test
-    (`mcnemar_p`). Failed rows are counted in `failed`, not in `total`."""
+    (`mcnemar_p`). A failed response is in `total`, scored wrong, and counted in `failed`; an item
+    the judge gave no verdict on is in `failed` only."""
     tf = judgments.filter(pl.col("judge") == "teafarm") if not judgments.is_empty() else judgments
     if tf.is_empty():
         return empty(TEAFARM_SUMMARY)
@@ -308,7 +324,8 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
                          "episodes": len(set(episodes)),
                          "correctness": sum(values) / judged.height if judged.height else None,
                          "ci_low": low, "ci_high": high, "iid_low": iid_low, "iid_high": iid_high,
-                         "failed": sub.filter(pl.col("skipped").is_null()).height - judged.height,
+                         "failed": sub.filter(pl.col("skipped").is_null() & (pl.col("error").is_not_null()
+                                                                             | pl.col("score").is_null())).height,
                          **_paired_test(method, sub, reference, methods.get(reference) if reference else None, True),
                          "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
                          "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)})

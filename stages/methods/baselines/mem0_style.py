@@ -33,8 +33,10 @@ candidate fact with its decision, the fact it touched, the old and new text and 
 Where ours differs from the paper: no running conversation summary in the extraction prompt; the
 store is kept per speaker (mem0 scopes memories by user id); a decision call that fails adds the
 candidate (nothing is lost) and records the error; the default unit is a session (`extract_every:
-pair` is the paper's, about one call per speaker and exchange); the answer prompt asks for the answer
-alone, not the worked steps mem0's asks to show. An episode whose store is emptied by DELETEs
+pair` is the paper's, about one call per speaker and exchange); by default the answer prompt asks for
+the answer alone; `show_work: true` asks for the worked steps as mem0's does, and the reply is then the
+whole completion (stripped), which is what mem0's evals.py scores (F1, BLEU-1 and J read it as
+written, steps included). An episode whose store is emptied by DELETEs
 writes no `facts` rows for that point, so a later probe sees the last non-empty store.
 """
 
@@ -100,6 +102,9 @@ class Mem0Settings(MethodSettings):
     recent_turns: int = Field(default=10, ge=0)  # context before the unit in pair / turn mode (the paper's m = 10)
     per_speaker: bool = True  # top_k facts of each speaker (mem0's evaluation); false: top_k pooled
     answer_prompt: Literal["mem0", "ours"] = "mem0"  # QA probes: mem0's evaluation answer rules, or our frame
+    # answer_prompt mem0: think step by step and show the work (mem0's prompts.py), the whole completion
+    # being the answer scored, as mem0's evals.py scores it; false: the answer alone, cut to one turn
+    show_work: bool = False
     temperature: float | None = Field(default=0.0, ge=0)  # None: the role's llm.temperature
     # short: the memory baselines' "a short, natural reply"; paper: no length asked for
     response_style: memory_response.ResponseStyle = "short"
@@ -215,7 +220,7 @@ def speaker_blocks(groups: list[tuple[str, list[dict]]]) -> str:
 
 
 # The answer rules of mem0's LoCoMo evaluation (mem0ai/mem0 evaluation/prompts.py, ANSWER_PROMPT), in
-# our words with every element except its "show your work" (the reply is scored as written): read
+# our words with every element (its "show your work" under `show_work`, else the answer alone): read
 # both speakers' memories; the dates decide; look for a memory that states the fact asked about; the
 # most recent memory wins a contradiction; relative times are resolved from the memory's date and
 # given as dates, months or years; names inside memories are not the speakers; under six words;
@@ -237,13 +242,16 @@ MEM0_ANSWER_SYSTEM = (
     "8. Keep the answer under six words.\n"
     "Work it out step by step before answering: find the memories that bear on the question, read their "
     "dates and contents closely, look for explicit dates, places and events, do any date arithmetic, and "
-    "check that your answer is precise, specific about time, and answers exactly what was asked. Reply "
-    "with the answer only.")
+    "check that your answer is precise, specific about time, and answers exactly what was asked.")
+ANSWER_ONLY = " Reply with the answer only."
+SHOW_WORK = (" Think it through step by step in your reply, writing out any date arithmetic, and end with "
+             "the final answer.")
 
 
-def mem0_answer_messages(groups: list[tuple[str, list[dict]]], question: str) -> Messages:
+def mem0_answer_messages(groups: list[tuple[str, list[dict]]], question: str, show_work: bool = False) -> Messages:
     user = f"{speaker_blocks(groups)}\n\nQuestion: {question}\nAnswer:"
-    return [{"role": "system", "content": MEM0_ANSWER_SYSTEM}, {"role": "user", "content": user}]
+    system = MEM0_ANSWER_SYSTEM + (SHOW_WORK if show_work else ANSWER_ONLY)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 class Mem0Style(Method[Mem0Settings]):
@@ -258,6 +266,7 @@ class Mem0Style(Method[Mem0Settings]):
         "extract_pair": str(extract_messages("{speaker}", "{dialogue}", "{exchange}", exchange=True)),
         "decide": str(decide_messages("{speaker}", "{candidate}", [{"text": "{similar}"}])),
         "answer_mem0": str(mem0_answer_messages([("{speaker}", [])], "{question}")),
+        "answer_mem0_show_work": str(mem0_answer_messages([("{speaker}", [])], "{question}", show_work=True)),
     }
 
     def params(self, settings: Mem0Settings) -> dict[str, Any]:
@@ -351,10 +360,15 @@ class Mem0Style(Method[Mem0Settings]):
         details = {"memory_after_session": snapshot[0] if snapshot else None,
                    "memory_after_turn": snapshot[1] if snapshot else None, "facts_stored": len(facts)}
         if probe.probe["kind"] == "qa" and settings.answer_prompt == "mem0":
-            result = await llm.chat(mem0_answer_messages(groups, probe.request), **self.params(settings))
-            return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []),
+            result = await llm.chat(mem0_answer_messages(groups, probe.request, settings.show_work),
+                                    **self.params(settings))
+            # show_work: the completion as written is the answer, as mem0's evals.py scores it
+            text = result.text.strip() if settings.show_work else response.one_turn(
+                result.text, probe.episode.get("speakers") or [])
+            return Answer(text=text,
                           used_ids=[f["fact_id"] for f in chosen], context_tokens=count_tokens(speaker_blocks(groups)),
-                          model=result.model, details={**details, "answer_prompt": "mem0"})
+                          model=result.model, details={**details, "answer_prompt": "mem0",
+                                                            "show_work": settings.show_work})
         return await memory_response.answer_from_memory(
             llm, probe, speaker_blocks(groups) if chosen else "", [f["fact_id"] for f in chosen], details=details,
             style=settings.response_style, **self.params(settings))
