@@ -10,8 +10,12 @@
   line per answered question in the input file's order, as `src/evaluation/evaluate_qa.py` reads it.
 
 A question the run did not probe gets no prediction (no key, no line). A response that failed is
-exported as an empty answer, so the official scorers count it wrong, as our report does (a failed
-row scores 0 there). `<out>/predictions_summary.json` counts both per method.
+exported as an empty answer, so the official scorers count it wrong, as our report does: the
+token scorers (metric_summary) score it 0, and the correct / wrong judges' rows (answer_summary,
+teafarm_summary) score it wrong and also count it in `failed` (LongMemEval's own run_generation.py
+would leave its line out instead). `<out>/predictions_summary.json` counts both per method. The
+prediction is the method's response as stored: under LongMemEval's reader (and mem0's rag.py frame)
+that is the raw completion, stripped, as the official code stores it.
 """
 
 from __future__ import annotations
