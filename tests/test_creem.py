@@ -189,31 +189,34 @@ def made_at(out: dict, session: int, turn: int) -> set[str]:
 
 
 def test_a_probe_sees_the_same_session_insights_made_before_its_turn_and_none_made_at_or_after_it():
+    # The options that let in-session insights reach a reply: retrieved (`all`) and shown when kept.
+    options = CreemSettings(k=10, step_about="next_speaker", retrieve_from="all", reply_memory="kept_and_added")
     sessions = {1: turns(2, 1), 2: turns(6, 2)}
-    out = built(sessions, CreemSettings(k=10))  # k covers every piece: each step retrieves all it may
+    out = built(sessions, options)  # k covers every piece: each step retrieves all it may
     seen = {t: visible_memory(rows, 2, 4, "log") for t, rows in out.items()}
     before, own, at_turn, after = made_at(out, 2, 1), made_at(out, 2, 3), made_at(out, 2, 4), made_at(out, 2, 5)
     assert before and own and at_turn and after
     visible = {m["text"] for ms in replay(seen["memories"]).values() for m in ms}
     assert before | own <= visible and not (at_turn | after) & visible
     llm = FakeChat(responder=counting_builder("answer-time"))
-    answer = asyncio.run(Creem().answer(answering(CreemSettings(k=10), llm), probe_at(sessions, 2, 4), seen))
+    answer = asyncio.run(Creem().answer(answering(options, llm), probe_at(sessions, 2, 4), seen))
     # Build already ran the step that read up to turn 3 (Algorithm 1's step for turn 4): only the reply is asked.
     assert [c["schema"] for c in llm.calls] == [None] and answer.details["step"] == "build"
     prompt = llm.calls[0]["messages"][1]["content"]
     assert all(text in prompt for text in before | own)  # an earlier in-session insight, retrieved and kept
     assert not any(text in prompt for text in at_turn | after)
-    # Ann responds at turn 4: the step is about her (A.4's one {speaker}), her own memory in the prompt.
+    # Ann responds at turn 4: under `next_speaker` the step is about her, her own memory in the prompt.
     assert answer.text == "I remember!" and answer.details["memory_of"] == "Ann"
     assert set(answer.used_ids) >= {r["memory_id"] for r in out["evolution"] if r["text"] in own}
 
 
 def test_where_build_skipped_the_turn_the_answer_runs_the_step_on_the_visible_memory():
-    sessions = {1: turns(2, 1), 2: turns(6, 2)}
-    settings = CreemSettings(k=10, update_every=3)  # session 2: steps after turns 2 (about Bob, next) and 5
+    sessions = {1: turns(3, 1), 2: turns(6, 2)}  # session 1's one step (after its last turn) is about Ann
+    settings = CreemSettings(k=10, update_every=3)  # session 2: steps after turns 2 (about Ann, last) and 5
     out = built(sessions, settings)
     earlier = made_at(out, 2, 2)
     assert earlier and not made_at(out, 2, 4)
+    past = {r["text"] for r in out["evolution"] if r["session_idx"] == 1 and r["speaker"] == "Ann"}
     seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
     llm = FakeChat(responder=counting_builder("answer-time"))
     answer = asyncio.run(Creem().answer(answering(settings, llm), probe_at(sessions, 2, 5), seen))
@@ -221,8 +224,18 @@ def test_where_build_skipped_the_turn_the_answer_runs_the_step_on_the_visible_me
                                                                                     None]
     assert answer.details["step"] == "answer" and answer.details["insights"] == ["answer-time 1", "answer-time 2"]
     blend, reply = llm.calls[1]["messages"][1]["content"], llm.calls[-1]["messages"][1]["content"]
+    # Ann spoke turn 4: the step is about her; it retrieves her past sessions' memory, not this session's insights,
+    # and the reply sees the step's two new insights only.
+    assert past and all(text in blend for text in past) and not any(text in blend for text in earlier)
+    assert "Memory of Ann" in reply and "answer-time 1" in reply and "answer-time 2" in reply
+    assert not any(text in reply for text in past | earlier)
+    assert answer.used_ids == []  # the answer-time insights are not in the tables
+    # The options: this session's insights retrieved too, and the kept ones shown with the new.
+    options = settings.model_copy(update={"retrieve_from": "all", "reply_memory": "kept_and_added"})
+    llm = FakeChat(responder=counting_builder("answer-time"))
+    answer = asyncio.run(Creem().answer(answering(options, llm), probe_at(sessions, 2, 5), seen))
+    blend, reply = llm.calls[1]["messages"][1]["content"], llm.calls[-1]["messages"][1]["content"]
     assert all(text in blend and text in reply for text in earlier)  # Ann's in-session memory, retrieved and kept
-    assert "answer-time 1" in reply and "Memory of Bob" in reply  # Bob responds at turn 5: the step is about him
     assert answer.used_ids and not any(i.startswith("a") for i in answer.used_ids)  # not in the tables
 
 
@@ -235,9 +248,10 @@ def test_without_the_pre_response_blend_only_the_past_sessions_memory_reaches_th
     answer = asyncio.run(CreemNoPreblend().answer(ctx, probe_at(sessions, 2, 4), seen))
     assert [c["schema"].__name__ if c["schema"] else None for c in llm.calls] == ["Question", None]
     prompt = llm.calls[-1]["messages"][1]["content"]
-    # Ann responds at turn 4: her memory from the past session (the step after session 1's last turn, Bob's).
-    first_session_about_ann = {r["text"] for r in out["evolution"] if r["session_idx"] == 1 and r["speaker"] == "Ann"}
-    assert first_session_about_ann and all(text in prompt for text in first_session_about_ann)
+    # Ann responds at turn 4 to Bob's turn 3: Bob's memory from the past session, all of it retrieved and shown.
+    first_session_about_bob = {r["text"] for r in out["evolution"] if r["session_idx"] == 1 and r["speaker"] == "Bob"}
+    assert first_session_about_bob and all(text in prompt for text in first_session_about_bob)
+    assert "Memory of Bob" in prompt and answer.details["memory_of"] == "Bob"
     in_session = {r["text"] for r in out["evolution"] if r["session_idx"] == 2}
     assert not any(text in prompt for text in in_session) and answer.details["step"] == "past_sessions"
 
@@ -252,7 +266,7 @@ def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_b
     asyncio.run(Creem().answer(answering(CreemSettings(k=10), llm), probe_at(sessions, 2, 9), seen))
     system, user = (m["content"] for m in llm.calls[-1]["messages"])
     assert all(f"line 2.{i}" in user for i in range(9)) and "line 2.9" not in user  # D^s_[1,t-1], all of it
-    assert "Memory of Bob" in user and "Conversation:" in user and user.rstrip().endswith("no speaker label):")
+    assert "Memory of Ann" in user and "Conversation:" in user and user.rstrip().endswith("no speaker label):")
     assert "Response of Bob" in user and "last utterance" in system and "memory" in system
     assert "do not make it long" in system and "name of any speaker" in system and "let the memory show" in system
     baseline = memory_messages("m", sessions[2][:9], "line 2.8", "Bob", False)[1]["content"]
@@ -264,7 +278,8 @@ def test_the_response_prompt_carries_a4_and_the_whole_current_session_with_the_b
 
 def test_a_question_asked_after_the_history_runs_the_step_about_the_asker_and_asks_it_after_the_memory():
     sessions = {1: turns(2, 1), 2: turns(4, 2)}
-    last_speaker = CreemSettings(k=10, step_about="last_speaker")  # the asker's memory (next_speaker: Bob's)
+    # the asker's memory (next_speaker: Bob's), every retrieved memory shown
+    last_speaker = CreemSettings(k=10, step_about="last_speaker", reply_memory="kept_and_added")
     out = built(sessions, last_speaker)
     seen = {t: visible_memory(rows, 3, None, "log") for t, rows in out.items()}
     probe = ProbeInput(probe={"probe_id": "qa:1", "kind": "qa", "session_idx": 3, "turn_idx": None,

@@ -55,40 +55,45 @@ def probe_at(sessions: dict, s: int, t: int, kind: str = "next_response") -> Pro
 
 # ------------------------------------------------------------------------------- CREEM: whose memory (N2)
 
-def test_the_step_after_a_turn_is_about_whoever_speaks_next():
+def test_the_step_after_a_turn_is_about_its_speaker_or_with_next_speaker_whoever_speaks_next():
     session = turns(4, 2)
     assert [step_speaker(session, i, ["Ann", "Bob"], "next_speaker") for i in range(4)] == ["Bob", "Ann", "Bob", "Ann"]
     assert [step_speaker(session, i, ["Ann", "Bob"], "last_speaker") for i in range(4)] == ["Ann", "Bob", "Ann", "Bob"]
     sessions = {1: turns(2, 1), 2: turns(6, 2)}
     out, _ = creem_build(sessions, CreemSettings(k=10))
     about = {(r["snapshot_session"], r["snapshot_turn"]): r["speaker"] for r in out["evolution"]}
-    # The step keyed at turn i (it read up to i) is about turn i+1's speaker; after the last turn, the other one.
+    # The step keyed at turn i (it read up to i) is about turn i's speaker (App. C Table 6: the last speaker).
+    assert [about[2, i] for i in range(6)] == ["Ann", "Bob", "Ann", "Bob", "Ann", "Bob"]
+    assert CreemSettings().step_about == "last_speaker"
+    # The option: about turn i+1's speaker; after the last turn, the other one.
+    out, _ = creem_build(sessions, CreemSettings(k=10, step_about="next_speaker"))
+    about = {(r["snapshot_session"], r["snapshot_turn"]): r["speaker"] for r in out["evolution"]}
     assert [about[2, i] for i in range(6)] == ["Bob", "Ann", "Bob", "Ann", "Bob", "Ann"]
     assert [about[1, i] for i in range(2)] == ["Bob", "Ann"]
-    assert CreemSettings().step_about == "next_speaker"
 
 
-def test_the_response_sees_the_responders_own_memory_built_before_its_turn():
+def test_the_response_sees_the_memory_of_the_partner_who_spoke_last_built_before_its_turn():
     sessions = {1: turns(2, 1), 2: turns(6, 2)}
     out, _ = creem_build(sessions, CreemSettings(k=10))
     seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
     llm = creem_llm("answer-time")
     ctx = MethodContext(settings=CreemSettings(k=10), llm=llm)
     answer = asyncio.run(Creem().answer(ctx, probe_at(sessions, 2, 5), seen))
-    assert [c["schema"] for c in llm.calls] == [None]  # build's step keyed at turn 4, about Bob, is reused
+    assert [c["schema"] for c in llm.calls] == [None]  # build's step keyed at turn 4, about Ann, is reused
     user = llm.calls[0]["messages"][1]["content"]
-    assert "Memory of Bob:" in user and "Response of Bob" in user and answer.details["memory_of"] == "Bob"
-    made_for_bob = {r["text"] for r in out["evolution"] if (r["snapshot_session"], r["snapshot_turn"]) == (2, 4)}
-    assert made_for_bob and all(text in user for text in made_for_bob)
-    about_ann_now = {r["text"] for r in out["evolution"] if (r["snapshot_session"], r["snapshot_turn"]) == (2, 3)}
-    assert not any(text in user for text in about_ann_now)
-    # The other reading: the memory about the last utterance's speaker (the partner).
-    last = CreemSettings(k=10, step_about="last_speaker")
-    out, _ = creem_build(sessions, last)
+    # Bob answers Ann's turn 4 with Ann's memory (App. C Table 6: B's reply recalls what A mentioned).
+    assert "Memory of Ann:" in user and "Response of Bob" in user and answer.details["memory_of"] == "Ann"
+    made_for_ann = {r["text"] for r in out["evolution"] if (r["snapshot_session"], r["snapshot_turn"]) == (2, 4)}
+    assert made_for_ann and all(text in user for text in made_for_ann)
+    about_bob_before = {r["text"] for r in out["evolution"] if (r["snapshot_session"], r["snapshot_turn"]) == (2, 3)}
+    assert not any(text in user for text in about_bob_before)
+    # The option: the responder's own memory.
+    nxt = CreemSettings(k=10, step_about="next_speaker")
+    out, _ = creem_build(sessions, nxt)
     seen = {t: visible_memory(rows, 2, 5, "log") for t, rows in out.items()}
     llm = creem_llm("answer-time")
-    answer = asyncio.run(Creem().answer(MethodContext(settings=last, llm=llm), probe_at(sessions, 2, 5), seen))
-    assert answer.details["memory_of"] == "Ann" and "Memory of Ann:" in llm.calls[-1]["messages"][1]["content"]
+    answer = asyncio.run(Creem().answer(MethodContext(settings=nxt, llm=llm), probe_at(sessions, 2, 5), seen))
+    assert answer.details["memory_of"] == "Bob" and "Memory of Bob:" in llm.calls[-1]["messages"][1]["content"]
 
 
 # ------------------------------------------------------------------------------- CREEM: first-session blend (N4)
@@ -185,10 +190,11 @@ def test_the_creem_sheet_states_each_reading_the_run_uses():
     cfg = config("creem_msc")
     protocol = cfg.paper.protocol
     for name in ("creem", "creem_no_refine", "creem_no_preblend"):
-        assert protocol[f"method.{name}.step_about"].value == "next_speaker"
+        assert protocol[f"method.{name}.step_about"].value == "last_speaker"
         assert protocol[f"method.{name}.first_session"].value == "per_turn"
-        assert getattr(cfg.method, name).step_about == "next_speaker"
-    assert "A.4" in protocol["method.creem.step_about"].source
+        assert getattr(cfg.method, name).step_about == "last_speaker"
+    source = protocol["method.creem.step_about"].source
+    assert "Table 6" in source and "A.1" in source and "next_speaker" in source
     assert protocol["method.all_memories.reply_frame"].value == protocol["method.ld_agent.reply_frame"].value == "creem"
     assert deviations(cfg) == []
 
@@ -308,7 +314,9 @@ def test_the_ldagent_sheet_cites_what_the_reference_code_settles_and_marks_the_s
         setting = protocol[f"method.{name}.short_term_turns"]
         assert setting.value == 30 and "context_memory_number" in setting.source
     assert "DefaultEmbeddingFunction" in protocol["embedding.model"].source
-    suspect = [r for r in cfg.paper.results if r.name.startswith("ChatGPT, MSC Session 3")]
-    assert len(suspect) == 3 and all(r.source.startswith("SUSPECT") and "ChatGLM" in r.source for r in suspect)
-    assert not any("SUSPECT" in r.source for r in cfg.paper.results if r not in suspect)
+    # Table 4 implicates zero-shot ChatGLM's Table 1 Session 3 row (not on the sheet), not ChatGPT's.
+    session_3 = [r for r in cfg.paper.results if r.name.startswith("ChatGPT, MSC Session 3")]
+    assert len(session_3) == 3 and all(r.source.startswith("most likely genuine") and "ChatGLM's Table 1 Session 3"
+                                       in r.source and "5.59/1.49/16.47" in r.source for r in session_3)
+    assert not any(r.source.startswith("SUSPECT") for r in cfg.paper.results)
     assert deviations(cfg) == []

@@ -325,13 +325,15 @@ def test_the_summary_prompt_carries_every_instruction_of_d1():
 
 
 def test_the_persona_prompt_carries_every_instruction_of_d2_with_two_examples():
-    system, user = (m["content"] for m in persona_messages("I sold my bike.", "Ann", 20))
+    system, user = (m["content"] for m in persona_messages("I sold my bike.", 20))
     assert "expert on communication" in system and "personal traits" in system
     assert user.startswith(f"If the sentence reveals no personal trait, reply {NO_TRAIT}.")
     examples = user.split("Two examples of the format:\n")[1].split("\n\nNow")[0].split("\n")
     assert examples[0].startswith("1. ") and examples[1].startswith("Extracted Traits: I ")
     assert examples[2].startswith("2. ") and examples[3] == NO_TRAIT
-    assert "personal traits of Ann" in user and "no more than 20 words" in user and user.endswith("\nI sold my bike.")
+    # the bare sentence, as D.2 and the reference code send it: no speaker named
+    assert "personal traits of the person who said" in user and "no more than 20 words" in user
+    assert user.endswith("\nI sold my bike.")
 
 
 def test_the_generator_prompt_carries_every_instruction_of_prompt_4():
@@ -428,7 +430,9 @@ def test_the_ldagent_config_runs_table_1_chatgpt_rows():
     assert (cfg.probes.from_session, cfg.probes.to_session, cfg.probes.max_per_episode) == (2, 5, None)
     assert cfg.probes.next_response and not cfg.probes.qa and cfg.corpus.limit is None
     ld, base = cfg.method.ld_agent, cfg.method.ld_agent_base
-    assert (ld.scoring, ld.query, ld.tau_s, ld.beta_s, ld.top_n) == ("paper", "utterance", 1e7, 3600.0, 1)
+    # Table 1 came from the reference code's retrieval and memory lines (Eq. 2 is `scoring: paper`)
+    assert (ld.scoring, ld.query, ld.tau_s, ld.beta_s, ld.top_n) == ("reference_code", "utterance", 1e7, 3600.0, 1)
+    assert ld.age_format == "all_units"
     assert ld.events and ld.user_personas and ld.agent_personas
     assert (ld.persona_every, ld.max_tokens) == (1, None)  # every utterance, the role's limit
     assert (ld.response_words, ld.short_term_turns) == (base.response_words, base.short_term_turns) == (30, 30)

@@ -1,14 +1,17 @@
 """CREEM (seed 004, Sections 2-3): memory kept about each speaker that blends past memories with the
 ongoing dialogue and refines itself as it grows (Algorithm 1).
 
-The turn step: before turn t of session s, about one speaker (`step_about`): `next_speaker`, the one
-who responds at turn t (A.4 names one {speaker} for both "[Memory of {speaker}]" and "[Response]
-{speaker}:", so the response sees the responder's own memory), or `last_speaker`, the speaker of the
-last utterance (turn t-1):
+The turn step: before turn t of session s, about one speaker (`step_about`): `last_speaker`, the
+speaker of the last utterance (turn t-1), the partner the responder answers (App. C Table 6: the
+memory shown for B's reply is about A, who spoke last, and the reply recalls it as "you mentioning";
+A.1 asks about the speaker "focusing mainly on the last utterance"), or `next_speaker`, the one who
+responds at turn t (a reading of A.4's single {speaker} in "[Memory of {speaker}]" and "[Response]
+{speaker}:"):
 1. GQ: ask one salient high-level question about that speaker, mainly about the last utterance,
    from the whole session so far D^s_[1,t-1] (App. A.1);
 2. R: retrieve the top-k (5) pieces among the speaker's memories and the utterances of D^s_[1,t-1],
-   by dense similarity to the question;
+   by dense similarity to the question; the memories of the past sessions only (`retrieve_from:
+   past_sessions`, Algorithm 1 line 4's M_[1,s-1]), or the in-session insights too (`all`);
 3. BR: blend the retrieved pieces (and only them, App. A.3) into n (2) new insights and refine each:
    New (novel), Redundant (overlaps past memories) or Updated (past information changed); a
    Redundant or Updated insight names the retrieved memories it makes redundant or outdated, which
@@ -16,13 +19,14 @@ last utterance (turn t-1):
    The first session blends without refining, with its own prompt (A.2): `first_session: per_turn`
    at every step over its `first_session_turns` recent utterances, or `once` per speaker after the
    whole session (A.2's "two insights for the first session" allows both readings).
-4. GR: respond from the step's result: the retrieved memories it kept plus its new insights, with
-   the whole current session (App. A.4, whose frame lives in `memory_response.py`: CREEM's stand-in
-   baselines answer with it too).
+4. GR: respond from the step's result with the whole current session (App. A.4, whose frame lives
+   in `memory_response.py`: CREEM's stand-in baselines answer with it too): its n new insights only
+   (`reply_memory: added`, Sec. 2.3's "the added insights", Algorithm 1 line 6's GR(M_t^s, ...) and
+   Table 6's two sentences), or the retrieved memories it kept plus them (`kept_and_added`).
 
 `build` runs the step at every `update_every`-th turn and logs every change to the memory keyed by
-the turn it read up to, so a probe at turn t sees the memory evolved up to turn t-1, in-session
-insights included. The step that reads up to turn t-1 is the one Algorithm 1 runs before
+the turn it read up to, so a probe at turn t sees the memory evolved up to turn t-1 (in-session
+insights are retrieved only under `retrieve_from: all`). The step that reads up to turn t-1 is the one Algorithm 1 runs before
 responding at turn t: `answer` reuses it when `build` ran it, and runs it on the visible memory
 otherwise (`update_every` > 1, a probe with its own context, a step that failed in `build`). The
 ablations: `creem_no_refine` labels every insight New and removes nothing; `creem_no_preblend`
@@ -63,6 +67,7 @@ from stages.methods.creem.prompts import (blend_messages, check_count, check_ref
                                           question_messages)
 from stages.methods.shared import memory_response, response
 from stages.methods.shared.dialogue import format_unit, last_turns
+from stages.metrics.significance import cluster_bootstrap_interval
 
 # A log: one row per change, keyed by the turn the step that made it read up to (snapshot_turn),
 # so the memory at any point is the adds minus the removes keyed at or before it (`replay`).
@@ -94,14 +99,19 @@ EVOLUTION = pa.schema([
 ])
 
 # How the memory evolved (CREEM Table 5): per dataset, the share of New, Redundant and Updated among
-# the refined insights; first-session Blended insights are counted with a null share. The report's
-# `evolution_summary` table, with one row block per CREEM variant of the run.
+# the refined insights, with its 95% episode-level cluster bootstrap interval (an episode's insights
+# resampled together, as the other summaries' intervals); first-session Blended insights are counted
+# with a null share. The report's `evolution_summary` table, one row block per CREEM variant of the run.
 EVOLUTION_SUMMARY = pa.schema([
     pa.field("dataset", pa.string()),
     pa.field("method", pa.string()),
     pa.field("label", pa.string()),
     pa.field("insights", pa.int64()),
+    pa.field("items", pa.int64()),  # the refined insights the share is over (null for Blended)
+    pa.field("episodes", pa.int64()),  # episodes those insights come from
     pa.field("share", pa.float64()),  # of New + Redundant + Updated; null for Blended
+    pa.field("share_low", pa.float64()),
+    pa.field("share_high", pa.float64()),
 ])
 
 Label = Literal["New", "Redundant", "Updated"]
@@ -117,8 +127,12 @@ class CreemSettings(MethodSettings):
     refine: bool = True
     preblend: bool = True  # respond from the turn step's memory (False: past sessions' memory only)
     update_every: int = Field(default=1, ge=1)  # update after every n-th turn (1 = every turn, the paper)
-    # whom a turn step (and the response) is about: the next speaker (A.4's one {speaker}) or the last one
-    step_about: StepAbout = "next_speaker"
+    # whom a turn step (and the response) is about: the last utterance's speaker (App. C Table 6) or the next one
+    step_about: StepAbout = "last_speaker"
+    # what the response is shown: the step's new insights (Sec. 2.3, Alg. 1 line 6) or the kept retrieved memories too
+    reply_memory: Literal["added", "kept_and_added"] = "added"
+    # the memories a step retrieves from: the past sessions' (Alg. 1 line 4, M_[1,s-1]) or the in-session ones too
+    retrieve_from: Literal["past_sessions", "all"] = "past_sessions"
     # the first session's blend: at every step (per_turn) or once per speaker after the session (once)
     first_session: Literal["per_turn", "once"] = "per_turn"
     # retrieval score: cosine, or the dot product (Contriever's own, with `embedding.normalize: false`)
@@ -216,6 +230,15 @@ class TurnStep:
                  **self.failed} for new, named in self.insights]
 
 
+def reply_lines(step: TurnStep, reply_memory: str) -> list[dict]:
+    """The memories the response is shown: a step that blended shows its new insights (`added`) or
+    the retrieved memories it kept before them (`kept_and_added`); a step without a blend (the
+    (-) pre-RG BLEND ablation: retrieval over the past sessions only) shows what it retrieved."""
+    if step.source == "past_sessions" or reply_memory == "kept_and_added":
+        return step.kept() + step.added
+    return step.added
+
+
 def step_speaker(turns: list[dict], i: int, speakers: list[str], about: StepAbout) -> str:
     """Whom the step after turn `i` is about: the speaker of that turn (`last_speaker`), or whoever
     speaks next (`next_speaker`: turn i+1's speaker; after a session's last turn, the speaker after
@@ -270,8 +293,11 @@ class Creem(Method[CreemSettings]):
         """GQ and R of the step: its question over the session so far, then the top-k pieces."""
         step.question = (await llm.chat(question_messages(step.speaker, format_unit(turns)),
                                         schema=Question)).parsed.question
-        step.memories, step.utterances = await self.retrieve(embed, step.question, memory.get(step.speaker, []), turns,
-                                                             settings.k, settings.similarity)
+        pool = memory.get(step.speaker, [])
+        if settings.retrieve_from == "past_sessions":  # Algorithm 1 line 4: M_[1,s-1]
+            pool = [m for m in pool if m["session_idx"] < step.session]
+        step.memories, step.utterances = await self.retrieve(embed, step.question, pool, turns, settings.k,
+                                                             settings.similarity)
 
     async def step(self, llm: ChatLLM, embed: Embed | None, settings: CreemSettings, memory: dict[str, list[dict]],
                    speaker: str, session: int, turns: list[dict], first: bool, ids: Iterator[str]) -> TurnStep:
@@ -366,8 +392,8 @@ class Creem(Method[CreemSettings]):
         session = probe.probe["session_idx"]
         turns, asked = memory_response.creem_turns(probe)
         last = turns[-1]
-        # Whose memory the step works on and the response sees: the responder's (A.4's one {speaker}), or
-        # the last utterance's speaker.
+        # Whose memory the step works on and the response sees: the last utterance's speaker (the partner
+        # being answered, App. C Table 6), or the responder's own.
         about = respondent if settings.step_about == "next_speaker" else last["speaker"]
         log = memory.get("memories", [])
         if not settings.preblend:  # (-) pre-RG blend: the memory accumulated in the past sessions only
@@ -384,7 +410,8 @@ class Creem(Method[CreemSettings]):
                 step = await self.step(llm, ctx.embed, settings, replay(log), about, session, turns,
                                        first=not probe.history, ids=(f"a{n}" for n in itertools.count(1)))
                 step.source = "answer"
-        lines = [m["text"] for m in step.kept()] + [m["text"] for m in step.added]
+        shown = reply_lines(step, settings.reply_memory)
+        lines = [m["text"] for m in shown]
         dialogue = format_unit(probe.current if question else turns)
         result = await llm.chat(memory_response.creem_reply_messages(respondent, step.speaker, lines, dialogue,
                                                                      probe.request, settings.response_words, question))
@@ -396,7 +423,7 @@ class Creem(Method[CreemSettings]):
             "insights": [m["text"] for m in step.added], "removed": [m["memory_id"] for m in step.removed],
             **({"step_error": step.failed["error"]} if step.failed["error"] else {})}
         return Answer(text=response.one_turn(result.text, speakers),
-                      used_ids=[m["memory_id"] for m in step.kept() + step.added if m["memory_id"] in stored],
+                      used_ids=[m["memory_id"] for m in shown if m["memory_id"] in stored],
                       context_tokens=count_tokens("\n".join(lines)) if lines else 0, model=result.model,
                       details=details)
 
@@ -414,8 +441,9 @@ class Creem(Method[CreemSettings]):
             "session insights are Blended, counted apart with no share. CREEM's baselines REBOT_CC and SumMem_MSC "
             "are fine-tuned models we do not have; configs/creem_msc.yaml runs LLM stand-ins: `all_memories` "
             "(session memories of both speakers) for REBOT_CC, `ld_agent` with persona banks only (each "
-            "utterance's traits, per speaker) for SumMem_MSC, each given its entire memory in CREEM's response "
-            "frame."), rows)
+            "utterance's traits, per speaker; creem_msc shows its reply the partner's traits only) for SumMem_MSC, "
+            "each given its entire memory in CREEM's response frame. `share_low`/`share_high`: the 95% "
+            "episode-level cluster bootstrap interval of the share."), rows)
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         evolution = produced.get("evolution", [])
@@ -426,16 +454,25 @@ class Creem(Method[CreemSettings]):
 
 def label_shares(method: str, evolution: list[dict]) -> list[dict]:
     """Insights per label and dataset from the evolution log of every episode, with the share of
-    New / Redundant / Updated among the three (Table 5); Blended rows carry a null share."""
-    counts = Counter((r["dataset"], r["label"]) for r in evolution if r["label"])
-    refined = Counter[str]()
-    for (dataset, label), n in counts.items():
-        if label in REFINE_LABELS:
-            refined[dataset] += n
+    New / Redundant / Updated among the three (Table 5) and its episode-level cluster bootstrap
+    interval (each refined insight a 0/1 item of its episode); Blended rows carry a null share."""
+    made = [r for r in evolution if r["label"]]
+    counts = Counter((r["dataset"], r["label"]) for r in made)
+    episodes: dict[tuple[str, str], set] = {}
+    for r in made:
+        episodes.setdefault((r["dataset"], r["label"]), set()).add(r.get("episode_id"))
+    refined = {d: [r for r in made if r["dataset"] == d and r["label"] in REFINE_LABELS] for d, _ in counts}
     order = {label: i for i, label in enumerate(REFINE_LABELS)}
-    return [{"dataset": d, "method": method, "label": label, "insights": n,
-             "share": n / refined[d] if label in REFINE_LABELS else None}
-            for (d, label), n in sorted(counts.items(), key=lambda x: (x[0][0], order.get(x[0][1], 9), x[0][1]))]
+    rows = []
+    for (d, label), n in sorted(counts.items(), key=lambda x: (x[0][0], order.get(x[0][1], 9), x[0][1])):
+        low = high = share = items = None
+        if label in REFINE_LABELS:
+            items, share = len(refined[d]), n / len(refined[d])
+            low, high = cluster_bootstrap_interval([float(r["label"] == label) for r in refined[d]],
+                                                   [str(r.get("episode_id")) for r in refined[d]])
+        rows.append({"dataset": d, "method": method, "label": label, "insights": n, "items": items,
+                     "episodes": len(episodes[d, label]), "share": share, "share_low": low, "share_high": high})
+    return rows
 
 
 class CreemNoRefineSettings(CreemSettings):

@@ -36,8 +36,12 @@ package extends.
 - Ablations (Table 2): `events`, `user_personas`, `agent_personas` switch a part off, and its section
   of the prompt with it.
 - `reply_frame: creem` answers in CREEM's A.4 frame instead (`memory_response.creem_reply_messages`:
-  the whole current session, every retrieved event and trait of both speakers tagged with whose it
-  is), for CREEM's stand-in of SumMem_MSC.
+  the whole current session, every retrieved event and trait tagged with whose it is; with the
+  events and the agent's bank off, the user's traits alone as that speaker's memory, as CREEM's
+  Table 6 shows SumMem_MSC's), for CREEM's stand-in of SumMem_MSC.
+- `age_format`: how a memory line gives its event's age: `largest_unit` "(3 days ago) <summary>",
+  or `all_units` as the reference code (DataLoader/MSC.py): every unit from years to minutes,
+  "3 days 2 hours ago, <summary>."
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ class LDAgentSettings(LDAgentBaseSettings):  # short_term_turns, response_words:
     user_personas: bool = True  # the user's persona bank
     agent_personas: bool = True  # the agent's persona bank
     dedupe_personas: bool = False
+    # a memory line's age: "(3 days ago) x" (ours) or every unit, "3 days 2 hours ago, x." (reference code)
+    age_format: Literal["largest_unit", "all_units"] = "largest_unit"
 
 
 # ------------------------------------------------------------------------------- times
@@ -214,6 +220,23 @@ def elapsed_words(seconds: float) -> str:
             n = int(seconds // size)
             return f"{n} {unit}{'s' if n > 1 else ''} ago"
     return "just now"
+
+
+_FULL_UNITS = (("years", 31536000), ("months", 2592000), ("days", 86400), ("hours", 3600), ("minutes", 60))
+
+
+def memory_line(age_s: float, summary: str, age_format: str) -> str:
+    """One retrieved event as the generator sees it: `largest_unit` "(3 days ago) x"; `all_units`
+    every non-zero unit from years to minutes, "3 days 2 hours ago, x." (the reference code's
+    format in DataLoader/MSC.py, its unit names always plural)."""
+    if age_format == "largest_unit":
+        return f"({elapsed_words(age_s)}) {summary}"
+    parts, rest = [], int(max(age_s, 0.0))
+    for name, size in _FULL_UNITS:
+        n, rest = divmod(rest, size)
+        if n:
+            parts.append(f"{n} {name}")
+    return f"{' '.join(parts) or '0 minutes'} ago, {summary}."
 
 
 # ------------------------------------------------------------------------------- nouns and scores
@@ -359,7 +382,7 @@ class LDAgent(Method[LDAgentSettings]):
                "session_idx": s, "turn_idx": turn["turn_idx"], "trait": None}
 
         async def extracted() -> dict[str, Any]:
-            text = cleaned((await llm.chat(persona_messages(turn["text"], turn["speaker"], settings.persona_words),
+            text = cleaned((await llm.chat(persona_messages(turn["text"], settings.persona_words),
                                            **_params(settings))).text)
             return {"trait": None if not text or NO_TRAIT in text.upper().replace(" ", "_") else text}
 
@@ -423,7 +446,7 @@ class LDAgent(Method[LDAgentSettings]):
             key = noun_key(nouns) if settings.scoring == "reference_code" else query
             passing, semantic = await self.retrieve(ctx.embed, probe, flushed, now, key, query_nouns, settings)
             hits = passing[: settings.top_n]
-            lines = [f"({elapsed_words(now - e['time_s'])}) {e['summary']}" for e, _ in hits]
+            lines = [memory_line(now - e["time_s"], e["summary"], settings.age_format) for e, _ in hits]
             details.update(query_nouns=sorted(query_nouns), events=len(flushed), passing=len(passing),
                            no_relevant_memory=not hits, max_semantic=max(semantic, default=None),
                            retrieved=[{"event_id": e["event_id"], "score": sc, "ago": elapsed_words(now - e["time_s"])}
@@ -437,11 +460,16 @@ class LDAgent(Method[LDAgentSettings]):
                                          for ts in (agent_traits, user_traits))
         details.update(agent_traits=None if agent_traits is None else len(agent_traits),
                        user_traits=None if user_traits is None else len(user_traits), context_turns=len(context))
-        if settings.reply_frame == "creem":  # CREEM's frame: the whole session, every memory line tagged
-            tagged = ([f"[{respondent}] {t}" for t in agent_traits or []] + [f"[{user}] {t}" for t in user_traits or []])
+        if settings.reply_frame == "creem":  # CREEM's frame: the whole session
             details["context_turns"] = len(probe.current)
-            return await memory_response.answer_creem_frame(llm, probe, (lines or []) + tagged,
-                                                            [e["event_id"] for e, _ in hits], details=details)
+            if lines is None and agent_traits is None and user_traits is not None:
+                # One speaker's persona list, the partner's, as CREEM's Table 6 shows SumMem_MSC's reply memory.
+                shown, about = user_traits, user
+            else:  # every line tagged with whose it is
+                shown, about = (lines or []) + [f"[{respondent}] {t}" for t in agent_traits or []] + [
+                    f"[{user}] {t}" for t in user_traits or []], None
+            return await memory_response.answer_creem_frame(llm, probe, shown, [e["event_id"] for e, _ in hits],
+                                                            about=about, details=details)
         result = await llm.chat(reply_messages(respondent, user, agent_traits, user_traits, lines, context,
                                                probe.request, settings.response_words))
         memory_text = "\n".join((lines or []) + (agent_traits or []) + (user_traits or []))

@@ -23,7 +23,8 @@ SUMMARY_USER = ("Conversation:\n{conversation}\n\nFrom this conversation, write 
 
 # App. D.2, in our words: the extractor's expertise, NO_TRAIT when nothing can be drawn out, two
 # format examples of the same kind as the paper's (one with traits, one without; our own sentences),
-# then the sentence and its speaker, within the word limit.
+# then the sentence, within the word limit. The speaker is not named (D.2 and the reference code's
+# Module/Personas.py send the bare sentence).
 PERSONA_SYSTEM = ("You are an expert on communication, well known in your community, with a talent for drawing "
                   "people's personal traits out of the things they say.")
 PERSONA_USER = ("If the sentence reveals no personal trait, reply {no_trait}. Two examples of the format:\n"
@@ -33,7 +34,7 @@ PERSONA_USER = ("If the sentence reveals no personal trait, reply {no_trait}. Tw
                 "2. Sounds like quite a project. It is good when people deal with repairs around the house before "
                 "they turn into bigger trouble later on.\n"
                 "{no_trait}\n\n"
-                "Now extract the personal traits of {speaker}, who said the sentence below, in no more than {words} "
+                "Now extract the personal traits of the person who said the sentence below, in no more than {words} "
                 "words:\n{sentence}")
 
 # App. D.3 Prompt 4 on top of the Prompt 3 frame (baselines/chatgpt.py, method ld_agent_base): the agent's own traits, the memories
@@ -55,11 +56,10 @@ def summary_messages(turns: list[dict], speakers: Sequence[str], words: int) -> 
             {"role": "user", "content": SUMMARY_USER.format(conversation=format_unit(turns), words=words)}]
 
 
-def persona_messages(utterance: str, speaker: str, words: int) -> Messages:
-    """App. D.2: the traits of the speaker of one utterance, or NO_TRAIT."""
+def persona_messages(utterance: str, words: int) -> Messages:
+    """App. D.2: the traits of whoever said one utterance (not named), or NO_TRAIT."""
     return [{"role": "system", "content": PERSONA_SYSTEM},
-            {"role": "user", "content": PERSONA_USER.format(no_trait=NO_TRAIT, speaker=speaker, words=words,
-                                                            sentence=utterance)}]
+            {"role": "user", "content": PERSONA_USER.format(no_trait=NO_TRAIT, words=words, sentence=utterance)}]
 
 
 def _listed(traits: Sequence[str]) -> str:
