@@ -29,7 +29,7 @@ _PAIRWISE = {
 }
 _COUNTS = {
     "mean_context_turns": "count: exchanges (user-agent interactions) in the response's context, mean per probe",
-    "mean_context_turn_pairs": "SeCom's count (Table 6, LoCoMo): per session the utterances in the response's context "
+    "mean_context_turn_pairs": "count: SeCom Table 6's turns, per session the utterances in the response's context "
                                "halved and rounded down, summed, mean per probe",
     "mean_context_tokens": "count: cl100k tokens of the response's context, mean per probe",
     "mean_response_words": "count: whitespace words of the response, mean per probe",

@@ -100,13 +100,14 @@ def _probe(dataset: str, request: str = "Where did A go?") -> ProbeInput:
                       episode={"dataset": dataset, "speakers": ["A", "B"]}, history={}, current=[])
 
 
-def test_secom_chat_is_one_user_message_with_units_in_rank_order_and_the_question_last():
-    """experiment/chat.py: one user message: the frame, the retrieved units as ranked joined by a
-    blank line, then "Question: ..."; no system message, no session headers."""
+def test_secom_chat_is_one_user_message_with_units_in_the_order_given_and_the_question_last():
+    """experiment/chat.py: one user message: the frame, the retrieved units in the order given (time
+    or rank order: `generate`'s `secom_chat_order`) joined by a blank line, then "Question: ..."; no
+    system message, no session headers."""
     msgs = build_secom_chat_messages(UNITS, "Where did A go?")
     assert [m["role"] for m in msgs] == ["user"]
     text = msgs[0]["content"]
-    assert "A: late talk\nB: yes\n\nA: early talk\nB: ok" in text  # rank order, as retrieved
+    assert "A: late talk\nB: yes\n\nA: early talk\nB: ok" in text  # as given
     assert text.rstrip().endswith("Question: Where did A go?") and "[Session" not in text
     frame = text.split("\n\n")[0].lower()
     # chat.py's elements, in our words: a dialogue agent; evidence for the user's input and recent
@@ -123,7 +124,8 @@ def test_secom_chat_is_one_user_message_with_units_in_rank_order_and_the_questio
 def test_generate_asks_in_the_secom_chat_frame_on_both_qa_benchmarks(dataset):
     llm = FakeChat(["He went to Paris.\nQuestion: and then?"])
     ans = run(generate(llm, _probe(dataset), UNITS, "secom_chat"))
-    assert llm.calls[0]["messages"] == build_secom_chat_messages(UNITS, "Where did A go?")
+    # Sec. 2.1's time order by default (round 3, N4): the earlier session's unit first
+    assert llm.calls[0]["messages"] == build_secom_chat_messages(UNITS[::-1], "Where did A go?")
     assert ans.text == "He went to Paris."  # cut where the model writes the next question, as chat.py's get_answer
     assert ans.details["qa_prompt"] == "secom_chat" and ans.context_tokens > 0
 

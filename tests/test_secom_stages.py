@@ -1,4 +1,13 @@
-"""SeCom end to end through the runner, on Ray, against the fake OpenAI-compatible server."""
+"""SeCom end to end through the runner, on Ray, against the fake OpenAI-compatible server.
+
+Kept as integration tests (round-3 review, row 21): they hold what only a whole run shows, each as an
+invariant a bug breaks: segments tile every session, every turn is in exactly one unit of each
+granularity, an invalid segmentation falls back to chunks of 3 exchanges, recall only grows with k,
+an identical rerun sends no request and reruns nothing, the API key is written nowhere, every
+response under injected faults is answered or failed with a reason, and guidance learned once is
+reused from its file. The protocol's behaviour (what each prompt shows, how each score is computed)
+is held by the hand-worked cases of test_secom_protocol_r2.py, test_paper_protocols_secom.py,
+test_protocol_statistics.py and test_secom_r3.py."""
 
 from __future__ import annotations
 
