@@ -300,7 +300,8 @@ def test_under_locomo_protocol_a_category_5_reply_is_mapped_to_its_option_and_re
     ans = run(response.generate(llm, _probe("adversarial", "qa:locomo-conv-26-q4", adversarial_answer="red"), UNITS,
                                 "locomo_official"))
     assert ans.text == "Not mentioned in the conversation"
-    assert ans.details == {"context_spans": [[1, 0, 1]], "qa_prompt": "locomo_official", "raw_answer": "b",
+    details = {k: v for k, v in ans.details.items() if k != "context_turn_pairs"}  # SeCom's # Turns record
+    assert details == {"context_spans": [[1, 0, 1]], "qa_prompt": "locomo_official", "raw_answer": "b",
                            "options": {"a": "red", "b": "Not mentioned in the conversation"},
                            "sampling": {"temperature": 0.0, "max_tokens": 32}}
     assert llm.calls[0]["params"] == {"temperature": 0.0, "max_tokens": 32}  # LoCoMo's, not the role's
@@ -355,11 +356,14 @@ def test_strict_accuracy_has_a_wilson_interval_and_an_exact_mcnemar_test_against
     # Wilson 95% for 8/10 (z = 1.95996): centre 0.71674, half-width 0.22658.
     assert a["iid_low"] == pytest.approx(0.49016, abs=1e-4) and a["iid_high"] == pytest.approx(0.94332, abs=1e-4)
     assert (a["episodes"], a["ci_low"], a["ci_high"]) == (1, None, None)
-    assert (b["items"], b["skipped"], b["failed"], b["judged"], b["correct"]) == (11, 1, 1, 9, 5)
+    # b's failed response (q9) is scored wrong, as the export's empty answer is: in judged, counted in failed.
+    assert (b["items"], b["skipped"], b["failed"], b["judged"], b["correct"]) == (11, 1, 1, 10, 5)
+    # Wilson 95% for 5/10: centre 0.5, half-width 0.26341.
+    assert b["iid_low"] == pytest.approx(0.23659, abs=1e-4) and b["iid_high"] == pytest.approx(0.76341, abs=1e-4)
     assert b["skip_reasons"] == "no reference answer"
-    # Paired on the 9 questions both have a verdict on: a only on q4-q7 (4), b only on q8 (1).
+    # Paired on the 10 questions (q9 wrong for both): a only on q4-q7 (4), b only on q8 (1).
     # Exact McNemar: 2 * P(X <= 1 | n = 5, p = 1/2) = 2 * 6/32 = 0.375.
-    assert (b["reference"], b["paired"], b["only_reference"], b["only_other"]) == ("a", 9, 4, 1)
+    assert (b["reference"], b["paired"], b["only_reference"], b["only_other"]) == ("a", 10, 4, 1)
     assert b["mcnemar_p"] == pytest.approx(0.375)
     assert b["p_value"] == 1.0  # the paired cluster test: one episode cannot show a difference
     assert a["p_value"] is None and a["mcnemar_p"] is None and a["paired"] == 10
@@ -385,8 +389,8 @@ def test_teafarm_correctness_gets_a_wilson_interval_and_a_mcnemar_test_per_datas
     judgments = pl.DataFrame(_rows("msc", "a", "teafarm", A) + _rows("msc", "b", "teafarm", B))
     got = {(r["dataset"], r["method"]): r for r in teafarm_summary(judgments, "a").iter_rows(named=True)}
     b = got[("msc", "b")]
-    assert (b["correct"], b["total"], b["failed"]) == (5, 9, 1)
-    assert b["iid_low"] == pytest.approx(0.26665, abs=1e-4) and b["iid_high"] == pytest.approx(0.81122, abs=1e-4)
+    assert (b["correct"], b["total"], b["failed"]) == (5, 10, 1)  # the failed response scored wrong, in total
+    assert b["iid_low"] == pytest.approx(0.23659, abs=1e-4) and b["iid_high"] == pytest.approx(0.76341, abs=1e-4)
     assert (b["episodes"], b["ci_low"], b["ci_high"]) == (1, None, None)
     assert (b["only_reference"], b["only_other"], b["mcnemar_p"], b["p_value"]) == (4, 1, pytest.approx(0.375), 1.0)
     assert got[("all", "b")]["mcnemar_p"] == pytest.approx(0.375) and got[("all", "a")]["mcnemar_p"] is None

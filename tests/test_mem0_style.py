@@ -190,5 +190,6 @@ def test_answer_without_an_embedder_refuses_rather_than_showing_arbitrary_facts(
 
 
 def test_prompts_are_in_the_fingerprint_inputs():
-    assert set(Mem0Style.prompts) == {"extract_session", "extract_turn", "extract_pair", "decide", "answer_mem0"}
+    assert set(Mem0Style.prompts) == {"extract_session", "extract_turn", "extract_pair", "decide", "answer_mem0",
+                                      "answer_mem0_show_work"}
     assert json.dumps(Mem0Style.prompts)  # plain strings

@@ -225,7 +225,7 @@ def speaker_blocks(groups: list[tuple[str, list[dict]]]) -> str:
 # most recent memory wins a contradiction; relative times are resolved from the memory's date and
 # given as dates, months or years; names inside memories are not the speakers; under six words;
 # worked through step by step before answering.
-MEM0_ANSWER_SYSTEM = (
+MEM0_RULES = (
     "You answer questions from the memories kept of a conversation between two people. Each memory is "
     "about one of the two and is dated with the day of the conversation it came from.\n"
     "Rules:\n"
@@ -246,11 +246,13 @@ MEM0_ANSWER_SYSTEM = (
 ANSWER_ONLY = " Reply with the answer only."
 SHOW_WORK = (" Think it through step by step in your reply, writing out any date arithmetic, and end with "
              "the final answer.")
+MEM0_ANSWER_SYSTEM = MEM0_RULES + ANSWER_ONLY  # the default: the answer alone
+MEM0_SHOW_WORK_SYSTEM = MEM0_RULES + SHOW_WORK  # show_work: the steps written out, as mem0's prompt asks
 
 
 def mem0_answer_messages(groups: list[tuple[str, list[dict]]], question: str, show_work: bool = False) -> Messages:
     user = f"{speaker_blocks(groups)}\n\nQuestion: {question}\nAnswer:"
-    system = MEM0_ANSWER_SYSTEM + (SHOW_WORK if show_work else ANSWER_ONLY)
+    system = MEM0_SHOW_WORK_SYSTEM if show_work else MEM0_ANSWER_SYSTEM
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
