@@ -70,7 +70,7 @@ def test_the_locomo_judge_sees_no_date_the_secom_chat_answer_prompt_did_not_show
     dateless, _, source = judge_call("gpt4score", probe, "May.", {}, TURNS, True, True, cfg.judge_answers.memochat_dates)
     dated, _, _ = judge_call("gpt4score", probe, "May.", {}, TURNS, True, True, True)
     shown = dateless.messages[-1]["content"]
-    assert source == "evidence" and "[Session 1]" in shown and "A: line 0" in shown
+    assert source == "evidence" and "[Session 1]" in shown and "A: A line 0" in shown
     for text in (asked, shown):
         assert str(WHEN) not in text and "2023" not in text
     assert str(WHEN) in dated.messages[-1]["content"]  # the default keeps the dated headers
@@ -101,7 +101,7 @@ def test_memochat_judge_takes_the_first_rating_as_memochat_does():
 def test_secoms_character_set_strips_clip_golds_and_predictions_as_chat_py_does():
     # .strip("Answer:") removes any of A n s w e r : from both ends, not the word
     assert [rm.secom_gold(g) for g in ("Sweden", "Adoption agencies", "sunset", "\nAnswer: Paris")] == [
-        "Swed", "doption agenci", "unset", " Paris"]
+        "Swed", "doption agenci", "unset", " Pari"]
     # get_answer: the strips in turn, then the cut at a following question or human turn
     assert rm.secom_prediction("Dialogs: Paris\nQuestion: and then?") == " Paris"
     assert rm.secom_prediction("[bot]: Lisbon.\n[human]: ok") == " Lisbon."
