@@ -23,8 +23,9 @@ _ANSWER_JUDGES = {
     "teafarm": "Theanine's scorer: TeaFarm correctness judge (Sec. 5.1), correct / total",
 }
 _PAIRWISE = {
-    "both_orders": "Theanine's scorer: G-Eval head-to-head on its criteria (App. D), judged in both orders as "
-                   "SeCom App. A.4, a flipped preference a tie; win share over decided pairs",
+    "both_orders": "ours, after Theanine's G-Eval (App. D): a head-to-head GPT-4 judge on Theanine's three criteria "
+                   "(definitions ours; Figs. 20-22 are images), judged in both orders as SeCom App. A.4, a flipped "
+                   "preference a tie; win share over decided pairs",
     "creem": "CREEM's scorer: App. B.1 head-to-head, reference position randomised, majority of the samples, no tie",
 }
 _COUNTS = {
@@ -64,7 +65,14 @@ def scorer(cfg: Any, result: Any) -> str | None:
     if table == "teafarm_summary":
         return _runs(cfg, _ANSWER_JUDGES["teafarm"])
     if table == "pairwise_summary":
-        return _PAIRWISE.get(where.get("protocol") or cfg.judge_pairwise.protocol)
+        protocol = where.get("protocol") or cfg.judge_pairwise.protocol
+        named = _PAIRWISE.get(protocol)
+        if named and protocol == "both_orders":
+            judge = cfg.judge_pairwise
+            form = ("G-Eval's form: per-criterion evaluation steps (ours), the reasoning before the verdict"
+                    if judge.reason_first else "the verdict first, then a one-sentence reason (no evaluation steps)")
+            named += f"; {form}; {judge.samples or 1} sample(s) per order"
+        return named
     if table == "memory_summary":
         return "CREEM's scorer: App. B.2 memory G-Eval, 1-5 per criterion, samples averaged per (episode, speaker)"
     if table == "method_summary":

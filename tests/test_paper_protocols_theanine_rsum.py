@@ -1,6 +1,7 @@
 """The Theanine and RSum configs hold the papers' protocols: Theanine's RSum-LLM (Sections 3.2-3.3) at
-temperature 0.75 with relevant-memory selection and no length instruction; RSum's own run (Section 4)
-at temperature 0; next-response probes of both speakers in Theanine's sessions 3-5 (inferred from
+temperature 0.75 with relevant-memory selection, in RSum's own response frame (App. H: its original
+prompt; no length instruction); RSum's own run (Section 4) at temperature 0, its four methods in that
+one frame; next-response probes of both speakers in Theanine's sessions 3-5 (inferred from
 App. D's ~3,600 responses per comparison)."""
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def test_theanine_configs_run_rsum_llm_as_theanine_did(name):
     assert cfg.role("generator").temperature == cfg.role("memory").temperature == 0.75
     rsum = cfg.method.rsum
     assert rsum.select_relevant  # Section 3.2 step (ii)
-    assert rsum.response_style == "paper"  # no "short reply": Section 4's 77-word answers
+    assert rsum.response_style == "rsum"  # RSum's frame (App. H), no "short reply": Section 4's 77-word answers
 
 
 @pytest.mark.parametrize("name", ["theanine_msc", "theanine_cc"])
@@ -54,8 +55,11 @@ def test_rsum_config_runs_rsum_as_its_own_paper():
     assert rsum_temperatures(cfg) == (0.0, 0.0)  # RSum Section 4: temperature 0 throughout
     assert cfg.role("generator").temperature == 0.0  # the context baselines and gold memory too
     assert not cfg.method.rsum.select_relevant and not cfg.method.rsum.one_shot
-    # RSum and gold memory share one response frame, so they differ only in their memory.
-    assert cfg.method.rsum.response_style == cfg.method.gold_memory.response_style == "short"
+    # RSum's four methods share RSum's one response frame (no length limit), so they differ only in
+    # what they remember; no "a short, natural reply" (the round-3 review's F1 / F9).
+    m = cfg.method
+    assert m.rsum.response_style == m.gold_memory.response_style == "rsum"
+    assert m.all_context.response_style == m.part_context.response_style == "rsum"
     assert (cfg.probes.from_session, cfg.probes.to_session, cfg.probes.max_per_episode) == (2, 5, None)
 
 

@@ -9,12 +9,14 @@ import pytest
 from pipeline.reproduction import deviations
 from sheets import described, sheet_config
 from stages.methods.creem import EVOLUTION_SUMMARY
+from stages.report.method_costs import METHOD_SUMMARY
 from stages.report.tables import MEMORY_SUMMARY, PAIRWISE_SUMMARY, TEAFARM_SUMMARY
 
 SHEETS = {"theanine_msc": "000", "theanine_cc": "000", "theanine_msc_cc": "000", "teafarm_msc_cc": "000",
           "creem_msc": "004"}
 TABLES = {"pairwise_summary": PAIRWISE_SUMMARY, "teafarm_summary": TEAFARM_SUMMARY,
-          "memory_summary": MEMORY_SUMMARY, "evolution_summary": EVOLUTION_SUMMARY}
+          "memory_summary": MEMORY_SUMMARY, "evolution_summary": EVOLUTION_SUMMARY,
+          "method_summary": METHOD_SUMMARY}  # Theanine Sec. 4's response lengths
 
 
 @pytest.mark.parametrize("name", SHEETS)

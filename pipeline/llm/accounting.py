@@ -51,6 +51,7 @@ class Accounting:
         else:
             self.usage.calls += 1
             self.usage.cached_calls += int(result.cached)
+            self.usage.truncated_calls += int(result.finish_reason == "length")
         if self.tally is not None:
             self.tally.add(calls=int(result is not None), cached_calls=int(bool(result and result.cached)),
                            failed_calls=int(result is None))

@@ -106,7 +106,8 @@ class LLMClient:
                 model, sampling = sampling_params(self.cfg, sample, params)
                 reply = await self._request(model, messages, sampling, None, sample)
                 result = LLMResult(text=reply.text, prompt_tokens=reply.prompt_tokens,
-                                   completion_tokens=reply.completion_tokens, model=reply.model, cached=reply.cached)
+                                   completion_tokens=reply.completion_tokens, model=reply.model, cached=reply.cached,
+                                   finish_reason=reply.finish_reason)
             else:
                 result = await self._structured.call(messages, schema, validate, sample, params)
         except LLMError:
@@ -206,7 +207,7 @@ class LLMClient:
                 return None
             raise  # this call itself was cancelled
         return Reply(reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model, cached=True,
-                     cached_prompt_tokens=reply.cached_prompt_tokens)
+                     cached_prompt_tokens=reply.cached_prompt_tokens, finish_reason=reply.finish_reason)
 
     def _claim(self, key: str) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -233,7 +234,8 @@ class LLMClient:
             answer.model
         self.usage.requests += 1
         self.accounts.add_tokens(model, pt, ct, cached=False, batch=self.cfg.batch, cached_prompt=cpt)
-        reply = Reply(text, pt, ct, resp_model or model, cached=False, cached_prompt_tokens=cpt)
+        reply = Reply(text, pt, ct, resp_model or model, cached=False, cached_prompt_tokens=cpt,
+                      finish_reason=answer.finish_reasons[0] if answer.finish_reasons else None)
         if self.cache is not None:
             await self.cache.set(key, reply.value())
             self._stale.stored([key])

@@ -189,7 +189,8 @@ class Samples:
         # The prompt is billed once: its tokens go with the first choice; completions by length.
         shares = split_tokens(answer.completion, [max(1, len(t)) for t in got])
         replies = [(key, Reply(text, answer.prompt if j == 0 else 0, shares[j], answer.model or model, cached=False,
-                               cached_prompt_tokens=answer.cached_prompt if j == 0 else 0))
+                               cached_prompt_tokens=answer.cached_prompt if j == 0 else 0,
+                               finish_reason=answer.finish_reasons[j] if j < len(answer.finish_reasons) else None))
                    for j, ((_, _, key), text) in enumerate(zip(missing, got))]
         self._preloaded.update(replies)
         if self.cache is not None:

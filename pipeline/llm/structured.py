@@ -396,7 +396,8 @@ class StructuredCalls:
                                                {"role": "user", "content": REASK.format(error=last_error)}]
                 continue
             return LLMResult(text=reply.text, parsed=parsed, prompt_tokens=prompt_tokens,
-                             completion_tokens=completion_tokens, model=reply.model, cached=cached)
+                             completion_tokens=completion_tokens, model=reply.model, cached=cached,
+                             finish_reason=reply.finish_reason)
         raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
 
     # ------------------------------------------------------------ the mode of an (endpoint, model)

@@ -28,7 +28,7 @@ import random
 import ssl
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping
 
@@ -481,6 +481,7 @@ class ChatAnswer:
     completion: int
     cached_prompt: int
     model: str
+    finish_reasons: list[str | None] = field(default_factory=list)  # per choice, in `texts`' order
 
 
 def read_chat(resp: Any) -> ChatAnswer:
@@ -488,8 +489,9 @@ def read_chat(resp: Any) -> ChatAnswer:
     choices = getattr(resp, "choices", None)
     if not isinstance(choices, list) or not choices or any(getattr(c, "message", None) is None for c in choices):
         raise MalformedResponse(f"no choices in {_describe_body(resp)}")
-    texts = []
+    texts, finished = [], []
     for choice in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0):
+        finished.append(getattr(choice, "finish_reason", None))
         msg = choice.message
         text = msg.content
         if text is None:
@@ -500,4 +502,4 @@ def read_chat(resp: Any) -> ChatAnswer:
     details = getattr(usage, "prompt_tokens_details", None)
     return ChatAnswer(texts, int(getattr(usage, "prompt_tokens", 0) or 0),
                       int(getattr(usage, "completion_tokens", 0) or 0),
-                      int(getattr(details, "cached_tokens", 0) or 0), getattr(resp, "model", "") or "")
+                      int(getattr(details, "cached_tokens", 0) or 0), getattr(resp, "model", "") or "", finished)

@@ -51,6 +51,8 @@ class LLMResult:
     completion_tokens: int = 0
     model: str = ""
     cached: bool = False
+    # The endpoint's finish_reason ("length": cut at max_tokens); None when unknown (an older cache entry)
+    finish_reason: str | None = None
 
 
 class ChatLLM(Protocol):

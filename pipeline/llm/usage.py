@@ -22,6 +22,9 @@ class Usage:
     calls: int = 0  # answered calls, live or cached (one per text for embeddings)
     cached_calls: int = 0  # of `calls`, served from the cache
     failed_calls: int = 0  # calls that ended in LLMError
+    # of `calls`, answers the endpoint cut at max_tokens (finish_reason "length"): a memory or a
+    # rationale taken as it stands, so a manifest shows how many outputs were truncated
+    truncated_calls: int = 0
     retries: int = 0  # transport retries (429, 5xx, timeouts, connection errors)
     reasks: int = 0  # structured-output re-asks after an invalid answer
     batch_calls: int = 0  # requests answered fresh through the Batch API (llm.batch)

@@ -16,7 +16,9 @@ consistency with the past cannot be judged without them. They are cut to `past_s
 (cl100k), dropping the oldest sessions first; a dropped session is shown as the corpus's own
 session summary when the episode carries one (LoCoMo) and it fits. Each row records what was shown.
 Under `both_orders` the judge is told that length alone is no merit unless `length_rule` is off (the
-rule is ours; the Theanine configs turn it off and show the whole current session).
+rule is ours; the Theanine configs turn it off and show the whole current session). With
+`reason_first` (both_orders; on in the Theanine configs) the judge follows G-Eval's form as Theanine
+App. D names it: per-criterion evaluation steps (ours) and its reasoning before the verdict.
 """
 
 from __future__ import annotations
@@ -91,11 +93,18 @@ class JudgePairwiseSettings(JudgeSettings):
     # criterion: one call per criterion (Theanine, CREEM B.1); all (ours, both_orders only): one call
     # gives a verdict on every criterion, a third of the calls; max_tokens then holds per criterion
     per_call: Literal["criterion", "all"] = "criterion"
+    # both_orders: G-Eval's form (Theanine App. D: "chain-of-thoughts and a form-filling paradigm"):
+    # per-criterion evaluation steps (ours) and the reasoning before the verdict (schema: reason, better).
+    # Off: the verdict, then a one-sentence reason. The Theanine configs turn it on.
+    reason_first: bool = False
 
     @model_validator(mode="after")
     def _one_metric_per_call_under_creem(self) -> "JudgePairwiseSettings":
         if self.per_call == "all" and self.protocol == "creem":
             raise ValueError("per_call: all is for the both_orders protocol; CREEM B.1 judges one metric per prompt")
+        if self.reason_first and self.protocol == "creem":
+            raise ValueError("reason_first is for the both_orders protocol; CREEM B.1 asks for the choice, then a brief "
+                             "explanation")
         return self
 
 
@@ -159,7 +168,7 @@ class _EpisodePairs:
                 judgments = await pairwise.judge_pair(
                     self.ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=first,
                     past_sessions=past, explain=settings.explain, protocol=self.protocol, samples=indexes,
-                    length_rule=settings.length_rule, **self.params)
+                    length_rule=settings.length_rule, reason_first=settings.reason_first, **self.params)
             return sampled_rows([rows[first, s] for s in indexes], ("preferred", "reason"), judgments)
 
         orders = {first: [s for f, s in slots if f == first] for first in (True, False)}
@@ -179,7 +188,7 @@ class _EpisodePairs:
             judgments = await pairwise.judge_pair_all(
                 self.ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
                 past_sessions=past, explain=settings.explain, samples=self.samples, length_rule=settings.length_rule,
-                **{**self.params, "max_tokens": settings.max_tokens * len(criteria)})
+                reason_first=settings.reason_first, **{**self.params, "max_tokens": settings.max_tokens * len(criteria)})
         return sampled_criteria_rows(groups, ("preferred", "reason"), judgments)
 
     async def all_at_once(self, probes: Rows, others: list[str]) -> Rows:

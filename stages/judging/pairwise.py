@@ -11,6 +11,10 @@ speaker who responds and the two responses as A and B. Two wordings, one per pro
   refer back to them, choose given the past and the current session); no tie.
 Under `both_orders` one call may also weigh every criterion at once (`build_all_messages`: ours, a
 third of the calls; each criterion keeps its definition and gets its own verdict).
+`reason_first` (both_orders): G-Eval's form as Theanine App. D names it ("chain-of-thoughts and a
+form-filling paradigm"): the criterion's evaluation steps (`EVALUATION_STEPS`, ours) and an answer
+whose reasoning comes before the verdict (schema order: reason, then better). Off: the verdict first
+and a one-sentence reason (the earlier judge).
 All wording is ours.
 """
 
@@ -34,6 +38,27 @@ CRITERIA = {
                     "earlier conversations (events, plans, preferences) and uses it where it fits.",
     "consistency": "Consistency: the response agrees with everything known from the earlier "
                    "conversations and the current one; it invents nothing that contradicts them.",
+}
+
+# G-Eval's evaluation steps per criterion (`reason_first`), ours: Theanine's G-Eval prompts (Figs. 20-22)
+# are images, so the steps are written from the criteria's definitions above.
+EVALUATION_STEPS = {
+    "specificity": ("1. Read the session under way and note what is particular to these two people and this "
+                    "moment: names, events, plans, feelings they have mentioned.\n"
+                    "2. For each reply, find the details it takes from that, and ask whether it could be said "
+                    "unchanged in any other chat.\n"
+                    "3. The reply tied more closely to this conversation and this person is the more specific."),
+    "memorability": ("1. Note what the earlier sessions established: events, plans, preferences and news the "
+                     "two people shared.\n"
+                     "2. For each reply, find what it brings back from those sessions, and check that it is "
+                     "recalled correctly and fits the moment.\n"
+                     "3. The reply that makes better, correct use of what was shared before is the more "
+                     "memorable."),
+    "consistency": ("1. Note the facts known about the speaker and the other person from the earlier sessions "
+                    "and the session under way.\n"
+                    "2. For each reply, look for anything that contradicts those facts or invents something "
+                    "at odds with them.\n"
+                    "3. The reply with fewer and smaller contradictions is the more consistent."),
 }
 
 # Ours, switchable (`judge_pairwise.length_rule`): Theanine's G-Eval prompts state no such rule, and
@@ -71,6 +96,7 @@ def system_prompt(system: str, length_rule: bool) -> str:
     return system if length_rule else system.replace(LENGTH_RULE, "")
 
 PROMPTS = {"system": SYSTEM, "all_system": ALL_SYSTEM, **{f"criterion.{k}": v for k, v in CRITERIA.items()},
+           **{f"steps.{k}": v for k, v in EVALUATION_STEPS.items()},
            "creem.system": CREEM_SYSTEM, **{f"creem.criterion.{k}": v for k, v in CREEM_CRITERIA.items()}}
 PROTOCOLS = ("both_orders", "creem")
 NO_PAST = "(none: this is the first session)"
@@ -84,6 +110,13 @@ class PairVerdict(PairChoice):
     reason: str = Field(default="", max_length=400)
 
 
+class ReasonedVerdict(BaseModel):
+    """G-Eval's order (`reason_first`): the assessment along the steps, then the verdict."""
+
+    reason: str = Field(max_length=2000)
+    better: Literal["A", "B", "tie"]
+
+
 class ForcedChoice(BaseModel):
     """CREEM B.1 asks for the better response: no tie."""
 
@@ -94,19 +127,22 @@ class ForcedVerdict(ForcedChoice):
     reason: str = Field(default="", max_length=400)
 
 
-def answer_schema(protocol: str, explain: bool) -> type[BaseModel]:
+def answer_schema(protocol: str, explain: bool, reason_first: bool = False) -> type[BaseModel]:
     if protocol == "creem":
         return ForcedVerdict if explain else ForcedChoice
+    if reason_first:
+        return ReasonedVerdict
     return PairVerdict if explain else PairChoice
 
 
 def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str, response_b: str,
                    past_sessions: str | None = None, explain: bool = True,
-                   protocol: str = "both_orders", length_rule: bool = True) -> Messages:
+                   protocol: str = "both_orders", length_rule: bool = True, reason_first: bool = False) -> Messages:
     """Messages asking which of A and B is better on `criterion` for `speaker`'s next turn.
 
     past_sessions: the earlier sessions as text ("" when there were none); None leaves them out.
     length_rule (both_orders): tell the judge that length alone is no merit.
+    reason_first (both_orders): the criterion's evaluation steps, and the reasoning before the verdict.
     Order: `creem` keeps App. B.1's (criterion and instruction, then past and current sessions, then
     the options), whose prefix the pairs of one probe and criterion share; `both_orders` (ours)
     puts the long shared parts (past, current session) first and the criterion last, so every call
@@ -127,6 +163,11 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
     answer = 'Reply in JSON: {"better": ' + options + (why if explain else "}.")
     if creem:
         user = f"Criterion. {definition}\n\n{ask}\n\n{shared}{candidates}{answer}"
+    elif reason_first:
+        answer = ('Reply in JSON: {"reason": your assessment of both replies along the steps, in a few sentences, '
+                  '"better": ' + options + "}, the reason first.")
+        user = (f"{shared}{candidates}Criterion. {definition}\n\nEvaluation steps:\n{EVALUATION_STEPS[criterion]}"
+                f"\n\n{answer}")
     else:
         user = f"{shared}{candidates}Criterion. {definition}\n\n{answer}"
     return [{"role": "system", "content": CREEM_SYSTEM if creem else system_prompt(SYSTEM, length_rule)},
@@ -136,26 +177,38 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
 Verdict = Literal["A", "B", "tie"]
 
 
-def all_verdicts_schema(n: int, explain: bool) -> type[BaseModel]:
-    """Exactly `n` verdicts (A, B or tie), one per criterion in order; a reason with `explain`."""
-    fields: dict[str, Any] = {"better": (list[Verdict], Field(min_length=n, max_length=n))}
-    if explain:
+def all_verdicts_schema(n: int, explain: bool, reason_first: bool = False) -> type[BaseModel]:
+    """Exactly `n` verdicts (A, B or tie), one per criterion in order; a reason with `explain`
+    (`reason_first`: the reasoning first, then the verdicts)."""
+    fields: dict[str, Any] = {}
+    if reason_first:
+        fields["reason"] = (str, Field(max_length=2000 * n))
+    fields["better"] = (list[Verdict], Field(min_length=n, max_length=n))
+    if explain and not reason_first:
         fields["reason"] = (str, Field(default="", max_length=400))
     return create_model("PairVerdicts", **fields)  # type: ignore[call-overload]
 
 
 def build_all_messages(criteria: list[str], dialogue: str, speaker: str, response_a: str, response_b: str,
-                       past_sessions: str | None = None, explain: bool = True, length_rule: bool = True) -> Messages:
+                       past_sessions: str | None = None, explain: bool = True, length_rule: bool = True,
+                       reason_first: bool = False) -> Messages:
     """Messages asking which of A and B is better on each of `criteria` (Theanine's, numbered), in one
     call. The shared parts come first, as in `build_messages`; the verdicts come back as a list in
-    the criteria's order."""
+    the criteria's order (`reason_first`: each criterion's evaluation steps, the reasoning first)."""
     past = "" if past_sessions is None else f"Earlier sessions:\n{past_sessions or NO_PAST}\n\n"
-    blocks = "\n".join(f"{i}. {CRITERIA[c]}" for i, c in enumerate(criteria, 1))
-    why = ', "reason": one short sentence}' if explain else "}"
+    if reason_first:
+        blocks = "\n".join(f"{i}. {CRITERIA[c]}\nEvaluation steps:\n{EVALUATION_STEPS[c]}"
+                           for i, c in enumerate(criteria, 1))
+        form = ('Reply in JSON: {"reason": your assessment along each criterion\'s steps, in a few sentences '
+                'each, "better": [...]}, the reason first')
+    else:
+        blocks = "\n".join(f"{i}. {CRITERIA[c]}" for i, c in enumerate(criteria, 1))
+        why = ', "reason": one short sentence}' if explain else "}"
+        form = f'Reply in JSON: {{"better": [...]{why}'
     user = (f"{past}Current session:\n{dialogue}\n\n"
             f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
             f"Criteria:\n{blocks}\n\n"
-            f'Reply in JSON: {{"better": [...]{why}, {len(criteria)} verdicts ("A", "B" or "tie"), one per '
+            f'{form}, {len(criteria)} verdicts ("A", "B" or "tie"), one per '
             f"criterion in the order above ({', '.join(criteria)}).")
     return [{"role": "system", "content": system_prompt(ALL_SYSTEM, length_rule)}, {"role": "user", "content": user}]
 
@@ -173,14 +226,14 @@ Judgment = tuple[Any, str | None, str]  # (preferred side or {criterion: side}, 
 async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speaker: str, reference: str,
                          other: str, *, reference_first: bool, past_sessions: str | None = None,
                          explain: bool = True, samples: int | Sequence[int] = 1, length_rule: bool = True,
-                         **params: Any) -> list[Judgment | LLMError]:
+                         reason_first: bool = False, **params: Any) -> list[Judgment | LLMError]:
     """Each sample's judgment of (reference, other) on every criterion at once: ({criterion:
     preferred side}, the judge's reason (None unless `explain`), the judge model), or the sample's
     LLMError."""
     a, b = (reference, other) if reference_first else (other, reference)
     results = await ask_samples(llm, build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain,
-                                                        length_rule),
-                                samples, schema=all_verdicts_schema(len(criteria), explain), **params)
+                                                        length_rule, reason_first),
+                                samples, schema=all_verdicts_schema(len(criteria), explain, reason_first), **params)
     return [r if isinstance(r, LLMError) else
             ({c: preferred_side(v, reference_first) for c, v in zip(criteria, r.parsed.better)},
              getattr(r.parsed, "reason", None), r.model) for r in results]
@@ -189,15 +242,16 @@ async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speak
 async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
                      *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
                      protocol: str = "both_orders", samples: int | Sequence[int] = 1, length_rule: bool = True,
-                     **params: Any) -> list[Judgment | LLMError]:
+                     reason_first: bool = False, **params: Any) -> list[Judgment | LLMError]:
     """Each sample's judgment of (reference, other) shown in the given order: the preferred side
     ("reference" | "other" | "tie"; never "tie" under `creem`), the judge's reason (None unless
     `explain`) and the judge model; or the sample's LLMError. The samples share one prompt, so they
     go as one request with `n` where the endpoint takes it."""
     a, b = (reference, other) if reference_first else (other, reference)
+    reasoned = reason_first and protocol != "creem"
     results = await ask_samples(llm, build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain,
-                                                    protocol, length_rule),
-                                samples, schema=answer_schema(protocol, explain), **params)
+                                                    protocol, length_rule, reasoned),
+                                samples, schema=answer_schema(protocol, explain, reasoned), **params)
     return [r if isinstance(r, LLMError) else
             (preferred_side(r.parsed.better, reference_first), getattr(r.parsed, "reason", None), r.model)
             for r in results]

@@ -10,8 +10,11 @@ the parts of the memory relevant to the current dialogue (`select_relevant`).
 
 Settings that tell the two papers' RSum apart: `temperature` (RSum Section 4: 0; Theanine Section 3.3:
 0.75 for every baseline, i.e. null here, which defers to the role's `llm.temperature`),
-`select_relevant` (Theanine Section 3.2 step ii) and `response_style` ("paper": no length asked for,
-as RSum's prompt; "short": the memory baselines' short-reply wording). `one_shot` shows one worked
+`select_relevant` (Theanine Section 3.2 step ii) and `response_style` ("rsum": RSum's own response
+frame, the elements of its released prompt and no length, shared with gold memory and the context
+baselines in configs/rsum_msc.yaml; "paper": the memory baselines' frame with no length asked for;
+"short": the memory baselines' short-reply wording). A session whose update fails keeps the memory
+before it in force: its row carries that memory with the error. `one_shot` shows one worked
 dialogue in both the memory and the response prompt, as RSum Section 6 does; the dialogue is our own
 invented one, not a labelled MSC dialogue from the valid set."""
 
@@ -33,7 +36,8 @@ from stages.methods.shared.dialogue import format_unit
 
 SUMMARY = pa.schema([
     *SNAPSHOT_FIELDS,  # the memory after session snapshot_session
-    pa.field("memory", pa.string()),  # null when this session's update failed (the previous one is kept)
+    # when this session's update failed: the previous memory, carried (null if there was none) with `error`
+    pa.field("memory", pa.string()),
     pa.field("tokens", pa.int32()),
     *FAILURE_FIELDS,
 ])
@@ -72,8 +76,9 @@ class RSumSettings(MethodSettings):
     one_shot: bool = False  # one worked dialogue (ours) in the memory and the response prompt
     select_relevant: bool = False  # Theanine's RSum-LLM: pick the memory relevant to the dialogue first
     temperature: float | None = Field(default=0.0, ge=0)  # RSum: 0; None = the role's llm.temperature
-    # short: the memory baselines' "a short, natural reply"; paper: no length asked for (Theanine credits
-    # RSum-LLM's 77-word answers for its specificity wins)
+    # short: the memory baselines' "a short, natural reply"; paper: that frame, no length asked for
+    # (Theanine credits RSum-LLM's 77-word answers for its specificity wins); rsum: RSum's own frame
+    # (its released response prompt's elements, no length; memory_response.rsum_messages)
     response_style: memory_response.ResponseStyle = "short"
 
 
@@ -127,8 +132,9 @@ class RSum(Method[RSumSettings]):
             # Each memory is built from the previous memory and this session only.
             result, failed = await attempt(ctx.llm.chat(update_messages(memory, turns, s, ctx.settings),
                                                         **self.params(ctx.settings)))
-            if result is None:  # the previous memory stays in force
-                rows.append({**key, "memory": None, "tokens": None, **failed})
+            if result is None:  # the previous memory stays in force: the next session's probes read it
+                rows.append({**key, "memory": memory or None, "tokens": count_tokens(memory) if memory else None,
+                             **failed})
                 continue
             memory = result.text.strip()
             rows.append({**key, "memory": memory, "tokens": count_tokens(memory), **failed})
@@ -158,4 +164,6 @@ class RSum(Method[RSumSettings]):
         if not rows:
             return {}
         return {"memory_calls": len(rows), "failed_sessions": sum(r["error"] is not None for r in rows),
+                # the failed ones that carried an earlier memory forward (the rest had none yet)
+                "carried_sessions": sum(r["error"] is not None and r["memory"] is not None for r in rows),
                 "memory_calls_per_episode": {rows[0]["episode_id"]: len(rows)}}

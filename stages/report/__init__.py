@@ -22,6 +22,7 @@ from pipeline.manifest import Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
 from stages.report import memory_accuracy, plots, render, tables
+from stages.report import pairwise as pairwise_report
 from stages.judging.base import JUDGE_ROLE
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.method_stages.respond import RESPONSES
@@ -255,7 +256,8 @@ def _pairwise_intro(pairwise: pl.DataFrame) -> str:
             "resamples whole episodes (`episodes` beside `pairs`); p (`p_value`) is a paired cluster permutation test "
             "of wins against losses that flips each episode's wins and losses together. `win_share_iid_*` (Wilson) "
             "and `sign_p` (the sign test) treat every pair as independent. Rows with an empty session are the whole "
-            "dataset; `all` pools the datasets. `past_shown`: the judge saw the earlier sessions.")
+            "dataset; `all` pools the datasets. `past_shown`: the judge saw the earlier sessions. "
+            + pairwise_report.MULTIPLICITY_NOTE)
 
 
 # A figure of the report as a section's figures: [(file, alt text)] when it was drawn, else [].
@@ -342,13 +344,14 @@ def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_di
                       "`only_other`: questions only one got right). LongMemEval's `task_average` row is the mean "
                       "of its per-type scores (its official task-averaged accuracy), `abstention` its abstention "
                       "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
-                      "pools the datasets. " + judges_differ, [("", answers)]),
+                      "pools the datasets. " + pairwise_report.MULTIPLICITY_NOTE + " " + judges_differ,
+                      [("", answers)]),
         *([render.Section("TeaFarm (counterfactual questions)",
                          "Each question treats an outdated or false thing as true; a method is correct when its "
                          "answer does not go along with it (Theanine Table 3: correct / total; `ci_*`: 95% interval "
                          "resampling whole episodes, `iid_*`: Wilson; `p_value`: paired cluster permutation test "
                          "against the reference method over episodes, `mcnemar_p`: exact McNemar over questions "
-                         "taken as independent). `all` pools every dataset.",
+                         "taken as independent). `all` pools every dataset. " + pairwise_report.MULTIPLICITY_NOTE,
                          [("", t["teafarm_summary"]), ("TeaBag questions", teabag)],
                          fig("teafarm.png", "TeaFarm correct / total"))]
           if not (t["teafarm_summary"].is_empty() and teabag.is_empty()) else []),

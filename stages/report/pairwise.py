@@ -49,6 +49,13 @@ PAIRWISE_SUMMARY = pa.schema(
 )
 
 
+# Said beside every p-value the report renders (head-to-head, answers, TeaFarm): each is one cell's
+# test, uncorrected for the many cells a table holds (the papers correct none either).
+MULTIPLICITY_NOTE = ("Every p-value is a per-cell test, uncorrected for multiple comparisons: a table tests many "
+                     "cells (methods x criteria x sessions x datasets), so about 1 in 20 null cells shows p < 0.05 by "
+                     "chance; read them as descriptive, or apply a correction (e.g. Holm) over the cells you compare.")
+
+
 _PAIR_KEYS = ("dataset", "episode_id", "probe_id", "session_idx", "criterion", "reference", "other", "protocol")
 
 

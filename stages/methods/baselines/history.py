@@ -6,7 +6,11 @@ the history (`keep: oldest`): LongMemEval's reader (run_generation.py) sorts the
 and keeps the first 128,000 - 500 - 1,000 = 126,500 o200k tokens of the history, so the session that
 crosses the budget is cut; ours cuts it after its last whole turn that fits, so every turn shown is
 whole. The budget counts the sessions as the prompt shows them (LongMemEval's JSON turns under its
-reader, else "Speaker: text" lines), in cl100k or in GPT-4o's o200k (`budget_tokenizer`)."""
+reader, else "Speaker: text" lines), in cl100k or in GPT-4o's o200k (`budget_tokenizer`).
+
+RSum's All Context / Part Context (`all_context`, `part_context`) answer next responses in SeCom's
+frame (`response_style: short`, "a short, natural reply") or in RSum's one frame of its four methods
+(`response_style: rsum`, memory_response.rsum_messages: no length; configs/rsum_msc.yaml)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from pydantic import Field
 
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, Method, MethodContext, MethodSettings, ProbeInput
+from stages.methods.shared import memory_response
 from stages.methods.shared.dialogue import format_unit, unit_id
 from stages.methods.shared.response import QAPrompt, generate, longmemeval_content
 
@@ -99,6 +104,19 @@ def budget_sessions(sessions: list[list[dict]], budget: int | None, keep: str, c
     return kept
 
 
+# RSum's context baselines: `short` = SeCom's response frame ("a short, natural reply"); `rsum` = RSum's
+# one frame of its four methods (no length), so Table 1's rows differ only in what each remembers.
+ContextStyle = Literal["short", "rsum"]
+
+
+class AllContextSettings(FullHistorySettings):
+    response_style: ContextStyle = "short"
+
+
+class PartContextSettings(ZeroHistorySettings):
+    response_style: ContextStyle = "short"
+
+
 class FullHistory(Method[FullHistorySettings]):
     name = "full_history"
     Settings = FullHistorySettings
@@ -117,6 +135,8 @@ class FullHistory(Method[FullHistorySettings]):
                   "text": format_unit(turns), "unit_id": unit_id("session", s, turns[0]["turn_idx"]),
                   "source_turn_ids": [t["source_turn_id"] for t in turns if t.get("source_turn_id")]}
                  for s, turns in zip(ids, kept)]
+        if getattr(settings, "response_style", "short") == "rsum" and probe.probe["kind"] != "qa":
+            return await memory_response.answer_rsum_context(llm, probe, units, past=True)
         return await generate(llm, probe, units, settings.qa_prompt)
 
 
@@ -126,16 +146,22 @@ class ZeroHistory(Method[ZeroHistorySettings]):
 
     async def answer(self, ctx: MethodContext[ZeroHistorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
         llm, settings = ctx.llm, ctx.settings
+        if getattr(settings, "response_style", "short") == "rsum" and probe.probe["kind"] != "qa":
+            return await memory_response.answer_rsum_context(llm, probe, [], past=False)
         return await generate(llm, probe, [], settings.qa_prompt)
 
 
 class AllContext(FullHistory):
-    """RSum's "All Context" baseline: full_history under the RSum paper's name."""
+    """RSum's "All Context" baseline: full_history under the RSum paper's name, in SeCom's frame or
+    RSum's (`response_style`)."""
 
     name = "all_context"
+    Settings = AllContextSettings  # type: ignore[assignment]
 
 
 class PartContext(ZeroHistory):
-    """RSum's "Part Context" baseline (the current session only): zero_history under its name."""
+    """RSum's "Part Context" baseline (the current session only): zero_history under its name, in
+    SeCom's frame or RSum's (`response_style`)."""
 
     name = "part_context"
+    Settings = PartContextSettings  # type: ignore[assignment]

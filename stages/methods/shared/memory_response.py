@@ -3,8 +3,18 @@ memory-update variants, gold memory): a memory text, the current session so far,
 Its own module, so editing it re-runs only these methods.
 
 `style`: "short" asks for a short reply; "paper" sets no length (RSum's prompt states none, and
-Theanine credits RSum-LLM's long answers, 77 words on average, for its specificity wins).
+Theanine credits RSum-LLM's long answers, 77 words on average, for its specificity wins); "rsum" is
+RSum's own response frame (`rsum_messages`), no length either.
 `example`: an optional worked example appended to the instructions (RSum's one-shot).
+
+RSum's frame (`rsum_messages`) is the one frame of RSum's four methods (Table 1: predicted memory,
+gold memory, all context, part context), as RSum's code answers all four with one prompt
+(qingyue2014/Rsum main_chatgpt.py; chatgpt/robot.py gpt_response_results; memoryrecu/gpt_recu.py:11).
+The elements of that released prompt, in our words: a model that holds conversations grounded in
+the speakers' personalities; a reply in a conversational, fluent tone; consistent with the memory
+it is given; one that keeps the conversation going; no emoticons. It sets no length. The four
+methods differ only in what the frame carries: a memory (predicted or gold), the earlier sessions
+(all context), or neither (part context).
 
 Also CREEM's response frame (App. A.4, `creem_reply_messages`): CREEM answers with it, and so do its
 stand-in baselines with `reply_frame: creem` (CREEM Sec. 3.2 gives every method the same response
@@ -19,9 +29,16 @@ from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.shared import response
 from stages.methods.base import Answer, ProbeInput
-from stages.methods.shared.dialogue import format_unit
+from stages.methods.shared.dialogue import format_unit, in_time_order
 
-ResponseStyle = Literal["paper", "short"]
+ResponseStyle = Literal["paper", "short", "rsum"]
+
+RSUM_SYSTEM = ("You are a language model that takes part in conversations shaped by the personalities of the "
+               "people in them.")
+# RSum's released response prompt, element by element in our words (no length is asked for).
+RSUM_RULES = ("Speak in a natural, fluent, conversational tone; stay consistent with what the memory and the "
+              "conversation tell you about both speakers; reply so that the conversation keeps going; use no "
+              "emoticons or emoji.")
 
 
 def closing_block(current: list[dict], request: str, respondent: str, question: bool,
@@ -38,9 +55,32 @@ def closing_block(current: list[dict], request: str, respondent: str, question: 
             f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
 
 
+def rsum_messages(memory: str | None, past: str | None, current: list[dict], request: str, respondent: str,
+                  question: bool, example: str | None = None) -> Messages:
+    """RSum's one response frame (see the module's docstring): `memory` (None: no memory block, the
+    context baselines), `past` (the earlier sessions as text: all context; None: not shown), the
+    current session and the request -> `respondent`'s next utterance, no length asked for."""
+    system = RSUM_SYSTEM + (f"\n\nExample:\n{example}" if example else "")
+    blocks = []
+    if memory is not None:
+        blocks.append(f"Memory of both speakers:\n{memory or '(empty)'}")
+    if past is not None:
+        blocks.append(f"Earlier sessions (oldest first):\n{past or '(none)'}")
+    turns = list(current)
+    if turns and turns[-1].get("text") == request:
+        turns = turns[:-1]
+    task = ("Answer the question in a short phrase." if question
+            else f"Write {respondent}'s next utterance only, without a speaker label. {RSUM_RULES}")
+    blocks.append(f"Current session so far:\n{format_unit(turns) if turns else '(just started)'}")
+    blocks.append(f"{'Question' if question else 'Latest message'}:\n{request}\n\n{task}")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(blocks)}]
+
+
 def memory_messages(memory: str, current: list[dict], request: str, respondent: str, question: bool,
                     style: ResponseStyle = "short", example: str | None = None) -> Messages:
     """The messages asking `respondent` for the next utterance (or a question's answer) from `memory`."""
+    if style == "rsum":
+        return rsum_messages(memory, None, current, request, respondent, question, example)
     system = (f"You are {respondent}, talking with someone you have had earlier conversations with. Your memory "
               "of those conversations is below; use it where it helps you reply consistently and personally.")
     if example:
@@ -59,6 +99,19 @@ async def answer_from_memory(llm: ChatLLM, probe: ProbeInput, memory: str, used_
     return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []), used_ids=used_ids,
                   context_tokens=count_tokens(memory) if memory else 0, context_turns=context_turns,
                   model=result.model, details=details)
+
+
+async def answer_rsum_context(llm: ChatLLM, probe: ProbeInput, units: list[dict], past: bool) -> Answer:
+    """RSum's All Context (`past`: the earlier sessions, as `units`) or Part Context (the current
+    session only) in RSum's frame; records what `response.generate` records of the context."""
+    ordered = in_time_order(units)
+    result = await llm.chat(rsum_messages(None, response.format_memory(ordered) if past else None, probe.current,
+                                          probe.request, probe.probe["respondent"], probe.probe["kind"] == "qa"))
+    details = {"reply_frame": "rsum", "context_spans": response.turn_spans(ordered),
+               "context_turn_pairs": response.context_turn_pairs(ordered, probe.history)}
+    return Answer(text=response.one_turn(result.text, probe.episode.get("speakers") or []),
+                  used_ids=[u["unit_id"] for u in ordered], context_tokens=response.context_tokens(ordered),
+                  context_turns=response.context_turns(ordered, probe.history), details=details, model=result.model)
 
 
 # ------------------------------------------------------------------------------- CREEM's frame

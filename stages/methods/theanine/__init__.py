@@ -98,7 +98,12 @@ class TheanineSettings(MethodSettings):
     # retrieved memory is not drawn again; the memory draws another of its paths (the official
     # retrieve_timeline), or none when all are taken (counted as `dropped` in the response's details).
     dedupe_timelines: bool = True
-    origin_tokens: int | None = Field(default=600, ge=1)  # origin dialogue shown when labelling
+    # The order the retrieved memories draw their timelines in, which decides who gets a replacement
+    # path when two share one: `similarity` (as retrieved; the paper defines M_re by similarity and is
+    # silent on order; the default, today's) or `recency` (newest session first, as the official
+    # retrieve_timeline sorts them, kimnamssya/Theanine src/theanine.py:134).
+    draw_order: Literal["similarity", "recency"] = "similarity"
+    origin_tokens: int | None = Field(default=600, ge=1)  # origin dialogue shown when labelling (ours)
     seed: int = 0  # timeline sampling
 
 
@@ -255,6 +260,8 @@ class Theanine(Method[TheanineSettings]):
             qvec = np.asarray((await ctx.embed([dialogue]))[0], dtype=np.float32)
             retrieved = g.top_similar(qvec, ids, np.asarray([m["vector"] for m in memories], dtype=np.float32),
                                       settings.k)
+        if settings.draw_order == "recency":  # newest first; ties keep the similarity order (a stable sort)
+            retrieved = sorted(retrieved, key=lambda i: -by_id[i]["session_idx"])
         paths, bound_hit, dropped = self.timelines(graph, retrieved, settings, probe.probe["probe_id"])
         raw = [prompts.timeline_text([by_id[i] for i in p], [graph.relation(a, b) for a, b in zip(p, p[1:])])
                for p in paths]
