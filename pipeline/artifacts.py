@@ -22,6 +22,7 @@ import socket
 import time
 import shutil
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,6 +39,8 @@ MANIFEST = "_manifest.json"
 LOCK_FILE = "_lock"
 SHARD_MARKERS = "_shards"
 FINGERPRINT_FILE = "_fingerprint"
+# Why the latest attempt at a stage stopped before publishing (`mempipe status` shows it).
+FAILED_ATTEMPT = "_failed_attempt.json"
 
 
 class ArtifactWriteError(PipelineError):
@@ -229,6 +232,24 @@ class StageDir:
         except FileNotFoundError:
             return None
 
+    def record_failed_attempt(self, reason: str) -> None:
+        """Say in the stage in progress that this attempt stopped, and why (its finished shards stay)."""
+        when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        atomic_write_json(storage.join(self.partial, FAILED_ATTEMPT), {"failed_at": when, "reason": reason})
+
+    def failed_attempt(self) -> dict[str, Any] | None:
+        """The record of the latest attempt's stop, if it stopped (None: none, or it was retried since)."""
+        try:
+            return json.loads(read_text(storage.join(self.partial, FAILED_ATTEMPT)))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def clear_failed_attempt(self) -> None:
+        if self.remote:
+            storage.delete_tree(str(storage.join(self.partial, FAILED_ATTEMPT)))
+        else:
+            Path(self.partial, FAILED_ATTEMPT).unlink(missing_ok=True)
+
     def shard_marker(self, shard_idx: int) -> Location:
         return storage.join(self.partial, SHARD_MARKERS, f"{shard_idx:05d}.json")
 
@@ -254,6 +275,7 @@ class StageDir:
         atomic_write_json(partial / MANIFEST, manifest.to_json())
         shutil.rmtree(partial / SHARD_MARKERS, ignore_errors=True)
         (partial / FINGERPRINT_FILE).unlink(missing_ok=True)
+        (partial / FAILED_ATTEMPT).unlink(missing_ok=True)
         old = Path(self.run_dir) / f"{self.stage}.old"
         with writing(final):
             if old.exists():
@@ -271,7 +293,7 @@ class StageDir:
         final, partial = str(self.final), str(self.partial)
         storage.delete_tree(f"{final}/{MANIFEST}")
         storage.delete_tree(final)
-        storage.copy_tree(partial, final, skip=(SHARD_MARKERS, FINGERPRINT_FILE, MANIFEST))
+        storage.copy_tree(partial, final, skip=(SHARD_MARKERS, FINGERPRINT_FILE, MANIFEST, FAILED_ATTEMPT))
         storage.write_bytes(f"{final}/{MANIFEST}",
                             json.dumps(manifest.to_json(), indent=2, sort_keys=True, default=str).encode())
         storage.delete_tree(partial)

@@ -7,22 +7,26 @@ exports), handed in by the entry point `stages/cli.py`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import traceback
+from datetime import datetime, timezone
+from html import escape as html_escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from pipeline import storage
-from pipeline.artifacts import exists, run_lock
+from pipeline.artifacts import atomic_write_bytes, exists, run_lock
 from pipeline.config import RunConfig, project_dirs, resolve_paths
 from pipeline.corpus.fetch import add_data_command
 from pipeline.model_fetch import add_models_command
 from pipeline.models_needed import ModelsMissing, preflight
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.selection import Selection
+from pipeline.storage import is_remote
 from pipeline.llm.ledger import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -70,7 +74,12 @@ def _selection(args: argparse.Namespace) -> Selection:
 def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
     from pipeline.runner import Runner
 
-    return Runner(cfg, args.app.registry(cfg))
+    return Runner(cfg, args.app.registry(cfg), fail_fast=getattr(args, "fail_fast", False))
+
+
+# `mempipe run` finished, but some rows failed (an LLM error, or an exception in a method, judge or
+# metric on that row): each is a row with `error` set; `status` counts them per stage.
+EXIT_ROWS_FAILED = 3
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -81,9 +90,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         with run_lock(cfg.run_dir):
             outcome = runner.run(_selection(args))
     except BudgetExceeded as e:
+        _mark_report_outdated(args, cfg, runner, e)
         if runner.spend is None:
             raise
         raise e.with_spend(runner.spend["total_usd"], sum(runner.spend["spent"].values())) from None
+    except BaseException as e:
+        _mark_report_outdated(args, cfg, runner, e)
+        raise
     spent = _spend_line(runner.spend)
     width = max([12, *(len(n) for n in outcome)])
     for name, what in outcome.items():
@@ -94,7 +107,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"report: {html}")
     if spent:
         print(spent)
+    failed = runner.failed_rows()
+    if failed:
+        listed = ", ".join(f"{name} {n}" for name, n in failed.items())
+        print(f"mempipe: {sum(failed.values())} row(s) failed ({listed}); each row says why in its `error` column "
+              f"(`mempipe status`); exit {EXIT_ROWS_FAILED}", file=sys.stderr)
+        return EXIT_ROWS_FAILED
     return 0
+
+
+def _mark_report_outdated(args: argparse.Namespace, cfg: RunConfig, runner: Any, stop: BaseException) -> None:
+    """A run whose stage stopped leaves the previous report in place: say so at its top, so a reader
+    of the report never takes it for this attempt's. The next finished report replaces the note."""
+    if runner.stopped_stage is None:  # stopped before any stage started: nothing newer than the report
+        return
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    note = (f"This report predates a failed attempt ({when}): stage {runner.stopped_stage} stopped with "
+            f"{type(stop).__name__}: {stop}. `mempipe status` shows it; a rerun continues from there.")
+    for path in args.app.report_files(cfg):
+        target = Path(str(path))
+        if is_remote(path) or not target.exists():
+            continue
+        text = target.read_text(encoding="utf-8")
+        if target.suffix == ".md":
+            text = f"> **Outdated.** {note}\n\n{text}"
+        else:
+            banner = f'<p class="outdated" style="background:#fde8e8;padding:.6em"><b>Outdated.</b> {html_escape(note)}</p>'
+            text = text.replace("<body>", f"<body>{banner}", 1) if "<body>" in text else banner + text
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(target, text.encode("utf-8"))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -142,16 +183,23 @@ def _roles_cell(per_role: dict[str, Usage] | None) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Per stage of the run's graph: its state, with the counts of the state shown (a stage in
+    progress shows its own attempt's, and why it stopped; never an older published stage's)."""
     cfg = _config(args)
     rows = []
     for st in _runner(args, cfg).status():
         m = st.manifest
-        state = st.state + (f" ({st.shards_done} shards)" if st.state == "partial" else "")
-        if m is None:
-            rows.append([st.name, state, "-", "-", "-", "-"])
+        if st.state == "partial":
+            state = f"partial ({st.shards_done} shards)"
+            if st.failed:
+                state = f"failed at {st.failed.get('failed_at', '?')} ({st.shards_done} shards done): {st.failed.get('reason', '')}"
+            rows.append([st.name, state, str(st.attempt_rows), str(st.attempt_errors), "-", "-"])
+            continue
+        if m is None or st.state != "done":
+            rows.append([st.name, st.state, "-", "-", "-", "-"])
             continue
         usage = m.usage_total()
-        rows.append([st.name, state, str(m.rows), str(m.errors), _roles_cell(m.llm_usage),
+        rows.append([st.name, st.state, str(m.rows), str(m.errors), _roles_cell(m.llm_usage),
                      str(int(usage["prompt_tokens"] + usage["completion_tokens"]))])
     header = ["stage", "state", "rows", "errors", "llm per role: fresh/cached/failed", "tokens"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -279,6 +327,9 @@ def _add_run_and_plan(sub: argparse._SubParsersAction) -> None:
     _selectors(run)
     run.add_argument("--retry-failed", default=None, metavar="STAGE",
                      help="rebuild this stage, re-asking rows whose answers were all invalid with a new sample")
+    run.add_argument("--fail-fast", action="store_true",
+                     help="stop at the first row that fails (an exception in a method, judge or metric, or an "
+                          "LLM error), with its traceback, instead of recording it as a failed row (debugging)")
     run.set_defaults(func=cmd_run)
 
     plan = sub.add_parser("plan", help="before a run: the stages it would run and why, expected LLM calls, tokens, cost")

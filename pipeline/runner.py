@@ -35,8 +35,11 @@ class StageStatus:
     name: str
     state: str  # done | stale | partial | missing
     fingerprint: str
-    manifest: Manifest | None
+    manifest: Manifest | None  # the published stage's (counts only when `state` is done)
     shards_done: int = 0
+    attempt_rows: int = 0  # partial: rows and failed rows of this attempt's finished shards
+    attempt_errors: int = 0
+    failed: dict[str, Any] | None = None  # partial: why the latest attempt stopped, if it did
 
 
 def _sum_usage(markers: list[ShardMarker]) -> dict[str, Usage] | None:
@@ -59,9 +62,11 @@ class Runner:
     """Plans and runs the stages of `registry` (the CLI builds it from the config with
     `stages.registry(cfg)`; the framework itself knows no stage)."""
 
-    def __init__(self, cfg: RunConfig, registry: dict[str, Stage]) -> None:
+    def __init__(self, cfg: RunConfig, registry: dict[str, Stage], fail_fast: bool = False) -> None:
         self.cfg = cfg
         self.registry = registry
+        self.fail_fast = fail_fast  # --fail-fast: the first failed row stops the run
+        self.stopped_stage: str | None = None  # the stage whose attempt stopped this run, if one did
         self.run_dir = cfg.run_dir
         self.executor = make_executor(cfg)  # chosen once: inline or Ray
         self.plan = self._plan()
@@ -119,9 +124,20 @@ class Runner:
                 state = "stale"
             else:
                 state = "missing"
-            shards = len(sd.finished_shards()) if state == "partial" else 0
-            result.append(StageStatus(stage.name, state, fp, manifest, shards))
+            status = StageStatus(stage.name, state, fp, manifest)
+            if state == "partial":  # this attempt's own counts, never the published stage's
+                markers = [ShardMarker.from_json(d) for d in sd.finished_shards().values()]
+                status.shards_done = len(markers)
+                status.attempt_rows = sum(sum(m.rows.values()) for m in markers)
+                status.attempt_errors = sum(m.errors for m in markers)
+                status.failed = sd.failed_attempt()
+            result.append(status)
         return result
+
+    def failed_rows(self) -> dict[str, int]:
+        """Stage -> its failed rows, over the run's finished stages of this config."""
+        return {st.name: st.manifest.errors for st in self.status()
+                if st.state == "done" and st.manifest is not None and st.manifest.errors}
 
     # --- selection --------------------------------------------------------------------------
     def select(self, selection: Selection | None = None, **selectors: Any) -> list[tuple[Stage, str]]:
@@ -210,9 +226,21 @@ class Runner:
             stage.check_inputs(self.cfg)
         with self._services(todo) as (handles, ledger):
             for stage in todo:
-                self._execute(stage, fps[stage.name], handles, ledger)
+                self._attempt(stage, fps[stage.name], handles, ledger)
                 outcome[stage.name] = "ran"
         return outcome
+
+    def _attempt(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None) -> None:
+        """Execute one stage; when it stops before publishing, record why in its stage in progress
+        (what `status` shows), then let the stop go on."""
+        sd = StageDir(self.run_dir, stage.name)
+        try:
+            self._execute(stage, fingerprint, handles, ledger)
+        except BaseException as e:
+            self.stopped_stage = stage.name
+            with contextlib.suppress(Exception):
+                sd.record_failed_attempt(f"{type(e).__name__}: {e}"[:2000])
+            raise
 
     @contextlib.contextmanager
     def _services(self, todo: list[Stage]) -> Iterator[tuple[dict[str, Any], Any | None]]:
@@ -258,7 +286,8 @@ class Runner:
         retry = self._retry_round.get(stage.name, 0)
         size = self.cfg.ray.episodes_per_shard
         if isinstance(stage, GlobalStage):
-            return [ShardTask(stage, 0, None, str(self.run_dir), upstream, retry, episodes_per_part=size)]
+            return [ShardTask(stage, 0, None, str(self.run_dir), upstream, retry, episodes_per_part=size,
+                              fail_fast=self.fail_fast)]
         source = StageDir(self.run_dir, stage.episodes_from)
         episodes = source.read_table("episodes", schema=EPISODES).column("episode_id").to_pylist()
         layouts = {name: StageDir(self.run_dir, name).episode_parts() for name in stage.inputs}
@@ -267,12 +296,14 @@ class Runner:
             ids = episodes[i : i + size]
             parts = {name: None if layout is None else sorted({layout[e] for e in ids if e in layout})
                      for name, layout in layouts.items()}
-            tasks.append(ShardTask(stage, i // size, ids, str(self.run_dir), upstream, retry, parts, size))
+            tasks.append(ShardTask(stage, i // size, ids, str(self.run_dir), upstream, retry, parts, size,
+                                   fail_fast=self.fail_fast))
         return tasks
 
     def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None = None) -> None:
         sd = StageDir(self.run_dir, stage.name)
         sd.open_partial(fingerprint)
+        sd.clear_failed_attempt()
         done = {i: ShardMarker.from_json(data) for i, data in sd.finished_shards().items()}
         shards = self._shards(stage)
         pending = [t for t in shards if t.shard_idx not in done]

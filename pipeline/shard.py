@@ -24,6 +24,7 @@ from pipeline import storage
 from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, part_name
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
+from pipeline.failures import fail_fast
 from pipeline.manifest import Manifest, ShardMarker
 from pipeline.stage import EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
@@ -42,6 +43,7 @@ class ShardTask:
     # shard opens a few files however many shards the upstream stage had
     upstream_parts: dict[str, list[str] | None] = field(default_factory=dict)
     episodes_per_part: int = 4  # how a global stage splits its per-episode tables into parts
+    fail_fast: bool = False  # --fail-fast: a row's exception stops the shard instead of failing the row
 
 
 def count_errors(table: pa.Table) -> int:
@@ -205,7 +207,8 @@ async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, An
         ctx = StageContext(cfg=cfg, stage=stage, out_dir=out_dir,
                            upstream_dirs={n: storage.join(run_dir, n) for n in task.upstream},
                            upstream_manifests=manifests, clients=clients, embedder_factory=embedder_factory)
-        marker = await _run_shard_in(ctx, task, sd, inputs_from=run_dir, clients=clients)
+        with fail_fast(task.fail_fast):
+            marker = await _run_shard_in(ctx, task, sd, inputs_from=run_dir, clients=clients)
         if sd.remote:
             await asyncio.to_thread(storage.upload_dir, out_dir, str(sd.partial))
     marker.wall_s = round(time.time() - started, 3)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
-from stages.methods.base import Method, ProbeInput, visible_memory
+from stages.methods.base import Method, ProbeInput, point, visible_memory
 from stages.methods.shared.dialogue import sessions_of
 from stages.probes import probe_view
 
@@ -49,6 +49,19 @@ def memory_point(probe: dict[str, Any]) -> tuple[int, int | None]:
     return probe["session_idx"], probe["turn_idx"]
 
 
+def needs_failed_build(probe: dict[str, Any], failures: Rows) -> str | None:
+    """The reason a probe cannot be answered when its episode's memory build failed at a session the
+    probe's memory would include (the memory of that session is missing), else None."""
+    for f in failures:
+        # The first memory the failed session would have written: at its first turn (memory kept by
+        # turn) or at its end.
+        first_key = point(f["session_idx"], 0 if f["within_session"] else None)
+        session, turn = memory_point(probe)
+        if point(session, None if turn is None else turn - 1) >= first_key:
+            return f"memory build failed: {f['error']}"
+    return None
+
+
 class RespondStage(MethodStage):
     outputs = {"responses": RESPONSES}
 
@@ -62,6 +75,7 @@ class RespondStage(MethodStage):
         episode = inputs["ingest.episodes"][0]
         upstream = self.needed(inputs)
         memory = {t: inputs[f"{self.memory_stage}.{t}"] for t in self.method.memory} if self.memory_stage else {}
+        build_failures = inputs.get(f"{self.memory_stage}.build_failures", []) if self.memory_stage else []
         method_ctx = self.method_context(ctx)
 
         async def one(probe: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +83,10 @@ class RespondStage(MethodStage):
             built = [r["snapshot_session"] for rows in seen.values() for r in rows]
             row = {"episode_id": episode_id, "probe_id": probe["probe_id"], "method": self.method.name,
                    "memory_after_session": max(built, default=None), "model": ctx.llm.cfg.model}
-            return await row_or_failure(row, answered(probe, seen))
+            missing = needs_failed_build(probe, build_failures)
+            if missing:
+                return {**row, "response": None, "error": missing, "raw": None}
+            return await row_or_failure(row, answered(probe, seen), f"{self.name} probe {probe['probe_id']}")
 
         async def answered(probe: dict[str, Any], seen: dict[str, Rows]) -> dict[str, Any]:
             ans = await self.method.answer(method_ctx, probe_input(probe, episode, sessions, upstream), seen)

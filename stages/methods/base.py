@@ -165,7 +165,8 @@ class Method(Generic[S]):
         return None
 
 
-def _point(session: int, turn: int | None) -> tuple[int, float]:
+def point(session: int, turn: int | None) -> tuple[int, float]:
+    """A place in the conversation, ordered: turn `turn` of `session`, or its end when `turn` is None."""
     return (session, float("inf") if turn is None else turn)
 
 
@@ -177,9 +178,9 @@ def visible_memory(rows: Rows, probe_session: int, probe_turn: int | None, kind:
     S == s and T < t, are visible. `snapshots`: the rows of the latest visible key; `log`: the rows
     of every visible key.
     """
-    limit = _point(probe_session, None if probe_turn is None else probe_turn - 1)
-    visible = [r for r in rows if _point(r["snapshot_session"], r["snapshot_turn"]) <= limit]
+    limit = point(probe_session, None if probe_turn is None else probe_turn - 1)
+    visible = [r for r in rows if point(r["snapshot_session"], r["snapshot_turn"]) <= limit]
     if kind == "log" or not visible:
         return visible
-    latest = max(_point(r["snapshot_session"], r["snapshot_turn"]) for r in visible)
-    return [r for r in visible if _point(r["snapshot_session"], r["snapshot_turn"]) == latest]
+    latest = max(point(r["snapshot_session"], r["snapshot_turn"]) for r in visible)
+    return [r for r in visible if point(r["snapshot_session"], r["snapshot_turn"]) == latest]
