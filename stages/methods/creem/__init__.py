@@ -39,7 +39,7 @@ Where each phase lives (all in this module unless named; the prompts and their c
 - blend and refine: `blend_messages`, `blend_refine_schema`, `check_refined` (first session:
   `first_session_messages`), applied in `Creem.step`, walked by `Creem.build`;
 - the memory at a point: `replay` over the `memories` log (add / remove rows);
-- the response: `memory_response.creem_reply_messages`, in `Creem.answer`;
+- the response: `memory_response.creem_reply_messages`, in `Creem.answer`, shown `reply_lines`;
 - Table 5, the label shares: `label_shares`, via `Creem.report_panel` (`evolution_summary`);
 - App. B.1 head-to-head judge: the `creem` protocol of `stages/judging/judge_pairwise.py`;
 - App. B.2 memory-quality judge: `stages/judging/memory_quality.py`, run by `judge_memory`.
