@@ -288,6 +288,7 @@ def test_finish_reason_is_read_kept_in_the_cache_and_truncations_counted():
         accounts.count_call(LLMResult(text="t", finish_reason=reason))
     assert usage.calls == 4 and usage.truncated_calls == 2
     assert Usage.from_dict(usage.to_dict()).truncated_calls == 2
+    assert "truncated_calls" not in Usage().to_dict()  # an older manifest layout writes back unchanged
 
 
 # ------------------------------------------------------------------------- o4: p-values

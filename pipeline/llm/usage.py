@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Iterator, Mapping, TypeVar
 
 
 _WRITTEN_WHEN_SET = ("batch_calls", "requests", "sampled_requests", "sampled_choices", "cached_prompt_tokens",
-                     "cost_by_method", "cached_cost_by_method")
+                     "cost_by_method", "cached_cost_by_method", "truncated_calls")
 
 
 @dataclass
