@@ -464,7 +464,8 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
     if options is not None:
         details["raw_answer"] = text
         text = cat5_answer(text, options)
-    shown = count_tokens(mem0_rag.context(units, probe.history)) if details.get("qa_prompt") == "mem0_rag" else None
-    return Answer(text=text, used_ids=[u["unit_id"] for u in ordered],
-                  context_tokens=context_tokens(ordered) if shown is None else shown,
+    # mem0_rag: the context's tokens as shown ("timestamp | speaker: text" lines), as Table 2 counts them
+    tokens = count_tokens(mem0_rag.context(units, probe.history)) if details.get("qa_prompt") == "mem0_rag" \
+        else context_tokens(ordered)
+    return Answer(text=text, used_ids=[u["unit_id"] for u in ordered], context_tokens=tokens,
                   context_turns=context_turns(ordered, probe.history), details=details, model=result.model)
