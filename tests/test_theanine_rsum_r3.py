@@ -35,6 +35,7 @@ from stages.methods.shared import memory_response
 from stages.methods.shared.response import SHORT_REPLY
 from stages.methods.theanine import Theanine, TheanineSettings
 from stages.report import pairwise as pairwise_report
+from stages.report.memory_accuracy import memory_at
 from stages.scorers import scorer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -138,6 +139,8 @@ def test_a_failed_rsum_update_keeps_the_previous_memory_for_the_next_sessions_pr
     asyncio.run(RSum().answer(MethodContext(settings=RSumSettings(), llm=answer_llm), p, {"summary": seen}))
     assert "M1: Ann has a puppy." in answer_llm.calls[0]["messages"][1]["content"]
     assert "(empty)" not in answer_llm.calls[0]["messages"][1]["content"]
+    # Table 2 scores that point too, with the memory in force after session 2 (it was skipped before).
+    assert memory_at(RSum(), {"episode_id": "e1"}, {"summary": rows}, 2, RSumSettings()) == "M1: Ann has a puppy."
 
 
 def test_a_failed_first_update_has_no_memory_to_keep():

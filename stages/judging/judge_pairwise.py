@@ -1,5 +1,5 @@
-"""judge_pairwise: G-Eval head-to-head of a reference method against every other method on the
-same probes (Theanine App. D, Table 1; CREEM App. B.1).
+"""judge_pairwise: head-to-head of a reference method against every other method on the same probes
+(ours, after Theanine's G-Eval, App. D, Table 1; CREEM App. B.1).
 
 Protocols:
 - `both_orders` (SeCom App. A.4: "alternate the order of the responses and conduct a second

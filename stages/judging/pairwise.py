@@ -1,4 +1,5 @@
-"""G-Eval head-to-head: which of two responses is better on one criterion.
+"""Head-to-head judge (ours, after Theanine's G-Eval, App. D; and CREEM App. B.1): which of two
+responses is better on one criterion.
 
 The judge sees the earlier sessions (when the stage shows the past), the current session, the
 speaker who responds and the two responses as A and B. Two wordings, one per protocol:
