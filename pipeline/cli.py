@@ -186,27 +186,37 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Per stage of the run's graph: its state, with the counts of the state shown (a stage in
     progress shows its own attempt's, and why it stopped; never an older published stage's)."""
     cfg = _config(args)
+    runner = _runner(args, cfg)
+    why = {s.name: getattr(s, "why", "") for s in runner.plan}
     rows = []
-    for st in _runner(args, cfg).status():
+    for st in runner.status():
         m = st.manifest
         if st.state == "partial":
             state = f"partial ({st.shards_done} shards)"
             if st.failed:
                 state = f"failed at {st.failed.get('failed_at', '?')} ({st.shards_done} shards done): {st.failed.get('reason', '')}"
-            rows.append([st.name, state, str(st.attempt_rows), str(st.attempt_errors), "-", "-"])
+            rows.append([st.name, state, str(st.attempt_rows), str(st.attempt_errors), "-", "-", why[st.name]])
             continue
         if m is None or st.state != "done":
-            rows.append([st.name, st.state, "-", "-", "-", "-"])
+            rows.append([st.name, st.state, "-", "-", "-", "-", why[st.name]])
             continue
         usage = m.usage_total()
         rows.append([st.name, st.state, str(m.rows), str(m.errors), _roles_cell(m.llm_usage),
-                     str(int(usage["prompt_tokens"] + usage["completion_tokens"]))])
-    header = ["stage", "state", "rows", "errors", "llm per role: fresh/cached/failed", "tokens"]
+                     str(int(usage["prompt_tokens"] + usage["completion_tokens"])), why[st.name]])
+    header = ["stage", "state", "rows", "errors", "llm per role: fresh/cached/failed", "tokens", "in the run because"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"run {cfg.run_name} at {cfg.run_dir}")
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return 0
+
+
+def _print_graph(plan: list[Any]) -> None:
+    """The run's stages, each with why it is in the graph."""
+    width = max([5, *(len(s.name) for s in plan)])
+    print(f"stages of this run ({len(plan)}), each with why it is in the graph:")
+    for s in plan:
+        print(f"  {s.name:{width}s}  {getattr(s, 'why', '') or '-'}")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -216,6 +226,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     _warn_missing_models(args, cfg)
+    _print_graph(_runner(args, cfg).plan)
     own = args.config or "the built-in defaults"
     sheets = [("paper: block of", own, cfg.paper)] if cfg.paper is not None else []
     compared = getattr(args.app, "compared_sheets", None)

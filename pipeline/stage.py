@@ -118,6 +118,12 @@ class Stage:
     prompts: dict[str, str] = {}  # prompt texts; a change re-runs the stage
     uses_embedder: bool = False
     billed_method: str = ""  # the method its LLM calls are costed to (Usage.cost_by_method), if it serves one
+    why: str = ""  # why the run's graph holds it (set by the project's registry; plan, status and check show it)
+
+    def selected_by(self, cfg: "RunConfig", present: set[str]) -> str | None:
+        """Why a run holds this stage for its own sake (a judge its settings enable), given the
+        stages its methods bring (`present`); None: only when a stage of the run reads it."""
+        return None
 
     def llm_roles(self, cfg: "RunConfig") -> tuple[str, ...]:
         """The roles whose clients its shards get: its own, and `embedder` when it embeds through

@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from pipeline.config import RunConfig, Section, compose_config
+from pipeline.errors import ConfigError
 from pipeline.config import load_config as _load_config
 from pipeline.fingerprint import stage_fingerprints
 from pipeline.stage import EMBEDDER_ROLE, Stage
 from pipeline.storage import Location, join
-from stages.memory_units.banks import BanksStage
-from stages.memory_units.compress import CompressStage
-from stages.memory_units.guidance import GuidanceStage
 from stages.ingest import IngestStage
 from stages.judging.judge_answers import JudgeAnswersStage
 from stages.judging.judge_memory import JudgeMemoryStage
@@ -33,36 +31,92 @@ from stages.report import REPORT_HTML, REPORT_MD, ReportStage
 from stages.method_stages.respond import RespondStage
 from stages.scoring.response_metrics import ResponseMetricsStage
 from stages.scoring.score import ScoreStage
-from stages.memory_units.segment import SegmentStage
 from stages.teabag import TeabagStage
 from stages.teabag.export import export_teabag
 
-# Stage classes in pipeline order around the per-method stages.
-BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, GuidanceStage, SegmentStage, CompressStage, BanksStage,
-                                           TeabagStage, ProbesStage)
+# Stage classes in pipeline order around the per-method stages (a method's own stages, such as
+# SeCom's segmentation and banks, come from the method: `Method.stages`).
+BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, TeabagStage, ProbesStage)
 AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, JudgePairwiseStage, JudgeAnswersStage,
                                           JudgeMemoryStage, ReportStage)
 
 
+def method_stages(methods: Mapping[str, Method]) -> dict[str, Stage]:
+    """Every stage the known methods bring, by name, in the order they bring them (a stage two
+    methods bring is one stage: SeCom's three methods share its banks)."""
+    out: dict[str, Stage] = {}
+    for m in methods.values():
+        for stage in m.stages():
+            out.setdefault(stage.name, stage)
+    return out
+
+
 def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[str, Stage]:
+    """The run's stage graph, derived from what it selects: each selected method's memory and
+    respond stages, the judges and metrics its settings enable, the report, and every stage these
+    read, transitively (a method's own stages included); nothing nobody reads. Each stage carries
+    `why` it is in the graph. `stages:` in the config then restricts this graph (the runner)."""
     chosen = [methods[name] for name in cfg.methods]
-    memory = [MemoryStage(m) for m in chosen if m.has_memory_stage]
-    respond = [RespondStage(m) for m in chosen]
     teafarm = cfg.teabag.enabled
-    fixed = [ProbesStage(teafarm) if cls is ProbesStage else cls() for cls in BEFORE_METHODS
-             if cls is not TeabagStage or teafarm]
-    stages: list[Stage] = fixed + memory + respond
+    readable: dict[str, Stage] = {IngestStage.name: IngestStage(), **method_stages(methods)}
+    if teafarm:
+        readable[TeabagStage.name] = TeabagStage()
+    readable[ProbesStage.name] = ProbesStage(teafarm)
+    wanted: dict[str, str] = {}
+    per_method: list[Stage] = [*(MemoryStage(m) for m in chosen if m.has_memory_stage), *(RespondStage(m) for m in chosen)]
+    for stage in per_method:
+        wanted[stage.name] = f"method {stage.method.name}"  # type: ignore[attr-defined]
     names = tuple(cfg.methods)
     scoring: list[Stage] = [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names),
                             JudgeAnswersStage(names),
                             JudgeMemoryStage(tuple(m.name for m in chosen if m.has_memory_stage))]
-    # The report reads the scoring stages the run includes (a Theanine run needs no SeCom scores).
-    # MSC's gold persona summaries (in `ingest`) score the memories (RSum Table 2).
-    gold = ["ingest"] if any(c.format == "msc" for c in cfg.corpus.sources()) and memory else []
-    read = ("probes", *(["teabag"] if teafarm else []), *(s.name for s in scoring), *gold)
+    brought = _reads(per_method, {**readable, **{s.name: s for s in per_method}})
+    for stage in scoring:
+        why = stage.selected_by(cfg, set(brought) | set(wanted))
+        if why:
+            wanted[stage.name] = why
+    scoring = [s for s in scoring if s.name in wanted]
+    # The report reads the scoring stages of the graph (a Theanine run has no SeCom scores) and, for
+    # MSC, the gold persona summaries in `ingest` that score the memories (RSum Table 2).
+    gold = ["ingest"] if any(c.format == "msc" for c in cfg.corpus.sources()) and any(
+        m.has_memory_stage for m in chosen) else []
+    read = (*(["probes"] if chosen else []), *(["teabag"] if teafarm else []), *(s.name for s in scoring), *gold)
     in_run = tuple(n for n in read if not cfg.stages or n in cfg.stages)
-    stages += [*scoring, ReportStage(chosen, in_run)]
-    return {s.name: s for s in stages}
+    report = ReportStage(chosen, in_run)
+    wanted[report.name] = "the run's report"
+    roots = [*per_method, *scoring, report]
+    reasons = _reads(roots, {**readable, **{s.name: s for s in roots}})
+    graph = {**readable, **{s.name: s for s in roots}}
+    order = [*readable, *(s.name for s in roots)]
+    bringers: dict[str, list[str]] = {}
+    for m in chosen:
+        for stage in m.stages():
+            bringers.setdefault(stage.name, []).append(m.name)
+    out: dict[str, Stage] = {}
+    for name in order:
+        if name in wanted or name in reasons:
+            stage = graph[name]
+            stage.why = wanted.get(name) or reasons[name]
+            if name in bringers:
+                stage.why = f"method {', '.join(bringers[name])} brings it; {stage.why}"
+            out[name] = stage
+    return out
+
+
+def _reads(roots: list[Stage], graph: Mapping[str, Stage]) -> dict[str, str]:
+    """Every stage the `roots` read, directly or not, with the first reader that brought it in."""
+    reasons: dict[str, str] = {}
+    todo = [(root.name, i) for root in roots for i in root.inputs]
+    while todo:
+        reader, name = todo.pop(0)
+        if name in reasons:
+            continue
+        if name not in graph:
+            raise ConfigError(f"stage {reader} reads {name!r}, which no stage of this run or of a known "
+                              f"method provides")
+        reasons[name] = f"read by {reader}"
+        todo += [(name, i) for i in graph[name].inputs]
+    return reasons
 
 
 def exporter(name: str) -> Callable[[RunConfig, Path], Path] | None:
@@ -90,12 +144,12 @@ def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:
     """Run-level sections + each stage's settings section + `method.<name>` per method."""
     sections: dict[str, type[Section]] = {}
     roles: set[str] = set()
-    for cls in (*BEFORE_METHODS, *AFTER_METHODS):
-        roles.update(cls.roles)
-        if cls.settings is not None and cls.section is not None:
-            if sections.get(cls.section, cls.settings) is not cls.settings:
-                raise TypeError(f"stages disagree on the settings model of section {cls.section!r}")
-            sections[cls.section] = cls.settings
+    for stage in (*BEFORE_METHODS, *AFTER_METHODS, *method_stages(methods).values()):
+        roles.update(stage.roles)
+        if stage.settings is not None and stage.section is not None:
+            if sections.get(stage.section, stage.settings) is not stage.settings:
+                raise TypeError(f"stages disagree on the settings model of section {stage.section!r}")
+            sections[stage.section] = stage.settings
     for m in methods.values():
         roles.update((m.build_role, m.answer_role) if m.memory else (m.answer_role,))
     roles.add(EMBEDDER_ROLE)  # stages that embed, when embedding.provider is openai

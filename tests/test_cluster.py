@@ -367,7 +367,7 @@ def test_workers_embed_through_their_nodes_one_model(ray_local, run_cfg, tmp_pat
         import sys
 
         from pipeline.execution.embedding_service import node_embedder
-        from stages.memory_units.banks import BanksStage
+        from stages.methods.secom.stages.banks import BanksStage
 
         # What the Ray executor hands its shards' contexts (pipeline.execution.executors).
         ctx = StageContext(cfg=cfg, stage=BanksStage(), out_dir=Path("."), embedder_factory=node_embedder)

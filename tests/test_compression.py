@@ -16,7 +16,7 @@ from pipeline.compression import (
     speaker_tags,
     split_known_tag,
 )
-from stages.memory_units.compress import compress_units
+from stages.methods.secom.stages.compress import compress_units
 from stages.methods.secom.units import unit_exchanges
 
 MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"

@@ -190,7 +190,7 @@ def test_the_pipeline_on_s3_writes_lance_banks_and_a_report_the_cli_reads(s3_env
     from pipeline.lance_store import open_bank
     from stages import registry
     from stages.cli import main
-    from stages.memory_units.banks import LANCE_DIR, bank_name
+    from stages.methods.secom.stages.banks import LANCE_DIR, bank_name
 
     sets = ["artifacts_dir=s3://mempipe-test/pipeline", "ray.executor=inline", "corpus.limit=1",
             "compress.method=none", "methods=[secom,full_history]", "judge_memory.enabled=false"]

@@ -13,9 +13,9 @@ import stages
 from pipeline.corpus import load_corpus
 from pipeline.errors import ConfigError, InputError, PipelineError
 from pipeline.runner import Runner
-from stages.memory_units.guidance import GUIDANCE_FILE
-from stages.memory_units.segment import load_guidance, stored_guidance
-from stages.memory_units.segment_settings import SegmentConfig
+from stages.methods.secom.stages.guidance import GUIDANCE_FILE
+from stages.methods.secom.stages.segment import load_guidance, stored_guidance
+from stages.methods.secom.stages.segment_settings import SegmentConfig
 from stages.methods.shared.dialogue import sessions_of
 from stages.scoring.score import segmentation_rows
 

@@ -233,7 +233,7 @@ def test_a_lost_line_or_tag_still_goes_line_by_line_when_restoring_is_off(monkey
 
 
 def test_the_compress_stage_records_restored_lines(monkeypatch):
-    from stages.memory_units.compress import compress_units
+    from stages.methods.secom.stages.compress import compress_units
 
     turns = [{"episode_id": "e", "session_idx": 1, "turn_idx": i, "speaker": s, "text": line.split(": ", 1)[1]}
              for i, (s, line) in enumerate(zip(SPEAKERS, "\n".join(EXCHANGES).split("\n")))]
@@ -312,7 +312,7 @@ def test_secom_configs_ask_for_the_official_answer_shape(name):
 # ---------------------------------------------------------------- degenerate answers counted (row 20)
 
 def test_the_segment_manifest_counts_degenerate_model_answers():
-    from stages.memory_units.segment import SegmentStage
+    from stages.methods.secom.stages.segment import SegmentStage
 
     def row(session, start, end, fallback=False):
         return {"episode_id": "e", "session_idx": session, "turn_start": start, "turn_end": end,

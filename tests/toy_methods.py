@@ -9,8 +9,10 @@ future. They call the LLM once per answer, like a real method.
 from __future__ import annotations
 
 import pyarrow as pa
+from pydantic import Field
 
-from pipeline.stage import Rows
+from pipeline.config import Section
+from pipeline.stage import EpisodeStage, Rows, Stage, StageContext
 from stages.methods.base import SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
 
 TURN_LOG = pa.schema([*SNAPSHOT_FIELDS, pa.field("turn_ref", pa.string())])
@@ -64,3 +66,38 @@ class SessionNotes(Method[MethodSettings]):
 
 
 TOY_METHODS = {m.name: m for m in [TurnLog(), SessionNotes()]}
+
+
+# A method that brings a stage of its own (as an outside package would): `keyword_index` indexes each
+# episode's words once; the method reads it (`needs`) and answers with the words of the request it finds.
+KEYWORDS = pa.schema([pa.field("episode_id", pa.string(), nullable=False), pa.field("word", pa.string()),
+                      pa.field("session_idx", pa.int32())])
+
+
+class KeywordIndexSettings(Section):
+    min_length: int = Field(default=4, ge=1)  # shorter words are not indexed
+
+
+class KeywordIndexStage(EpisodeStage):
+    name = section = "keyword_index"
+    settings = KeywordIndexSettings
+    inputs = ("ingest",)
+    outputs = {"keywords": KEYWORDS}
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+        words = {(w.lower().strip(".,!?"), t["session_idx"]) for t in inputs["ingest.turns"] for w in t["text"].split()}
+        return {"keywords": [{"episode_id": episode_id, "word": w, "session_idx": s} for w, s in sorted(words)
+                             if len(w) >= ctx.section.min_length]}
+
+
+class KeywordRecall(Method[MethodSettings]):
+    name = "keyword_recall"
+    needs = ("keyword_index",)
+
+    def stages(self) -> tuple[Stage, ...]:
+        return (KeywordIndexStage(),)
+
+    async def answer(self, ctx: MethodContext[MethodSettings], probe: ProbeInput, memory: dict[str, Rows]) -> Answer:
+        known = {r["word"] for r in probe.upstream["keyword_index.keywords"] if r["session_idx"] < probe.probe["session_idx"]}
+        found = sorted(w for w in (x.lower().strip(".,!?") for x in probe.request.split()) if w in known)
+        return Answer(text=" ".join(found) or "(none)", used_ids=found)

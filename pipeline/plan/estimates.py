@@ -69,6 +69,7 @@ class StageEstimate:
     runs: bool
     roles: list[RoleEstimate] = field(default_factory=list)
     owner: str = ""  # the method the stage is built for ("": none)
+    in_graph: str = ""  # why the run's graph holds the stage (a selected method, a judge, read by another)
 
     def total(self) -> dict[str, float]:
         out = {k: 0.0 for k in TOTAL_KEYS}

@@ -227,7 +227,7 @@ def _stage_estimates(scope: _Scope, estimates: dict[str, list[RoleEstimate]]) ->
         roles = estimates.get(s.name, []) if runs else []
         if runs and not s.llm_roles(scope.cfg):
             why += "; no LLM role"
-        stages.append(StageEstimate(s.name, state, why, scope.fps[s.name], runs, roles, s.billed_method))
+        stages.append(StageEstimate(s.name, state, why, scope.fps[s.name], runs, roles, s.billed_method, s.why))
     return stages
 
 

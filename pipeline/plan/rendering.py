@@ -76,6 +76,9 @@ def render(plan: Plan) -> str:
     for r in [header, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + ("  " + r[-1] if r[-1] else ""))
     lines += render_views(plan)
+    graph = [[f"  {s.name}", s.in_graph] for s in plan.stages if s.in_graph]
+    if graph:
+        lines += ["", "the run's stage graph, each stage with why it is in it (`stages:` restricts it):", *_aligned(graph)]
     m = plan.method
     lines.append("")
     lines.append(f"how: dry run: {m.get('dry_run')}; calibration: {m.get('calibration') or 'none'}"

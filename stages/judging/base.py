@@ -39,6 +39,17 @@ class JudgeStage(EpisodeStage):
         self.inputs = ("ingest", *extra_inputs, *(reads(m) for m in methods))
         self.prompts = dict(self.module_prompts)
 
+    # The probe kinds it judges, when its settings do not say (`kinds`); empty: it judges no probe.
+    judged_kinds: tuple[str, ...] = ()
+
+    def selected_by(self, cfg: Any, present: set[str]) -> str | None:
+        """In the run when enabled, with answers of a kind it judges (`probes`, `teabag` settings)."""
+        settings = self.settings_of(cfg)
+        kinds = set(getattr(settings, "kinds", self.judged_kinds)) & run_probe_kinds(cfg)
+        if not settings.enabled or not self.methods or not kinds:
+            return None
+        return f"judges the {', '.join(sorted(kinds))} answers ({self.section}.enabled, .kinds)"
+
     def responses(self, inputs: dict[str, Rows]) -> dict[str, dict[str, dict[str, Any]]]:
         """method -> probe_id -> response row."""
         return {m: {r["probe_id"]: r for r in inputs[f"{respond_stage_name(m)}.responses"]} for m in self.methods}
@@ -53,6 +64,12 @@ class JudgeStage(EpisodeStage):
         """Fields every judgment row carries."""
         return {"episode_id": episode["episode_id"], "dataset": episode["dataset"],
                 "prompt_fingerprint": prompt_fingerprint(self.prompts), "judge_model": ctx.llm.cfg.model}
+
+
+def run_probe_kinds(cfg: Any) -> set[str]:
+    """The kinds of probe a run makes (stages/probes.py): next responses, questions, TeaFarm's."""
+    return ({"next_response"} if cfg.probes.next_response else set()) | ({"qa"} if cfg.probes.qa else set()) | (
+        {"teafarm"} if cfg.teabag.enabled else set())
 
 
 def sampled_rows(rows: Rows, fields: tuple[str, ...], judgments: Sequence[tuple | LLMError]) -> Rows:

@@ -103,6 +103,12 @@ class JudgeMemoryStage(JudgeStage):
     def __init__(self, methods: tuple[str, ...] = ()) -> None:
         super().__init__(methods, extra_inputs=(), reads=memory_stage_name)
 
+    def selected_by(self, cfg: Any, present: set[str]) -> str | None:
+        """In the run when enabled and a method keeps a memory to rate."""
+        if not self.settings_of(cfg).enabled or not self.methods:
+            return None
+        return "rates the methods' memories (judge_memory.enabled)"
+
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         settings: JudgeMemorySettings = ctx.section
         episode = inputs["ingest.episodes"][0]

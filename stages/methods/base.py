@@ -4,6 +4,9 @@ A method is one module (or small package), under `stages/methods/` or in a packa
 registered under the `mempipe.methods` entry point (docs/adding-a-method.md), with:
 - `Settings`: its pydantic settings model, configured as `method.<name>.*`;
 - `needs`: upstream stages it reads besides `ingest` and `probes` (SeCom's retrieval needs `banks`);
+- `stages()`: the stages it brings itself, before its memory (SeCom's segmentation, compression and
+  banks), each with its own settings section and tables; a run holds them when a selected stage
+  reads them (`needs`), so a method that no run selects costs nothing;
 - `memory`: the tables its `build` writes, with their Arrow schemas (start them with
   `SNAPSHOT_FIELDS`); empty for methods without memory (full history, SeCom's banks);
 - `build(ctx, episode)`: walks the episode session by session (turn by turn where memory evolves
@@ -38,6 +41,7 @@ from pipeline.stage import Rows
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed
+    from pipeline.stage import Stage
 
 # Awaited: the pipeline's runs off the event loop (on Ray, in the node's embedding service).
 Embed = Callable[[list[str]], Awaitable[np.ndarray]]
@@ -133,6 +137,12 @@ class Method(Generic[S]):
     shows_memory: ClassVar[bool] = False  # a memory stage without memory tables, for `memory_view`
     report_table: ClassVar[tuple[str, pa.Schema] | None] = None  # (name, schema) of its panel's rows
     prompts: ClassVar[dict[str, str]] = {}
+
+    def stages(self) -> tuple["Stage", ...]:
+        """The stages this method brings (pipeline.stage's `EpisodeStage` / `GlobalStage`), in
+        pipeline order; `needs` names those it reads. A stage two methods bring, by the same name,
+        runs once. None by default."""
+        return ()
 
     async def build(self, ctx: MethodContext[S], episode: EpisodeInput) -> dict[str, Rows]:
         raise NotImplementedError(f"method {self.name} has no memory to build")

@@ -354,6 +354,12 @@ class ResponseMetricsStage(GlobalStage):
         self.methods = methods
         self.inputs = ("ingest", "probes", *(respond_stage_name(m) for m in methods))
 
+    def selected_by(self, cfg: Any, present: set[str]) -> str | None:
+        """In the run when it has answers with a gold text to score: next responses or questions."""
+        if not self.methods or not (cfg.probes.next_response or cfg.probes.qa):
+            return None
+        return "scores the answers against their gold (probes.next_response / probes.qa)"
+
     def models(self, cfg: Any) -> list["ModelNeed"]:
         """BERTScore's model (a hub name or a folder) when BERTScore is on."""
         from pipeline.models_needed import ModelNeed

@@ -50,6 +50,9 @@ RETRIEVAL_SCORES = pa.schema(
 
 
 class ScoreConfig(Section):
+    # null: in the run when its methods bring the segmentation and banks it scores (SeCom's); true:
+    # always (a run that only segments: configs/secom_dialseg.yaml); false: never.
+    enabled: bool | None = None
     # Pk / WindowDiff / F1 sequence: SuperDialseg's per-utterance labels (what SeCom reports) or
     # the between-turn slots of Pevzner & Hearst (see stages/metrics/segmentation.py).
     segmentation_convention: Literal["superdialseg", "slots"] = "superdialseg"
@@ -128,6 +131,14 @@ class ScoreStage(EpisodeStage):
     section = "score"
     settings = ScoreConfig
     uses_embedder = True
+
+    def selected_by(self, cfg: Any, present: set[str]) -> str | None:
+        enabled = cfg.score.enabled
+        if enabled:
+            return "scores segmentation and retrieval (score.enabled)"
+        if enabled is None and {"segment", "banks"} <= present:
+            return "scores the segmentation and retrieval the run's methods build"
+        return None
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         dataset = inputs["ingest.episodes"][0]["dataset"]

@@ -64,6 +64,13 @@ class RetrievalMethod(Method[RetrievalSettings]):
     shows_memory = True  # its bank units, rated like a built memory
     granularity: ClassVar[str]
 
+    def stages(self) -> tuple[Any, ...]:
+        """SeCom's memory construction (guidance, segment, compress, banks), which every retrieval
+        granularity reads through `banks`."""
+        from stages.methods.secom.stages import secom_stages  # the stages import this package's units
+
+        return secom_stages()
+
     async def rank(self, ctx: MethodContext[RetrievalSettings], probe: ProbeInput) -> list[dict]:
         settings = ctx.settings
         pool, retriever = self._index(probe, settings)

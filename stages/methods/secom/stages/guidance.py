@@ -18,7 +18,7 @@ from pipeline.errors import PipelineError
 from pipeline.stage import GlobalStage, StageContext
 from stages.methods.shared.dialogue import sessions_of
 from stages.methods.secom import reflection
-from stages.memory_units.segment_settings import SegmentConfig
+from stages.methods.secom.stages.segment_settings import SegmentConfig
 
 GUIDANCE_FILE = "guidance.json"  # the learned guidance, read by `segment`
 

@@ -15,8 +15,8 @@ from pipeline.storage import join
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.methods.shared.dialogue import sessions_of
 from stages.methods.secom import segmentation
-from stages.memory_units.guidance import GUIDANCE_FILE
-from stages.memory_units.segment_settings import SegmentConfig
+from stages.methods.secom.stages.guidance import GUIDANCE_FILE
+from stages.methods.secom.stages.segment_settings import SegmentConfig
 from stages.methods.secom.segmentation import SegmentationGuidance
 
 SEGMENTS = pa.schema(
