@@ -261,11 +261,40 @@ def test_locomo_official_lists_the_sessions_newest_first_as_get_input_context():
     assert "CONVERSATION:\nDev: I adopted a cat.\nPriya: What is its name?\nDev: Miso." in text  # turns in order
 
 
-# --- LongMemEval's sheet: the release (F4) and the round keys (P12, left) -----------------------------------
+# --- LongMemEval's sheet: the release (F4) and the round keys (P12) -----------------------------------
 
 def test_the_longmemeval_sheet_names_the_release_each_number_was_measured_on():
     cfg = sheet_config("longmemeval")
     row = cfg.paper.protocol["corpus.path"]
     assert row.value == "data/longmemeval_s.json"
     assert "2024" in row.source and "longmemeval_s_cleaned.json" in row.source
-    assert "user side" in cfg.paper.protocol["method.turn.use_compression"].source  # P12, left
+    assert cfg.paper.protocol["method.turn.key_side"].value == "user" and cfg.method.turn.key_side == "user"  # P12
+
+
+def test_a_round_keyed_on_its_user_side_is_found_by_the_users_words_and_shown_whole():
+    """P12: LongMemEval's round retrieval keys a round on its user turn; the context shows the whole round."""
+    from pipeline.retrieval import count_tokens
+    from stages.methods.base import ProbeInput
+    from stages.methods.secom.retrieval import TurnLevel
+
+    turns = [{"session_idx": 1, "turn_idx": 0, "speaker": "user", "text": "I bought a red kayak."},
+             {"session_idx": 1, "turn_idx": 1, "speaker": "assistant", "text": "Paddling is fun; wear a helmet."},
+             {"session_idx": 1, "turn_idx": 2, "speaker": "user", "text": "Which helmet should I buy?"},
+             {"session_idx": 1, "turn_idx": 3, "speaker": "assistant", "text": "A light one."}]
+    bank = [{"unit_id": f"turn:1:{i}", "granularity": "turn", "session_idx": 1, "turn_start": i, "turn_end": i + 1,
+             "text": f"user: {turns[i]['text']}\nassistant: {turns[i + 1]['text']}", "compressed_text": None}
+            for i in (0, 2)]
+    probe = ProbeInput(probe={"probe_id": "q", "session_idx": 2, "turn_idx": None, "request": "helmet"},
+                       episode={"episode_id": "e", "speakers": ["user", "assistant"]}, history={1: turns}, current=[],
+                       upstream={"banks.memory_units": bank})
+
+    def top(key_side: str) -> list[str]:
+        settings = TurnLevel.Settings(top_k=1, use_compression=False, key_side=key_side)
+        pool, retriever = TurnLevel()._index(probe, settings)
+        return [unit_id for unit_id, _ in retriever.search("helmet", 1, method="bm25")]
+
+    # Both rounds say "helmet"; only the second round's user turn does.
+    assert top("user") == ["turn:1:2"]
+    pool, retriever = TurnLevel()._index(probe, TurnLevel.Settings(top_k=1, use_compression=False, key_side="user"))
+    assert retriever.texts == ["I bought a red kayak.", "Which helmet should I buy?"]
+    assert retriever.token_counts == [count_tokens(u["text"]) for u in pool]  # budgets count what is shown

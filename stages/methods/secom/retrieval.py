@@ -9,7 +9,10 @@ context matched in tokens instead (the paper's LoCoMo tables give every method a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
+
+import numpy as np
 
 from pydantic import Field, model_validator
 
@@ -31,6 +34,9 @@ class RetrievalSettings(MethodSettings):
     # a unit that would overflow it is skipped and the next ranked units are tried.
     token_budget: int | None = Field(default=None, ge=1)
     use_compression: bool = True  # compressed text as retrieval key (SeCom denoising)
+    # The text a unit is found by: all of it, or only the lines of the episode's first speaker (the
+    # user side of a round, as LongMemEval's round retrieval keys it); the context shows the whole unit.
+    key_side: Literal["both", "user"] = "both"
     # Dense scoring: cosine, dot (inner product), or l2 (minus the squared distance: FAISS IndexFlatL2,
     # the official code's MPNet retriever, over unnormalised multi-qa-mpnet-base-dot-v1 vectors).
     similarity: Similarity = "cosine"
@@ -75,6 +81,8 @@ class RetrievalMethod(Method[RetrievalSettings]):
         settings = ctx.settings
         pool, retriever = self._index(probe, settings)
         dense = settings.retriever != "bm25" and ctx.embed is not None and pool
+        if dense and settings.key_side == "user" and retriever.vectors is None:
+            retriever.vectors = np.asarray(await ctx.embed(retriever.texts), dtype=np.float32)  # type: ignore[misc]
         qvec = (await ctx.embed([probe.request]))[0] if dense else None  # type: ignore[misc]
         hits = retriever.search(probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
                                 budget=settings.token_budget, hybrid_weight=settings.hybrid_weight)
@@ -87,12 +95,15 @@ class RetrievalMethod(Method[RetrievalSettings]):
         counting tokens per probe was most of a response's CPU time."""
         bank = probe.upstream.get(BANK, [])
         before = probe.probe["session_idx"]
-        key = (id(bank), before, settings.use_compression, settings.similarity, settings.bm25_tokens, settings.bm25_idf)
+        key = (id(bank), before, settings.use_compression, settings.similarity, settings.bm25_tokens, settings.bm25_idf,
+               settings.key_side)
         memo = self.__dict__.setdefault("_indexes", {})
         if key not in memo:
             pool = [u for u in bank if u["granularity"] == self.granularity and u["session_idx"] < before]
             retriever = unit_retriever(pool, use_compression=settings.use_compression, similarity=settings.similarity,
                                        bm25_tokens=settings.bm25_tokens, bm25_idf=settings.bm25_idf)
+            if settings.key_side == "user":  # keyed on its user lines; embedded at the first dense search
+                retriever = replace(retriever, texts=[user_side(u, probe) for u in pool], vectors=None)
             if len(memo) >= _INDEXES_KEPT:
                 memo.pop(next(iter(memo)))  # oldest first: episodes are answered one shard at a time
             memo[key] = (bank, pool, retriever)  # holding `bank` keeps its id from being reused
@@ -109,6 +120,14 @@ class RetrievalMethod(Method[RetrievalSettings]):
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: RetrievalSettings) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]
         return response.format_memory(units) or None
+
+
+def user_side(unit: dict, probe: ProbeInput) -> str:
+    """A unit's lines said by the episode's first speaker (LongMemEval's user), or its text when it has none."""
+    user = (probe.episode.get("speakers") or [None])[0]
+    turns = [t for t in probe.history.get(unit["session_idx"], [])
+             if unit["turn_start"] <= t["turn_idx"] <= unit["turn_end"] and t["speaker"] == user]
+    return "\n".join(t["text"] for t in turns) or unit["text"]
 
 
 class SeCom(RetrievalMethod):
