@@ -4,13 +4,12 @@ judge re-runs only judging and the report."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.failures import failure
-from pipeline.llm.types import LLMError
+from pipeline.failures import failure, guarded
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.method_stages import respond_stage_name
@@ -72,21 +71,28 @@ def run_probe_kinds(cfg: Any) -> set[str]:
         {"teafarm"} if cfg.teabag.enabled else set())
 
 
-def sampled_rows(rows: Rows, fields: tuple[str, ...], judgments: Sequence[tuple | LLMError]) -> Rows:
+async def rows_or_failed(blank: Rows, work: Awaitable[Rows], where: str) -> Rows:
+    """The rows `work` makes, or `blank` (the same rows, unjudged) each failed with why, when it
+    raised: an exception in a judge on one item fails that item's rows, never the stage."""
+    rows, failed = await guarded(work, where)
+    return rows if rows is not None else [{**r, **failed} for r in blank]
+
+
+def sampled_rows(rows: Rows, fields: tuple[str, ...], judgments: Sequence[tuple | Exception]) -> Rows:
     """`rows` (one per sample) each filled from its sample's judgment (its values under `fields`, the judge model last), or with
     the failure columns where that sample failed."""
-    return [{**row, **failure(j)} if isinstance(j, LLMError) else _filled(row, fields, j)
+    return [{**row, **failure(j)} if isinstance(j, Exception) else _filled(row, fields, j)
             for row, j in zip(rows, judgments, strict=True)]
 
 
 def sampled_criteria_rows(rows_per_sample: Sequence[Rows], fields: tuple[str, ...],
-                          judgments: Sequence[tuple | LLMError]) -> Rows:
+                          judgments: Sequence[tuple | Exception]) -> Rows:
     """One group of rows (one per criterion) per sample, each group filled from its sample's one
     judgment of every criterion: a value given as {criterion: value} goes to each row by its
     criterion (any other value is shared by all); a failed sample fails each row of its group."""
     out: Rows = []
     for rows, j in zip(rows_per_sample, judgments, strict=True):
-        out += [{**r, **failure(j)} for r in rows] if isinstance(j, LLMError) else _filled_criteria(rows, fields, j)
+        out += [{**r, **failure(j)} for r in rows] if isinstance(j, Exception) else _filled_criteria(rows, fields, j)
     return out
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from pipeline.failures import row_failure
 from pipeline.llm.types import ChatLLM, LLMError, LLMResult, Messages, ask_samples
 
 
@@ -22,14 +23,16 @@ class JudgeCall:
     async def once(self, llm: ChatLLM, **params: Any) -> tuple:
         return self.read(await llm.chat(self.messages, schema=self.schema, **params))
 
-    async def runs(self, llm: ChatLLM, runs: int, **params: Any) -> list[tuple | LLMError]:
-        """Each run's judgment, in run order, or the run's LLMError (a reply `read` refuses included).
+    async def runs(self, llm: ChatLLM, runs: int, **params: Any) -> list[tuple | Exception]:
+        """Each run's judgment, in run order, or why the run has none: its LLMError (a reply `read`
+        refuses included), or the exception `read` raised on a reply (a bug: logged, that run fails).
         Run 0 is exactly `once`'s call, so one run costs and caches what it always did."""
         results = await ask_samples(llm, self.messages, runs, schema=self.schema, **params)
         return [r if isinstance(r, LLMError) else self._read(r) for r in results]
 
-    def _read(self, result: LLMResult) -> tuple | LLMError:
+    def _read(self, result: LLMResult) -> tuple | Exception:
         try:
             return self.read(result)
-        except LLMError as e:
+        except Exception as e:  # noqa: BLE001 - one run's failure (row_failure raises what stops the run)
+            row_failure(e, "a judge reading its reply")
             return e

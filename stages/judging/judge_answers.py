@@ -33,7 +33,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
 from pipeline.llm.usage import costed_to
-from stages.judging.base import JudgeSettings, JudgeStage, sampled_rows
+from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows
 from stages.methods.shared.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
@@ -195,12 +195,16 @@ class JudgeAnswersStage(JudgeStage):
 
         async def one(probe: dict[str, Any], method: str, judge: str) -> Rows:
             """The rows of one (probe, method, judge): one per judge run."""
-            memochat = judge == "gpt4score" and settings.gpt4score_mode == "memochat"
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
                    "method": method, "judge": judge, "run": 0, "score": None, "reason": None,
                    "reference_source": None, "history_source": None, "skipped": None, "judge_prompt": None,
                    "abstention": probe.get("abstention"), **NO_FAILURE}
             runs = [{**row, "run": r} for r in range(settings.runs)]
+            return await rows_or_failed(runs, judged(probe, method, judge, row, runs),
+                                        f"{self.name} {judge} on {method}'s answer to {probe['probe_id']}")
+
+        async def judged(probe: dict[str, Any], method: str, judge: str, row: dict[str, Any], runs: Rows) -> Rows:
+            memochat = judge == "gpt4score" and settings.gpt4score_mode == "memochat"
             reference_source, skipped = reference_or_skip(probe, memochat, settings.unanswerable)
             if skipped is not None:
                 return [{**r, "skipped": skipped} for r in runs]

@@ -23,7 +23,7 @@ from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.judging import memory_quality
 from pipeline.llm.usage import billed_to
-from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
+from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_criteria_rows, sampled_rows
 from stages.method_stages import memory_stage_name
 from stages.methods.shared.dialogue import format_unit, sessions_of
 
@@ -152,10 +152,14 @@ class JudgeMemoryStage(JudgeStage):
                                           for s in range(settings.samples)], ("score",), judgments)
 
         if settings.per_call == "all":  # one call per (speaker, memory, sample): they share the criteria prefix
-            by_call = await asyncio.gather(*(rated_all(m, sp) for sp in speakers for m in views))
+            by_call = await asyncio.gather(*(rows_or_failed(
+                [blank(m, sp, c, s) for s in range(settings.samples) for c in settings.criteria], rated_all(m, sp),
+                f"judge_memory on {m}'s memory of {sp}") for sp in speakers for m in views))
             order = {(m, sp): i for i, (m, sp) in enumerate((m, sp) for m in views for sp in speakers)}
             rows = sorted((r for part in by_call for r in part), key=lambda r: (
                 order[r["method"], r["speaker"]], settings.criteria.index(r["criterion"]), r["sample"]))
             return {"memory_judgments": rows}
-        parts = await asyncio.gather(*(rated(m, sp, c) for m in views for sp in speakers for c in settings.criteria))
+        parts = await asyncio.gather(*(rows_or_failed(
+            [blank(m, sp, c, s) for s in range(settings.samples)], rated(m, sp, c),
+            f"judge_memory {c} on {m}'s memory of {sp}") for m in views for sp in speakers for c in settings.criteria))
         return {"memory_judgments": [r for part in parts for r in part]}

@@ -37,7 +37,7 @@ from stages.methods.shared.dialogue import last_turns, sessions_of
 from stages.judging import pairwise
 from stages.judging.pairwise import Past, past_within, reference_shown_first, session_summaries, transcript
 from pipeline.llm.usage import billed_to
-from stages.judging.base import JudgeSettings, JudgeStage, sampled_criteria_rows, sampled_rows
+from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_criteria_rows, sampled_rows
 from stages.probes import probe_view, sample
 
 Criterion = Literal["specificity", "memorability", "consistency"]
@@ -193,7 +193,9 @@ class _EpisodePairs:
 
     async def all_at_once(self, probes: Rows, others: list[str]) -> Rows:
         """Every criterion in one call: rows in the same order as one call per criterion."""
-        calls = [self.every(p, o, first) for p in probes for o in others for first in (True, False)]
+        calls = [rows_or_failed([self.blank(p, o, c, first, s) for s in range(self.samples) for c in self.criteria],
+                                self.every(p, o, first), f"judge_pairwise on {o} for {p['probe_id']}")
+                 for p in probes for o in others for first in (True, False)]
         rows = [r for part in await asyncio.gather(*calls) for r in part]
         rank = {c: i for i, c in enumerate(self.criteria)}
         order = {(p["probe_id"], o): i for i, (p, o) in enumerate((p, o) for p in probes for o in others)}
@@ -203,7 +205,10 @@ class _EpisodePairs:
 
     async def one_by_one(self, probes: Rows, others: list[str]) -> Rows:
         """One call per criterion (and per order shown)."""
-        parts = await asyncio.gather(*(self.pair(p, o, c) for p in probes for o in others for c in self.criteria))
+        parts = await asyncio.gather(*(
+            rows_or_failed([self.blank(p, o, c, first, s) for first, s in self.shown(p, o, c)], self.pair(p, o, c),
+                           f"judge_pairwise {c} on {o} for {p['probe_id']}")
+            for p in probes for o in others for c in self.criteria))
         return [r for part in parts for r in part]
 
 

@@ -32,6 +32,7 @@ from pydantic import Field
 
 from pipeline.config import Section
 from pipeline.errors import ConfigError
+from pipeline.failures import row_failure
 from pipeline.stage import GlobalStage, StageContext
 from stages.metrics import evaluate_bleu, locomo_qa, mem0_qa, nlgeval, rsum_eval, text
 from stages.metrics.significance import cluster_bootstrap_interval, cluster_bootstrap_statistic
@@ -71,6 +72,7 @@ RESPONSE_METRICS = pa.schema(
         pa.field("failed", pa.bool_(), nullable=False),  # no response: reference scores 0.0, no words / distinct
         pa.field("words", pa.int32()),  # length of the response; null when it failed
         *[pa.field(name, pa.float64()) for name in _SCORES],  # locomo_f1 / mem0_* only on LoCoMo questions
+        pa.field("error", pa.string()),  # a scorer raised on this row: its scores are null, and why
     ]
 )
 
@@ -247,21 +249,30 @@ def score_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         failed = r["response"] is None
-        scores: dict[str, Any]
-        if r["gold"] is None:
-            scores = {} if failed else {f"distinct{n}": text.distinct([r["response"]], n) for n in DISTINCT_ORDERS}
-        elif failed:
-            scores = {name: 0.0 for name in _REFERENCE} | paper_scores(r)
-        else:
-            scores = text.reference_scores(r["response"], r["gold"]) | paper_scores(r)
-        if _is_locomo_question(r):
-            scores["locomo_f1"] = 0.0 if failed else locomo_qa.locomo_f1(r["response"], r["gold"], r["category"])
-            if locomo_qa.CATEGORY_IDS[r["category"]] in mem0_qa.CATEGORIES:  # evals.py skips category 5
-                scores |= mem0_qa.scores(r["response"] or "", r["gold"])
+        try:
+            scores, error = row_scores(r, failed), None
+        except Exception as e:  # noqa: BLE001 - a scorer library raising on one row fails that row
+            scores, error = {}, row_failure(e, f"response_metrics on {r['method']}'s answer to {r['probe_id']}")["error"]
         keys = {k: r[k] for k in ("episode_id", "dataset", "probe_id", "kind", "category", "method", "session_idx")}
         out.append(keys | {name: None for name in _SCORES} | scores
-                   | {"failed": failed, "words": None if failed else len(r["response"].split())})
+                   | {"failed": failed, "words": None if failed else len(r["response"].split()), "error": error})
     return out
+
+
+def row_scores(r: dict[str, Any], failed: bool) -> dict[str, Any]:
+    """One (probe, response) row's scores (`score_rows`)."""
+    scores: dict[str, Any]
+    if r["gold"] is None:
+        scores = {} if failed else {f"distinct{n}": text.distinct([r["response"]], n) for n in DISTINCT_ORDERS}
+    elif failed:
+        scores = {name: 0.0 for name in _REFERENCE} | paper_scores(r)
+    else:
+        scores = text.reference_scores(r["response"], r["gold"]) | paper_scores(r)
+    if _is_locomo_question(r):
+        scores["locomo_f1"] = 0.0 if failed else locomo_qa.locomo_f1(r["response"], r["gold"], r["category"])
+        if locomo_qa.CATEGORY_IDS[r["category"]] in mem0_qa.CATEGORIES:  # evals.py skips category 5
+            scores |= mem0_qa.scores(r["response"] or "", r["gold"])
+    return scores
 
 
 def _scopes(r: dict[str, Any]) -> list[tuple[str | None, int | None]]:
