@@ -79,7 +79,7 @@ def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
 
 # `mempipe run` finished, but some rows failed (an LLM error, or an exception in a method, judge or
 # metric on that row): each is a row with `error` set; `status` counts them per stage.
-EXIT_ROWS_FAILED = 3
+EXIT_ROWS_FAILED = 6
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -226,7 +226,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     _warn_missing_models(args, cfg)
-    _print_graph(_runner(args, cfg).plan)
     own = args.config or "the built-in defaults"
     sheets = [("paper: block of", own, cfg.paper)] if cfg.paper is not None else []
     compared = getattr(args.app, "compared_sheets", None)
@@ -245,6 +244,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             for d in found:
                 print(f"  {d}")
         _print_scorers(args.app, cfg, sheet)
+    print()
+    _print_graph(_runner(args, cfg).plan)
     return 0
 
 

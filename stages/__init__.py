@@ -62,7 +62,7 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     if teafarm:
         readable[TeabagStage.name] = TeabagStage()
     readable[ProbesStage.name] = ProbesStage(teafarm)
-    wanted: dict[str, str] = {}
+    wanted: dict[str, str] = {IngestStage.name: "the run's corpus (`mempipe export ingest` reads it)"}
     per_method: list[Stage] = [*(MemoryStage(m) for m in chosen if m.has_memory_stage), *(RespondStage(m) for m in chosen)]
     for stage in per_method:
         wanted[stage.name] = f"method {stage.method.name}"  # type: ignore[attr-defined]

@@ -420,9 +420,8 @@ def test_the_ldagent_config_runs_table_1_chatgpt_rows():
 
     cfg = stages.load_config(Path(__file__).resolve().parent.parent / "configs" / "ldagent_msc.yaml")
     assert cfg.methods == ["ld_agent", "ld_agent_base"]
-    assert {"respond_ld_agent", "respond_ld_agent_base", "memory_ld_agent"} <= set(cfg.stages)
-    assert not {"respond_part_context", "respond_all_context"} & set(cfg.stages)
     plan = [s.name for s in Runner(cfg, stages.registry(cfg)).plan]
+    assert not {"respond_part_context", "respond_all_context", "segment", "judge_answers"} & set(plan)
     assert {"memory_ld_agent", "respond_ld_agent", "respond_ld_agent_base", "report"} <= set(plan)
     for role in ("memory", "generator"):  # App. C: gpt-3.5-turbo-1106; the reference code's API default
         assert (cfg.role(role).model, cfg.role(role).temperature) == ("gpt-3.5-turbo-1106", 1.0)

@@ -104,14 +104,15 @@ def test_packaged_models_are_never_missing(hf_cache, monkeypatch):
     assert all(locate(n) == "packaged" for n in needs if n.kind == "packaged")
     preflight(cfg, registry(cfg))
     # the same name with its org is the packaged copy too
-    cfg = cfg_of(None, "embedding.model=sentence-transformers/all-MiniLM-L6-v2")
+    cfg = cfg_of(None, "methods=[secom]", "embedding.model=sentence-transformers/all-MiniLM-L6-v2")
     assert [n.kind for n in models_needed(cfg, registry(cfg)) if n.config_key == "embedding.model"] == ["packaged"]
 
 
 def test_a_local_folder_is_found_and_a_missing_one_is_named_even_online(hf_cache, tmp_path, monkeypatch):
     folder = tmp_path / "roberta"
     folder.mkdir()
-    cfg = cfg_of(None, "response_metrics.bertscore=true", f"response_metrics.bertscore_model={folder}")
+    cfg = cfg_of(None, "methods=[full_history]", "response_metrics.bertscore=true",
+                 f"response_metrics.bertscore_model={folder}")
     assert [(n.kind, n.name) for n in models_needed(cfg, registry(cfg)) if n.config_key.startswith("response")] \
         == [("hf", str(folder))]
     monkeypatch.setattr(mn, "_spacy_installed", lambda name: True)
@@ -119,7 +120,8 @@ def test_a_local_folder_is_found_and_a_missing_one_is_named_even_online(hf_cache
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE")
     monkeypatch.setattr(mn, "_hub_answers", lambda: True)
-    cfg = cfg_of(None, "response_metrics.bertscore=true", f"response_metrics.bertscore_model={tmp_path / 'gone' / 'x'}")
+    cfg = cfg_of(None, "methods=[full_history]", "response_metrics.bertscore=true",
+                 f"response_metrics.bertscore_model={tmp_path / 'gone' / 'x'}")
     with pytest.raises(ModelsMissing, match=r"^model folder .*gone/x \(response_metrics.bertscore_model\) does not exist"):
         preflight(cfg, registry(cfg))
 
@@ -157,11 +159,11 @@ def test_ld_agent_needs_spacy_only_with_its_event_memory(hf_cache, monkeypatch):
 
 
 def test_needs_are_deduplicated_keeping_the_first_key_and_skip_stages_outside_the_run(hf_cache):
-    cfg = cfg_of(None, "compress.method=llmlingua2", "compress.model=xlm-roberta-large",
+    cfg = cfg_of(None, "methods=[secom]", "compress.method=llmlingua2", "compress.model=xlm-roberta-large",
                  "response_metrics.bertscore=true", "response_metrics.bertscore_model=xlm-roberta-large")
     hub = [(n.name, n.config_key) for n in models_needed(cfg, registry(cfg)) if n.kind == "hf"]
     assert hub == [("xlm-roberta-large", "compress.model")]
-    only = cfg_of(None, "compress.method=llmlingua2", "stages=[ingest, probes]")
+    only = cfg_of(None, "methods=[secom]", "compress.method=llmlingua2", "stages=[ingest, probes]")
     assert not [n for n in models_needed(only, registry(only)) if n.kind == "hf"]
 
 

@@ -114,13 +114,18 @@ SCORED_BY = ["  scored by (3 results):",
              "(episode, speaker)"]
 
 
+def sheet_lines(out: str) -> list[str]:
+    """`mempipe check`'s sheet lines, before the run's stage graph it prints last."""
+    return out.split("\n\nstages of this run")[0].splitlines()
+
+
 def test_check_lists_a_set_override_of_a_protocol_setting_as_a_deviation(tmp_path, capsys):
     cfg = str(paper_config(tmp_path))
     assert main(["check", "-c", cfg]) == 0
-    assert capsys.readouterr().out.splitlines() == \
+    assert sheet_lines(capsys.readouterr().out) == \
         [f"Toy paper (paper: block of {cfg}): matches the paper's protocol (4 settings)", *SCORED_BY]
     assert main(["check", "-c", cfg, "--set", "method.theanine.j=3"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = sheet_lines(capsys.readouterr().out)
     assert out == [f"Toy paper (paper: block of {cfg}): 1 of 4 settings differ",
                    "  method.theanine.j: 3 (paper: 2, Table 9)", *SCORED_BY]
 
@@ -128,7 +133,7 @@ def test_check_lists_a_set_override_of_a_protocol_setting_as_a_deviation(tmp_pat
 def test_check_names_the_scorer_the_runs_settings_choose(tmp_path, capsys):
     cfg = str(paper_config(tmp_path))
     assert main(["check", "-c", cfg, "--set", "judge_answers.gpt4score_mode=memochat"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = sheet_lines(capsys.readouterr().out)
     assert out[2].startswith("    answer_summary.score (2): SeCom's scorer: GPT4Score with MemoChat's judge")
 
 
@@ -150,7 +155,7 @@ def test_check_and_the_report_read_the_compared_configs_paper_blocks(tmp_path, c
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(data))
     assert main(["check", "-c", str(path), "--set", "probes.max_per_episode=5"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = sheet_lines(capsys.readouterr().out)
     assert out == [f"Other paper (compared with {other}): 1 of 4 settings differ",
                    "  probes.max_per_episode: 5 (paper: 1, inferred: one probe)", *SCORED_BY,
                    f"{bare}: no paper: block"]

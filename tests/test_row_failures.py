@@ -1,6 +1,6 @@
 """An exception on one row is that row's failure: a method's `answer` raising for one probe fails
 that probe's row only; a `build` raising at one session keeps the memory before it and fails only
-the probes that would need it; `--fail-fast` stops instead; the run's exit code says rows failed;
+the probes that would need it; `--fail-fast` stops instead; the run exits 6 when rows failed;
 `status` shows the latest attempt, and a report older than a failed attempt says so."""
 
 from __future__ import annotations
@@ -113,14 +113,14 @@ def _cli_args(tmp_path, fake_llm, method: str) -> list[str]:
     return [arg for s in sets for arg in ("--set", s)]
 
 
-def test_the_run_goes_on_past_a_failed_row_and_exits_3_and_fail_fast_stops_it(fake_llm, tmp_path, monkeypatch, capsys):
+def test_the_run_goes_on_past_a_failed_row_and_exits_6_and_fail_fast_stops_it(fake_llm, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MEMPIPE_TESTING_KEY", "sk-fake-for-tests")
     method = FlakyAnswer()
     monkeypatch.setitem(METHODS, method.name, method)
     args = _cli_args(tmp_path, fake_llm, method.name)
     assert main(["run", *args, "--only", "ingest", "--only", "probes"]) == 0
     method.bad = "qa:sample-01-q2"
-    assert main(["run", *args]) == 3  # every stage ran; one row failed
+    assert main(["run", *args]) == 6  # every stage ran; one row failed
     out = capsys.readouterr()
     assert "report: " in out.out and re.search(r"\d+ row\(s\) failed \(respond_flaky_answer 1,", out.err)
     assert main(["status", *args]) == 0

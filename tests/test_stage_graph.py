@@ -49,7 +49,7 @@ def test_a_run_without_secom_holds_none_of_secoms_stages_and_each_stage_says_why
     cfg = load_config(ROOT / "configs" / "default.yaml", ["methods=[rsum,full_history]"])
     graph = registry(cfg)
     assert not set(SECOM_STAGES + ["score"]) & set(graph)
-    assert graph["memory_rsum"].why == "method rsum" and graph["ingest"].why.startswith("read by ")
+    assert graph["memory_rsum"].why == "method rsum" and graph["probes"].why.startswith("read by ")
     secom = registry(load_config(ROOT / "configs" / "default.yaml", ["methods=[secom]"]))
     assert all(secom[n].why.startswith("method secom brings it") for n in SECOM_STAGES)
     assert "score" in secom

@@ -356,7 +356,7 @@ TABLE_4_5 = {("theanine_msc", "memochat"): (65, 73, 71), ("theanine_msc", "comed
 def test_the_theanine_configs_run_memochat_and_comedy(name):
     cfg = config(name)
     assert {"memochat", "comedy"} <= set(cfg.methods)
-    assert {"memory_memochat", "memory_comedy", "respond_memochat", "respond_comedy"} <= set(cfg.stages)
+    assert {"memory_memochat", "memory_comedy", "respond_memochat", "respond_comedy"} <= set(stages.registry(cfg))
 
 
 @pytest.mark.parametrize("name,method", list(TABLE_4_5))

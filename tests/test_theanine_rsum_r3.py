@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+
 import stages
 from pipeline.llm.accounting import Accounting
 from pipeline.llm.cache import Reply
@@ -209,7 +210,7 @@ def test_theanine_configs_judge_reason_first_with_sampling_on_the_sheet(name):
 
 def test_rsums_config_runs_no_head_to_head_judge():
     cfg = config("rsum_msc")
-    assert "judge_pairwise" not in cfg.stages
+    assert "judge_pairwise" not in stages.registry(cfg) and not cfg.judge_pairwise.enabled
     assert all(r.table != "pairwise_summary" for r in cfg.paper.results)
 
 
