@@ -29,6 +29,7 @@ def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass
 class Timings:
     finished_at: str = ""  # UTC, ISO 8601 to the second
+    started_at: str = ""  # UTC, ISO 8601 to the millisecond: this invocation's start (its span: + wall_s)
     wall_s: float = 0.0  # this invocation: from the stage's start to its manifest
     shard_s: float = 0.0  # summed over shards, those resumed from an earlier invocation included
     resumed_shards: int = 0  # shards an earlier, interrupted invocation had finished

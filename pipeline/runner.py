@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, Iterator
 from pipeline import __version__
 from pipeline.artifacts import StageDir, make_dirs
 from pipeline.config import RunConfig, local_server_key
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RunStopped
 from pipeline.execution.executors import make_executor
 from pipeline.fingerprint import stage_fingerprints
 from pipeline.llm.ledger import Budget, LedgerBook, load_spend, save_spend
@@ -225,10 +226,48 @@ class Runner:
         for stage in todo:
             stage.check_inputs(self.cfg)
         with self._services(todo) as (handles, ledger):
+            for name in self._run_graph(todo, fps, handles, ledger):
+                outcome[name] = "ran"
+        return outcome
+
+    def _run_graph(self, todo: list[Stage], fps: dict[str, str], handles: dict[str, Any],
+                   ledger: Any | None) -> Iterator[str]:
+        """Run `todo` as the DAG its inputs make, yielding each stage's name as it finishes: every
+        stage whose inputs among `todo` have finished starts at once, in a thread of this driver,
+        all sharing the run's services (endpoint slots, cache, budget, ledger, progress). When one
+        stops, no stage starts after it; the running ones finish (their shards kept, so a rerun
+        resumes), then the stop is raised (a `RunStopped` before any other error). The inline
+        executor runs one stage at a time, in pipeline order."""
+        if not self.executor.parallel_stages or len(todo) == 1:
             for stage in todo:
                 self._attempt(stage, fps[stage.name], handles, ledger)
-                outcome[stage.name] = "ran"
-        return outcome
+                yield stage.name
+            return
+        names = {s.name for s in todo}
+        waiting, finished, stops = list(todo), set(), []
+        running: dict[Future, Stage] = {}
+        pool = ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="mempipe-stage")
+        try:
+            while waiting or running:
+                ready = [s for s in waiting if all(i not in names or i in finished for i in s.inputs)] if not stops else []
+                for stage in ready:
+                    waiting.remove(stage)
+                    running[pool.submit(self._attempt, stage, fps[stage.name], handles, ledger)] = stage
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    stage = running.pop(future)
+                    if future.exception() is None:
+                        finished.add(stage.name)
+                        yield stage.name
+                    else:
+                        stops.append(future.exception())
+        finally:
+            # Ctrl-C or a stop: start nothing more; the backend's shutdown ends what still runs.
+            pool.shutdown(wait=not running, cancel_futures=True)
+        if stops:
+            raise next((e for e in stops if isinstance(e, RunStopped)), stops[0])
 
     def _attempt(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None) -> None:
         """Execute one stage; when it stops before publishing, record why in its stage in progress
@@ -340,6 +379,7 @@ class Runner:
             retry_round=self._retry_round.get(stage.name, 0),
             timings=Timings(
                 finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                started_at=datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="milliseconds"),
                 wall_s=round(time.time() - started, 3),
                 shard_s=round(sum(m.wall_s for m in markers), 3),
                 resumed_shards=len(shards) - len(pending),

@@ -26,8 +26,8 @@ WRITTEN = {
                       "structured_fallbacks": {"json_object": "the endpoint rejected json_schema: HTTP 400"}},
     },
     "roles": {"judge": "gpt-4o-mini", "segmenter": "SmolLM2-135M-Instruct"}, "retry_round": 1,
-    "timings": {"finished_at": "2025-01-01T00:00:00+00:00", "wall_s": 1.5, "shard_s": 2.25, "resumed_shards": 1,
-                "shards_per_node": {"node-a": 1}},
+    "timings": {"finished_at": "2025-01-01T00:00:00+00:00", "started_at": "2024-12-31T23:59:58.500+00:00",
+                "wall_s": 1.5, "shard_s": 2.25, "resumed_shards": 1, "shards_per_node": {"node-a": 1}},
     "sessions": 3, "fallback_sessions": 1, "llm_per_episode": {"sample-01": {"calls": 3, "cached_calls": 1}},
 }
 

@@ -32,6 +32,10 @@ from pipeline.stage import Stage
 
 
 class Executor(ABC):
+    # Whether stages whose inputs are done may run at the same time (the runner's DAG): their shards
+    # must share one set of services (endpoint slots, cache, limiter) for the run's caps to hold.
+    parallel_stages = False
+
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
 
@@ -79,6 +83,8 @@ class RayExecutor(Executor):
     boundaries. A shard whose worker or node is lost runs again. A stage that embeds with a local
     model sends its texts to its node's embedding service (`EmbeddingServices`), which the shards'
     contexts reach through their embedder factory (`node_embedder`)."""
+
+    parallel_stages = True  # every shard's clients share the role's cache, limiter and slots (Ray actors)
 
     def session(self) -> AbstractContextManager[None]:
         return ray_session(self.cfg)

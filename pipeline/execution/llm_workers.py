@@ -4,6 +4,7 @@ so that requests keep flowing across shard boundaries (pipeline.execution.execut
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import deque
 from typing import Any, ClassVar, Iterator
 
@@ -31,10 +32,11 @@ class LLMWorkers:
     """A pool of `LLMWorker` actors: one per `ray.llm_task_cpus` of each node's CPUs when the first
     LLM stage starts, kept as long as Ray runs: to the end of a run, and across runs of one
     process on one Ray (a notebook, the tests), so imports and loaded models are paid once. They
-    reserve no CPU: stages run one at a time, and a reservation would starve the CPU stages'
-    tasks between LLM stages. A worker that dies restarts and reruns its shards."""
+    reserve no CPU: a reservation would starve the CPU stages' tasks that run beside the LLM
+    stages. A worker that dies restarts and reruns its shards."""
 
     _pools: ClassVar[dict[tuple, "LLMWorkers"]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()  # stages starting at once (the runner's DAG) share one pool
 
     @classmethod
     def _key(cls, cfg: RunConfig) -> tuple:
@@ -48,10 +50,11 @@ class LLMWorkers:
     def of(cls, cfg: RunConfig) -> "LLMWorkers":
         """This Ray job's pool for these settings, started on first use (actors end with Ray)."""
         key = cls._key(cfg)
-        if key not in cls._pools:
-            cls._pools = {k: v for k, v in cls._pools.items() if k[0] == key[0]}  # an earlier Ray's are gone
-            cls._pools[key] = cls(cfg)
-        return cls._pools[key]
+        with cls._lock:
+            if key not in cls._pools:
+                cls._pools = {k: v for k, v in cls._pools.items() if k[0] == key[0]}  # an earlier Ray's are gone
+                cls._pools[key] = cls(cfg)
+            return cls._pools[key]
 
     @classmethod
     def discard(cls, cfg: RunConfig) -> None:

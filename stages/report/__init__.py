@@ -326,6 +326,11 @@ def _cost_sections(t: dict[str, pl.DataFrame], quality: str, fig: Figure) -> lis
                           "paid. Every (stage, role, method) row is in `cost_breakdown`.",
                           tables.cost_views(t["cost_breakdown"]))]
           if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
+        *([render.Section("When each stage ran",
+                          "Each stage that fed this report, in the order it started, with its wall time: stages "
+                          "whose inputs were done ran at the same time (the run's stage graph). In `stage_spans`.",
+                          [("", t["stage_spans"])])]
+          if "stage_spans" in t and not t["stage_spans"].is_empty() else []),
     ]
 
 
@@ -453,6 +458,7 @@ class ReportStage(GlobalStage):
             "method_summary": tables.method_summary(responses, self.usage(ctx), answers, metrics_raw,
                                                        memory_raw),
             "cost_breakdown": self.cost_breakdown(ctx),
+            "stage_spans": tables.stage_spans(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests)),
             "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
         }
         panels = self.method_panels(inputs, responses)

@@ -76,6 +76,18 @@ COST_BREAKDOWN = pa.schema(
     ]
 )
 
+# When each stage of the run ran (stages whose inputs were done ran at once: the runner's DAG).
+STAGE_SPANS = pa.schema(
+    [
+        pa.field("stage", pa.string()),
+        pa.field("started_at", pa.string()),  # UTC, to the millisecond (empty: a manifest older than the field)
+        pa.field("finished_at", pa.string()),
+        pa.field("wall_s", pa.float64()),
+        pa.field("shards", pa.int64()),
+        pa.field("resumed_shards", pa.int64()),  # finished by an earlier, interrupted invocation
+    ]
+)
+
 # A probe's kind from its id (stages/probes.py: "nr:...", "qa:...", "tf:..."), for a response that
 # no scored or judged row names.
 _KIND_OF_PREFIX = {"nr": "next_response", "qa": "qa", "tf": "teafarm"}
@@ -265,6 +277,15 @@ def cost_breakdown(manifests: Mapping[str, Manifest], owners: Mapping[str, str])
                              "completion_tokens": u.completion_tokens * share, "cost_usd": cost,
                              "spent_usd": cost - u.cached_cost_usd * cached.get(method, 0.0)})
     return pl.from_arrow(pa.Table.from_pylist(rows, COST_BREAKDOWN))  # type: ignore[return-value]
+
+
+def stage_spans(manifests: Mapping[str, Manifest]) -> pl.DataFrame:
+    """STAGE_SPANS from the stages' manifests, in the order they started."""
+    rows = [{"stage": stage, "started_at": m.timings.started_at, "finished_at": m.timings.finished_at,
+             "wall_s": m.timings.wall_s, "shards": m.shards, "resumed_shards": m.timings.resumed_shards}
+            for stage, m in manifests.items()]
+    rows.sort(key=lambda r: (r["started_at"] or r["finished_at"], r["finished_at"]))
+    return pl.from_arrow(pa.Table.from_pylist(rows, STAGE_SPANS))  # type: ignore[return-value]
 
 
 def cost_views(breakdown: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:

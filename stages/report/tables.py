@@ -20,8 +20,8 @@ from stages.report.answers import (ANSWER_SUMMARY, TASK_AVERAGE, TEAFARM_SUMMARY
                                    task_average, teafarm_summary)
 from stages.report.frames import ALL, empty, to_arrow
 from stages.report.memory_accuracy import MEMORY_ACCURACY
-from stages.report.method_costs import (COST_BREAKDOWN, METHOD_SUMMARY, USAGE_KEYS, cost_breakdown, cost_views,
-                                        method_summary, whole_run_rows, whole_run_scope)
+from stages.report.method_costs import (COST_BREAKDOWN, METHOD_SUMMARY, STAGE_SPANS, USAGE_KEYS, cost_breakdown,
+                                        cost_views, method_summary, stage_spans, whole_run_rows, whole_run_scope)
 from stages.report.pairwise import (PAIRWISE_SUMMARY, POOLED_WIN_SHARES, pair_outcomes, pairwise_summary,
                                     pooled_win_shares)
 from stages.report.reproduction import REPRODUCTION_SUMMARY, reproduction_summary
@@ -31,10 +31,10 @@ from stages.report.scores import (MEMORY_SUMMARY, METRIC_SUMMARY, RETRIEVAL_SUMM
 __all__ = [
     "ALL", "ANSWER_SUMMARY", "COST_BREAKDOWN", "MEMORY_SUMMARY", "METHOD_SUMMARY", "METRIC_SUMMARY",
     "PAIRWISE_SUMMARY", "POOLED_WIN_SHARES", "REPRODUCTION_SUMMARY", "RETRIEVAL_SUMMARY", "SEGMENTATION_SUMMARY",
-    "SHARED", "SUMMARY_TABLES", "TASK_AVERAGE", "TEAFARM_SUMMARY", "USAGE_KEYS", "answer_summary", "cost_breakdown",
+    "SHARED", "STAGE_SPANS", "SUMMARY_TABLES", "TASK_AVERAGE", "TEAFARM_SUMMARY", "USAGE_KEYS", "answer_summary", "cost_breakdown",
     "cost_views", "empty", "judge_runs", "memory_summary", "method_summary", "metric_summary", "pair_outcomes",
     "pairwise_summary", "pooled_win_shares", "reproduction_summary", "retrieval_summary", "segmentation_summary",
-    "task_average", "teafarm_summary", "to_arrow", "whole_run_rows", "whole_run_scope",
+    "stage_spans", "task_average", "teafarm_summary", "to_arrow", "whole_run_rows", "whole_run_scope",
 ]
 
 # Every table the report writes, whatever the run's methods (methods' panels add their own).
@@ -43,6 +43,7 @@ SUMMARY_TABLES = {
     "retrieval_summary": RETRIEVAL_SUMMARY,
     "method_summary": METHOD_SUMMARY,
     "cost_breakdown": COST_BREAKDOWN,
+    "stage_spans": STAGE_SPANS,
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,
     "memory_summary": MEMORY_SUMMARY,
