@@ -142,7 +142,7 @@ def test_inline_and_ray_executors_write_the_same_tables_and_manifests(toy):
 # The layout of _manifest.json that artifacts on disk and bench/ read as plain JSON.
 MANIFEST_KEYS = {"stage", "fingerprint", "upstream", "code_version", "config_section", "tables", "rows", "errors",
                  "shards", "parts", "llm_usage", "roles", "retry_round", "timings"}
-TIMINGS_KEYS = {"finished_at", "wall_s", "shard_s", "resumed_shards", "shards_per_node"}
+TIMINGS_KEYS = {"finished_at", "started_at", "wall_s", "shard_s", "resumed_shards", "shards_per_node"}
 
 
 def test_manifest_json_keeps_its_layout_and_round_trips_unchanged(toy):
