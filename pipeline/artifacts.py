@@ -182,7 +182,19 @@ class StageDir:
                    parts: list[str] | None = None) -> pa.Table:
         """Read a finished table, optionally only the rows of some episodes, and only from the part
         files `parts` (None: every part; see `episode_parts`)."""
-        files = self._part_files(self.table_dir(table), parts)
+        return self._read(self.table_dir(table), table, episode_ids, schema, parts)
+
+    def read_partial_table(self, table: str, episode_ids: list[str] | None = None, schema: pa.Schema | None = None,
+                           parts: list[str] | None = None) -> pa.Table:
+        """The same from the stage in progress: the parts its finished shards wrote (FileNotFoundError
+        when one of `parts` is not there: not written yet, or the stage published meanwhile)."""
+        return self._read(storage.join(self.partial, table), table, episode_ids, schema, parts, every_part=True)
+
+    def _read(self, where: Location, table: str, episode_ids: list[str] | None, schema: pa.Schema | None,
+              parts: list[str] | None, every_part: bool = False) -> pa.Table:
+        files = self._part_files(where, parts)
+        if every_part and parts is not None and len(files) < len(parts):
+            raise FileNotFoundError(f"stage {self.stage} in progress: table {table!r} lacks a part of {parts}")
         if not files:
             if schema is None:
                 raise FileNotFoundError(f"no table {table!r} in stage {self.stage}")

@@ -15,13 +15,14 @@ import time
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline import storage
-from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, part_name
+from pipeline.artifacts import StageDir, atomic_write_json, atomic_write_parquet, exists, part_name
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.failures import fail_fast
@@ -44,6 +45,10 @@ class ShardTask:
     upstream_parts: dict[str, list[str] | None] = field(default_factory=dict)
     episodes_per_part: int = 4  # how a global stage splits its per-episode tables into parts
     fail_fast: bool = False  # --fail-fast: a row's exception stops the shard instead of failing the row
+    # Upstream stages still running (name -> the fingerprint they run under): this shard waits for
+    # their shard of the same episodes (index `shard_idx`) and reads its parts from the stage in
+    # progress (the runner's streaming).
+    streamed: dict[str, str] = field(default_factory=dict)
 
 
 def count_errors(table: pa.Table) -> int:
@@ -168,13 +173,40 @@ class EpisodeUsage:
         return out
 
 
+_STREAM_POLL_S = 0.2
+
+
+async def wait_for_streamed(run_dir: storage.Location, task: ShardTask) -> None:
+    """Wait until every streamed input stage has written its shard of this shard's episodes (its
+    marker), or published; a stage that stopped instead ends the wait with an error."""
+    since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for name, fingerprint in task.streamed.items():
+        sd = StageDir(run_dir, name)
+        marker = sd.shard_marker(task.shard_idx)
+
+        def published() -> bool:
+            manifest = sd.manifest()
+            return manifest is not None and manifest.fingerprint == fingerprint
+
+        # The marker counts once the stage in progress is this run's (an older run's is cleared first).
+        while not (published() or (sd.partial_fingerprint() == fingerprint and exists(marker))):
+            failed = sd.failed_attempt()
+            if failed is not None and failed.get("failed_at", "") >= since:  # this run's attempt stopped
+                raise PipelineError(f"stage {task.stage.name}: its input stage {name!r} stopped before writing "
+                                    f"shard {task.shard_idx}; rerun to continue")
+            await asyncio.sleep(_STREAM_POLL_S)
+
+
 def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, Manifest]:
-    """The manifests of the shard's finished input stages (the runner checked they are done).
-    Read here, beside the upstream tables, rather than shipped in the task: a manifest grows with
-    the episodes (parts, per-episode stats) and every task's arguments are pickled."""
+    """The manifests of the shard's finished input stages (the runner checked they are done; a
+    streamed one may still be running, and has none yet). Read here, beside the upstream tables,
+    rather than shipped in the task: a manifest grows with the episodes (parts, per-episode stats)
+    and every task's arguments are pickled."""
     out: dict[str, Manifest] = {}
     for name in task.upstream:
         manifest = StageDir(run_dir, name).manifest()
+        if manifest is None and name in task.streamed:
+            continue
         if manifest is None:
             raise PipelineError(f"stage {task.stage.name}: input stage {name!r} has no manifest under {run_dir}")
         out[name] = manifest
@@ -197,6 +229,7 @@ async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, An
     stage = task.stage
     run_dir = storage.location(task.run_dir)
     sd = StageDir(run_dir, stage.name)
+    await wait_for_streamed(run_dir, task)
     manifests = upstream_manifests(run_dir, task)  # before the clients, which `work` closes
     clients = _make_clients(cfg, task, handles, ledger)
     with contextlib.ExitStack() as stack:
@@ -248,8 +281,23 @@ def _read_inputs(run_dir: storage.Location, task: ShardTask) -> dict[str, pa.Tab
     for name, tables in task.upstream.items():
         for table, schema in tables.items():
             parts = task.upstream_parts.get(name) if "episode_id" in schema.names else None
-            inputs[f"{name}.{table}"] = StageDir(run_dir, name).read_table(table, task.episode_ids, schema, parts)
+            read = _read_streamed if name in task.streamed else StageDir.read_table
+            inputs[f"{name}.{table}"] = read(StageDir(run_dir, name), table, task.episode_ids, schema, parts)
     return inputs
+
+
+def _read_streamed(sd: StageDir, table: str, episode_ids: list[str] | None, schema: pa.Schema,
+                   parts: list[str] | None) -> pa.Table:
+    """A streamed input's rows: from its stage in progress, or once it published (it may, between
+    two looks), from the published stage; the part files are the same."""
+    for _ in range(5):
+        try:
+            if sd.manifest() is not None:
+                return sd.read_table(table, episode_ids, schema, parts)
+            return sd.read_partial_table(table, episode_ids, schema, parts)
+        except (OSError, pa.ArrowInvalid):  # published while it was read: look again
+            time.sleep(_STREAM_POLL_S)
+    raise PipelineError(f"stage {sd.stage}: table {table!r} of parts {parts} could not be read, in progress or published")
 
 
 async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dict[str, pa.Table],

@@ -86,3 +86,23 @@ def test_a_budget_stop_stops_every_running_stage_and_resumes(run_cfg, fake_llm):
     more = run_cfg(*INDEPENDENT, *paid, "llm.max_cost_usd=1000", executor="ray")
     out = Runner(more, registry(more)).run()
     assert all(out[s] == "ran" for s in unpublished)
+
+
+@pytest.mark.session_ray
+def test_answers_stream_from_a_memory_stage_still_building_and_equal_a_stage_by_stage_run(run_cfg, fake_llm):
+    fake_llm.latency_s = 0.1
+    sets = ["methods=[rsum]", "corpus.limit=3", "stages=[ingest,probes,memory_rsum,respond_rsum]"]
+    cfg = run_cfg(*sets, executor="ray")
+    Runner(cfg, registry(cfg)).run()
+    (m0, m1), (r0, r1) = _span(cfg.run_dir, "memory_rsum"), _span(cfg.run_dir, "respond_rsum")
+    assert r0 < m1, "respond_rsum waited for the whole of memory_rsum"
+    one_by_one = run_cfg(*sets, "ray.parallel_stages=false", "run_name=staged", executor="ray")
+    Runner(one_by_one, registry(one_by_one)).run()
+    (m0, m1), (r0, r1) = _span(one_by_one.run_dir, "memory_rsum"), _span(one_by_one.run_dir, "respond_rsum")
+    assert r0 >= m1
+
+    def answers(run_dir) -> list[tuple]:
+        rows = StageDir(run_dir, "respond_rsum").read_table("responses").to_pylist()
+        return sorted((r["probe_id"], r["response"], r["memory_after_session"], r["error"]) for r in rows)
+
+    assert answers(cfg.run_dir) == answers(one_by_one.run_dir) and len(answers(cfg.run_dir)) >= 3
