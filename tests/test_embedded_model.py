@@ -35,9 +35,10 @@ def test_default_config_segments_and_compresses_with_its_embedded_models(tmp_pat
         f"artifacts_dir={tmp_path / 'a'}", f"corpus.path={TINY}", f"llm.cache_dir={tmp_path / 'cache'}",
         f"embedding.cache_dir={models_cache}", "stages=[ingest,guidance,segment,compress,probes]",
         "teabag.enabled=false",
-        # One thread (the default is one per core): beside the other test worker's busy core, a
-        # second llama.cpp thread spins waiting for it (seen: 55 CPU-s instead of 19).
-        "llm.local.n_threads=1",
+        # Two single-thread servers, as the default on 2 cores (one per core, one thread each): a
+        # second llama.cpp thread of one server would spin waiting for the other test worker's busy
+        # core (seen: 55 CPU-s instead of 19).
+        "llm.local.servers=2", "llm.local.n_threads=1",
     ]))
     assert cfg.llm.provider == "local" and cfg.compress.method == "llmlingua" and cfg.ray.executor == "ray"
     assert set(Runner(cfg, registry(cfg)).run().values()) == {"ran"}
@@ -58,5 +59,5 @@ def test_default_config_segments_and_compresses_with_its_embedded_models(tmp_pat
     assert units and {u["compression"] for u in units} == {"llmlingua@0.75"}
     assert {u["compression_path"] for u in units} == {"per_line"} and not any(u["error"] for u in units)
     assert any(len(u["compressed_text"].split()) < len(u["text"].split()) for u in units)
-    assert (cfg.run_dir / "_logs" / "llm-server.log").exists()
-    assert _servers() == before  # the embedded server was stopped
+    assert (cfg.run_dir / "_logs" / "llm-server.log").exists() and (cfg.run_dir / "_logs" / "llm-server.1.log").exists()
+    assert _servers() == before  # both embedded servers were stopped

@@ -1,5 +1,9 @@
 """The embedded OpenAI-compatible server: llama-cpp-python serving a small packaged GGUF model.
 
+llama-cpp-python's server answers one request at a time, so a run starts `llm.local.servers` of
+them (`LocalLLMServers`; default one per core, one thread each): one endpoint identity, one slot
+per server, each request sent to the least busy one (pipeline.llm.slots.ServerPicker).
+
 `LocalLLMServer(cfg)` starts llama-cpp-python's server on a free loopback port as a child process
 in its own process group, waits until it answers, exposes `base_url`, and always stops it (on exit,
 error, Ctrl-C and interpreter exit). The child is this module run as a script: it serves
@@ -30,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, Awaitable, Callable
 
@@ -179,14 +184,14 @@ class LocalLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         local = self.cfg.local
+        threads = str(local.threads_per_server())
         cmd = [
             sys.executable, "-m", "pipeline.llm.local_server",
             "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port),
             "--n_ctx", str(local.n_ctx), "--model_alias", self.cfg.model,
-        ]
-        if local.n_threads is not None:
             # Both: llama-cpp-python reads the prompt on n_threads_batch (default: every core).
-            cmd += ["--n_threads", str(local.n_threads), "--n_threads_batch", str(local.n_threads)]
+            "--n_threads", threads, "--n_threads_batch", threads,
+        ]
         env = dict(os.environ)
         env[_PARENT_ENV] = str(os.getpid())
         # The child imports this package; make that work from a plain checkout too.
@@ -217,6 +222,52 @@ class LocalLLMServer:
             f"the local LLM server did not answer within llm.local.startup_timeout_s="
             f"{self.cfg.local.startup_timeout_s}s; log {self._log_file()}:\n{_log_tail(self._log_file())}"
         )
+
+
+class LocalLLMServers:
+    """`llm.local.servers` embedded servers of one set-up, started at once and stopped together.
+
+    >>> with LocalLLMServers(cfg.llm, log_path=logs / "llm-server.log") as urls:
+    ...     run_cfg.set_local_url(cfg.llm, urls)
+
+    Server i > 0 logs to `llm-server.<i>.log` beside the first's `log_path`.
+    """
+
+    def __init__(self, cfg: LLMConfig, log_path: str | Path | None = None) -> None:
+        n = cfg.local.server_count()
+        self.servers = [LocalLLMServer(cfg, log_path=_nth_log(log_path, i)) for i in range(n)]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.base_url for s in self.servers]
+
+    def start(self) -> list[str]:
+        """Start every server (at once: each waits for its model to load); their `base_url`s.
+        One that fails stops them all and raises its error."""
+        try:
+            with ThreadPoolExecutor(len(self.servers), thread_name_prefix="llama-start") as pool:
+                return list(pool.map(LocalLLMServer.start, self.servers))
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop every server, each as `LocalLLMServer.stop` does. Idempotent."""
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> list[str]:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _nth_log(path: str | Path | None, i: int) -> Path | None:
+    if path is None or i == 0:
+        return Path(path) if path is not None else None
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{i}{path.suffix}")
 
 
 # --------------------------------------------------------------------------- child process side

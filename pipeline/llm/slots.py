@@ -18,6 +18,10 @@ busy one. Inline runs (no Ray) use one asyncio semaphore per event loop.
 `llm.max_concurrency_per_worker` (optional; None: no extra cap), when the config has it, also caps
 one event loop's requests.
 
+An endpoint served by several single-request servers (the embedded llama.cpp servers: one identity,
+several URLs) has one slot per server; a request holding a slot asks `take_server()` which server
+to send to (the pool's `ServerPicker`: the least busy) and gives it back with `give_server()`.
+
 Wiring: `SharedLLMHandles` starts the pool with the job's other actors and `make_client` hands each
 client its role's `EndpointSlots`; the client takes one slot per request (never keeps a loop's
 side beyond a run: an LLM worker's loop outlives runs, and each run's pool is a new actor).
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 import uuid
 import weakref
@@ -123,6 +128,25 @@ class SlotPool:
             d.pop(holder, None)
 
 
+class ServerPicker:
+    """Which of an endpoint's servers a request goes to: one with the fewest requests in flight,
+    the first of those on a tie, so requests one at a time keep to server 0 (and its prompt cache)."""
+
+    def __init__(self, servers: int) -> None:
+        self.busy = [0] * max(1, servers)
+        self._lock = threading.Lock()  # inline runs may send from several threads' loops
+
+    def take(self) -> int:
+        with self._lock:
+            i = min(range(len(self.busy)), key=self.busy.__getitem__)
+            self.busy[i] += 1
+            return i
+
+    def give(self, server: int) -> None:
+        with self._lock:
+            self.busy[server] = max(self.busy[server] - 1, 0)
+
+
 try:
     import ray
 except ImportError:  # pragma: no cover - Ray is a dependency; inline slots work without it
@@ -133,10 +157,17 @@ class SlotPoolService:
     """The job's slots for one endpoint; `lease` is async, so a holder's long poll waits without
     blocking the host; the other calls run one at a time on its loop."""
 
-    def __init__(self, cap: int, expiry_s: float = EXPIRY_S) -> None:
+    def __init__(self, cap: int, expiry_s: float = EXPIRY_S, servers: int = 1) -> None:
         self._pool = SlotPool(cap, expiry_s)
         self._changed = asyncio.Event()
         self._token = uuid.uuid4().hex
+        self._servers = ServerPicker(servers)
+
+    def take_server(self) -> int:
+        return self._servers.take()
+
+    def give_server(self, server: int) -> None:
+        self._servers.give(server)
 
     def token(self) -> str:
         return self._token
@@ -177,7 +208,7 @@ class SlotPoolService:
     def stats(self) -> dict[str, Any]:
         p = self._pool
         return {"cap": p.cap, "held": dict(p.held), "want": dict(p.want), "targets": dict(p.targets),
-                "in_use": p.cap - p.free(), "peak_held": p.peak_held}
+                "in_use": p.cap - p.free(), "peak_held": p.peak_held, "servers_busy": list(self._servers.busy)}
 
 
 @dataclass(frozen=True)
@@ -187,16 +218,24 @@ class SlotsHandle:
     actor: Any  # the service's ServiceRef, called like an actor
     cap: int
     token: str  # this pool's own id: a new run's pool of the same name gets new local sides
+    servers: int = 1  # the endpoint's single-request servers (SlotPoolService.take_server)
 
     def close(self) -> None:
         """Stop the pool (end of run). Safe to call twice."""
         self.actor.stop()
 
 
+def _servers(cfg: Any) -> tuple[str, ...]:
+    """The single-request servers behind a role's endpoint (pipeline.config.LLMConfig.server_urls)."""
+    return tuple(getattr(cfg, "server_urls", ()))
+
+
 def slot_pool_name(cfg: Any, job_key: str) -> str:
     from pipeline.llm.identity import endpoint_identity
 
-    digest = hashlib.sha256(repr((endpoint_identity(cfg), cfg.model, cfg.max_concurrency)).encode()).hexdigest()[:12]
+    # The servers' URLs too (runtime names, not cache keys): each set of servers picks its own.
+    digest = hashlib.sha256(repr((endpoint_identity(cfg), cfg.model, cfg.max_concurrency,
+                                  _servers(cfg))).encode()).hexdigest()[:12]
     return f"mempipe-llm-slots-{job_key}-{digest}"
 
 
@@ -206,8 +245,9 @@ def start_slot_pool(cfg: Any, job_key: str) -> SlotsHandle:
     node. Roles with the same endpoint, model and cap share it, as they share a rate limiter."""
     from pipeline.llm.service_host import start_service
 
-    pool = start_service(slot_pool_name(cfg, job_key), SlotPoolService, cfg.max_concurrency)
-    return SlotsHandle(pool, cfg.max_concurrency, ray.get(pool.token.remote()))
+    servers = len(_servers(cfg)) or 1
+    pool = start_service(slot_pool_name(cfg, job_key), SlotPoolService, cfg.max_concurrency, EXPIRY_S, servers)
+    return SlotsHandle(pool, cfg.max_concurrency, ray.get(pool.token.remote()), servers)
 
 
 class _LoopSlots:
@@ -372,7 +412,9 @@ class EndpointSlots:
     cap: int
     handle: SlotsHandle | None = None
     local_cap: int | None = None
+    servers: int = 1  # the endpoint's single-request servers: take_server() picks one per request
     _loops: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    _picker: ServerPicker | None = None  # this process's own: inline runs, or the pool gone
 
     @classmethod
     def for_role(cls, cfg: Any, handle: SlotsHandle | None = None) -> EndpointSlots:
@@ -383,11 +425,33 @@ class EndpointSlots:
 
         local_cap = getattr(cfg, "max_concurrency_per_worker", None)
         key = ((handle.token,) if handle is not None else
-               (endpoint_identity(cfg), cfg.model, cfg.max_concurrency)) + (local_cap,)
+               (endpoint_identity(cfg), cfg.model, cfg.max_concurrency, _servers(cfg))) + (local_cap,)
         slots = _SHARED.get(key)
         if slots is None:
-            slots = _SHARED[key] = cls(cfg.max_concurrency, handle, local_cap)
+            servers = handle.servers if handle is not None else len(_servers(cfg)) or 1
+            slots = _SHARED[key] = cls(cfg.max_concurrency, handle, local_cap, servers)
         return slots
+
+    async def take_server(self) -> int:
+        """The server (0 .. servers-1) for a request that holds a slot: the least busy one, across
+        every worker of the run. Give it back with `give_server`."""
+        if self.handle is not None and self._picker is None:
+            try:
+                return await self.handle.actor.take_server.remote()
+            except Exception as e:  # noqa: BLE001 - the pool is gone: this process picks alone
+                log.warning("endpoint servers unavailable from the pool (%s); this worker picks its own", e)
+        return self._own_picker().take()
+
+    def give_server(self, server: int) -> None:
+        if self.handle is not None and self._picker is None:
+            self.handle.actor.give_server.remote(server)  # fire and forget: ordered before our slot's return
+        else:
+            self._own_picker().give(server)
+
+    def _own_picker(self) -> ServerPicker:
+        if self._picker is None:
+            self._picker = ServerPicker(self.servers)
+        return self._picker
 
     def slot(self) -> Any:
         """`async with slots.slot():` around one HTTP request (call inside the running loop)."""

@@ -116,7 +116,8 @@ def retryable_status(status: int) -> bool:
 
 @dataclass
 class _LoopState:
-    clients: list[openai.AsyncOpenAI]  # one connection pool each, taken in turn
+    # One connection pool each, taken in turn; behind several servers (the embedded ones), server i's.
+    clients: list[openai.AsyncOpenAI]
     closers: list[AsyncGenerator[None, None]]
     turn: int = 0
 
@@ -245,25 +246,29 @@ class Transport:
         connection pool."""
         loop = asyncio.get_running_loop()
         shared = _LOOP_STATES.setdefault(loop, {})
-        key = (self._section, self.cfg.base_url or OPENAI_BASE_URL, self.cfg.timeout_s, self.cfg.max_concurrency,
+        urls = self.cfg.server_urls or (self.cfg.base_url or OPENAI_BASE_URL,)
+        key = (self._section, urls, self.cfg.timeout_s, self.cfg.max_concurrency,
                hashlib.sha256((self.__key or "").encode()).hexdigest())
         st = shared.get(key)
         if st is None:
-            import openai  # here: a run answered from the cache never pays for importing the SDK
-
-            clients, closers = [], []
-            for _ in range(max(1, -(-self.cfg.max_concurrency // _POOL_REQUESTS))):
-                client = openai.AsyncOpenAI(base_url=self.cfg.base_url or OPENAI_BASE_URL, api_key=self.__key,
-                                            max_retries=0, timeout=self.cfg.timeout_s,
-                                            http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()))
-                _preset_platform(client)
-                closer = _close_at_loop_end(client)
-                await closer.__anext__()  # registers it with this loop's async-generator hooks
-                clients.append(client)
-                closers.append(closer)
-            st = _LoopState(clients, closers)
-            shared[key] = st
+            # Several servers: one pool each (a server answers one request at a time).
+            pools = urls if len(urls) > 1 else urls * max(1, -(-self.cfg.max_concurrency // _POOL_REQUESTS))
+            closers: list[AsyncGenerator[None, None]] = []
+            clients = [await self._new_client(url, closers) for url in pools]
+            st = shared[key] = _LoopState(clients, closers)
         return st
+
+    async def _new_client(self, url: str, closers: list[AsyncGenerator[None, None]]) -> openai.AsyncOpenAI:
+        """An SDK client (one connection pool) for `url`, closed when this loop ends (its closer)."""
+        import openai  # here: a run answered from the cache never pays for importing the SDK
+
+        client = openai.AsyncOpenAI(base_url=url, api_key=self.__key, max_retries=0, timeout=self.cfg.timeout_s,
+                                    http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()))
+        _preset_platform(client)
+        closer = _close_at_loop_end(client)
+        await closer.__anext__()  # registers it with this loop's async-generator hooks
+        closers.append(closer)
+        return client
 
     async def chat(self, body: dict[str, Any], est_tokens: int) -> ChatAnswer:
         """POST /chat/completions with `body` as it is; its choices and usage."""
@@ -330,9 +335,12 @@ class Transport:
                 await self.limiter.acquire(est_tokens)
             if not probe and self._went_quiet(asked):
                 return _QUIET
+            # Several single-request servers behind the endpoint (the embedded ones): the least busy.
+            spread = self.slots.servers > 1
+            server = await self.slots.take_server() if spread else 0
             sent_at = time.monotonic()
             try:
-                result = read(await call(st.next_client()))
+                result = read(await call(st.clients[server % len(st.clients)] if spread else st.next_client()))
             except openai.APIStatusError as e:
                 status = e.status_code
                 # A parameter the endpoint refuses (even in a 500 validation error): an answer,
@@ -352,6 +360,9 @@ class Transport:
                 return _Failure(f"malformed response: body is not JSON ({e.msg})")
             except MalformedResponse as e:
                 return _Failure(f"malformed response: {e}")
+            finally:
+                if spread:
+                    self.slots.give_server(server)
             _ANSWERED_SENT_AT[self.endpoint] = max(_ANSWERED_SENT_AT.get(self.endpoint, sent_at), sent_at)
             await self._endpoint_answered(True, probe)
             return result
