@@ -327,6 +327,8 @@ class RayConfig(Section):
     address: str | None = None  # None: $RAY_ADDRESS if set, else a local Ray
     num_cpus: int | None = None  # local Ray only
     executor: Literal["ray", "inline"] = "ray"  # inline: same process, for debugging
+    # On Ray, stages whose inputs are done run at the same time (the run's DAG); false: one at a time
+    parallel_stages: bool = True
     episodes_per_shard: int = Field(default=4, ge=1)  # unit of resume and of Ray tasks
     task_cpus: float = Field(default=1.0, gt=0)  # CPU-bound stages
     # LLM-bound stages wait on I/O, but their concurrency comes from llm.max_concurrency inside a

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline import __version__
-from pipeline.artifacts import StageDir, make_dirs
+from pipeline.artifacts import StageDir, make_dirs, part_name
 from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.execution.executors import make_executor
@@ -26,7 +26,7 @@ from pipeline.schemas import EPISODES
 from pipeline.selection import Selection
 from pipeline.shard import ShardTask, add_stats
 from pipeline.storage import Location, is_remote, local_scratch
-from pipeline.stage import GlobalStage, Stage
+from pipeline.stage import EpisodeStage, GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
 
@@ -237,8 +237,8 @@ class Runner:
         all sharing the run's services (endpoint slots, cache, budget, ledger, progress). When one
         stops, no stage starts after it; the running ones finish (their shards kept, so a rerun
         resumes), then the stop is raised (a `RunStopped` before any other error). The inline
-        executor runs one stage at a time, in pipeline order."""
-        if not self.executor.parallel_stages or len(todo) == 1:
+        executor, or `ray.parallel_stages: false`, runs one stage at a time, in pipeline order."""
+        if not (self.executor.parallel_stages and self.cfg.ray.parallel_stages) or len(todo) == 1:
             for stage in todo:
                 self._attempt(stage, fps[stage.name], handles, ledger)
                 yield stage.name
@@ -249,10 +249,16 @@ class Runner:
         pool = ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="mempipe-stage")
         try:
             while waiting or running:
-                ready = [s for s in waiting if all(i not in names or i in finished for i in s.inputs)] if not stops else []
-                for stage in ready:
-                    waiting.remove(stage)
-                    running[pool.submit(self._attempt, stage, fps[stage.name], handles, ledger)] = stage
+                while not stops:  # start what can start, then what streams from those
+                    now = {s.name: s for s in running.values()}
+                    ready = [s for s in waiting if all(i not in names or i in finished or self._streams(now.get(i), s)
+                                                       for i in s.inputs)]
+                    if not ready:
+                        break
+                    for stage in ready:
+                        waiting.remove(stage)
+                        streamed = {i: fps[i] for i in stage.inputs if i in now}
+                        running[pool.submit(self._attempt, stage, fps[stage.name], handles, ledger, streamed)] = stage
                 if not running:
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -269,12 +275,23 @@ class Runner:
         if stops:
             raise next((e for e in stops if isinstance(e, RunStopped)), stops[0])
 
-    def _attempt(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None) -> None:
-        """Execute one stage; when it stops before publishing, record why in its stage in progress
-        (what `status` shows), then let the stop go on."""
+    def _streams(self, upstream: Stage | None, stage: Stage) -> bool:
+        """Whether `stage` may start while `upstream` (running) is unfinished, each of its shards
+        reading the upstream shard of the same episodes as soon as that one is written: both work per
+        episode in the same shards, every table upstream writes is per episode, and `stage` runs in
+        the LLM workers (a shard that waits there holds no CPU a Ray task of `upstream` needs)."""
+        return (upstream is not None and isinstance(upstream, EpisodeStage) and isinstance(stage, EpisodeStage)
+                and upstream.episodes_from == stage.episodes_from and bool(stage.llm_roles(self.cfg))
+                and all("episode_id" in schema.names for schema in upstream.outputs.values()))
+
+    def _attempt(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None,
+                 streamed: dict[str, str] | None = None) -> None:
+        """Execute one stage (reading `streamed` inputs shard by shard as they finish); when it stops
+        before publishing, record why in its stage in progress (what `status` shows), then let the
+        stop go on."""
         sd = StageDir(self.run_dir, stage.name)
         try:
-            self._execute(stage, fingerprint, handles, ledger)
+            self._execute(stage, fingerprint, handles, ledger, streamed or {})
         except BaseException as e:
             self.stopped_stage = stage.name
             with contextlib.suppress(Exception):
@@ -320,7 +337,8 @@ class Runner:
         make_dirs(self.run_dir)
         save_spend(self.run_dir, self.spend)
 
-    def _shards(self, stage: Stage) -> list[ShardTask]:
+    def _shards(self, stage: Stage, streamed: dict[str, str] | None = None) -> list[ShardTask]:
+        streamed = streamed or {}
         upstream = {name: dict(self.registry[name].outputs) for name in stage.inputs}
         retry = self._retry_round.get(stage.name, 0)
         size = self.cfg.ray.episodes_per_shard
@@ -329,22 +347,25 @@ class Runner:
                               fail_fast=self.fail_fast)]
         source = StageDir(self.run_dir, stage.episodes_from)
         episodes = source.read_table("episodes", schema=EPISODES).column("episode_id").to_pylist()
-        layouts = {name: StageDir(self.run_dir, name).episode_parts() for name in stage.inputs}
+        layouts = {name: StageDir(self.run_dir, name).episode_parts() for name in stage.inputs if name not in streamed}
         tasks = []
         for i in range(0, len(episodes), size):
             ids = episodes[i : i + size]
             parts = {name: None if layout is None else sorted({layout[e] for e in ids if e in layout})
                      for name, layout in layouts.items()}
+            # A streamed input's shard of the same episodes wrote one part, of the same index.
+            parts.update({name: [part_name(i // size)] for name in streamed})
             tasks.append(ShardTask(stage, i // size, ids, str(self.run_dir), upstream, retry, parts, size,
-                                   fail_fast=self.fail_fast))
+                                   fail_fast=self.fail_fast, streamed=streamed))
         return tasks
 
-    def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None = None) -> None:
+    def _execute(self, stage: Stage, fingerprint: str, handles: dict[str, Any], ledger: Any | None = None,
+                 streamed: dict[str, str] | None = None) -> None:
         sd = StageDir(self.run_dir, stage.name)
         sd.open_partial(fingerprint)
         sd.clear_failed_attempt()
         done = {i: ShardMarker.from_json(data) for i, data in sd.finished_shards().items()}
-        shards = self._shards(stage)
+        shards = self._shards(stage, streamed)
         pending = [t for t in shards if t.shard_idx not in done]
         started = time.time()
         progress = StageProgress(stage.name, len(shards), len(shards) - len(pending),
