@@ -29,6 +29,7 @@ from pipeline.storage import Location, is_remote, local_scratch
 from pipeline.stage import EpisodeStage, GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
+_STREAM_LOOK_S = 0.5  # how often the DAG looks for stages that may start streaming from a running one
 
 
 @dataclass
@@ -68,6 +69,9 @@ class Runner:
         self.registry = registry
         self.fail_fast = fail_fast  # --fail-fast: the first failed row stops the run
         self.stopped_stage: str | None = None  # the stage whose attempt stopped this run, if one did
+        # Stages whose attempt has opened its stage in progress (an older attempt's stop record
+        # cleared): a stage may stream from them (`_run_graph`).
+        self._opened: set[str] = set()
         self.run_dir = cfg.run_dir
         self.executor = make_executor(cfg)  # chosen once: inline or Ray
         self.plan = self._plan()
@@ -261,7 +265,8 @@ class Runner:
                         running[pool.submit(self._attempt, stage, fps[stage.name], handles, ledger, streamed)] = stage
                 if not running:
                     break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                # A stage that streams from a running one may start once that one has opened.
+                done, _ = wait(running, timeout=_STREAM_LOOK_S, return_when=FIRST_COMPLETED)
                 for future in done:
                     stage = running.pop(future)
                     if future.exception() is None:
@@ -280,7 +285,8 @@ class Runner:
         reading the upstream shard of the same episodes as soon as that one is written: both work per
         episode in the same shards, every table upstream writes is per episode, and `stage` runs in
         the LLM workers (a shard that waits there holds no CPU a Ray task of `upstream` needs)."""
-        return (upstream is not None and isinstance(upstream, EpisodeStage) and isinstance(stage, EpisodeStage)
+        return (upstream is not None and upstream.name in self._opened
+                and isinstance(upstream, EpisodeStage) and isinstance(stage, EpisodeStage)
                 and upstream.episodes_from == stage.episodes_from and bool(stage.llm_roles(self.cfg))
                 and all("episode_id" in schema.names for schema in upstream.outputs.values()))
 
@@ -364,6 +370,7 @@ class Runner:
         sd = StageDir(self.run_dir, stage.name)
         sd.open_partial(fingerprint)
         sd.clear_failed_attempt()
+        self._opened.add(stage.name)
         done = {i: ShardMarker.from_json(data) for i, data in sd.finished_shards().items()}
         shards = self._shards(stage, streamed)
         pending = [t for t in shards if t.shard_idx not in done]

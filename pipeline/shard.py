@@ -15,7 +15,6 @@ import time
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +178,6 @@ _STREAM_POLL_S = 0.2
 async def wait_for_streamed(run_dir: storage.Location, task: ShardTask) -> None:
     """Wait until every streamed input stage has written its shard of this shard's episodes (its
     marker), or published; a stage that stopped instead ends the wait with an error."""
-    since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for name, fingerprint in task.streamed.items():
         sd = StageDir(run_dir, name)
         marker = sd.shard_marker(task.shard_idx)
@@ -190,8 +188,7 @@ async def wait_for_streamed(run_dir: storage.Location, task: ShardTask) -> None:
 
         # The marker counts once the stage in progress is this run's (an older run's is cleared first).
         while not (published() or (sd.partial_fingerprint() == fingerprint and exists(marker))):
-            failed = sd.failed_attempt()
-            if failed is not None and failed.get("failed_at", "") >= since:  # this run's attempt stopped
+            if sd.failed_attempt() is not None:  # cleared when its attempt opened: this one stopped
                 raise PipelineError(f"stage {task.stage.name}: its input stage {name!r} stopped before writing "
                                     f"shard {task.shard_idx}; rerun to continue")
             await asyncio.sleep(_STREAM_POLL_S)

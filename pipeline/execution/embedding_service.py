@@ -17,6 +17,7 @@ import ctypes.util
 import functools
 import hashlib
 import os
+import threading
 import time
 from typing import Any, ClassVar, Sequence
 
@@ -121,15 +122,24 @@ class EmbeddingServices:
     long as the job runs (like the LLM workers: a notebook's second run reuses the loaded models)."""
 
     _started: ClassVar[dict[str, Any]] = {}  # service name -> actor handle
+    _lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
     def ensure(cls, cfg: RunConfig) -> None:
-        """Start the missing services (on the driver, after ray.init)."""
+        """Start the missing services (on the driver, after ray.init), each ready (its name known to
+        the cluster) before a shard can look it up."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         job = ray.get_runtime_context().get_job_id()
         retries = cfg.ray.max_task_retries
+        with cls._lock:  # stages that embed may start at once (the runner's DAG)
+            cls._ensure(cfg, job, retries)
+
+    @classmethod
+    def _ensure(cls, cfg: RunConfig, job: str, retries: int) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         for node, node_cpus in live_nodes().items():
             cpus = max(1, int(node_cpus))
             name = service_name(job, node, cfg.embedding)
@@ -137,9 +147,11 @@ class EmbeddingServices:
                 continue
             # Owned by the driver: it ends with the job. Restarts on its node if its process dies;
             # an `encode` is safe to repeat.
-            cls._started[name] = ray.remote(EmbeddingService).options(
+            service = ray.remote(EmbeddingService).options(
                 name=name, get_if_exists=True, num_cpus=0, max_restarts=retries, max_task_retries=retries,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(cfg.embedding, cpus)
+            ray.get(service.__ray_ready__.remote())
+            cls._started[name] = service
 
 
 def node_embedder(cfg: EmbeddingConfig) -> ServiceEmbedder | None:
