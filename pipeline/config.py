@@ -116,6 +116,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+DEFAULT_MAX_SERVERS = 8  # embedded servers started by default on a machine with more cores
+
+
 class LocalServerConfig(Section):
     """The embedded llama.cpp servers used when `provider: local`."""
 
@@ -130,7 +133,8 @@ class LocalServerConfig(Section):
     startup_timeout_s: float = 120.0
 
     def server_count(self) -> int:
-        return self.servers if self.servers is not None else _cores()
+        # By default one per core, at most DEFAULT_MAX_SERVERS: each holds its own model and context.
+        return self.servers if self.servers is not None else min(_cores(), DEFAULT_MAX_SERVERS)
 
     def threads_per_server(self) -> int:
         return self.n_threads if self.n_threads is not None else max(1, _cores() // self.server_count())
