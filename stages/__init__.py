@@ -1,10 +1,10 @@
 """The pipeline's stages, in pipeline order, and the config model they make up.
 
-`registry(cfg)` is what the CLI hands the runner: the fixed stages (`teabag` only with
-`teabag.enabled`), then for each method in
-`cfg.methods` its `memory_<method>` (when it has memory) and `respond_<method>` stages, then
-scoring, the reference metrics, the judges and the report. `load_config` validates a YAML file against every stage's and method's
-settings model.
+`registry(cfg)` is what the CLI hands the runner: the run's stage graph, derived from what the
+config selects (each method's `memory_<method>` and `respond_<method>`, the stages a method brings,
+the judges and metrics its settings enable, the report) and what these read, in pipeline order,
+each stage with `why` it is in the graph. `load_config` validates a YAML file against every stage's
+and method's settings model.
 """
 
 from __future__ import annotations
