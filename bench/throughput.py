@@ -50,22 +50,48 @@ def served_rate(stats: dict, cap: int, structured: bool | None = False) -> dict:
 
 
 class CpuSampler:
-    """Every 0.25 s: the machine's CPU busy share, its cumulative busy CPU-seconds and those of the
-    fake server's process, to tell whether a run was bound by the cores and what each call cost in
-    CPU outside the endpoint."""
+    """Every 0.25 s: the machine's CPU busy share, and the CPU-seconds of this process and its
+    descendants (the `mempipe` run, its Ray processes) other than the fake server, to tell whether
+    a run was bound by the cores and what each call cost in CPU outside the endpoint. Counted per
+    process, not for the whole machine: other work on a shared machine does not count, and neither
+    does this sampler's own thread."""
 
     def __init__(self, server_pid: int | None = None) -> None:
         self.samples: list[tuple[float, float]] = []  # (time.time() at the end of the interval, busy %)
-        self.seconds: list[tuple[float, float, float]] = []  # (time, machine busy CPU-s, server CPU-s)
-        self._server = psutil.Process(server_pid) if server_pid else None
+        # (time, CPU-s of each process of the tree seen so far: its last reading) per sample
+        self.seconds: list[tuple[float, dict[tuple[int, float], float]]] = []
+        self._server = server_pid
+        self._me = psutil.Process()
+        self._procs: dict[tuple[int, float], psutil.Process] = {}  # (pid, create time) -> process
+        self._last: dict[tuple[int, float], float] = {}
+        self._own = 0.0  # this thread's CPU-s so far
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        t = psutil.cpu_times()
-        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-        server = sum(self._server.cpu_times()[:4]) if self._server else 0.0
-        self.seconds.append((time.time(), busy, server))
+        started = time.thread_time()
+        try:
+            tree = [self._me, *self._me.children(recursive=True)]
+        except psutil.Error:
+            tree = [self._me]
+        for proc in tree:
+            if proc.pid == self._server:
+                continue
+            try:
+                key = (proc.pid, proc.create_time())
+                if key not in self._procs and proc.pid != self._me.pid:
+                    try:
+                        if self._server in {p.pid for p in proc.parents()}:
+                            continue
+                    except psutil.Error:
+                        continue
+                self._procs.setdefault(key, proc)
+                t = self._procs[key].cpu_times()
+                self._last[key] = t.user + t.system - (self._own if proc.pid == self._me.pid else 0.0)
+            except psutil.Error:
+                continue  # gone: its last reading stays
+        self.seconds.append((time.time(), dict(self._last)))
+        self._own += time.thread_time() - started
 
     def _run(self) -> None:
         psutil.cpu_percent()
@@ -87,12 +113,12 @@ class CpuSampler:
         return sum(inside) / len(inside) / 100 if inside else float("nan")
 
     def client_cpu_s_between(self, start: float, end: float) -> float:
-        """CPU-seconds the machine spent outside the fake server from `start` to `end` (the samples
-        around them: within 0.25 s at each end)."""
+        """CPU-seconds this process tree (less the fake server and this sampler) spent from `start`
+        to `end` (the samples around them: within 0.25 s at each end)."""
         before = [s for s in self.seconds if s[0] <= start] or self.seconds[:1]
         after = [s for s in self.seconds if s[0] >= end] or self.seconds[-1:]
-        (_, b0, s0), (_, b1, s1) = before[-1], after[0]
-        return (b1 - b0) - (s1 - s0)
+        b0, b1 = before[-1][1], after[0][1]
+        return sum(v - b0.get(k, 0.0) for k, v in b1.items())
 
 
 def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int, extra: list[str],
@@ -249,9 +275,10 @@ def main() -> int:
             "completion - first arrival). Endpoint under cap: share of that span in which the endpoint held fewer "
             "than `cap` requests (served or queued), i.e. capacity the client left unused. CPU busy: the whole "
             "machine's (fake server, driver, Ray and its workers), averaged over that span; near 100% the run "
-            "is bound by the cores, not by the pipeline's concurrency. CPU ms per call: CPU-seconds the machine "
-            "spent outside the fake server's process over that span, per completed call (for the pipeline: "
-            "driver, Ray and workers; for the bare client: the benchmark's process).\n\n"
+            "is bound by the cores, not by the pipeline's concurrency. CPU ms per call: CPU-seconds (user + system) "
+            "of the benchmark's process tree less the fake server over that span, per completed call (for the "
+            "pipeline: the `mempipe` driver, Ray and its workers; for the bare client: the benchmark's process, "
+            "less its CPU sampler); other work on a shared machine is not counted.\n\n"
             + "Settings: `llm.max_concurrency` = cap for the whole run (the workers share it), `ray.episodes_per_shard=4`, defaults otherwise "
             "(one LLM worker per core, `ray.llm_shards_per_worker` shards at once on each).\n\n"
             + table(["run", "cap", "latency s", "ideal req/s", "chat calls", "span s", "requests/s", "share of ideal",

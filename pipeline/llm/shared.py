@@ -32,8 +32,11 @@ from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
 from pipeline.llm.service_host import ServiceRef, start_service
 from pipeline.llm.slots import EndpointSlots, SlotsHandle, start_slot_pool
 
-# A worker's cache calls within this window travel as one actor call (a request waits at most this).
-_BATCH_WINDOW_S = 0.002
+# A worker's cache calls within this window travel as one actor call (a lookup or write waits at
+# most this). An actor call costs ~2 ms of CPU on a 2-core machine (caller and host); at 2 ms most
+# went alone, at 20 ms several share one: 1.1 ms less CPU per completed request (bench/throughput.py,
+# cap 32), against at most 40 ms more per request on a 0.2-2 s endpoint.
+_BATCH_WINDOW_S = 0.02
 _BATCH_MAX = 256
 
 
@@ -56,6 +59,18 @@ class CallCacheService:
 
     def set_many(self, items: list[tuple[str, str]]) -> None:
         self._cache.set_many_raw(items)
+
+    def ops(self, sets: list[tuple[str, str]], gets: list[str]) -> tuple[list[str | None], Exception | None]:
+        """A worker's writes and lookups of the same few milliseconds as one call: the writes first
+        (one transaction), then the lookups. A write that fails fails the writes only: returned, so
+        the lookups still answer."""
+        failed: Exception | None = None
+        if sets:
+            try:
+                self._cache.set_many_raw(sets)
+            except Exception as e:  # CacheWriteError: for the writers, not the readers
+                failed = e
+        return (self._cache.get_many_raw(gets) if gets else []), failed
 
     def close(self) -> None:
         self._cache.close()
@@ -168,46 +183,62 @@ class ActorLedger:
 
 
 class _Batcher:
-    """Coalesces the calls a worker makes in the same few milliseconds into one actor call.
+    """Coalesces a worker's cache writes and lookups of the same few milliseconds into one actor call.
 
-    Every worker's lookups and writes go to one actor; one round trip per item made the actor and
-    Ray's call overhead a large share of a 2-core machine at a few hundred requests per second.
-    Each caller still awaits its own result, so a write is on disk before the caller goes on.
+    Every worker's lookups and writes go to one actor, and each actor call costs far more CPU (the
+    caller's and the host's: Ray's serialisation, its threads and event loops) than the SQLite
+    work it carries: one round trip per item made them a large share of a 2-core machine at a few
+    hundred requests per second, and one per kind (lookups, writes) still near one per item.
+    Writes and lookups share one window and one call (`CallCacheService.ops`: the writes first),
+    so a request's write and another's lookup go together. Each caller still awaits its own
+    result, so a write is on disk before the caller goes on.
     """
 
-    def __init__(self, send: Callable[[list[Any]], Any], window_s: float, max_items: int) -> None:
-        self._send = send  # list of items -> ObjectRef of a list of results (or None)
+    def __init__(self, send: Callable[[list[tuple[str, str]], list[str]], Any], window_s: float,
+                 max_items: int) -> None:
+        self._send = send  # (writes, lookups) -> ObjectRef of (lookup results, the writes' failure or None)
         self._window_s = window_s
         self._max_items = max_items
-        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[Any, asyncio.Future]]] = {}
+        # Per loop: (writes and their futures, lookups and their futures).
+        self._pending: dict[asyncio.AbstractEventLoop, tuple[list, list]] = {}
 
-    async def submit(self, item: Any) -> Any:
+    def get(self, key: str) -> asyncio.Future:
+        return self._add(1, key)
+
+    def set(self, item: tuple[str, str]) -> asyncio.Future:
+        return self._add(0, item)
+
+    def _add(self, kind: int, item: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        pending = self._pending.setdefault(loop, [])
-        pending.append((item, future))
-        if len(pending) == 1:
-            loop.call_later(self._window_s, self._flush, loop)
-        elif len(pending) >= self._max_items:
-            self._flush(loop)
-        return await future
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = ([], [])
+            loop.call_later(self._window_s, self._flush, loop, pending)
+        pending[kind].append((item, future))
+        if len(pending[0]) + len(pending[1]) >= self._max_items:
+            self._flush(loop, pending)
+        return future
 
-    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch = self._pending.pop(loop, [])
-        if batch:
-            loop.create_task(self._deliver(batch))
+    def _flush(self, loop: asyncio.AbstractEventLoop, pending: tuple[list, list]) -> None:
+        if self._pending.get(loop) is pending:  # not already sent (full before its window ended)
+            del self._pending[loop]
+            loop.create_task(self._deliver(*pending))
 
-    async def _deliver(self, batch: list[tuple[Any, asyncio.Future]]) -> None:
+    async def _deliver(self, sets: list[tuple[Any, asyncio.Future]], gets: list[tuple[Any, asyncio.Future]]) -> None:
         try:
-            results = await self._send([item for item, _ in batch])
+            found, failed = await self._send([item for item, _ in sets], [key for key, _ in gets])
         except BaseException as e:  # every caller of the batch sees the failure
-            for _, future in batch:
+            for _, future in sets + gets:
                 if not future.done():
                     future.set_exception(e)
             return
-        for i, (_, future) in enumerate(batch):
+        for _, future in sets:
             if not future.done():
-                future.set_result(None if results is None else results[i])
+                future.set_result(None) if failed is None else future.set_exception(failed)
+        for raw, (_, future) in zip(found, gets):
+            if not future.done():
+                future.set_result(raw)
 
 
 class ActorCallCache:
@@ -216,15 +247,14 @@ class ActorCallCache:
 
     def __init__(self, handle: Any, window_s: float = _BATCH_WINDOW_S, max_items: int = _BATCH_MAX) -> None:
         self.handle = handle
-        self._gets = _Batcher(lambda keys: handle.get_many.remote(keys), window_s, max_items)
-        self._sets = _Batcher(lambda items: handle.set_many.remote(items), window_s, max_items)
+        self._batch = _Batcher(lambda sets, gets: handle.ops.remote(sets, gets), window_s, max_items)
 
     async def get(self, key: str) -> dict[str, Any] | None:
-        raw = await self._gets.submit(key)
+        raw = await self._batch.get(key)
         return None if raw is None else json.loads(raw)
 
     async def set(self, key: str, value: dict[str, Any]) -> None:
-        await self._sets.submit((key, canonical_json(value)))
+        await self._batch.set((key, canonical_json(value)))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"handle": self.handle}  # pending batches belong to this process's loops
