@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +39,9 @@ def test_independent_stages_overlap_under_one_concurrency_cap(run_cfg, fake_llm)
     out = Runner(cfg, registry(cfg)).run()
     assert set(out.values()) == {"ran"}
     spans = {s: _span(cfg.run_dir, s) for s in ("memory_rsum", "respond_full_history", "respond_zero_history")}
-    (a0, a1), (b0, b1) = spans["memory_rsum"], spans["respond_full_history"]
-    assert a0 < b1 and b0 < a1, f"memory_rsum and respond_full_history ran one after the other: {spans}"
+    # Both read only ingest and probes: they start together once probes is done.
+    (a0, a1), (b0, b1) = spans["respond_full_history"], spans["respond_zero_history"]
+    assert a0 < b1 and b0 < a1, f"respond_full_history and respond_zero_history ran one after the other: {spans}"
     assert fake_llm.max_in_flight == 2  # the cap was reached and held across the stages running at once
 
 
@@ -48,10 +50,13 @@ class CrashingNotes(SessionNotes):
 
     name = "crashing_notes"
     crash = True
+    after: str = ""  # a folder whose appearance the crash waits for (the stage that runs beside it)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows], settings: MethodSettings) -> str | None:
         if self.crash:
-            time.sleep(3)  # long enough for probes to finish and respond_full_history to start beside it
+            deadline = time.monotonic() + 60
+            while self.after and not Path(self.after).exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
             raise RuntimeError("the memory view crashed")
         return None
 
@@ -63,6 +68,7 @@ def test_a_crashing_stage_leaves_the_others_rows_and_a_resumable_run(run_cfg, fa
     sets = ["methods=[crashing_notes,full_history]", "corpus.limit=2",
             "stages=[ingest,probes,memory_crashing_notes,respond_crashing_notes,respond_full_history]"]
     cfg = run_cfg(*sets, methods=methods, executor="ray")
+    method.after = str(StageDir(cfg.run_dir, "respond_full_history").partial)  # it crashes once that one runs
     with pytest.raises(PipelineError, match="the memory view crashed"):
         Runner(cfg, registry(cfg, methods)).run()
     assert StageDir(cfg.run_dir, "respond_full_history").manifest() is not None  # ran beside it, kept
@@ -90,7 +96,7 @@ def test_a_budget_stop_stops_every_running_stage_and_resumes(run_cfg, fake_llm):
 
 @pytest.mark.session_ray
 def test_answers_stream_from_a_memory_stage_still_building_and_equal_a_stage_by_stage_run(run_cfg, fake_llm):
-    fake_llm.latency_s = 0.1
+    fake_llm.latency_s = 0.4  # each episode's memory is a chain of calls: seconds, longer than probes takes
     sets = ["methods=[rsum]", "corpus.limit=3", "stages=[ingest,probes,memory_rsum,respond_rsum]"]
     cfg = run_cfg(*sets, executor="ray")
     Runner(cfg, registry(cfg)).run()
