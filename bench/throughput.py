@@ -223,7 +223,7 @@ def main() -> int:
             with FakeServer(latency=memory_latency, max_concurrency=cap) as srv:
                 results["memory_rsum"] = run_stage(
                     srv, workdir, sessions, "rsum", cap,
-                    ["methods=[rsum]", "stages=[ingest,guidance,probes,memory_rsum]"],
+                    ["methods=[rsum]", "stages=[ingest,probes,memory_rsum]"],
                     stage="memory_rsum", structured=None)
     finally:
         if a.keep:

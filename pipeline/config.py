@@ -130,6 +130,9 @@ class LocalServerConfig(Section):
     # Per server, generation and prompt reading both (llama.cpp's own default generates on half the
     # cores). None: the cores over the servers (one each by default).
     n_threads: int | None = Field(default=None, ge=1)
+    # Per server, llama-cpp-python's RAM prompt cache: model states after recent prompts, so a prompt
+    # that starts like any of them (not only the last) skips reading that start again. 0: off.
+    prompt_cache_mb: int = Field(default=512, ge=0)
     startup_timeout_s: float = 120.0
 
     def server_count(self) -> int:
@@ -196,6 +199,7 @@ class LocalServerOverride(Section):
     n_ctx: int | None = None
     servers: int | None = None
     n_threads: int | None = None
+    prompt_cache_mb: int | None = None
     startup_timeout_s: float | None = None
 
 
@@ -461,10 +465,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source)) from None
-    unknown_roles = sorted(set(cfg.roles) - model.known_roles)
+    # Roles the stages use, and those a section's settings name (a judge panel's judges).
+    declared = {r for name in type(cfg).model_fields if callable(getattr(getattr(cfg, name), "declared_roles", None))
+                for r in getattr(cfg, name).declared_roles()}
+    unknown_roles = sorted(set(cfg.roles) - model.known_roles - declared)
     if unknown_roles:
         raise ConfigError(f"invalid configuration in {source}:\n  roles.{unknown_roles[0]}: unknown role; "
-                          f"roles the stages use: {', '.join(sorted(model.known_roles)) or '(none)'}")
+                          f"roles the stages use: {', '.join(sorted(model.known_roles | declared)) or '(none)'}")
     unknown_methods = [m for m in cfg.methods if m not in model.known_methods]
     if unknown_methods:
         name = unknown_methods[0]

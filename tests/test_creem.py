@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections import Counter
 
 import numpy as np
@@ -373,6 +374,39 @@ def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(r
         shares = [r["share"] for r in evolution if r["method"] == m and r["label"] != "Blended"]
         assert abs(sum(shares) - 1.0) < 1e-9, m
         assert all(r["share"] is None for r in evolution if r["method"] == m and r["label"] == "Blended")
+
+
+def test_every_question_is_asked_before_the_blends_and_each_step_keeps_its_own_question():
+    """GQ reads only the dialogue: the build asks every step's question at once, then blends one step
+    after another (each on the memory the step before wrote); each step's row carries the question of
+    its own turn, and each blend sees the memories of the steps before it."""
+    order: list[str] = []
+    blend = counting_builder()
+
+    def answer(messages, schema):
+        if schema.__name__ == "Question":  # names the last turn of the dialogue it was shown
+            return {"question": "After " + re.findall(r"\w+: line \d+\.\d+", messages[-1]["content"])[-1] + "?"}
+        return blend(messages, schema)
+
+    class Slow(FakeChat):  # each answer takes a while, so calls that can overlap do
+        async def chat(self, messages, *, schema=None, **kw):
+            order.append(schema.__name__)
+            await asyncio.sleep(0.01)
+            return await super().chat(messages, schema=schema, **kw)
+
+    sessions = {1: turns(4, 1), 2: turns(4, 2), 3: turns(4, 3)}
+    llm = Slow(responder=answer)
+    out = asyncio.run(Creem().build(MethodContext(settings=CreemSettings(update_every=2, k=10), llm=llm),
+                                    EpisodeInput(episode=EPISODE, sessions=sessions)))
+    assert order.count("Question") == 4  # sessions 2 and 3, after turns 2 and 4
+    # Asked while the first session's first blend is answered: all before any later blend.
+    assert order[:5].count("Question") == 4
+    asked = {(r["snapshot_session"], r["snapshot_turn"]): r["question"] for r in out["evolution"] if r["question"]}
+    assert asked == {(s, t): f"After {sessions[s][t]['speaker']}: line {s}.{t}?" for s in (2, 3) for t in (1, 3)}
+    blends = [c["messages"][-1]["content"] for c in llm.calls if c["schema"].__name__ != "Question"]
+    seen = [b.count("insight ") for b in blends]
+    # Session 2 sees session 1's four insights; session 3 (past sessions only) those and session 2's.
+    assert seen[:5] == [0, 0, 4, 4, 8]
 
 
 def test_the_refine_schema_lets_removals_name_only_the_memories_shown():

@@ -16,7 +16,7 @@ from pipeline.llm.cache import DiskCallCache
 from pipeline.llm.client import LLMClient
 from pipeline.llm.identity import answer_identity
 from pipeline.llm.local_server import LocalLLMServer, LocalLLMServers
-from pipeline.llm.slots import EndpointSlots, ServerPicker, SlotPoolService
+from pipeline.llm.slots import EndpointSlots, ServerPicker, SlotPoolService, shared_start
 from pipeline.testing.fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +127,21 @@ def test_the_pool_picks_the_least_busy_server_for_every_worker() -> None:
     assert [picker.take(), picker.take(), picker.take()] == [0, 1, 0]  # past the cap: still spread
 
 
+def test_an_idle_server_that_read_the_prompts_start_gets_it() -> None:
+    """Prefix affinity: of the idle servers, the one that lately read the longest start of the
+    prompt (its prompt cache skips that part); never a busy server while another is idle."""
+    picker = ServerPicker(2)
+    judge, reply = "system: judge these answers. Past: " + "x" * 500, "system: reply in one turn. " + "y" * 500
+    assert picker.take(judge + " A") == 0
+    assert picker.take(reply + " 1") == 1  # server 0 busy: the idle one, whatever it read
+    picker.give(0), picker.give(1)
+    assert picker.take(reply + " 2") == 1 and picker.take(judge + " B") == 0  # each to its own prefix
+    picker.give(0), picker.give(1)
+    assert picker.take("unrelated") == 0  # nothing shared: the first idle one
+    assert picker.take(judge + " C") == 1  # server 0 busy: not queued behind it
+    assert shared_start("abcdef", "abcxyz") == 3 and shared_start("", "a") == 0 and shared_start("ab", "ab") == 2
+
+
 def test_one_server_per_core_with_one_thread_each_by_default() -> None:
     local = LocalServerConfig()
     cores = len(os.sched_getaffinity(0))
@@ -186,7 +201,7 @@ def test_two_single_thread_servers_answer_as_one_does(tmp_path: Path, monkeypatc
 
     picked: list[int] = []
     take = ServerPicker.take
-    monkeypatch.setattr(ServerPicker, "take", lambda self: picked.append(take(self)) or picked[-1])
+    monkeypatch.setattr(ServerPicker, "take", lambda self, prompt="": picked.append(take(self, prompt)) or picked[-1])
     llm = dict(model="SmolLM2-135M-Instruct", temperature=0.0, seed=0, max_tokens=24, structured_retries=0)
 
     def answers(servers: int) -> list[str]:

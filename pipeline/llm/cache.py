@@ -40,6 +40,7 @@ _SIZE_LIMIT = 2**50
 # The layout of keys and values; a cache written with another is set aside, not read.
 CACHE_FORMAT = 1
 MARKER = "mempipe-cache.json"
+DB_FILE = diskcache.core.DBNAME  # the SQLite file in a cache directory
 
 
 class CallCache(Protocol):

@@ -13,9 +13,10 @@ run directory (`_spend.json`), so a rerun with a higher budget continues from wh
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.storage import Location, join
@@ -240,28 +241,61 @@ class LocalLedger:
 
 
 class StageTally:
-    """A client's view of the ledger: counts its calls under (stage, role) and sends them in
-    batches, so a busy worker costs the ledger one message per half second, not one per call."""
+    """A client's view of the ledger: counts its calls under (stage, role). Every tally of a process
+    that records to one ledger shares one batch (`_ProcessTally`), so a busy worker costs the ledger
+    one message per half second, not one per call, nor one per shard running in it."""
 
     def __init__(self, ledger: Any, stage: str, role: str) -> None:
         self.ledger = ledger
         self.stage = stage
         self.role = role
         self.budgeted = ledger.applies_to(role)
-        self._pending = _zero()
-        self._dirty = False
-        self._last = time.monotonic()
+        self._shared = _ProcessTally.of(ledger)
 
     def add(self, **delta: float) -> None:
-        for k, v in delta.items():
-            self._pending[k] = self._pending.get(k, 0) + v
-        self._dirty = True
-        if time.monotonic() - self._last >= _FLUSH_EVERY_S:
+        self._shared.add((self.stage, self.role), delta)
+
+    def flush(self) -> None:
+        """Send what this process counted so far (a client's close: its counts are in before its
+        shard is done)."""
+        self._shared.flush()
+
+
+class _ProcessTally:
+    """The counts of every StageTally of this process for one ledger, sent together."""
+
+    _all: ClassVar[dict[Any, "_ProcessTally"]] = {}
+    _all_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+        self._pending: dict[tuple[str, str], dict[str, float]] = {}
+        self._last = time.monotonic()
+        self._lock = threading.Lock()  # inline runs count from several threads
+
+    @classmethod
+    def of(cls, ledger: Any) -> "_ProcessTally":
+        # One per ledger service (its name is the same in every process that unpickled it), else per object.
+        key = getattr(getattr(ledger, "handle", None), "name", None) or id(ledger)
+        with cls._all_lock:
+            tally = cls._all.get(key)
+            if tally is None:
+                tally = cls._all[key] = cls(ledger)
+            tally.ledger = ledger  # the latest run's handle to a service of the same name
+            return tally
+
+    def add(self, key: tuple[str, str], delta: Mapping[str, float]) -> None:
+        with self._lock:
+            pending = self._pending.setdefault(key, _zero())
+            for k, v in delta.items():
+                pending[k] = pending.get(k, 0) + v
+            due = time.monotonic() - self._last >= _FLUSH_EVERY_S
+        if due:
             self.flush()
 
     def flush(self) -> None:
-        if self._dirty:
-            self.ledger.record([(self.stage, self.role, self._pending)])
-            self._pending = _zero()
-            self._dirty = False
-        self._last = time.monotonic()
+        with self._lock:
+            batch, self._pending = self._pending, {}
+            self._last = time.monotonic()
+        if batch:
+            self.ledger.record([(stage, role, counts) for (stage, role), counts in batch.items()])

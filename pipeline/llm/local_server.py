@@ -192,6 +192,8 @@ class LocalLLMServer:
             # Both: llama-cpp-python reads the prompt on n_threads_batch (default: every core).
             "--n_threads", threads, "--n_threads_batch", threads,
         ]
+        if local.prompt_cache_mb:
+            cmd += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(local.prompt_cache_mb << 20)]
         env = dict(os.environ)
         env[_PARENT_ENV] = str(os.getpid())
         # The child imports this package; make that work from a plain checkout too.

@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,7 @@ import ray
 
 from pipeline.config import LLMConfig
 from pipeline.hashing import canonical_json
-from pipeline.llm.cache import DiskCallCache
+from pipeline.llm.cache import DB_FILE, DiskCallCache
 from pipeline.llm.client import LLMClient
 from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.breaker import Admission
@@ -36,6 +39,8 @@ from pipeline.llm.slots import EndpointSlots, SlotsHandle, start_slot_pool
 # most this). An actor call costs ~2 ms of CPU on a 2-core machine (caller and host); at 2 ms most
 # went alone, at 20 ms several share one: 1.1 ms less CPU per completed request (bench/throughput.py,
 # cap 32), against at most 40 ms more per request on a 0.2-2 s endpoint.
+log = logging.getLogger(__name__)
+
 _BATCH_WINDOW_S = 0.02
 _BATCH_MAX = 256
 
@@ -243,11 +248,22 @@ class _Batcher:
 
 class ActorCallCache:
     """`CallCache` proxy to the job's `CallCacheService`: lookups and writes batched per few milliseconds,
-    values (de)serialised here so the one actor only moves text."""
+    values (de)serialised here so the one actor only moves text.
 
-    def __init__(self, handle: Any, window_s: float = _BATCH_WINDOW_S, max_items: int = _BATCH_MAX) -> None:
-        self.handle = handle
-        self._batch = _Batcher(lambda sets, gets: handle.ops.remote(sets, gets), window_s, max_items)
+    A worker on the host's node (`node`, with the cache's `directory`) opens the SQLite file itself
+    and runs each batch on a thread: diskcache is process-safe on one machine's disk, and an actor
+    call per batch cost more CPU than the SQLite work it carried (about 1.5 ms per request at cap
+    32, bench/throughput.py). Workers on other nodes go through the host, so only the host's node
+    ever writes the file (never two nodes, never NFS)."""
+
+    def __init__(self, handle: Any, window_s: float = _BATCH_WINDOW_S, max_items: int = _BATCH_MAX,
+                 directory: str | None = None, node: str | None = None) -> None:
+        self.handle, self.directory, self.node = handle, directory, node
+        local = _same_node_cache(directory, node)
+        send = ((lambda sets, gets: asyncio.to_thread(local.ops, sets, gets)) if local is not None
+                else (lambda sets, gets: handle.ops.remote(sets, gets)))
+        self.local = local is not None
+        self._batch = _Batcher(send, window_s, max_items)
 
     async def get(self, key: str) -> dict[str, Any] | None:
         raw = await self._batch.get(key)
@@ -257,13 +273,46 @@ class ActorCallCache:
         await self._batch.set((key, canonical_json(value)))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle}  # pending batches belong to this process's loops
+        # Pending batches belong to this process's loops; the receiving process decides its own path.
+        return {"handle": self.handle, "directory": self.directory, "node": self.node}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["handle"])  # type: ignore[misc]
+        self.__init__(state["handle"], directory=state["directory"], node=state["node"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return "ActorCallCache()"
+
+
+# This process's own connections to the caches of its node, by directory: (the database file's
+# identity when opened, the service). A directory removed and made again is opened again.
+_LOCAL_CACHES: dict[str, tuple[tuple[int, int], CallCacheService]] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def _same_node_cache(directory: str | None, node: str | None) -> CallCacheService | None:
+    """This process's connection to the cache in `directory` when it runs on `node` (the host's);
+    None elsewhere, or when the file cannot be opened here (then the host serves it)."""
+    if not directory or not node or not ray.is_initialized():
+        return None
+    try:
+        if ray.get_runtime_context().get_node_id() != node:
+            return None
+    except Exception:  # noqa: BLE001 - no runtime context (a plain process): the host serves it
+        return None
+    with _LOCAL_LOCK:
+        known = _LOCAL_CACHES.get(directory)
+        try:
+            st = os.stat(Path(directory) / DB_FILE)
+            if known is not None and known[0] == (st.st_dev, st.st_ino):
+                return known[1]
+            service = CallCacheService(directory)
+        except Exception as e:  # noqa: BLE001 - the host's connection still works
+            log.warning("LLM cache %s: this worker cannot open it (%s); its host serves it", directory, e)
+            return None
+        if known is not None:
+            known[1].close()
+        _LOCAL_CACHES[directory] = ((st.st_dev, st.st_ino), service)
+        return service
 
 
 class ActorRateLimiter:
@@ -303,6 +352,8 @@ class SharedLLMHandles:
     """Service refs for one (job, LLM config). Picklable: pass it to Ray tasks with the config."""
 
     cache: ServiceRef | None = None  # the CallCacheService, None when the cache is disabled
+    cache_dir: str | None = None  # its directory, and the host's node: workers there open it themselves
+    cache_node: str | None = None
     limiter: ServiceRef | None = None  # the RateLimiterService, None when neither rpm nor tpm is set
     slots: SlotsHandle | None = None  # the endpoint's `max_concurrency` slots for every worker of the job
 
@@ -325,7 +376,9 @@ class SharedLLMHandles:
             limiter = start_service(
                 f"mempipe-llm-limiter-{job_key}-{_digest(endpoint_identity(cfg), cfg.model, cfg.rpm, cfg.tpm)}",
                 RateLimiterService, cfg.rpm, cfg.tpm)
-        return cls(cache=cache, limiter=limiter, slots=start_slot_pool(cfg, job_key))
+        node = ray.get_runtime_context().get_node_id()  # the host's: it starts on the driver's node
+        return cls(cache=cache, cache_dir=directory if cache is not None else None, cache_node=node,
+                   limiter=limiter, slots=start_slot_pool(cfg, job_key))
 
     def close(self) -> None:
         """Close the cache file and stop the services (end of run). Safe to call twice."""
@@ -348,7 +401,8 @@ def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, sect
         cache = DiskCallCache(cfg.cache_dir) if cfg.cache_enabled else None
         return LLMClient(cfg, cache=cache, limiter=LocalRateLimiter(cfg.rpm, cfg.tpm), section=section,
                          retry_samples=retry_samples, tally=tally)
-    cache = ActorCallCache(handles.cache) if handles.cache is not None and cfg.cache_enabled else None
+    cache = (ActorCallCache(handles.cache, directory=handles.cache_dir, node=handles.cache_node)
+             if handles.cache is not None and cfg.cache_enabled else None)
     # Without a shared limiter (no rpm/tpm) a local one still honours Retry-After within the worker.
     limiter = ActorRateLimiter(handles.limiter) if handles.limiter is not None else LocalRateLimiter()
     return LLMClient(cfg, cache=cache, limiter=limiter, section=section, retry_samples=retry_samples,

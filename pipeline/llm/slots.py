@@ -129,22 +129,45 @@ class SlotPool:
 
 
 class ServerPicker:
-    """Which of an endpoint's servers a request goes to: one with the fewest requests in flight,
-    the first of those on a tie, so requests one at a time keep to server 0 (and its prompt cache)."""
+    """Which of an endpoint's servers a request goes to: one with the fewest requests in flight
+    (each answers one at a time), and among those the one that lately read the longest start of
+    the request's prompt, as its prompt cache can skip reading it again (llama.cpp: its last
+    prompt, and with `llm.local.prompt_cache_mb` the longest cached prefix of any recent one).
+    Ties go to the first, so requests one at a time keep to server 0."""
+
+    RECENT = 16  # prompts remembered per server: about what its prompt cache holds
 
     def __init__(self, servers: int) -> None:
         self.busy = [0] * max(1, servers)
+        self.recent: list[deque[str]] = [deque(maxlen=self.RECENT) for _ in self.busy]
         self._lock = threading.Lock()  # inline runs may send from several threads' loops
 
-    def take(self) -> int:
+    def take(self, prompt: str = "") -> int:
         with self._lock:
-            i = min(range(len(self.busy)), key=self.busy.__getitem__)
+            least = min(self.busy)
+            idle = [i for i, b in enumerate(self.busy) if b == least]
+            i = max(idle, key=lambda j: (max((shared_start(prompt, p) for p in self.recent[j]), default=0), -j))
             self.busy[i] += 1
+            if prompt:
+                self.recent[i].append(prompt)
             return i
 
     def give(self, server: int) -> None:
         with self._lock:
             self.busy[server] = max(self.busy[server] - 1, 0)
+
+
+def shared_start(a: str, b: str) -> int:
+    """The length of the longest common prefix of `a` and `b` (slice comparisons, not a loop per
+    character: prompts run to many kilobytes)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 try:
@@ -163,8 +186,8 @@ class SlotPoolService:
         self._token = uuid.uuid4().hex
         self._servers = ServerPicker(servers)
 
-    def take_server(self) -> int:
-        return self._servers.take()
+    def take_server(self, prompt: str = "") -> int:
+        return self._servers.take(prompt)
 
     def give_server(self, server: int) -> None:
         self._servers.give(server)
@@ -432,15 +455,16 @@ class EndpointSlots:
             slots = _SHARED[key] = cls(cfg.max_concurrency, handle, local_cap, servers)
         return slots
 
-    async def take_server(self) -> int:
-        """The server (0 .. servers-1) for a request that holds a slot: the least busy one, across
-        every worker of the run. Give it back with `give_server`."""
+    async def take_server(self, prompt: str = "") -> int:
+        """The server (0 .. servers-1) for a request that holds a slot, across every worker of the
+        run: the least busy, then the one that read most of `prompt`'s start (ServerPicker). Give it
+        back with `give_server`."""
         if self.handle is not None and self._picker is None:
             try:
-                return await self.handle.actor.take_server.remote()
+                return await self.handle.actor.take_server.remote(prompt)
             except Exception as e:  # noqa: BLE001 - the pool is gone: this process picks alone
                 log.warning("endpoint servers unavailable from the pool (%s); this worker picks its own", e)
-        return self._own_picker().take()
+        return self._own_picker().take(prompt)
 
     def give_server(self, server: int) -> None:
         if self.handle is not None and self._picker is None:

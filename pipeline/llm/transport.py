@@ -171,6 +171,12 @@ def _preset_platform(client: openai.AsyncOpenAI) -> None:
         client._platform = _platform()
 
 
+def prompt_text(body: dict[str, Any]) -> str:
+    """The chat request's messages as one string, in order: two prompts that start alike render to
+    token sequences that start alike, which a server's prompt cache reuses."""
+    return "\x00".join(f"{m.get('role')}\x01{m.get('content')}" for m in body.get("messages") or ())
+
+
 def _post_chat(body: dict[str, Any]) -> Callable[[openai.AsyncOpenAI], Awaitable[Any]]:
     async def call(client: openai.AsyncOpenAI) -> Any:
         from openai.types.chat import ChatCompletion
@@ -272,7 +278,7 @@ class Transport:
 
     async def chat(self, body: dict[str, Any], est_tokens: int) -> ChatAnswer:
         """POST /chat/completions with `body` as it is; its choices and usage."""
-        return await self.send(_post_chat(body), est_tokens, read_chat)
+        return await self.send(_post_chat(body), est_tokens, read_chat, affinity=lambda: prompt_text(body))
 
     async def embeddings(self, model: str, texts: list[str], est_tokens: int) -> tuple[list[list[float]], int]:
         """The texts' vectors in input order, and the prompt tokens they took."""
@@ -284,7 +290,7 @@ class Transport:
         return await self.send(_post_embeddings(body), est_tokens, read)
 
     async def send(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int,
-                   read: Callable[[Any], Any]) -> Any:
+                   read: Callable[[Any], Any], affinity: Callable[[], str] | None = None) -> Any:
         """One request with transport retries; returns `read(response)`.
 
         A body that is not the expected JSON (a proxy's HTML page, JSON without `choices`) is
@@ -298,7 +304,7 @@ class Transport:
         while True:
             asked = self._breaker_watched()
             probe = await self._wait_for_endpoint()
-            got = await self._try(st, call, est_tokens, read, asked, probe)
+            got = await self._try(st, call, est_tokens, read, asked, probe, affinity)
             if got is _QUIET:
                 continue  # the endpoint failed while this request waited for its slot: ask the breaker
             if not isinstance(got, _Failure):
@@ -323,8 +329,10 @@ class Transport:
             await self._back_off(attempt, err, got.retry_after)
 
     async def _try(self, st: _LoopState, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], est_tokens: int,
-                   read: Callable[[Any], Any], asked: bool, probe: bool) -> Any:
-        """One try in one endpoint slot: `read(response)`, a `_Failure`, or `_QUIET` (not sent)."""
+                   read: Callable[[Any], Any], asked: bool, probe: bool,
+                   affinity: Callable[[], str] | None = None) -> Any:
+        """One try in one endpoint slot: `read(response)`, a `_Failure`, or `_QUIET` (not sent).
+        `affinity()`: the prompt's text, so that a request goes to the server holding its prefix."""
         import openai
 
         # One endpoint slot per request (pipeline.llm.slots): shared by every worker of a run, so
@@ -335,9 +343,10 @@ class Transport:
                 await self.limiter.acquire(est_tokens)
             if not probe and self._went_quiet(asked):
                 return _QUIET
-            # Several single-request servers behind the endpoint (the embedded ones): the least busy.
+            # Several single-request servers behind the endpoint (the embedded ones): an idle one,
+            # the one that read the longest start of this prompt lately (its prompt cache).
             spread = self.slots.servers > 1
-            server = await self.slots.take_server() if spread else 0
+            server = await self.slots.take_server(affinity() if affinity else "") if spread else 0
             sent_at = time.monotonic()
             try:
                 result = read(await call(st.clients[server % len(st.clients)] if spread else st.next_client()))

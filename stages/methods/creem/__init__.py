@@ -47,9 +47,10 @@ Where each phase lives (all in this module unless named; the prompts and their c
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
@@ -288,11 +289,16 @@ class Creem(Method[CreemSettings]):
             chosen = [pieces[i] for i in sorted(top_k(dense_scores(qvec, vecs, similarity), k))]
         return [p[1] for p in chosen if p[0] == "m"], [p[1] for p in chosen if p[0] == "u"]
 
+    @staticmethod
+    async def ask(llm: ChatLLM, speaker: str, turns: list[dict]) -> str:
+        """GQ: the step's question over the session so far (it reads the dialogue, not the memory)."""
+        return (await llm.chat(question_messages(speaker, format_unit(turns)), schema=Question)).parsed.question
+
     async def recall(self, llm: ChatLLM, embed: Embed | None, settings: CreemSettings, memory: dict[str, list[dict]],
-                     step: TurnStep, turns: list[dict]) -> None:
-        """GQ and R of the step: its question over the session so far, then the top-k pieces."""
-        step.question = (await llm.chat(question_messages(step.speaker, format_unit(turns)),
-                                        schema=Question)).parsed.question
+                     step: TurnStep, turns: list[dict], question: Awaitable[str] | None = None) -> None:
+        """GQ and R of the step: its question over the session so far (`question`, when asked
+        already), then the top-k pieces."""
+        step.question = await (question if question is not None else self.ask(llm, step.speaker, turns))
         pool = memory.get(step.speaker, [])
         if settings.retrieve_from == "past_sessions":  # Algorithm 1 line 4: M_[1,s-1]
             pool = [m for m in pool if m["session_idx"] < step.session]
@@ -300,8 +306,10 @@ class Creem(Method[CreemSettings]):
                                                              settings.similarity)
 
     async def step(self, llm: ChatLLM, embed: Embed | None, settings: CreemSettings, memory: dict[str, list[dict]],
-                   speaker: str, session: int, turns: list[dict], first: bool, ids: Iterator[str]) -> TurnStep:
-        """The step after `turns` (the session so far) about `speaker`; mutates `memory`."""
+                   speaker: str, session: int, turns: list[dict], first: bool, ids: Iterator[str],
+                   question: Awaitable[str] | None = None) -> TurnStep:
+        """The step after `turns` (the session so far) about `speaker`; mutates `memory`. `question`:
+        its GQ answer when asked ahead (see `build`)."""
         step = TurnStep(speaker, session, turns[-1]["turn_idx"])
         params = {"max_tokens": settings.max_tokens} if settings.max_tokens else {}
 
@@ -313,7 +321,7 @@ class Creem(Method[CreemSettings]):
                 res = await llm.chat(first_session_messages(speaker, statements, n), schema=Blended, **params,
                                      validate=lambda out: check_count(out, n))
                 return [(i.text, "Blended", []) for i in res.parsed.insights]
-            await self.recall(llm, embed, settings, memory, step, turns)
+            await self.recall(llm, embed, settings, memory, step, turns, question)
             n, shown = settings.insights, len(step.memories)
             if settings.refine:
                 res = await llm.chat(blend_messages(speaker, step.memories, step.utterances, n, True),
@@ -352,20 +360,35 @@ class Creem(Method[CreemSettings]):
                                 + [{**key, "op": "add", **m} for m in step.added])
             out["evolution"] += [{**key, "dataset": dataset, **r} for r in step.evolution_rows()]
 
+        # Algorithm 1's steps in order: (session, its turns so far, whose memory, first session?).
+        steps: list[tuple[int, list[dict], str, bool]] = []
         for n, (s, turns) in enumerate(episode.sessions.items()):
             if n == 0 and settings.first_session == "once" and turns:
-                # One blend per speaker after the whole first session, over all of it.
-                whole = settings.model_copy(update={"first_session_turns": None})
-                for who in dict.fromkeys(t["speaker"] for t in turns):
-                    record(await self.step(ctx.llm, ctx.embed, whole, memory, who, s, turns, first=True, ids=ids),
-                           s, turns[-1]["turn_idx"])
-                continue
-            for i in range(len(turns)):
-                if (i + 1) % settings.update_every and i != len(turns) - 1:
-                    continue
-                about = step_speaker(turns, i, speakers, settings.step_about)
-                record(await self.step(ctx.llm, ctx.embed, settings, memory, about, s, turns[:i + 1], first=n == 0,
-                                       ids=ids), s, turns[i]["turn_idx"])
+                continue  # blended once after the session, below
+            steps += [(s, turns[:i + 1], step_speaker(turns, i, speakers, settings.step_about), n == 0)
+                      for i in range(len(turns)) if not (i + 1) % settings.update_every or i == len(turns) - 1]
+        # Each step's question (GQ) reads only the dialogue, so all are asked at once; each blend
+        # reads the memory the step before wrote, so the blends go one after another. The same
+        # calls as asking each question in its step: a chain of blends, not of question-blend pairs.
+        questions = [None if first else asyncio.ensure_future(self.ask(ctx.llm, about, turns))
+                     for _, turns, about, first in steps]
+        try:
+            for n, (s, turns) in enumerate(episode.sessions.items()):
+                if n == 0 and settings.first_session == "once" and turns:
+                    # One blend per speaker after the whole first session, over all of it.
+                    whole = settings.model_copy(update={"first_session_turns": None})
+                    for who in dict.fromkeys(t["speaker"] for t in turns):
+                        record(await self.step(ctx.llm, ctx.embed, whole, memory, who, s, turns, first=True,
+                                               ids=ids), s, turns[-1]["turn_idx"])
+            for (s, turns, about, first), question in zip(steps, questions):
+                record(await self.step(ctx.llm, ctx.embed, settings, memory, about, s, turns, first=first, ids=ids,
+                                       question=question), s, turns[-1]["turn_idx"])
+        finally:  # a build that stops early: no question left running, none of their errors left unread
+            for q in questions:
+                if q is not None and not q.done():
+                    q.cancel()
+                elif q is not None and not q.cancelled():
+                    q.exception()
         return out
 
     def built_step(self, memory: dict[str, list[dict]], session: int, last: dict, about: str) -> TurnStep | None:
