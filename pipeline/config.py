@@ -321,6 +321,18 @@ class CorpusSource(Section):
     episode_ids: list[str] | str | None = PathField(None)  # ids, or a file of them (resolved, not looked up)
     # LoCoMo: a shared photo's BLIP caption appended to its turn's text (false: the text alone)
     captions: bool = True
+    # LoCoMo's gold answers: the dataset's (original), or with dial481/locomo-audit's corrections of the
+    # score-corrupting errors (audited; pipeline/corpus/locomo_audit.py), read from audit_path, where
+    # `mempipe data fetch locomo-audit` puts them. The original gold stays beside it in the qa table.
+    answer_key: Literal["original", "audited"] = "original"
+    audit_path: str = PathField("data/locomo-audit", lookup=True)
+
+    @model_validator(mode="after")
+    def _audited_key_is_locomos(self) -> "CorpusSource":
+        if self.answer_key == "audited" and self.format != "locomo":
+            raise ValueError(f"answer_key: audited corrects LoCoMo's gold answers only (format: {self.format}); "
+                             "use answer_key: original")
+        return self
 
 
 class CorpusConfig(CorpusSource):

@@ -51,5 +51,12 @@ QA = pa.schema(
         pa.field("abstention", pa.bool_()),  # the history cannot answer it (LongMemEval "_abs"); null: not said
         pa.field("evidence_sessions", pa.list_(pa.string())),  # the dataset's ids of the answer's sessions
         pa.field("source", pa.string(), nullable=False),  # "dataset" | "teabag"
+        # The answer key `answer` and `evidence` follow (corpus.answer_key: original | audited, LoCoMo),
+        # the dataset's own gold beside them whatever the key, and the audit's error class of an item the
+        # audited key changed (null otherwise): pipeline/corpus/locomo_audit.py `gold` reads either key.
+        pa.field("answer_key", pa.string()),
+        pa.field("gold_original", pa.string()),
+        pa.field("evidence_original", pa.list_(pa.string())),
+        pa.field("answer_key_class", pa.string()),
     ]
 )

@@ -26,7 +26,7 @@ from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.failures import fail_fast
 from pipeline.manifest import Manifest, ShardMarker
-from pipeline.stage import EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
+from pipeline.stage import PART_STATS, EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
 from pipeline.llm.usage import costed_to
 
@@ -268,7 +268,8 @@ async def _run_shard_in(ctx: StageContext, task: ShardTask, sd: StageDir, inputs
         await _close(clients)
     marker = streamed if streamed is not None else await asyncio.to_thread(_write_outputs, stage, sd, task, produced)
     marker.llm_usage = {role: c.usage for role, c in clients.items()} or None
-    marker.extra = extra_stats
+    if streamed is None:  # a streamed stage's counts came with its parts
+        marker.extra = extra_stats
     return marker
 
 
@@ -370,6 +371,7 @@ def _stream_outputs(stage: GlobalStage, ctx: StageContext, sd: StageDir, task: S
         if len(ids) > size:
             raise RuntimeError(f"stage {stage.name}: part {i} holds {len(ids)} episodes, more than {size}")
         parts[part_name(i)] = list(ids)
+        add_stats(marker.extra, part.get(PART_STATS) or {})
     if i < 0:  # no episodes: one empty part, as a whole empty output
         for table, schema in stage.outputs.items():
             atomic_write_parquet(storage.join(sd.partial, table, part_name(0)), schema.empty_table())

@@ -158,6 +158,11 @@ class Stage:
         return (type(self).__module__,)
 
 
+# A streamed part may also hold, under this key, the stage's own counts for its manifest (summed over
+# parts, as shard stats are): e.g. what ingest's audited answer key changed.
+PART_STATS = "_stats"
+
+
 class GlobalStage(Stage):
     # True: the stage gives its output through `run_parts`, part by part, and never holds it whole
     # (ingest: a 10k-episode corpus parsed at once took 700 MB in one worker).
@@ -167,11 +172,11 @@ class GlobalStage(Stage):
         raise NotImplementedError
 
     def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
-                  episodes_per_part: int) -> Iterator[dict[str, pa.Table]]:
+                  episodes_per_part: int) -> Iterator[dict[str, Any]]:
         """For a stage that `streams`: its output tables, `episodes_per_part` whole episodes at a time
-        (the last part may hold fewer), in episode order. Each part is written as it comes, as the
-        part a non-streaming stage's whole output would have been cut into; an exception publishes
-        nothing."""
+        (the last part may hold fewer), in episode order, and optionally its counts under `PART_STATS`.
+        Each part is written as it comes, as the part a non-streaming stage's whole output would have
+        been cut into; an exception publishes nothing."""
         raise NotImplementedError
 
 

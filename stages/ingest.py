@@ -12,9 +12,10 @@ import pyarrow as pa
 from pipeline.config import CorpusSource, RunConfig, under_cwd
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
+from pipeline.corpus.locomo_audit import add_counts, audit_files, audited_rows, fetch_hint, read_corrections
 from pipeline.errors import ConfigError
 from pipeline.schemas import EPISODES, QA, TURNS
-from pipeline.stage import GlobalStage, StageContext
+from pipeline.stage import PART_STATS, GlobalStage, StageContext
 
 
 class IngestStage(GlobalStage):
@@ -30,7 +31,11 @@ class IngestStage(GlobalStage):
         # A file of episode ids: its content (the path alone is already in the section's settings).
         id_files = [_digests(Path(s.episode_ids)) if isinstance(s.episode_ids, str) else None
                     for s in cfg.corpus.sources()]
-        return {**out, "episode_id_files": id_files} if any(id_files) else out
+        out = {**out, "episode_id_files": id_files} if any(id_files) else out
+        # The audited answer key's corrections (answer_key itself is in the section's settings).
+        audits = [_file_digests(audit_files(s.audit_path)) if s.answer_key == "audited" else None
+                  for s in cfg.corpus.sources()]
+        return {**out, "answer_key_files": audits} if any(audits) else out
 
     # Parsed and written in parts of `ray.episodes_per_shard` episodes: the worker holds one part and
     # the ids seen, not the corpus (a 10k-episode corpus parsed whole took 700 MB).
@@ -41,37 +46,53 @@ class IngestStage(GlobalStage):
             _require_source(source)
 
     def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
-                  episodes_per_part: int) -> Iterator[dict[str, pa.Table]]:
+                  episodes_per_part: int) -> Iterator[dict[str, Any]]:
         seen: dict[str, str] = {}  # episode_id -> the source it came from
-        part = Corpus()
+        part, stats = Corpus(), {}  # stats: what the audited answer key did, for the manifest
         for source in ctx.cfg.corpus.sources():
             _require_source(source)  # again where it runs: a worker may not see what the driver saw
+            corrections = read_corrections(source.audit_path) if source.answer_key == "audited" else None
             for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids, source.captions):
                 eid = rows.episode["episode_id"]
                 if eid in seen:
                     raise ConfigError(f"corpus.extra: episode {eid!r} of {source.path} is also in {seen[eid]}")
                 seen[eid] = source.path
+                if corrections is not None:
+                    rows, counts = audited_rows(rows, corrections)
+                    add_counts(stats, counts)
                 part.episodes.append(rows.episode)
                 part.turns += rows.turns
                 part.qa += rows.qa
                 if len(part.episodes) == episodes_per_part:
-                    yield part.tables()
-                    part = Corpus()
+                    yield {**part.tables(), PART_STATS: stats}
+                    part, stats = Corpus(), {}
         if part.episodes:
-            yield part.tables()
+            yield {**part.tables(), PART_STATS: stats}
 
 
 def _require_source(source: CorpusSource) -> None:
-    """A corpus source that is there, or an error with the fetch command for a corpus we know."""
+    """A corpus source that is there, or an error with the fetch command for a corpus we know; with the
+    audited answer key, its audit files too."""
     if not Path(source.path).exists():
         source.require_file(source.path, missing_corpus_hint(source.format, under_cwd(source.path)))
+    if source.answer_key == "audited":
+        for f in audit_files(source.audit_path):
+            source.require_file(str(f), "the audited answer key (corpus.answer_key: audited) reads "
+                                        f"dial481/locomo-audit's corrections: {fetch_hint(under_cwd(source.audit_path))}")
 
 
 def _digests(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {"missing": str(path)}
-    digests = {}
-    for f in corpus_files(path):
+    return _file_digests(corpus_files(path))
+
+
+def _file_digests(files: list[Path]) -> dict[str, Any]:
+    digests: dict[str, str | None] = {}
+    for f in files:
+        if not f.is_file():
+            digests[f.name] = None  # missing: check_inputs names it
+            continue
         h = hashlib.sha256()
         with f.open("rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):

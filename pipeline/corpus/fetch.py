@@ -275,6 +275,8 @@ def format_registry() -> str:
         if s.corpus_path:
             lines.append(f"    corpus: format {s.corpus_format}, path data/{s.corpus_path}")
         lines.append(f"    configs: {', '.join(s.configs) or '-'}")
+        if s.use:
+            lines.append(f"    use: {s.use.format(dir=DEFAULT_DIR)}")
         if s.notes:
             lines.append(f"    note: {s.notes}")
     return "\n".join(lines)
@@ -327,4 +329,6 @@ def cmd_data(args: argparse.Namespace) -> int:
             configs = f" (configs: {', '.join(source.configs)})" if source.configs else ""
             print(f"{source.name}: corpus.format={source.corpus_format} "
                   f"corpus.path={Path(args.dir) / source.corpus_path}{configs}")
+        if source.use:
+            print(f"{source.name}: {source.use.format(dir=Path(args.dir))}")
     return 0

@@ -285,6 +285,11 @@ def _qa_rows(ep: Episode, turn_ids: set[str], chk: Checker) -> list[dict]:
                 "abstention": q.abstention,
                 "evidence_sessions": q.evidence_sessions,
                 "source": "dataset",
+                # the dataset's own key; the audited LoCoMo key rewrites answer and evidence (locomo_audit.py)
+                "answer_key": "original",
+                "gold_original": q.answer,
+                "evidence_original": None if evidence is None else list(evidence),
+                "answer_key_class": None,
             }
         )
 

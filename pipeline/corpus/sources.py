@@ -43,6 +43,7 @@ class CorpusSource:
     files: tuple[RemoteFile, ...] = ()
     configs: tuple[str, ...] = ()  # configs/ files whose corpus (or corpus.extra) reads it
     notes: str = ""
+    use: str = ""  # the settings that read it, printed after a fetch ({dir}: the data directory)
 
     @property
     def verified(self) -> bool:
@@ -52,6 +53,20 @@ class CorpusSource:
 _HF = "https://huggingface.co/datasets"
 _MSC_CONFIGS = ("creem_msc.yaml", "ldagent_msc.yaml", "rsum_msc.yaml", "theanine_msc.yaml",
                 "theanine_msc_cc.yaml", "teafarm_msc_cc.yaml")
+# dial481/locomo-audit's per-conversation errors, at one commit: the files are read from the commit's tree.
+_AUDIT_COMMIT = "9493fb4b4af4256ed17a18e8fd0b3cfdeec29539"
+_AUDIT_SHA256 = (
+    "63c778c8432b058d791417ec37bf8ac30b0bb83b1272afacb5a162b84fe5e3c4",
+    "a2db16644318c3c144544f4cb373028e416bbf20c6f07f46606cf66f45de4e6c",
+    "93c2aa8ee7d3bfb59ae1cca283d176a794d76d3751c69264ddc1f63ceb2b4b3a",
+    "c1d0162e534bf68dba6aff3ca3e73ba8179cab7a400d098b8be89048c7b58585",
+    "42520f95b654c85b564da6cd26f40cefb981de574066f7b92bdebbc780fa1376",
+    "af8c675a3e216ddb94e07c417fb37c45fc46740dfa8ce586fc8c527f7a3b9ee7",
+    "acb6d0d02f938180b3d1a7a45f80d432ece69d13b197371cb71ddbddb83a26ea",
+    "bbe2268a3254dcc9d3741a84748fadf8e169d21d837810e92dc63cdf8db562cb",
+    "c15ace8ef1a7cbf3fe63d3b7ff9c2851885f5e00abc1c184971ebb11128aedb2",
+    "2c2b8791d024e11ca6015a109f160b7177379b3b42ac8c9adb990546fc89c4ff",
+)
 _LME_NOTE = ("The cleaned release (2025/09) the LongMemEval README links; the first release "
              "(xiaowu0162/longmemeval) reads the same way.")
 
@@ -67,6 +82,24 @@ SOURCES: tuple[CorpusSource, ...] = (
         configs=("secom_locomo.yaml", "locomo_memory_systems.yaml"),
         notes="Unverified: the repository snapshot readable here (2024-08) ships data/locomo10.zip "
               "(per-conversation files), not the later data/locomo10.json.",
+    ),
+    CorpusSource(
+        name="locomo-audit",
+        description="LoCoMo answer-key audit (dial481/locomo-audit): the gold answers it finds wrong, per "
+                    "conversation; CC BY-NC 4.0, non-commercial use only, so fetched, never shipped",
+        homepage="https://github.com/dial481/locomo-audit",
+        corpus_format=None,
+        corpus_path=None,
+        files=tuple(RemoteFile(
+            f"https://raw.githubusercontent.com/dial481/locomo-audit/{_AUDIT_COMMIT}/audit/errors_conv_{n}.json",
+            f"locomo-audit/errors_conv_{n}.json", sha,
+            sha256_source=f"the file at dial481/locomo-audit commit {_AUDIT_COMMIT[:12]}")
+            for n, sha in enumerate(_AUDIT_SHA256)),
+        notes="Not a corpus: LoCoMo's audited answer key (corpus.answer_key: audited, pipeline/corpus/locomo_audit.py) "
+              "reads it beside locomo10.json. Licence CC BY-NC 4.0 (the audit's, as LoCoMo's own): "
+              "non-commercial use only. Pinned at the commit named in the URLs (2026-04-02; the files are "
+              "unchanged since the audit's first commit ded8d0f).",
+        use="corpus.answer_key=audited corpus.audit_path={dir}/locomo-audit",
     ),
     CorpusSource(
         name="msc",
