@@ -12,6 +12,7 @@ from pipeline.config import Section
 from pipeline.failures import failure, guarded
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
+from stages.judging.calls import RunRequests
 from stages.method_stages import respond_stage_name
 
 JUDGE_ROLE = "judge"
@@ -24,6 +25,10 @@ class JudgeSettings(Section):
     max_tokens: int = Field(default=160, ge=8)
     max_probes_per_episode: int | None = Field(default=None, ge=1)  # sampled, seeded; None = all
     seed: int = 0
+    # How a judge's repeated runs (`runs`) go out: samples: as samples of one prompt, one request with
+    # `n` where the endpoint takes it (billed for the prompt once); requests: one request per run (the
+    # runs then differ as independent requests do). Each run keeps its own sample index either way.
+    run_requests: RunRequests = "samples"
 
 
 class JudgeStage(EpisodeStage):

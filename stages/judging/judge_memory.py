@@ -7,7 +7,11 @@ that keep no memory of their own (full / zero history) have nothing to rate.
 
 `per_call: criterion` is B.2's protocol, one prompt per criterion; `per_call: all` (ours, for small
 runs) rates every criterion of a (memory, speaker, sample) in one call, the same rows coming out
-(a failed call fails each of its criteria's rows)."""
+(a failed call fails each of its criteria's rows).
+
+`runs` repeats every rating (all its samples; `run` in the table): run r asks sample indexes r*N ..
+r*N+N-1 of each prompt (N: `samples`), so run 0 is exactly the single run and no two runs share a
+cache key. The report averages each (episode, speaker)'s samples within a run, then over its runs."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.judging import memory_quality
 from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_criteria_rows, sampled_rows
+from stages.judging.calls import RunSamples
 from stages.method_stages import memory_stage_name
 from stages.methods.shared.dialogue import format_unit, sessions_of
 
@@ -38,7 +43,8 @@ MEMORY_JUDGMENTS = pa.schema(
         pa.field("speaker", pa.string(), nullable=False),
         pa.field("criterion", pa.string(), nullable=False),
         pa.field("group", pa.string(), nullable=False),  # evolutionary | fundamental
-        pa.field("sample", pa.int32(), nullable=False),
+        pa.field("run", pa.int32(), nullable=False),  # which of the judge's independent runs (`runs`), from 0
+        pa.field("sample", pa.int32(), nullable=False),  # within its run; its request's sample index: run * N + sample
         pa.field("score", pa.int32()),  # 1-5; null when the rating failed
         pa.field("memory_lines", pa.int32()),  # lines of the view kept for this speaker
         pa.field("memory_lines_shown", pa.int32()),  # ... of which shown (the newest within the budget)
@@ -64,6 +70,9 @@ class JudgeMemorySettings(JudgeSettings):
     # criterion: one prompt per criterion with its own steps (B.2); all: one call rates every criterion
     # (ours: a seventh of the calls; max_tokens then holds per criterion)
     per_call: Literal["criterion", "all"] = "criterion"
+    # Independent runs of every rating (its `samples` each): one row group per run (`run`); the report
+    # averages each item over its runs (memory_summary `runs`, `run_sd`). Sent as `run_requests` says.
+    runs: int = Field(default=1, ge=1)
 
 
 def speaker_lines(view: str, speaker: str, speakers: Sequence[str]) -> list[str]:
@@ -129,37 +138,39 @@ class JudgeMemoryStage(JudgeStage):
                     "memory_truncated": len(shown) < len(lines),
                     "dialogue_sessions_shown": dialogue.sessions_shown, "dialogue_truncated": dialogue.truncated})
 
-        def blank(method: str, speaker: str, criterion: str, s: int) -> dict[str, Any]:
+        def blank(method: str, speaker: str, criterion: str, run: int, s: int) -> dict[str, Any]:
             return {**stamp, "method": method, "speaker": speaker, "criterion": criterion,
-                    "group": memory_quality.CRITERIA[criterion][0], "sample": s, "score": None,
+                    "group": memory_quality.CRITERIA[criterion][0], "run": run, "sample": s, "score": None,
                     **memories[method, speaker][1], **NO_FAILURE}
+
+        slots = [(run, s) for run in range(settings.runs) for s in range(settings.samples)]  # in the table's order
+        # every run's samples, grouped by run, as `run_requests` sends them
+        asked = RunSamples.of(settings.runs, settings.samples, settings.run_requests)
 
         # B.2's N ratings of one prompt are N samples of it: one request with `n` (pipeline.llm.client).
         async def rated(method: str, speaker: str, criterion: str) -> Rows:
             with billed_to(method):
                 judgments = await memory_quality.rate_memory(
-                    ctx.llm, criterion, speaker, memories[method, speaker][0], dialogue.text,
-                    samples=settings.samples, **params)
-            return sampled_rows([blank(method, speaker, criterion, s) for s in range(settings.samples)], ("score",),
-                                judgments)
+                    ctx.llm, criterion, speaker, memories[method, speaker][0], dialogue.text, samples=asked, **params)
+            return sampled_rows([blank(method, speaker, criterion, *slot) for slot in slots], ("score",), judgments)
 
         async def rated_all(method: str, speaker: str) -> Rows:
             with billed_to(method):
                 judgments = await memory_quality.rate_memory_all(
                     ctx.llm, settings.criteria, speaker, memories[method, speaker][0], dialogue.text,
-                    samples=settings.samples, **{**params, "max_tokens": settings.max_tokens * len(settings.criteria)})
-            return sampled_criteria_rows([[blank(method, speaker, c, s) for c in settings.criteria]
-                                          for s in range(settings.samples)], ("score",), judgments)
+                    samples=asked, **{**params, "max_tokens": settings.max_tokens * len(settings.criteria)})
+            return sampled_criteria_rows([[blank(method, speaker, c, *slot) for c in settings.criteria]
+                                          for slot in slots], ("score",), judgments)
 
         if settings.per_call == "all":  # one call per (speaker, memory, sample): they share the criteria prefix
             by_call = await asyncio.gather(*(rows_or_failed(
-                [blank(m, sp, c, s) for s in range(settings.samples) for c in settings.criteria], rated_all(m, sp),
+                [blank(m, sp, c, *slot) for slot in slots for c in settings.criteria], rated_all(m, sp),
                 f"judge_memory on {m}'s memory of {sp}") for sp in speakers for m in views))
             order = {(m, sp): i for i, (m, sp) in enumerate((m, sp) for m in views for sp in speakers)}
             rows = sorted((r for part in by_call for r in part), key=lambda r: (
-                order[r["method"], r["speaker"]], settings.criteria.index(r["criterion"]), r["sample"]))
+                order[r["method"], r["speaker"]], settings.criteria.index(r["criterion"]), r["run"], r["sample"]))
             return {"memory_judgments": rows}
         parts = await asyncio.gather(*(rows_or_failed(
-            [blank(m, sp, c, s) for s in range(settings.samples)], rated(m, sp, c),
+            [blank(m, sp, c, *slot) for slot in slots], rated(m, sp, c),
             f"judge_memory {c} on {m}'s memory of {sp}") for m in views for sp in speakers for c in settings.criteria))
         return {"memory_judgments": [r for part in parts for r in part]}

@@ -11,6 +11,11 @@ Protocols:
   no tie, N samples per item (paper: 19) with the reference's position drawn per sample (seeded,
   stored in `reference_first`), their majority vote; win rate over decided pairs.
 
+`runs` repeats the whole judgment of every item (both orders and every sample; `run` in the table):
+run r asks sample indexes r*N .. r*N+N-1 of each prompt (N: `samples`), so run 0 is exactly the single
+run and no two runs share a cache key; under `creem` each run draws its own positions. The report
+takes each run's outcome as one run alone would, then each item's majority over its runs.
+
 Under every protocol the judge sees the earlier sessions by default (`show_past`): memorability and
 consistency with the past cannot be judged without them. They are cut to `past_session_tokens`
 (cl100k), dropping the oldest sessions first; a dropped session is shown as the corpus's own
@@ -38,6 +43,7 @@ from stages.judging import pairwise
 from stages.judging.pairwise import Past, past_within, reference_shown_first, session_summaries, transcript
 from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_criteria_rows, sampled_rows
+from stages.judging.calls import RunSamples, run_samples
 from stages.probes import probe_view, sample
 
 Criterion = Literal["specificity", "memorability", "consistency"]
@@ -59,6 +65,9 @@ PAIRWISE_JUDGMENTS = pa.schema(
         pa.field("other", pa.string(), nullable=False),
         pa.field("protocol", pa.string(), nullable=False),
         pa.field("reference_first", pa.bool_(), nullable=False),  # the order shown to the judge
+        pa.field("run", pa.int32(), nullable=False),  # which of the judge's independent runs (`runs`), from 0
+        # the sample within its run (G-Eval's N per order; creem's N per item); the request's sample
+        # index is run * N + sample
         pa.field("sample", pa.int32(), nullable=False),
         pa.field("preferred", pa.string()),  # reference | other | tie; null when the judgment failed
         pa.field("reason", pa.string()),
@@ -97,6 +106,10 @@ class JudgePairwiseSettings(JudgeSettings):
     # per-criterion evaluation steps (ours) and the reasoning before the verdict (schema: reason, better).
     # Off: the verdict, then a one-sentence reason. The Theanine configs turn it on.
     reason_first: bool = False
+    # Independent runs of every item's whole judgment (both orders, every sample): one row group per
+    # run (`run`); the report takes each item's majority outcome over its runs (a tie where runs split
+    # evenly) and gives the runs' spread (pairwise_summary `runs`, `run_sd`). Sent as `run_requests` says.
+    runs: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _one_metric_per_call_under_creem(self) -> "JudgePairwiseSettings":
@@ -117,6 +130,7 @@ class _EpisodePairs:
     reference: str
     criteria: list[str]
     samples: int
+    runs: int
     stamp: dict[str, Any]
     params: dict[str, Any]
     responses: dict[str, dict[str, dict[str, Any]]]  # method -> probe id -> its response row
@@ -126,11 +140,12 @@ class _EpisodePairs:
     def protocol(self) -> str:
         return self.settings.protocol
 
-    def blank(self, probe: dict[str, Any], other: str, criterion: str, reference_first: bool, s: int) -> dict:
+    def blank(self, probe: dict[str, Any], other: str, criterion: str, reference_first: bool, run: int,
+              s: int) -> dict:
         current, past = self.views[probe["probe_id"]]
         return {**self.stamp, "probe_id": probe["probe_id"], "session_idx": probe["session_idx"],
                 "criterion": criterion, "reference": self.reference, "other": other, "protocol": self.protocol,
-                "reference_first": reference_first, "sample": s, "preferred": None, "reason": None,
+                "reference_first": reference_first, "run": run, "sample": s, "preferred": None, "reason": None,
                 "past_shown": past.shown if past else None, "past_summarised": past.summarised if past else None,
                 "past_truncated": past.truncated if past else None, "current_shown": len(current), **NO_FAILURE}
 
@@ -145,41 +160,58 @@ class _EpisodePairs:
         dialogue = transcript(current) if current else f"(question) {probe['request']}"
         return dialogue, ref["response"], oth["response"], past.text if past else None
 
-    def shown(self, probe: dict[str, Any], other: str, criterion: str) -> list[tuple[bool, int]]:
-        """(reference shown first, sample) of each judgment of one item, in the table's order."""
+    def shown(self, probe: dict[str, Any], other: str, criterion: str) -> list[tuple[bool, int, int]]:
+        """(reference shown first, run, sample) of each judgment of one item, in the table's order."""
         if self.protocol == "both_orders":
-            return [(first, s) for first in (True, False) for s in range(self.samples)]
-        return [(reference_shown_first(self.settings.seed, self.episode_id, probe["probe_id"], other, criterion, s), s)
-                for s in range(self.samples)]
+            return [(first, run, s) for run in range(self.runs) for first in (True, False) for s in range(self.samples)]
+        # CREEM: the position drawn per request sample index, so each run draws its own and run 0 the single run's
+        return [(reference_shown_first(self.settings.seed, self.episode_id, probe["probe_id"], other, criterion,
+                                       self.sample_index(run, s)), run, s)
+                for run in range(self.runs) for s in range(self.samples)]
+
+    def sample_index(self, run: int, s: int) -> int:
+        """The request's sample index of sample `s` of run `run` (calls.run_samples)."""
+        return run_samples(run, self.samples)[s]
+
+    def requested(self, slots: list[tuple[int, int]]) -> RunSamples:
+        """The request sample indexes of (run, sample) `slots` of one prompt, grouped by run."""
+        runs = sorted({run for run, _ in slots})
+        return RunSamples(tuple(tuple(self.sample_index(run, s) for r, s in slots if r == run) for run in runs),
+                          self.settings.run_requests)
 
     # The samples of one item shown in one order share a prompt: one request with `n` for them
-    # (pipeline.llm.client); CREEM's draw per sample splits an item's samples into two such prompts.
+    # (pipeline.llm.client), every run's together unless `run_requests: requests`; CREEM's draw per
+    # sample splits an item's samples into two such prompts.
     async def pair(self, probe: dict[str, Any], other: str, criterion: str) -> Rows:
         """The judgments of one item (probe, opponent, criterion), one call per order shown."""
         settings = self.settings
         slots, judged_pair = self.shown(probe, other, criterion), self.judged(probe, other)
-        rows = {(first, s): self.blank(probe, other, criterion, first, s) for first, s in slots}
+        rows = {slot: self.blank(probe, other, criterion, *slot) for slot in slots}
         if isinstance(judged_pair, str):
             return [{**rows[slot], "error": judged_pair} for slot in slots]
         dialogue, ref, oth, past = judged_pair
 
-        async def in_order(first: bool, indexes: list[int]) -> Rows:
+        async def in_order(first: bool, shown: list[tuple[int, int]]) -> Rows:
             with billed_to(other):
                 judgments = await pairwise.judge_pair(
                     self.ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=first,
-                    past_sessions=past, explain=settings.explain, protocol=self.protocol, samples=indexes,
-                    length_rule=settings.length_rule, reason_first=settings.reason_first, **self.params)
-            return sampled_rows([rows[first, s] for s in indexes], ("preferred", "reason"), judgments)
+                    past_sessions=past, explain=settings.explain, protocol=self.protocol,
+                    samples=self.requested(shown), length_rule=settings.length_rule,
+                    reason_first=settings.reason_first, **self.params)
+            # `requested` keeps `shown` in order (runs ascending, as `shown` lists them)
+            return sampled_rows([rows[first, run, s] for run, s in shown], ("preferred", "reason"), judgments)
 
-        orders = {first: [s for f, s in slots if f == first] for first in (True, False)}
-        for part in await asyncio.gather(*(in_order(f, ix) for f, ix in orders.items() if ix)):
-            rows.update({(r["reference_first"], r["sample"]): r for r in part})
+        orders = {first: [(run, s) for f, run, s in slots if f == first] for first in (True, False)}
+        for part in await asyncio.gather(*(in_order(f, shown) for f, shown in orders.items() if shown)):
+            rows.update({(r["reference_first"], r["run"], r["sample"]): r for r in part})
         return [rows[slot] for slot in slots]
 
     async def every(self, probe: dict[str, Any], other: str, reference_first: bool) -> Rows:
-        """The judgments of every criterion of one (probe, opponent) in one order, from one call."""
+        """The judgments of every criterion of one (probe, opponent) in one order, from one call
+        (per run with `run_requests: requests`)."""
         settings, criteria = self.settings, self.criteria
-        groups = [[self.blank(probe, other, c, reference_first, s) for c in criteria] for s in range(self.samples)]
+        slots = [(run, s) for run in range(self.runs) for s in range(self.samples)]
+        groups = [[self.blank(probe, other, c, reference_first, run, s) for c in criteria] for run, s in slots]
         judged_pair = self.judged(probe, other)
         if isinstance(judged_pair, str):
             return [{**r, "error": judged_pair} for rows in groups for r in rows]
@@ -187,26 +219,28 @@ class _EpisodePairs:
         with billed_to(other):
             judgments = await pairwise.judge_pair_all(
                 self.ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                past_sessions=past, explain=settings.explain, samples=self.samples, length_rule=settings.length_rule,
-                reason_first=settings.reason_first, **{**self.params, "max_tokens": settings.max_tokens * len(criteria)})
+                past_sessions=past, explain=settings.explain, samples=self.requested(slots),
+                length_rule=settings.length_rule, reason_first=settings.reason_first,
+                **{**self.params, "max_tokens": settings.max_tokens * len(criteria)})
         return sampled_criteria_rows(groups, ("preferred", "reason"), judgments)
 
     async def all_at_once(self, probes: Rows, others: list[str]) -> Rows:
         """Every criterion in one call: rows in the same order as one call per criterion."""
-        calls = [rows_or_failed([self.blank(p, o, c, first, s) for s in range(self.samples) for c in self.criteria],
+        calls = [rows_or_failed([self.blank(p, o, c, first, run, s) for run in range(self.runs)
+                                 for s in range(self.samples) for c in self.criteria],
                                 self.every(p, o, first), f"judge_pairwise on {o} for {p['probe_id']}")
                  for p in probes for o in others for first in (True, False)]
         rows = [r for part in await asyncio.gather(*calls) for r in part]
         rank = {c: i for i, c in enumerate(self.criteria)}
         order = {(p["probe_id"], o): i for i, (p, o) in enumerate((p, o) for p in probes for o in others)}
-        rows.sort(key=lambda r: (order[r["probe_id"], r["other"]], rank[r["criterion"]], not r["reference_first"],
-                                 r["sample"]))
+        rows.sort(key=lambda r: (order[r["probe_id"], r["other"]], rank[r["criterion"]], r["run"],
+                                 not r["reference_first"], r["sample"]))
         return rows
 
     async def one_by_one(self, probes: Rows, others: list[str]) -> Rows:
         """One call per criterion (and per order shown)."""
         parts = await asyncio.gather(*(
-            rows_or_failed([self.blank(p, o, c, first, s) for first, s in self.shown(p, o, c)], self.pair(p, o, c),
+            rows_or_failed([self.blank(p, o, c, *slot) for slot in self.shown(p, o, c)], self.pair(p, o, c),
                            f"judge_pairwise {c} on {o} for {p['probe_id']}")
             for p in probes for o in others for c in self.criteria))
         return [r for part in parts for r in part]
@@ -250,7 +284,8 @@ class JudgePairwiseStage(JudgeStage):
 
         views = {p["probe_id"]: seen(p) for p in probes}
         pairs = _EpisodePairs(ctx, settings, episode_id, reference, settings.criteria or PROTOCOL_CRITERIA[protocol],
-                              settings.samples or PROTOCOL_SAMPLES[protocol], stamp, params, responses, views)
+                              settings.samples or PROTOCOL_SAMPLES[protocol], settings.runs, stamp, params,
+                              responses, views)
         if settings.per_call == "all":
             return {"pairwise_judgments": await pairs.all_at_once(probes, others)}
         return {"pairwise_judgments": await pairs.one_by_one(probes, others)}

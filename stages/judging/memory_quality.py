@@ -17,7 +17,8 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from pipeline.llm.types import ChatLLM, LLMError, Messages, ask_samples
+from pipeline.llm.types import ChatLLM, LLMError, Messages
+from stages.judging.calls import RunSamples, ask_runs
 
 # criterion -> (group, definition). B.2's elements, in our words.
 CRITERIA = {
@@ -170,19 +171,20 @@ Judgment = tuple[Any, str]  # (score or {criterion: score}, the judge model)
 
 
 async def rate_memory_all(llm: ChatLLM, criteria: Sequence[str], speaker: str, memory: str, dialogue: str, *,
-                          samples: int | Sequence[int] = 1, **params: Any) -> list[Judgment | LLMError]:
+                          samples: int | Sequence[int] | RunSamples = 1, **params: Any) -> list[Judgment | LLMError]:
     """Each sample's 1-5 rating of `memory` on every criterion in one call: ({criterion: score}, the
     judge model), or the sample's LLMError. The samples of one prompt go as one request with `n`
-    where the endpoint takes it (pipeline.llm.client)."""
-    results = await ask_samples(llm, build_all_messages(criteria, speaker, memory, dialogue), samples,
-                                schema=ratings_schema(len(criteria)), **params)
+    where the endpoint takes it (pipeline.llm.client); `samples` may group them by judge run
+    (`calls.RunSamples`)."""
+    results = await ask_runs(llm, build_all_messages(criteria, speaker, memory, dialogue), samples,
+                             schema=ratings_schema(len(criteria)), **params)
     return [r if isinstance(r, LLMError) else (dict(zip(criteria, r.parsed.scores)), r.model) for r in results]
 
 
 async def rate_memory(llm: ChatLLM, criterion: str, speaker: str, memory: str, dialogue: str, *,
-                      samples: int | Sequence[int] = 1, **params: Any) -> list[Judgment | LLMError]:
+                      samples: int | Sequence[int] | RunSamples = 1, **params: Any) -> list[Judgment | LLMError]:
     """Each sample's 1-5 rating of `memory` (the lines about `speaker`) against `dialogue`: (score, the
     judge model), or the sample's LLMError (B.2's 20 ratings: one prompt, 20 samples)."""
-    results = await ask_samples(llm, build_messages(criterion, speaker, memory, dialogue), samples, schema=Rating,
-                                **params)
+    results = await ask_runs(llm, build_messages(criterion, speaker, memory, dialogue), samples, schema=Rating,
+                             **params)
     return [r if isinstance(r, LLMError) else (r.parsed.score, r.model) for r in results]

@@ -27,9 +27,10 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field, create_model
 
-from pipeline.llm.types import ChatLLM, LLMError, Messages, ask_samples
+from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows
+from stages.judging.calls import RunSamples, ask_runs
 from stages.methods.shared.dialogue import format_unit
 
 CRITERIA = {
@@ -226,15 +227,16 @@ Judgment = tuple[Any, str | None, str]  # (preferred side or {criterion: side}, 
 
 async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speaker: str, reference: str,
                          other: str, *, reference_first: bool, past_sessions: str | None = None,
-                         explain: bool = True, samples: int | Sequence[int] = 1, length_rule: bool = True,
-                         reason_first: bool = False, **params: Any) -> list[Judgment | LLMError]:
+                         explain: bool = True, samples: int | Sequence[int] | RunSamples = 1,
+                         length_rule: bool = True, reason_first: bool = False,
+                         **params: Any) -> list[Judgment | LLMError]:
     """Each sample's judgment of (reference, other) on every criterion at once: ({criterion:
     preferred side}, the judge's reason (None unless `explain`), the judge model), or the sample's
-    LLMError."""
+    LLMError. `samples`: a count, indexes, or every judge run's indexes (`calls.RunSamples`)."""
     a, b = (reference, other) if reference_first else (other, reference)
-    results = await ask_samples(llm, build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain,
-                                                        length_rule, reason_first),
-                                samples, schema=all_verdicts_schema(len(criteria), explain, reason_first), **params)
+    results = await ask_runs(llm, build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain,
+                                                     length_rule, reason_first),
+                             samples, schema=all_verdicts_schema(len(criteria), explain, reason_first), **params)
     return [r if isinstance(r, LLMError) else
             ({c: preferred_side(v, reference_first) for c, v in zip(criteria, r.parsed.better)},
              getattr(r.parsed, "reason", None), r.model) for r in results]
@@ -242,17 +244,19 @@ async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speak
 
 async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
                      *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
-                     protocol: str = "both_orders", samples: int | Sequence[int] = 1, length_rule: bool = True,
-                     reason_first: bool = False, **params: Any) -> list[Judgment | LLMError]:
+                     protocol: str = "both_orders", samples: int | Sequence[int] | RunSamples = 1,
+                     length_rule: bool = True, reason_first: bool = False,
+                     **params: Any) -> list[Judgment | LLMError]:
     """Each sample's judgment of (reference, other) shown in the given order: the preferred side
     ("reference" | "other" | "tie"; never "tie" under `creem`), the judge's reason (None unless
     `explain`) and the judge model; or the sample's LLMError. The samples share one prompt, so they
-    go as one request with `n` where the endpoint takes it."""
+    go as one request with `n` where the endpoint takes it (a RunSamples of judge runs in `requests`
+    mode: one request per run)."""
     a, b = (reference, other) if reference_first else (other, reference)
     reasoned = reason_first and protocol != "creem"
-    results = await ask_samples(llm, build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain,
-                                                    protocol, length_rule, reasoned),
-                                samples, schema=answer_schema(protocol, explain, reasoned), **params)
+    results = await ask_runs(llm, build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain,
+                                                 protocol, length_rule, reasoned),
+                             samples, schema=answer_schema(protocol, explain, reasoned), **params)
     return [r if isinstance(r, LLMError) else
             (preferred_side(r.parsed.better, reference_first), getattr(r.parsed, "reason", None), r.model)
             for r in results]

@@ -4,6 +4,7 @@ win shares."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import polars as pl
@@ -41,6 +42,12 @@ PAIRWISE_SUMMARY = pa.schema(
         pa.field("p_value", pa.float64()),
         pa.field("sign_p", pa.float64()),  # two-sided sign test of wins vs losses (SeCom A.4), pairs independent
         pa.field("incomplete", pa.int64()),  # both_orders pairs with one order missing: not in `pairs`
+        # judge_pairwise.runs: independent runs of the judge per pair (each pair's outcome is its majority
+        # over its runs, a tie where they split evenly; the counts, rates and tests above are over those
+        # pairs, never over run rows); run_sd: the standard deviation (n - 1) across runs of the win rate
+        # each run alone gives; null for one run
+        pa.field("runs", pa.int64()),
+        pa.field("run_sd", pa.float64()),
         pa.field("past_shown", pa.bool_()),  # the judge saw the earlier sessions
         pa.field("past_truncated", pa.int64()),  # pairs whose judge saw a cut past
         pa.field("judge_model", pa.string()),
@@ -61,10 +68,13 @@ _PAIR_KEYS = ("dataset", "episode_id", "probe_id", "session_idx", "criterion", "
 
 def pair_outcomes(judgments: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
     """Each pair (probe, criterion, opponent; keyed by `_PAIR_KEYS`) of head-to-head judgments with
-    its `outcome` ("reference", "other", "tie"; None when a both_orders pair lacks an order), its
-    `episode` ((dataset, episode_id): its cluster), whether the judge saw the past, a cut past, and
-    its judge stamp. `both_orders`: the samples of each order are reduced by majority vote, then
-    the two orders by `pair_outcome`; other protocols (`creem`): the majority of every sample."""
+    its `outcome` ("reference", "other", "tie"; None when no run of a both_orders pair has both
+    orders), each judge run's own outcome (`runs`: run -> outcome or None), its `episode`
+    ((dataset, episode_id): its cluster), whether the judge saw the past, a cut past, and its judge
+    stamp. Within a run, `both_orders`: the samples of each order are reduced by majority vote, then
+    the two orders by `pair_outcome`; other protocols (`creem`): the majority of every sample. The
+    pair's outcome is the majority of its runs' outcomes (`judge_pairwise.runs`; a tie where they
+    split evenly): one item, however many runs judged it. A table without `run` is one run."""
     ok = judgments.filter(pl.col("error").is_null() & pl.col("preferred").is_not_null()) \
         if not judgments.is_empty() else judgments
     pairs: dict[tuple, dict[str, Any]] = {}
@@ -72,30 +82,53 @@ def pair_outcomes(judgments: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
         p = pairs.setdefault(tuple(r[k] for k in _PAIR_KEYS), {"orders": {}, "past_shown": False,
                                                                "past_truncated": False, "stamp": {},
                                                                "episode": (r["dataset"], r["episode_id"])})
-        p["orders"].setdefault(r["reference_first"], []).append(r["preferred"])
+        p["orders"].setdefault(r.get("run") or 0, {}).setdefault(r["reference_first"], []).append(r["preferred"])
         p["past_shown"] |= r.get("past_shown") is not None
         p["past_truncated"] |= bool(r.get("past_truncated"))
         for c in ("judge_model", "prompt_fingerprint"):
             if p["stamp"].get(c) is None:
                 p["stamp"][c] = r.get(c)
     for key, p in pairs.items():
-        if dict(zip(_PAIR_KEYS, key))["protocol"] == "both_orders":
-            p["outcome"] = pair_outcome(majority(v) for v in p["orders"].values()) if len(p["orders"]) == 2 else None
-        else:
-            p["outcome"] = majority([v for votes in p["orders"].values() for v in votes])
+        both_orders = dict(zip(_PAIR_KEYS, key))["protocol"] == "both_orders"
+        p["runs"] = {run: run_outcome(orders, both_orders) for run, orders in sorted(p.pop("orders").items())}
+        decided = [o for o in p["runs"].values() if o is not None]
+        p["outcome"] = majority(decided) if decided else None
     return pairs
+
+
+def run_outcome(orders: dict[bool, list[str]], both_orders: bool) -> str | None:
+    """One judge run's outcome of a pair from its verdicts per order shown (reference first or not):
+    both_orders: each order's majority, then `pair_outcome` (None with an order missing); otherwise
+    the majority of every verdict."""
+    if both_orders:
+        return pair_outcome(majority(v) for v in orders.values()) if len(orders) == 2 else None
+    return majority([v for votes in orders.values() for v in votes])
+
+
+def run_spread(pairs: list[dict[str, Any]]) -> tuple[int, float | None]:
+    """(runs, s.d. (n - 1) across runs of the win rate each run alone gives over the pairs it decided)
+    of one scope's pairs (`pair_outcomes`); None with one run."""
+    by_run: dict[int, list[str]] = {}
+    for p in pairs:
+        for run, outcome in p["runs"].items():
+            if outcome is not None:
+                by_run.setdefault(run, []).append(outcome)
+    rates = [sum(o == "reference" for o in outcomes) / len(outcomes) for outcomes in by_run.values()]
+    return max(len(by_run), 1), (statistics.stdev(rates) if len(rates) > 1 else None)
 
 
 def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
     """Win / tie / loss of the reference per criterion and opponent, per dataset and per session,
     plus the same pooled over datasets (dataset "all", when the run holds more than one).
 
-    A pair is one (probe, criterion, opponent), reduced to its outcome by `pair_outcomes`; a
-    both_orders pair with an order missing (its judgments failed) is counted in `incomplete` and not
-    scored. `win_share` is wins / (wins + losses), the rate the papers report (over decided pairs),
-    with its episode-level cluster bootstrap interval (the decided pairs of an episode resampled
-    together) and its Wilson interval (`win_share_iid_*`); `p_value` is the paired cluster
-    permutation test of wins against losses over episodes, `sign_p` the sign test over pairs.
+    A pair is one (probe, criterion, opponent), reduced to its outcome by `pair_outcomes` (with
+    several judge runs: its majority over them, so every count, rate and test is over pairs, never
+    over run rows; `runs` and `run_sd` give the runs' spread); a both_orders pair with an order
+    missing in every run (its judgments failed) is counted in `incomplete` and not scored.
+    `win_share` is wins / (wins + losses), the rate the papers report (over decided pairs), with its
+    episode-level cluster bootstrap interval (the decided pairs of an episode resampled together)
+    and its Wilson interval (`win_share_iid_*`); `p_value` is the paired cluster permutation test of
+    wins against losses over episodes, `sign_p` the sign test over pairs.
     """
     pairs = pair_outcomes(judgments)
     if not pairs:
@@ -117,8 +150,10 @@ def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
         # Per pair: did the reference win, did the other; a tie is 0 for both and moves nothing.
         test = paired_cluster_test([float(p["outcome"] == "reference") for p in scored],
                                    [float(p["outcome"] == "other") for p in scored], [p["episode"] for p in scored])
+        runs, run_sd = run_spread(part)
         rows.append({"dataset": dataset, "session_idx": session, "criterion": criterion, "reference": reference,
                      "other": other, "protocol": protocol, **rates, "sign_p": rates["p_value"], "p_value": test,
+                     "runs": runs, "run_sd": run_sd,
                      "episodes": len({p["episode"] for p in scored}),
                      "win_share": win_share(rates["wins"], rates["losses"]), "win_share_low": low,
                      "win_share_high": high, "win_share_iid_low": iid_low, "win_share_iid_high": iid_high,

@@ -47,7 +47,7 @@ MEMORY_SUMMARY = pa.schema(
         pa.field("method", pa.string()),
         pa.field("group", pa.string()),
         pa.field("criterion", pa.string()),
-        pa.field("ratings", pa.int64()),  # (episode, speaker) ratings, each a mean over samples
+        pa.field("ratings", pa.int64()),  # (episode, speaker) ratings, each a mean over samples (then runs)
         pa.field("episodes", pa.int64()),
         pa.field("score", pa.float64()),  # mean of the ratings
         pa.field("score_low", pa.float64()),  # 95% episode-level cluster bootstrap interval; null with one episode
@@ -56,6 +56,11 @@ MEMORY_SUMMARY = pa.schema(
         pa.field("score_iid_high", pa.float64()),
         pa.field("memory_truncated", pa.int64()),  # ratings whose memory was cut to the budget
         pa.field("dialogue_truncated", pa.int64()),  # ratings whose dialogue was cut to the budget
+        # judge_memory.runs: independent runs of the judge per rating (each rating is its mean over its
+        # runs, so the intervals are over ratings, never run rows); run_sd: the standard deviation (n - 1)
+        # across runs of the score each run alone gives; null for one run
+        pa.field("runs", pa.int64()),
+        pa.field("run_sd", pa.float64()),
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string()),
     ]
@@ -118,19 +123,28 @@ def retrieval_summary(scores: pl.DataFrame) -> pl.DataFrame:
 
 def memory_summary(judgments: pl.DataFrame) -> pl.DataFrame:
     """Mean 1-5 rating per dataset, method and criterion: the samples of each (episode, speaker)
-    are averaged into one rating, the ratings averaged into the score, with the 95% episode-level
-    cluster bootstrap interval of that mean (an episode's speakers resampled together; `score_*`) and
-    the percentile bootstrap over ratings assumed independent (`score_iid_*`), both seeded; the
-    ratings' episodes; and how many ratings saw a cut memory or dialogue."""
+    are averaged into one rating (with several judge runs: per run, then over the runs), the ratings
+    averaged into the score, with the 95% episode-level cluster bootstrap interval of that mean (an
+    episode's speakers resampled together; `score_*`) and the percentile bootstrap over ratings
+    assumed independent (`score_iid_*`), both seeded; the ratings' episodes; how many ratings saw a
+    cut memory or dialogue; and the runs' spread (`runs`, `run_sd`). A table without `run` is one run."""
     ok = judgments.filter(pl.col("score").is_not_null()) if not judgments.is_empty() else judgments
     if ok.is_empty():
         return empty(MEMORY_SUMMARY)
-    cut = [(pl.col(c).fill_null(False).any() if c in ok.columns else pl.lit(False)).alias(c)
-           for c in ("memory_truncated", "dialogue_truncated")]
-    per_rating = ok.group_by(["dataset", "episode_id", "method", "speaker", "group", "criterion"]).agg(
-        pl.col("score").cast(pl.Float64).mean(), *cut, _first("judge_model").alias("judge_model"),
-        _first("prompt_fingerprint").alias("prompt_fingerprint"))
+    if "run" not in ok.columns:
+        ok = ok.with_columns(pl.lit(0).alias("run"))
+
+    def cut(agg: pl.DataFrame) -> list[pl.Expr]:
+        return [(pl.col(c).fill_null(False).any() if c in agg.columns else pl.lit(False)).alias(c)
+                for c in ("memory_truncated", "dialogue_truncated")]
+
+    stamp = [_first("judge_model").alias("judge_model"), _first("prompt_fingerprint").alias("prompt_fingerprint")]
+    item = ["dataset", "episode_id", "method", "speaker", "group", "criterion"]
     keys = ["dataset", "method", "group", "criterion"]
+    per_run = ok.group_by([*item, "run"]).agg(pl.col("score").cast(pl.Float64).mean(), *cut(ok), *stamp)
+    per_rating = per_run.group_by(item).agg(pl.col("score").mean(), *cut(per_run), *stamp)
+    spread = per_run.group_by([*keys, "run"]).agg(pl.col("score").mean()).group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("runs"), pl.col("score").std(ddof=1).alias("run_sd"))
     out = per_rating.group_by(keys).agg(
         pl.len().alias("ratings"), pl.col("episode_id").n_unique().alias("episodes"),
         pl.col("score").mean().alias("mean"), pl.col("score").sort_by("episode_id", "speaker").alias("scores"),
@@ -143,6 +157,8 @@ def memory_summary(judgments: pl.DataFrame) -> pl.DataFrame:
                            *[pl.Series(name, [b[i] for b in bounds], dtype=pl.Float64)
                              for name, bounds, i in (("score_low", clustered, 0), ("score_high", clustered, 1),
                                                      ("score_iid_low", iid, 0), ("score_iid_high", iid, 1))])
+    out = out.join(spread, on=keys, how="left").with_columns(
+        pl.when(pl.col("runs") > 1).then(pl.col("run_sd")).otherwise(None).alias("run_sd"))
     return out.select(MEMORY_SUMMARY.names).sort(keys)
 
 
