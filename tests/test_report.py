@@ -120,7 +120,11 @@ def test_every_method_is_judged_scored_and_reported(run_cfg, fake_llm, capsys):
     assert {"win_rates.png", "cost_quality.png", "memory_quality.png"} <= set(parsed.images)
     assert "judge = " in html and (run / "report" / "report.md").read_text().count("| secom |") >= 1
     board = next(rows for cls, rows in parsed.tables if cls == "leaderboard")
-    assert all(" ep=" in cell for row in board[1:] for cell in row[1:] if cell and cell != "reference")
+    # Several answer judges: the methods each one beats under every judge (robust_pairs), "-" for none.
+    robust = board[0].index("beats, under every judge")
+    assert all(" ep=" in cell for row in board[1:] for i, cell in enumerate(row) if i not in (0, robust)
+               and cell and cell != "reference")
+    assert all(row[robust] == "-" or set(row[robust].split(", ")) <= set(METHODS) for row in board[1:])
 
     # `mempipe report` says where it is.
     assert main(["report", "-c", str(Path(__file__).parents[1] / "configs" / "default.yaml"),

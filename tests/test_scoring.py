@@ -152,8 +152,10 @@ def test_answer_judges_read_their_scales_and_teafarm_questions_get_teafarm_corre
     score = asyncio.run(answers.judge_answer(llm, "gpt4score", "Where?", "Paris", "In Paris"))
     strict = asyncio.run(answers.judge_answer(llm, "strict", "Where?", "Paris", "Somewhere in Europe"))
     assert score[0] == 85.0 and strict[0] == 0.0
-    assert answers.judges_for("qa", ["strict", "lenient"], True) == ["gpt4score", "strict", "lenient"]
-    assert answers.judges_for("teafarm", ["strict"], True) == ["teafarm"]
+    from stages.judging.judge_answers import JudgeAnswersSettings
+
+    assert [j.name for j in JudgeAnswersSettings(correctness=["strict", "lenient"]).judges()] == [
+        "gpt4score", "strict", "lenient"]
     # An out-of-scale score is invalid and re-asked, never recorded.
     llm = FakeChat([{"score": 140}, {"score": 60}])
     assert asyncio.run(answers.judge_answer(llm, "gpt4score", "q", "a", "b"))[0] == 60.0

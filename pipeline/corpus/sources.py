@@ -79,7 +79,7 @@ SOURCES: tuple[CorpusSource, ...] = (
         corpus_path="locomo10.json",
         files=(RemoteFile("https://raw.githubusercontent.com/snap-research/locomo/main/data/locomo10.json",
                           "locomo10.json", None),),
-        configs=("secom_locomo.yaml", "locomo_memory_systems.yaml"),
+        configs=("secom_locomo.yaml", "locomo_memory_systems.yaml", "locomo_judge_panel.yaml"),
         notes="Unverified: the repository snapshot readable here (2024-08) ships data/locomo10.zip "
               "(per-conversation files), not the later data/locomo10.json.",
     ),

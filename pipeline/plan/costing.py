@@ -25,7 +25,7 @@ def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scaling: Scaling 
     emb = dry.embeddings.get(stage.name)
     owner = stage.billed_method
     out = [_role_estimate(cfg, stage, role, dry, scaling, source, completion_fraction, remaining)
-           for role in stage.roles]
+           for role in stage.llm_roles(cfg) if role != EMBEDDER_ROLE]
     if EMBEDDER_ROLE in stage.llm_roles(cfg):
         scaled = ("counted" if scaling.episodes == 1.0 else
                   f"counted on {dry.episodes} episode(s) x {scaling.episodes:.3g} ({remaining} to run)")

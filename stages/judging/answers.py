@@ -238,10 +238,3 @@ async def judge_memochat(llm: ChatLLM, history: str, question: str, response: st
                          **params: Any) -> tuple[float, str, str]:
     """`memochat_call`'s judgment, once."""
     return await memochat_call(history, question, response).once(llm, **params)
-
-
-def judges_for(kind: str, correctness: list[str], score_0_100: bool) -> list[str]:
-    """Which judges a probe of this kind gets: TeaFarm questions get TeaFarm correctness."""
-    if kind == "teafarm":
-        return ["teafarm"]
-    return (["gpt4score"] if score_0_100 else []) + list(correctness)

@@ -27,13 +27,15 @@ import re
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
 from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows
+from stages.judging.panel import (F1, JUDGE_ROLE, LOCOMO_TO_LONGMEMEVAL, PanelJudge, accepted, default_panel,
+                                  f1_score, panel_roles)
 from stages.methods.shared.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
@@ -55,6 +57,12 @@ ANSWER_JUDGMENTS = pa.schema(
         # longmemeval: the prompt the question type chose (standard | temporal | knowledge_update |
         # preference | abstention); null for the other judges
         pa.field("judge_prompt", pa.string()),
+        # the judge's prompt (strict | lenient | longmemeval | locomo_j | gpt4score | teafarm) or f1
+        # (LoCoMo's F1, no model): a panel judge's `judge` is its own name (judge_answers.panel)
+        pa.field("judge_kind", pa.string()),
+        # the verdict as accept / reject for agreement and robust differences (stages/judging/panel.py
+        # `accepted`): a correct verdict; F1 at or above the judge's accept_at; null for GPT4Score
+        pa.field("accepted", pa.bool_()),
         pa.field("abstention", pa.bool_()),  # the probe's flag (LongMemEval "_abs"), for the report's own row
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
@@ -92,6 +100,27 @@ class JudgeAnswersSettings(JudgeSettings):
     # runs differ only as the judge's sampling lets them). The report averages each item over its
     # runs and gives the runs' spread (answer_summary `runs`, `run_sd`).
     runs: int = Field(default=1, ge=1)
+    # Several judges of the same answers (stages/judging/panel.py): each {name, prompt, role[, accept_at]};
+    # replaces `score_0_100` and `correctness` for questions (TeaFarm's questions keep TeaFarm's judge).
+    panel: list[PanelJudge] | None = None
+
+    @field_validator("panel")
+    @classmethod
+    def _distinct_names(cls, panel: list[PanelJudge] | None) -> list[PanelJudge] | None:
+        names = [j.name for j in panel or []]
+        if len(set(names)) != len(names) or "teafarm" in names:
+            raise ValueError(f"panel judges need distinct names other than teafarm (got {names})")
+        if panel is not None and not panel:
+            raise ValueError("an empty panel judges nothing: leave `panel` out for the default judges")
+        return panel
+
+    def judges(self) -> list[PanelJudge]:
+        """The judges of questions: the panel, else GPT4Score (`score_0_100`) and `correctness`."""
+        return self.panel if self.panel is not None else default_panel(self.correctness, self.score_0_100)
+
+    def declared_roles(self) -> set[str]:
+        """The LLM roles the panel names, so that `roles.<role>` may configure them."""
+        return set(panel_roles(self.panel or []))
 
 
 def evidence_ids(evidence: list[str] | None) -> list[str]:
@@ -193,18 +222,21 @@ class JudgeAnswersStage(JudgeStage):
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
 
-        async def one(probe: dict[str, Any], method: str, judge: str) -> Rows:
-            """The rows of one (probe, method, judge): one per judge run."""
+        async def one(probe: dict[str, Any], method: str, judge: PanelJudge) -> Rows:
+            """The rows of one (probe, method, judge): one per judge run (F1: one)."""
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
-                   "method": method, "judge": judge, "run": 0, "score": None, "reason": None,
-                   "reference_source": None, "history_source": None, "skipped": None, "judge_prompt": None,
-                   "abstention": probe.get("abstention"), **NO_FAILURE}
-            runs = [{**row, "run": r} for r in range(settings.runs)]
-            return await rows_or_failed(runs, judged(probe, method, judge, row, runs),
-                                        f"{self.name} {judge} on {method}'s answer to {probe['probe_id']}")
+                   "method": method, "judge": judge.name, "judge_kind": judge.prompt, "run": 0, "score": None,
+                   "reason": None, "reference_source": None, "history_source": None, "skipped": None,
+                   "judge_prompt": None, "abstention": probe.get("abstention"), "accepted": None, **NO_FAILURE,
+                   "judge_model": None if judge.prompt == F1 else ctx.role(judge.role).cfg.model}
+            runs = [{**row, "run": r} for r in range(1 if judge.prompt == F1 else settings.runs)]
+            rows = await rows_or_failed(runs, judged(probe, method, judge, row, runs),
+                                        f"{self.name} {judge.name} on {method}'s answer to {probe['probe_id']}")
+            return [{**r, "accepted": accepted(r["score"], judge.prompt, judge.accept_at)} for r in rows]
 
-        async def judged(probe: dict[str, Any], method: str, judge: str, row: dict[str, Any], runs: Rows) -> Rows:
-            memochat = judge == "gpt4score" and settings.gpt4score_mode == "memochat"
+        async def judged(probe: dict[str, Any], method: str, judge: PanelJudge, row: dict[str, Any],
+                         runs: Rows) -> Rows:
+            memochat = judge.prompt == "gpt4score" and settings.gpt4score_mode == "memochat"
             reference_source, skipped = reference_or_skip(probe, memochat, settings.unanswerable)
             if skipped is not None:
                 return [{**r, "skipped": skipped} for r in runs]
@@ -212,15 +244,29 @@ class JudgeAnswersStage(JudgeStage):
             resp = responses[method].get(probe["probe_id"])
             if resp is None or resp["error"] is not None:
                 return [{**r, "error": f"no response from {method}"} for r in runs]
-            call, fields, row["history_source"] = judge_call(judge, probe, resp["response"], questions, turns,
-                                                             memochat, settings.explain, settings.memochat_dates)
+            if judge.prompt == F1:
+                score = f1_score(episode["dataset"], probe["category"], resp["response"], probe["gold"])
+                return [{**r, "score": score, "skipped": SKIP_NO_REFERENCE if score is None else None} for r in runs]
+            shown = probe
+            if episode["dataset"] == "locomo" and judge.prompt == longmemeval.JUDGE:  # its per-type prompt
+                shown = {**probe, "category": LOCOMO_TO_LONGMEMEVAL.get(probe["category"], probe["category"])}
+            call, fields, row["history_source"] = judge_call(judge.prompt, shown, resp["response"], questions,
+                                                             turns, memochat, settings.explain,
+                                                             settings.memochat_dates)
             run_params = {**params, "max_tokens": settings.memochat_max_tokens} if memochat else params
-            judgments = await call.runs(ctx.llm, settings.runs, **run_params)
+            judgments = await call.runs(ctx.role(judge.role), settings.runs, settings.run_requests, **run_params)
             return sampled_rows([{**row, "run": r} for r in range(settings.runs)], fields, judgments)
 
+        # TeaFarm's questions get TeaFarm's own judge (not a panel prompt: built, not validated).
+        teafarm = [PanelJudge.model_construct(name="teafarm", prompt="teafarm", role=JUDGE_ROLE, accept_at=0.5)]
         jobs = [costed_to(m, one(p, m, j)) for p in probes for m in self.methods
-                for j in answers.judges_for(p["kind"], settings.correctness, settings.score_0_100)]
+                for j in (teafarm if p["kind"] == "teafarm" else settings.judges())]
         return {"answer_judgments": [r for rows in await asyncio.gather(*jobs) for r in rows]}
+
+    def llm_roles(self, cfg: Any) -> tuple[str, ...]:
+        """The judge role, and every role the panel calls."""
+        own = super().llm_roles(cfg)
+        return (*own, *(r for r in panel_roles(self.settings_of(cfg).panel or []) if r not in own))
 
     def shard_stats(self, produced: dict[str, Rows]) -> dict[str, Any]:
         rows = produced["answer_judgments"]

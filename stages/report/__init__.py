@@ -289,8 +289,9 @@ def _headline_sections(t: dict[str, pl.DataFrame], cfg: Any, wins: pl.DataFrame 
                        fig: Figure) -> list[render.Section]:
     """The leaderboard, the reproduction of the compared papers (when any) and the head-to-head."""
     pairwise = t["pairwise_summary"]
+    panel = t["robust_pairs"] if t["panel_scores"]["judge"].n_unique() > 1 else None
     board = render.leaderboard(t["method_summary"], t["answer_summary"], t["teafarm_summary"], t["metric_summary"],
-                               pairwise, wins)
+                               pairwise, wins, panel)
     return [
         render.Section("Leaderboard",
                        "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
@@ -351,6 +352,19 @@ def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_di
                       "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
                       "pools the datasets. " + pairwise_report.MULTIPLICITY_NOTE + " " + judges_differ,
                       [("", answers)]),
+        *([render.Section("The judges side by side",
+                          "Each method's score and rank under each answer judge (`panel_scores`: the share "
+                          "judged correct, GPT4Score 0-100, LoCoMo's F1 as its mean), each judge's runs averaged "
+                          "per item first. `judge_agreement`: Cohen's kappa between two judges' verdicts on the "
+                          "items both judged (F1 accepts at its `accept_at`, 0.5 unless set; GPT4Score gives "
+                          "no verdict), Kendall's tau between their rankings of the methods, and a `panel` row "
+                          "with Krippendorff's alpha and the share of items the judges split on. `robust_pairs`: "
+                          "A beats B only where every judge's paired 95% interval of A - B (whole episodes "
+                          "resampled, on the questions both answered) excludes 0 on the same side; `comparisons` "
+                          "counts the pairs compared, which no correction accounts for.",
+                          [("", t["panel_scores"]), ("Agreement", t["judge_agreement"]),
+                           ("Robust differences", t["robust_pairs"])])]
+          if t["panel_scores"]["judge"].n_unique() > 1 else []),
         *([render.Section("TeaFarm (counterfactual questions)",
                          "Each question treats an outdated or false thing as true; a method is correct when its "
                          "answer does not go along with it (Theanine Table 3: correct / total; `ci_*`: 95% interval "
@@ -453,6 +467,9 @@ class ReportStage(GlobalStage):
             "pairwise_summary": tables.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
             "answer_summary": tables.answer_summary(answers_raw, reference=self.reference(ctx)),
             "teafarm_summary": tables.teafarm_summary(answers_raw, reference=self.reference(ctx)),
+            "panel_scores": tables.panel_scores(answers_raw),
+            "judge_agreement": tables.judge_agreement(answers_raw),
+            "robust_pairs": tables.robust_pairs(answers_raw),
             "memory_summary": tables.memory_summary(memory_raw),
             "metric_summary": tables.metric_summary(metrics_raw, _frame(inputs, "response_metrics.corpus_metrics")),
             "method_summary": tables.method_summary(responses, self.usage(ctx), answers, metrics_raw,

@@ -94,9 +94,11 @@ TEAFARM_SUMMARY = pa.schema(
 
 
 _QUESTION_KEY = ("dataset", "episode_id", "probe_id")
+# Judges whose score is not a share judged correct: GPT4Score (0-100), LoCoMo's F1 (a mean F1).
+NOT_SHARES = ("gpt4score", "f1")
 _JUDGMENT_COLUMNS = {"episode_id": pl.String, "probe_id": pl.String, "category": pl.String, "skipped": pl.String,
                      "history_source": pl.String, "judge_model": pl.String, "prompt_fingerprint": pl.String,
-                     "abstention": pl.Boolean}
+                     "abstention": pl.Boolean, "judge_kind": pl.String}
 
 
 # judge_answers' error on an item whose method gave no response (the judge was never asked).
@@ -111,7 +113,8 @@ def _judgment_columns(judgments: pl.DataFrame) -> pl.DataFrame:
     response (gpt4score) has no score: it has no "wrong"."""
     j = judgments.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in _JUDGMENT_COLUMNS.items()
                                 if c not in judgments.columns])
-    return j.with_columns(pl.when(_NO_RESPONSE & (pl.col("judge") != "gpt4score")).then(pl.lit(0.0))
+    j = j.with_columns(pl.col("judge_kind").fill_null(pl.col("judge")))  # tables before panels: named by prompt
+    return j.with_columns(pl.when(_NO_RESPONSE & ~pl.col("judge_kind").is_in(NOT_SHARES)).then(pl.lit(0.0))
                           .otherwise(pl.col("score").cast(pl.Float64)).alias("score"))
 
 
@@ -265,7 +268,7 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
     for scope, part in _dataset_scopes(j):
         for (judge,), by_judge in part.group_by(["judge"], maintain_order=True):
             methods = {m: sub for (m,), sub in by_judge.group_by(["method"], maintain_order=True)}
-            share = judge != "gpt4score"
+            share = by_judge["judge_kind"][0] not in NOT_SHARES
             for method, sub in methods.items():
                 judged = _with_verdict(sub)
                 skipped = sub.filter(pl.col("skipped").is_not_null()).height

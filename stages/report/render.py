@@ -100,13 +100,15 @@ def _get(r: dict[str, Any], col: str) -> Any:
 
 
 def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFrame, metrics: pl.DataFrame,
-                pairwise: pl.DataFrame, wins: pl.DataFrame | None = None) -> pl.DataFrame:
+                pairwise: pl.DataFrame, wins: pl.DataFrame | None = None,
+                robust: pl.DataFrame | None = None) -> pl.DataFrame:
     """Method x headline metric over the whole run, each cell "value [95% interval] n=N ep=E" as a
     string, the interval the tables' episode-level cluster bootstrap (none with one episode), E the
     episodes behind the N items: gpt4score (0-100) and strict correctness from `answer_summary`,
     TeaFarm correctness from `teafarm_summary`, token F1 from `metric_summary` (qa probes when there
     are any), and the method's share of decided head-to-head pairs against the reference pooled over
-    criteria (`wins`: tables.pooled_win_shares; without it, from `pairwise_summary` with no interval).
+    criteria (`wins`: tables.pooled_win_shares; without it, from `pairwise_summary` with no interval),
+    and with a judge panel (`robust`: tables.robust_pairs) the methods each one beats under every judge.
     A column no table fills is left out; methods in `method_summary` order (each once: that table has
     a row per dataset and probe kind)."""
     names = list(dict.fromkeys(methods["method"].to_list())) if not methods.is_empty() else []
@@ -153,6 +155,15 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
             n = int(part["pairs"].sum())
             cell[other] = _share(won / (won + lost), None, None, n) if won + lost else f"ties only n={n}"
         cols[f"win share vs {reference}"] = cell
+    if robust is not None and not robust.is_empty():
+        ds = _overall(robust)
+        beats: dict[str, list[str]] = {}
+        for r in robust.filter(pl.col("dataset") == ds).iter_rows(named=True):
+            winner, loser = {"a_better": (r["method_a"], r["method_b"]),
+                             "b_better": (r["method_b"], r["method_a"])}.get(r["verdict"], (None, None))
+            if winner:
+                beats.setdefault(winner, []).append(loser)
+        cols["beats, under every judge"] = {m: ", ".join(beats.get(m, [])) or "-" for m in names}
     for c in cols.values():
         names += [m for m in c if m not in names]
     return pl.DataFrame({"method": names, **{label: [c.get(m, "") for m in names] for label, c in cols.items()}},

@@ -9,13 +9,15 @@ episode-level cluster bootstrap and `p_value` a paired cluster test against the 
 extra columns named `*iid*`, `mcnemar_p` and `sign_p`.
 
 The tables live in modules by job (this module names them all, and lists every table the report
-writes): answers.py (answers judged alone, TeaFarm), pairwise.py (head-to-head), scores.py
+writes): answers.py (answers judged alone, TeaFarm), agreement.py (the answer judges compared), pairwise.py (head-to-head), scores.py
 (segmentation, retrieval, memory ratings, response metrics), method_costs.py (cost beside quality,
 where the money goes), reproduction.py (the run beside the papers), frames.py (what they share)."""
 
 from __future__ import annotations
 
 from pipeline.llm.usage import SHARED
+from stages.report.agreement import (JUDGE_AGREEMENT, PANEL_SCORES, ROBUST_PAIRS, judge_agreement, panel_scores,
+                                     robust_pairs)
 from stages.report.answers import (ANSWER_SUMMARY, TASK_AVERAGE, TEAFARM_SUMMARY, answer_summary, judge_runs,
                                    task_average, teafarm_summary)
 from stages.report.frames import ALL, empty, to_arrow
@@ -29,7 +31,8 @@ from stages.report.scores import (MEMORY_SUMMARY, METRIC_SUMMARY, RETRIEVAL_SUMM
                                   memory_summary, metric_summary, retrieval_summary, segmentation_summary)
 
 __all__ = [
-    "ALL", "ANSWER_SUMMARY", "COST_BREAKDOWN", "MEMORY_SUMMARY", "METHOD_SUMMARY", "METRIC_SUMMARY",
+    "ALL", "ANSWER_SUMMARY", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
+    "robust_pairs", "COST_BREAKDOWN", "MEMORY_SUMMARY", "METHOD_SUMMARY", "METRIC_SUMMARY",
     "PAIRWISE_SUMMARY", "POOLED_WIN_SHARES", "REPRODUCTION_SUMMARY", "RETRIEVAL_SUMMARY", "SEGMENTATION_SUMMARY",
     "SHARED", "STAGE_SPANS", "SUMMARY_TABLES", "TASK_AVERAGE", "TEAFARM_SUMMARY", "USAGE_KEYS", "answer_summary", "cost_breakdown",
     "cost_views", "empty", "judge_runs", "memory_summary", "method_summary", "metric_summary", "pair_outcomes",
@@ -46,6 +49,9 @@ SUMMARY_TABLES = {
     "stage_spans": STAGE_SPANS,
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,
+    "panel_scores": PANEL_SCORES,  # the answer judges side by side (stages/report/agreement.py)
+    "judge_agreement": JUDGE_AGREEMENT,
+    "robust_pairs": ROBUST_PAIRS,
     "memory_summary": MEMORY_SUMMARY,
     "metric_summary": METRIC_SUMMARY,
     "teafarm_summary": TEAFARM_SUMMARY,
