@@ -53,6 +53,9 @@ class PaperSheet(_Strict):
     reproduces: str  # e.g. "Table 6: LoCoMo official QA, GPT-3.5-Turbo generator"
     protocol: dict[str, ProtocolSetting] = Field(default_factory=dict)  # dotted path -> setting
     results: list[PaperResult] = Field(default_factory=list)
+    # Which judge or scorer produced the published numbers, by the report column each is compared
+    # with ("score": a judge's; "mem0_f1": a scorer's): disputes about a number are mostly about this.
+    scored_by: dict[str, str] = Field(default_factory=dict)
 
 
 class Deviation(_Strict):

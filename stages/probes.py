@@ -65,6 +65,9 @@ PROBES = pa.schema(
         pa.field("false_premise", pa.string()),  # TeaFarm: what the question wrongly assumes; null otherwise
         pa.field("adversarial_answer", pa.string()),  # LoCoMo category 5: the tempting wrong option
         pa.field("abstention", pa.bool_()),  # the history cannot answer it (LongMemEval "_abs"); null: not said
+        # the dataset's own reference where the run's answer key changed it (corpus.answer_key: audited,
+        # LoCoMo); null where the gold is the dataset's
+        pa.field("gold_original", pa.string()),
     ]
 )
 
@@ -113,6 +116,7 @@ def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
             "respondent": episode["speakers"][-1], "request": dated_question(q), "gold": q["answer"],
             "qa_id": q["qa_id"], "evidence": q["evidence"], "category": q["category"],
             "adversarial_answer": q.get("adversarial_answer"), "abstention": q.get("abstention"),
+            "gold_original": q.get("gold_original") if q.get("gold_original") != q["answer"] else None,
         }
         for q in qa
     ]

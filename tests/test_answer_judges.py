@@ -159,7 +159,8 @@ def _judge_stage_rows(settings: JudgeAnswersSettings, llm: FakeChat, probes: lis
              "error": None, "details_json": json.dumps({"context_spans": spans})} for p in probes]
     stage = JudgeAnswersStage(tuple(contexts))
     llm.cfg = SimpleNamespace(model="judge-model")  # type: ignore[attr-defined]
-    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings), stage=stage, out_dir=None,  # type: ignore[arg-type]
+    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings, corpus=SimpleNamespace(answer_key="original")),
+                       stage=stage, out_dir=None,  # type: ignore[arg-type]
                        clients={"judge": llm})
     return run(stage.process_episode(ctx, "e1", inputs))["answer_judgments"]
 

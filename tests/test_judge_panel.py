@@ -164,3 +164,38 @@ def test_the_panel_config_runs_offline_shows_every_judge_and_a_warm_rerun_sends_
     sent = fake_llm.count()
     Runner(cfg, registry(cfg)).run()
     assert fake_llm.count() == sent  # warm: nothing sent again
+
+
+def test_an_audited_run_judges_the_changed_items_against_both_keys_and_counts_each_item_once(
+        tmp_path, fake_llm, models_cache, monkeypatch):
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    audit = ROOT / "tests/fixtures/locomo_audit"
+    cfg = resolve_paths(load_config(ROOT / "configs" / "locomo_judge_panel.yaml", [
+        f"artifacts_dir={tmp_path / 'artifacts'}", "llm.provider=openai", f"llm.base_url={fake_llm.base_url}",
+        "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}", "llm.rpm=null",
+        "llm.tpm=null", "ray.executor=inline", f"corpus.path={audit / 'locomo_mini.json'}",
+        f"corpus.audit_path={audit / 'locomo-audit'}", "corpus.answer_key=audited", "methods=[full_history]",
+        "roles={}", "judge_answers.runs=1",
+        "judge_answers.panel=[{name: f1, prompt: f1}, {name: f1_strict, prompt: f1, accept_at: 0.9}]",
+        "embedding.provider=local", "embedding.model=all-MiniLM-L6-v2", f"embedding.cache_dir={models_cache}"]))
+    Runner(cfg, registry(cfg)).run()
+    qa = StageDir(cfg.run_dir, "ingest").read_table("qa").to_pylist()
+    changed = {f"qa:{q['qa_id']}" for q in qa if q["gold_original"] != q["answer"]}
+    assert changed  # the fixture's audit changes some gold
+    rows = StageDir(cfg.run_dir, "judge_answers").read_table("answer_judgments").to_pylist()
+    assert {r["probe_id"] for r in rows if r["answer_key"] == "original"} == changed
+    assert {r["answer_key"] for r in rows} == {"audited", "original"}
+    report = StageDir(cfg.run_dir, "report")
+    overall = [r for r in report.read_table("answer_summary").to_pylist()
+               if r["dataset"] == "locomo" and r["category"] is None and r["judge"] == "f1"]
+    audited_items = [r for r in rows if r["answer_key"] == "audited" and r["judge"] == "f1"]
+    assert overall[0]["items"] == len(audited_items)  # each item once, under the run's key
+    keys = report.read_table("answer_keys").to_pylist()
+    f1 = next(r for r in keys if r["judge"] == "f1")
+    judged = [r for r in audited_items if r["skipped"] is None and r["score"] is not None]
+    assert f1["changed"] == len({r["probe_id"] for r in rows if r["answer_key"] == "original" and r["judge"] == "f1"
+                                 and r["skipped"] is None})
+    assert f1["audited"] == pytest.approx(sum(r["score"] for r in judged) / len(judged))
+    by_original = {r["probe_id"]: r["score"] for r in rows if r["answer_key"] == "original" and r["judge"] == "f1"}
+    expected = [by_original.get(r["probe_id"], r["score"]) for r in judged]
+    assert f1["original"] == pytest.approx(sum(expected) / len(expected))

@@ -166,7 +166,8 @@ def _judged(methods: list[str], verdicts) -> tuple[list[dict], FakeChat]:
     stage = JudgeAnswersStage(tuple(methods))
     llm = FakeChat(responder=verdicts)
     llm.cfg = SimpleNamespace(model="gpt-4o-mini")  # type: ignore[attr-defined]
-    ctx = StageContext(cfg=SimpleNamespace(judge_answers=cfg.judge_answers), stage=stage, out_dir=None,  # type: ignore[arg-type]
+    ctx = StageContext(cfg=SimpleNamespace(judge_answers=cfg.judge_answers, corpus=cfg.corpus),  # type: ignore[arg-type]
+                       stage=stage, out_dir=None,
                        clients={"judge": llm})
     rows = run(stage.process_episode(ctx, "locomo-conv-1", inputs))["answer_judgments"]
     return rows, llm

@@ -63,6 +63,9 @@ ANSWER_JUDGMENTS = pa.schema(
         # the verdict as accept / reject for agreement and robust differences (stages/judging/panel.py
         # `accepted`): a correct verdict; F1 at or above the judge's accept_at; null for GPT4Score
         pa.field("accepted", pa.bool_()),
+        # the answer key the reference came from (corpus.answer_key): an audited run also judges each
+        # answer whose gold the audit changed against the dataset's own (rows with `original`)
+        pa.field("answer_key", pa.string()),
         pa.field("abstention", pa.bool_()),  # the probe's flag (LongMemEval "_abs"), for the report's own row
         pa.field("judge_model", pa.string()),
         pa.field("prompt_fingerprint", pa.string(), nullable=False),
@@ -222,9 +225,10 @@ class JudgeAnswersStage(JudgeStage):
         stamp = self.stamp(ctx, episode)
         params = self.params(settings)
 
-        async def one(probe: dict[str, Any], method: str, judge: PanelJudge) -> Rows:
-            """The rows of one (probe, method, judge): one per judge run (F1: one)."""
+        async def one(probe: dict[str, Any], method: str, judge: PanelJudge, key: str) -> Rows:
+            """The rows of one (probe, method, judge) under answer key `key`: one per judge run (F1: one)."""
             row = {**stamp, "probe_id": probe["probe_id"], "kind": probe["kind"], "category": probe["category"],
+                   "answer_key": key,
                    "method": method, "judge": judge.name, "judge_kind": judge.prompt, "run": 0, "score": None,
                    "reason": None, "reference_source": None, "history_source": None, "skipped": None,
                    "judge_prompt": None, "abstention": probe.get("abstention"), "accepted": None, **NO_FAILURE,
@@ -259,7 +263,10 @@ class JudgeAnswersStage(JudgeStage):
 
         # TeaFarm's questions get TeaFarm's own judge (not a panel prompt: built, not validated).
         teafarm = [PanelJudge.model_construct(name="teafarm", prompt="teafarm", role=JUDGE_ROLE, accept_at=0.5)]
-        jobs = [costed_to(m, one(p, m, j)) for p in probes for m in self.methods
+        key = ctx.cfg.corpus.answer_key
+        keyed = [(p, key) for p in probes] + [({**p, "gold": p["gold_original"]}, "original") for p in probes
+                                               if key != "original" and p.get("gold_original") is not None]
+        jobs = [costed_to(m, one(p, m, j, k)) for p, k in keyed for m in self.methods
                 for j in (teafarm if p["kind"] == "teafarm" else settings.judges())]
         return {"answer_judgments": [r for rows in await asyncio.gather(*jobs) for r in rows]}
 

@@ -352,6 +352,13 @@ def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_di
                       "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
                       "pools the datasets. " + pairwise_report.MULTIPLICITY_NOTE + " " + judges_differ,
                       [("", answers)]),
+        *([render.Section("Both answer keys",
+                          "The run scored LoCoMo's audited answer key (corpus.answer_key: audited, "
+                          "dial481/locomo-audit's corrections of its score-corrupting errors); `original` is the "
+                          "same answers against the dataset's own gold, which every published LoCoMo number used. "
+                          "`changed`: items whose gold the audit changed, judged against both.",
+                          [("", t["answer_keys"])])]
+          if not t["answer_keys"].is_empty() else []),
         *([render.Section("The judges side by side",
                           "Each method's score and rank under each answer judge (`panel_scores`: the share "
                           "judged correct, GPT4Score 0-100, LoCoMo's F1 as its mean), each judge's runs averaged "
@@ -457,7 +464,8 @@ class ReportStage(GlobalStage):
         settings: ReportSettings = ctx.section
         responses = pl.from_arrow(pa.concat_tables(
             [inputs[f"{respond_stage_name(m)}.responses"] for m in self.methods] or [RESPONSES.empty_table()]))
-        answers_raw = _frame(inputs, "judge_answers.answer_judgments")
+        both_keys = _frame(inputs, "judge_answers.answer_judgments")
+        answers_raw = tables.run_key_rows(both_keys)  # each item once, under the run's answer key
         answers = tables.judge_runs(answers_raw)  # one row per item, its judge runs averaged
         metrics_raw = _frame(inputs, "response_metrics.response_metrics")
         memory_raw = _frame(inputs, "judge_memory.memory_judgments")
@@ -467,6 +475,7 @@ class ReportStage(GlobalStage):
             "pairwise_summary": tables.pairwise_summary(_frame(inputs, "judge_pairwise.pairwise_judgments")),
             "answer_summary": tables.answer_summary(answers_raw, reference=self.reference(ctx)),
             "teafarm_summary": tables.teafarm_summary(answers_raw, reference=self.reference(ctx)),
+            "answer_keys": tables.answer_keys(both_keys),
             "panel_scores": tables.panel_scores(answers_raw),
             "judge_agreement": tables.judge_agreement(answers_raw),
             "robust_pairs": tables.robust_pairs(answers_raw),

@@ -334,3 +334,44 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
                          "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)})
     rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["method"]))
     return pl.from_arrow(pa.Table.from_pylist(rows, TEAFARM_SUMMARY))  # type: ignore[return-value]
+
+
+ANSWER_KEYS = pa.schema([
+    pa.field("dataset", pa.string()),
+    pa.field("method", pa.string()),
+    pa.field("judge", pa.string()),
+    pa.field("judged", pa.int64()),  # items with a verdict under the run's key
+    pa.field("changed", pa.int64()),  # of those, judged against the dataset's gold too (the audit changed it)
+    pa.field("audited", pa.float64()),  # the score against the audited key (the run's)
+    pa.field("original", pa.float64()),  # the same answers against the dataset's own gold
+])
+
+
+def run_key_rows(judgments: pl.DataFrame) -> pl.DataFrame:
+    """The judgments under the run's answer key: an audited run's extra rows against the dataset's own
+    gold (`answer_key` original beside audited ones) left out, so no item counts twice."""
+    if "answer_key" not in judgments.columns or not (judgments["answer_key"] == "audited").any():
+        return judgments
+    return judgments.filter(pl.col("answer_key") != "original")
+
+
+def answer_keys(judgments: pl.DataFrame) -> pl.DataFrame:
+    """Per dataset, method and judge of an audited run: the score against the audited key and against
+    the dataset's own gold, side by side (the same answers; each item's runs averaged first), and how
+    many items the audit changed. Empty for a run on the original key."""
+    if judgments.is_empty() or "answer_key" not in judgments.columns or not (judgments["answer_key"] == "audited").any():
+        return empty(ANSWER_KEYS)
+    j = _judgment_columns(judgments.filter(pl.col("kind") != "teafarm"))
+    audited = judge_runs(j.filter(pl.col("answer_key") != "original")).filter(_HAS_VERDICT)
+    original = judge_runs(j.filter(pl.col("answer_key") == "original")).filter(_HAS_VERDICT)
+    key = [*_QUESTION_KEY, "method", "judge"]
+    under_original = pl.concat([audited.join(original.select(key), on=key, how="anti"), original], how="diagonal_relaxed")
+    rows = []
+    for (dataset, method, judge), sub in audited.group_by(["dataset", "method", "judge"], maintain_order=True):
+        mine = under_original.filter((pl.col("dataset") == dataset) & (pl.col("method") == method)
+                                     & (pl.col("judge") == judge))
+        rows.append({"dataset": dataset, "method": method, "judge": judge, "judged": sub.height,
+                     "changed": original.filter((pl.col("dataset") == dataset) & (pl.col("method") == method)
+                                                & (pl.col("judge") == judge)).height,
+                     "audited": float(sub["score"].mean()), "original": float(mine["score"].mean())})
+    return pl.from_arrow(pa.Table.from_pylist(rows, ANSWER_KEYS))  # type: ignore[return-value]

@@ -34,6 +34,7 @@ REPRODUCTION_SUMMARY = pa.schema(
         pa.field("difference", pa.float64()),  # run - paper
         pa.field("looked_up", pa.string()),  # result: table, column, where and scale
         pa.field("scorer", pa.string()),  # result: the scorer that computed the column (stages/scorers.py)
+        pa.field("paper_scored_by", pa.string()),  # result: the judge or scorer behind the paper's number (its sheet)
         pa.field("paper_setting", pa.string()),  # deviation: the paper's value (JSON)
         pa.field("run_setting", pa.string()),  # deviation: the run's value (JSON)
     ]
@@ -72,7 +73,8 @@ def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
                          "run": value, "run_low": got.low if got else None, "run_high": got.high if got else None,
                          "n": got.n if got else None, "episodes": got.episodes if got else None,
                          "produced": bool(got and got.produced), "difference": None if value is None else value - r.paper,
-                         "looked_up": _looked_up(r), "scorer": scorer(cfg, r)})
+                         "looked_up": _looked_up(r), "scorer": scorer(cfg, r),
+                         "paper_scored_by": sheet.scored_by.get(r.column)})
         for d in sheet_deviations(cfg, sheet, origin):
             rows.append({**base, "kind": "deviation", "name": d.path, "source": d.source,
                          "paper_setting": json.dumps(d.paper, default=str),

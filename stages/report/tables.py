@@ -18,8 +18,8 @@ from __future__ import annotations
 from pipeline.llm.usage import SHARED
 from stages.report.agreement import (JUDGE_AGREEMENT, PANEL_SCORES, ROBUST_PAIRS, judge_agreement, panel_scores,
                                      robust_pairs)
-from stages.report.answers import (ANSWER_SUMMARY, TASK_AVERAGE, TEAFARM_SUMMARY, answer_summary, judge_runs,
-                                   task_average, teafarm_summary)
+from stages.report.answers import (ANSWER_KEYS, ANSWER_SUMMARY, TASK_AVERAGE, TEAFARM_SUMMARY, answer_keys,
+                                   answer_summary, judge_runs, run_key_rows, task_average, teafarm_summary)
 from stages.report.frames import ALL, empty, to_arrow
 from stages.report.memory_accuracy import MEMORY_ACCURACY
 from stages.report.method_costs import (COST_BREAKDOWN, METHOD_SUMMARY, STAGE_SPANS, USAGE_KEYS, cost_breakdown,
@@ -31,7 +31,7 @@ from stages.report.scores import (MEMORY_SUMMARY, METRIC_SUMMARY, RETRIEVAL_SUMM
                                   memory_summary, metric_summary, retrieval_summary, segmentation_summary)
 
 __all__ = [
-    "ALL", "ANSWER_SUMMARY", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
+    "ALL", "ANSWER_KEYS", "ANSWER_SUMMARY", "answer_keys", "run_key_rows", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
     "robust_pairs", "COST_BREAKDOWN", "MEMORY_SUMMARY", "METHOD_SUMMARY", "METRIC_SUMMARY",
     "PAIRWISE_SUMMARY", "POOLED_WIN_SHARES", "REPRODUCTION_SUMMARY", "RETRIEVAL_SUMMARY", "SEGMENTATION_SUMMARY",
     "SHARED", "STAGE_SPANS", "SUMMARY_TABLES", "TASK_AVERAGE", "TEAFARM_SUMMARY", "USAGE_KEYS", "answer_summary", "cost_breakdown",
@@ -49,6 +49,7 @@ SUMMARY_TABLES = {
     "stage_spans": STAGE_SPANS,
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,
+    "answer_keys": ANSWER_KEYS,  # an audited LoCoMo run: both answer keys side by side
     "panel_scores": PANEL_SCORES,  # the answer judges side by side (stages/report/agreement.py)
     "judge_agreement": JUDGE_AGREEMENT,
     "robust_pairs": ROBUST_PAIRS,
