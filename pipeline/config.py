@@ -393,6 +393,15 @@ class RunConfig(Section):
                                  "openai); the embedded server (provider: local) has none")
         return self
 
+    def __reduce__(self) -> Any:
+        # A composed model (compose_config) is a class made at run time, which pickle (Ray's task
+        # arguments) would send by value and rebuild per task, ~10-200 ms of pydantic each: send how
+        # it was composed instead, and the receiving process builds it once (_composed's cache).
+        composition = type(self).__dict__.get("_composition")
+        if composition is None:
+            return super().__reduce__()
+        return _rebuild_composed, (composition, False, self.__getstate__())
+
     @property
     def run_dir(self) -> "Location":
         """The run's folder, or its prefix (a URI) when artifacts_dir is on an object store."""
@@ -435,7 +444,7 @@ def _composed(section_items: tuple[tuple[str, type[Section]], ...], method_items
               roles: frozenset[str], unavailable: tuple[tuple[str, str], ...]) -> type[RunConfig]:
     sections, methods = dict(section_items), dict(method_items)
     method_model = create_model(  # type: ignore[call-overload]
-        "MethodSettings", __base__=Section,
+        "MethodSettings", __base__=_MethodSettings,
         **{name: (model, Field(default_factory=model)) for name, model in methods.items()})
     fields: dict[str, Any] = {name: (model, Field(default_factory=model)) for name, model in sections.items()}
     clash = set(fields) & set(RunConfig.model_fields)
@@ -446,7 +455,27 @@ def _composed(section_items: tuple[tuple[str, type[Section]], ...], method_items
     model.known_roles = frozenset(roles)
     model.known_methods = frozenset(methods)
     model.unavailable_methods = dict(unavailable)
+    model._composition = method_model._composition = (section_items, method_items, roles, unavailable)
     return model
+
+
+class _MethodSettings(Section):
+    """Base of the composed `method` section: pickled by how it was composed, as RunConfig."""
+
+    def __reduce__(self) -> Any:
+        composition = type(self).__dict__.get("_composition")
+        if composition is None:
+            return super().__reduce__()
+        return _rebuild_composed, (composition, True, self.__getstate__())
+
+
+def _rebuild_composed(composition: tuple, method_section: bool, state: dict[str, Any]) -> BaseModel:
+    """A pickled composed config (or its `method` section), its model built here once per process."""
+    model = _composed(*composition)
+    cls = model.model_fields["method"].annotation if method_section else model
+    obj = cls.__new__(cls)
+    obj.__setstate__(state)
+    return obj
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -82,3 +82,25 @@ def test_teafarm_config_generates_with_gpt4_and_summarises_outside_the_tested_me
     assert (cfg.role("teabag").model, cfg.role("teabag").temperature) == ("gpt-4", 0.75)
     assert not cfg.teabag.counterfactual_check and not cfg.teabag.leak_check  # ours, both off as in the paper
     assert "memory" not in TeabagStage.roles  # the tested methods' memory role makes no TeaBag summary
+
+
+def test_a_composed_config_travels_by_how_it_was_composed_not_as_a_class_by_value():
+    """Ray pickles a task's config for every shard: the model class made at run time is not sent
+    (a process would rebuild it per task), only its composition; the copy equals the original,
+    private state (the embedded servers' URLs) included, and shares one class per process."""
+    import pickle
+
+    import cloudpickle
+
+    cfg = stages.load_config(CONFIGS[0].parent / "default.yaml", ["method.creem.k=5"])
+    cfg.set_local_url(cfg.llm, ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"])
+    sent = cloudpickle.dumps(cfg)
+    assert b"__pydantic_core_schema__" not in sent and len(sent) < 30_000  # no class by value (~74 kB)
+    first, second = pickle.loads(sent), pickle.loads(sent)
+    assert first == cfg and type(first) is type(second) is type(cfg)
+    assert first.method.creem.k == 5 and type(first.method) is type(cfg.method)
+    assert first.role("generator").server_urls == ("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1")
+    from pipeline.config import RunConfig
+
+    bare = RunConfig(run_name="bare")  # the run-level model alone: pickled as any class, by reference
+    assert pickle.loads(cloudpickle.dumps(bare)) == bare

@@ -186,7 +186,8 @@ def test_the_judge_is_shown_the_bare_question_and_a_reply_without_a_verdict_is_a
     llm = FakeChat(["The response matches."])
     llm.cfg = SimpleNamespace(model="judge-model")  # type: ignore[attr-defined]
     settings = JudgeAnswersSettings(score_0_100=False, correctness=["longmemeval"])
-    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings), stage=stage, out_dir=None,  # type: ignore[arg-type]
+    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings, corpus=SimpleNamespace(answer_key="original")),
+                       stage=stage, out_dir=None,  # type: ignore[arg-type]
                        clients={"judge": llm})
     [row] = asyncio.run(stage.process_episode(ctx, episode["episode_id"], inputs))["answer_judgments"]
     user = llm.calls[0]["messages"][1]["content"]

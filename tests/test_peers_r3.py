@@ -211,7 +211,7 @@ def test_the_mem0_board_judges_no_category_5_item_with_a_gold_answer():
     stage = JudgeAnswersStage(("m",))
     llm = FakeChat(responder=lambda messages, schema: {"reason": "r", "label": "CORRECT"})
     llm.cfg = SimpleNamespace(model="gpt-4o-mini")  # type: ignore[attr-defined]
-    ctx = StageContext(cfg=SimpleNamespace(judge_answers=cfg.judge_answers),  # type: ignore[arg-type]
+    ctx = StageContext(cfg=SimpleNamespace(judge_answers=cfg.judge_answers, corpus=cfg.corpus),  # type: ignore[arg-type]
                        stage=stage, out_dir=None, clients={"judge": llm})
     rows = run(stage.process_episode(ctx, "e", inputs))["answer_judgments"]
     by = {}
