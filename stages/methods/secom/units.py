@@ -120,7 +120,7 @@ def unit_retriever(pool: Rows, *, use_compression: bool, similarity: str = "cosi
         ids=[u["unit_id"] for u in pool],
         texts=[(u.get("compressed_text") if use_compression else None) or u["text"] for u in pool],
         vectors=np.asarray([u[vec_col] for u in pool], dtype=np.float32) if has_vectors else None,
-        token_counts=[count_tokens(u["text"]) for u in pool],
+        token_counts=[u["text_tokens"] if u.get("text_tokens") is not None else count_tokens(u["text"]) for u in pool],
         similarity=similarity,
         bm25_tokens=bm25_tokens,
         bm25_idf=bm25_idf,

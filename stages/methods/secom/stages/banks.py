@@ -15,6 +15,7 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.embeddings import aencode
 from pipeline.lance_store import write_bank
+from pipeline.retrieval import count_tokens
 from pipeline.stage import EpisodeStage, Rows, StageContext
 from stages.methods.secom.stages.compress import Granularity
 from stages.methods.secom.units import UNIT_FIELDS, bank_schema
@@ -26,6 +27,9 @@ MEMORY_UNITS = pa.schema(
         *UNIT_FIELDS,
         pa.field("vector", pa.list_(pa.float32())),  # embedding of the retrieval key (compressed text)
         pa.field("text_vector", pa.list_(pa.float32())),  # embedding of the original text (ablation)
+        # cl100k tokens of the original text, what a retrieval budget counts: counted once here, not
+        # by every respond shard that indexes the bank
+        pa.field("text_tokens", pa.int32()),
         pa.field("lance_table", pa.string()),
     ]
 )
@@ -64,7 +68,8 @@ class BanksStage(EpisodeStage):
         rows: Rows = []
         for unit, vec, raw_vec in zip(units, keys, originals):
             row = {k: unit[k] for k in MEMORY_UNITS.names if k in unit}
-            row.update(vector=vec.tolist(), text_vector=raw_vec.tolist(), lance_table=bank_name(episode_id, unit["granularity"]))
+            row.update(vector=vec.tolist(), text_vector=raw_vec.tolist(), text_tokens=count_tokens(unit["text"]),
+                       lance_table=bank_name(episode_id, unit["granularity"]))
             rows.append(row)
         # In a thread: the Lance writes would otherwise hold up the loop's embedding requests.
         await asyncio.to_thread(_write_banks, ctx, episode_id, sorted(wanted), rows)
