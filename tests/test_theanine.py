@@ -139,6 +139,25 @@ def build(n_sessions: int, settings, label: str = "SameTopic") -> tuple[dict, Fa
     return out, llm
 
 
+def test_every_sessions_summary_is_asked_at_once_and_the_links_still_follow_the_graph_in_order():
+    """A session's memories come from its own turns alone: all summaries are asked before any link;
+    the links of a session still see only the memories of the sessions before it."""
+    order: list[str] = []
+
+    class Slow(FakeChat):  # each answer takes a while, so calls that can overlap do
+        async def chat(self, messages, *, schema=None, **kw):
+            order.append(schema.__name__)
+            await asyncio.sleep(0.01)
+            return await super().chat(messages, schema=schema, **kw)
+
+    llm = Slow(responder=responder())
+    out = asyncio.run(Theanine().build(MethodContext(settings=TheanineSettings(j=2), llm=llm, embed=embed),
+                                       episode(4)))
+    assert order[:4] == ["SessionMemories"] * 4 and order.count("SessionMemories") == 4
+    sequential, _ = build(4, TheanineSettings(j=2))
+    assert out == sequential  # the same graph whatever order the answers come back in
+
+
 def test_building_labels_at_most_j_candidates_from_earlier_sessions_per_new_memory():
     out, llm = build(4, TheanineSettings(j=2))
     ages = {m["memory_id"]: m["session_idx"] for m in out["memories"]}

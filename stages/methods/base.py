@@ -28,9 +28,11 @@ from what came before it (`visible_memory`). Methods are pure: no Ray, no I/O, t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Iterable, Iterator, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +55,23 @@ SNAPSHOT_FIELDS = [
     pa.field("snapshot_session", pa.int32(), nullable=False),
     pa.field("snapshot_turn", pa.int32()),
 ]
+
+
+@contextlib.contextmanager
+def asked_ahead(calls: Iterable[asyncio.Future | None]) -> Iterator[None]:
+    """Around a build that starts calls before the step that reads them (calls that depend on the
+    input alone, so a chain of dependent steps waits on fewer of its own): on the way out, none is
+    left running and no error of one is left unread, however the build ended."""
+    try:
+        yield
+    finally:
+        for call in calls:
+            if call is None:
+                continue
+            if not call.done():
+                call.cancel()
+            elif not call.cancelled():
+                call.exception()
 
 
 def after_session(episode_id: str, session: int) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, dense_scores, top_k
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
-                                 ProbeInput, ReportPanel)
+                                 ProbeInput, ReportPanel, asked_ahead)
 from stages.methods.creem.prompts import (blend_messages, check_count, check_refined, first_session_messages,
                                           question_messages)
 from stages.methods.shared import memory_response, response
@@ -372,7 +372,7 @@ class Creem(Method[CreemSettings]):
         # calls as asking each question in its step: a chain of blends, not of question-blend pairs.
         questions = [None if first else asyncio.ensure_future(self.ask(ctx.llm, about, turns))
                      for _, turns, about, first in steps]
-        try:
+        with asked_ahead(questions):
             for n, (s, turns) in enumerate(episode.sessions.items()):
                 if n == 0 and settings.first_session == "once" and turns:
                     # One blend per speaker after the whole first session, over all of it.
@@ -383,12 +383,6 @@ class Creem(Method[CreemSettings]):
             for (s, turns, about, first), question in zip(steps, questions):
                 record(await self.step(ctx.llm, ctx.embed, settings, memory, about, s, turns, first=first, ids=ids,
                                        question=question), s, turns[-1]["turn_idx"])
-        finally:  # a build that stops early: no question left running, none of their errors left unread
-            for q in questions:
-                if q is not None and not q.done():
-                    q.cancel()
-                elif q is not None and not q.cancelled():
-                    q.exception()
         return out
 
     def built_step(self, memory: dict[str, list[dict]], session: int, last: dict, about: str) -> TurnStep | None:

@@ -42,7 +42,7 @@ from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, within_tokens
 from stages.methods.shared import response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
-                                 ProbeInput, ReportPanel, after_session)
+                                 ProbeInput, ReportPanel, after_session, asked_ahead)
 from stages.methods.shared.dialogue import format_unit
 from stages.methods.shared.session_memories import (
     MEMORY_FIELDS,
@@ -157,15 +157,28 @@ class Theanine(Method[TheanineSettings]):
         return settings.link_mode
 
     async def build(self, ctx: MethodContext[TheanineSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
-        settings, eid = ctx.settings, episode.episode["episode_id"]
+        settings = ctx.settings
         if ctx.embed is None:
             raise ConfigError(f"{self.name} links memories by embedding similarity: configure `embedding:`")
         graph = g.Graph()
         by_id: dict[str, dict] = {}
         vectors: dict[str, np.ndarray] = {}
         out: dict[str, list[dict]] = {t: [] for t in self.memory}
+        # A session's memories are summarised from its own turns alone, so every session's summary is
+        # asked at once; only the linking waits for the graph the sessions before it built.
+        summaries = {s: asyncio.ensure_future(attempt(summarize_session(ctx.llm, turns, s, settings.max_memories)))
+                     for s, turns in episode.sessions.items()}
+        with asked_ahead(summaries.values()):
+            await self._build_sessions(ctx, episode, summaries, graph, by_id, vectors, out)
+        return out
+
+    async def _build_sessions(self, ctx: MethodContext[TheanineSettings], episode: EpisodeInput,
+                              summaries: dict[int, Any], graph: g.Graph, by_id: dict[str, dict],
+                              vectors: dict[str, np.ndarray], out: dict[str, list[dict]]) -> None:
+        """Algorithm 1 session by session: each session's summarised memories linked to the graph."""
+        settings, eid = ctx.settings, episode.episode["episode_id"]
         for s, turns in episode.sessions.items():
-            events, failed = await attempt(summarize_session(ctx.llm, turns, s, settings.max_memories))
+            events, failed = await summaries[s]
             if events is None:  # no memories from this session; the build goes on
                 out["build_log"].append({**after_session(eid, s), "memories": 0, "link_calls": 0, **failed})
                 continue
@@ -184,7 +197,6 @@ class Theanine(Method[TheanineSettings]):
             out["link_labels"] += labels
             calls = len(labels) if settings.relation_aware else 0
             out["build_log"].append({**after_session(eid, s), "memories": len(new), "link_calls": calls, **failed})
-        return out
 
     async def link(self, llm: ChatLLM, graph: g.Graph, by_id: dict[str, dict], vectors: dict[str, np.ndarray],
                    new: list[dict], new_vectors: np.ndarray, sessions: dict[int, list[dict]], settings: TheanineSettings
