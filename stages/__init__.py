@@ -20,6 +20,7 @@ from pipeline.stage import EMBEDDER_ROLE, Stage
 from pipeline.storage import Location, join
 from stages.ingest import IngestStage
 from stages.judging.judge_answers import JudgeAnswersStage
+from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.judging.judge_memory import JudgeMemoryStage
 from stages.judging.judge_pairwise import JudgePairwiseStage
 from stages.method_stages.memory import MemoryStage
@@ -38,7 +39,7 @@ from stages.teabag.export import export_teabag
 # SeCom's segmentation and banks, come from the method: `Method.stages`).
 BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, TeabagStage, ProbesStage)
 AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, JudgePairwiseStage, JudgeAnswersStage,
-                                          JudgeMemoryStage, ReportStage)
+                                          JudgeCalibrationStage, JudgeMemoryStage, ReportStage)
 
 
 def method_stages(methods: Mapping[str, Method]) -> dict[str, Stage]:
@@ -68,7 +69,7 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
         wanted[stage.name] = f"method {stage.method.name}"  # type: ignore[attr-defined]
     names = tuple(cfg.methods)
     scoring: list[Stage] = [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names),
-                            JudgeAnswersStage(names),
+                            JudgeAnswersStage(names), JudgeCalibrationStage(),
                             JudgeMemoryStage(tuple(m.name for m in chosen if m.has_memory_stage))]
     brought = _reads(per_method, {**readable, **{s.name: s for s in per_method}})
     for stage in scoring:

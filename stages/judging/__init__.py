@@ -7,5 +7,8 @@ Where each judge lives (the pure judge beside the stage that runs it):
   GPT4Score), correct / incorrect in a strict and a lenient wording, TeaFarm correctness;
 - `memory_quality.py`, run by `judge_memory.py`: a method's memory of an episode, 1-5 on CREEM's
   seven criteria (App. B.2);
+- `calibration.py`, run by `judge_calibration.py`: answers built from the gold whose verdict is known
+  (the gold, longer, a checked paraphrase; a shifted date, a swapped name, a changed number, vague,
+  "not mentioned", negated), each answer judge's false accepts and false rejects per kind;
 - `base.py`: what the judge stages share (settings, the role, the stamp on every row).
 """

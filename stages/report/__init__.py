@@ -286,19 +286,23 @@ def _draw_figures(t: dict[str, pl.DataFrame], quality: str, out: Path) -> dict[s
 
 
 def _headline_sections(t: dict[str, pl.DataFrame], cfg: Any, wins: pl.DataFrame | None,
-                       fig: Figure) -> list[render.Section]:
+                       fig: Figure, calibration: pl.DataFrame | None = None) -> list[render.Section]:
     """The leaderboard, the reproduction of the compared papers (when any) and the head-to-head."""
     pairwise = t["pairwise_summary"]
     panel = t["robust_pairs"] if t["panel_scores"]["judge"].n_unique() > 1 else None
     board = render.leaderboard(t["method_summary"], t["answer_summary"], t["teafarm_summary"], t["metric_summary"],
-                               pairwise, wins, panel)
+                               pairwise, wins, panel, calibration)
+    calibrated = (" `judge false accepts`: how often each answer judge accepted a wrong answer built on purpose "
+                  "(judge_calibration; the section on the answer judges gives every kind)."
+                  if calibration is not None and not calibration.is_empty() else "")
     return [
         render.Section("Leaderboard",
                        "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
                        "value [95% interval] n=items ep=episodes. gpt4score 0-100 and strict correctness from the "
                        "answer judges, TeaFarm correctness, token F1 against the gold, and the method's share of "
                        "decided head-to-head pairs against the reference, pooled over criteria. " + INTERVALS
-                       + " Details in the sections below.", [("", board)], table_class="leaderboard"),
+                       + calibrated + " Details in the sections below.", [("", board)],
+                       table_class="leaderboard"),
         *[s for s in [reproduction_section(
             t["reproduction_summary"], [p for p, sheet in compared_sheets(cfg) if sheet is None])] if s],
         render.Section("Head-to-head (G-Eval)", _pairwise_intro(pairwise) + (
@@ -335,10 +339,28 @@ def _cost_sections(t: dict[str, pl.DataFrame], quality: str, fig: Figure) -> lis
     ]
 
 
+# What the calibration table says, beside every table of answer judges.
+CALIBRATION_CAPTION = "Calibration: each judge on answers whose verdict is known (judge_calibration)"
+CALIBRATION_NOTE = (" Calibration (`judge_calibration`, when the run has it): every answer judge judged answers "
+                    "built from the gold whose verdict is known: accept kinds (the gold, the gold in a longer "
+                    "answer, a checked paraphrase) give its false rejects, reject kinds (a shifted date, a swapped "
+                    "name, a changed number, a vague answer, \"not mentioned\", the gold negated) its false accepts, "
+                    "each with a 95% Wilson interval; `flagged`: false accepts above judges.calibration."
+                    "max_false_accept. A judge that accepts wrong answers of a kind inflates every score it gives "
+                    "on questions where methods answer that way.")
+
+
+def _calibration_tables(calibration: pl.DataFrame | None) -> list[tuple[str, pl.DataFrame]]:
+    return [(CALIBRATION_CAPTION, render.calibration_view(calibration))] \
+        if calibration is not None and not calibration.is_empty() else []
+
+
 def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_differ: str,
-                     fig: Figure) -> list[render.Section]:
+                     fig: Figure, calibration: pl.DataFrame | None = None) -> list[render.Section]:
     """The answers judged against the reference, then TeaFarm (when the run asked its questions)."""
     answers = t["answer_summary"]
+    calibrated = _calibration_tables(calibration)
+    note = CALIBRATION_NOTE if calibrated else ""
     return [
         render.Section("Answers judged against the reference",
                       "gpt4score: 0-100 (mean); strict / lenient: share judged correct; teafarm: TeaFarm "
@@ -350,8 +372,8 @@ def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_di
                       "`only_other`: questions only one got right). LongMemEval's `task_average` row is the mean "
                       "of its per-type scores (its official task-averaged accuracy), `abstention` its abstention "
                       "questions. Failed responses are counted in `failed`, skipped items in `skipped`; `all` "
-                      "pools the datasets. " + pairwise_report.MULTIPLICITY_NOTE + " " + judges_differ,
-                      [("", answers)]),
+                      "pools the datasets. " + pairwise_report.MULTIPLICITY_NOTE + " " + judges_differ + note,
+                      [("", answers), *calibrated]),
         *([render.Section("Both answer keys",
                           "The run scored LoCoMo's audited answer key (corpus.answer_key: audited, "
                           "dial481/locomo-audit's corrections of its score-corrupting errors); `original` is the "
@@ -368,9 +390,9 @@ def _answer_sections(t: dict[str, pl.DataFrame], teabag: pl.DataFrame, judges_di
                           "with Krippendorff's alpha and the share of items the judges split on. `robust_pairs`: "
                           "A beats B only where every judge's paired 95% interval of A - B (whole episodes "
                           "resampled, on the questions both answered) excludes 0 on the same side; `comparisons` "
-                          "counts the pairs compared, which no correction accounts for.",
+                          "counts the pairs compared, which no correction accounts for." + note,
                           [("", t["panel_scores"]), ("Agreement", t["judge_agreement"]),
-                           ("Robust differences", t["robust_pairs"])])]
+                           ("Robust differences", t["robust_pairs"]), *calibrated])]
           if t["panel_scores"]["judge"].n_unique() > 1 else []),
         *([render.Section("TeaFarm (counterfactual questions)",
                          "Each question treats an outdated or false thing as true; a method is correct when its "
@@ -501,7 +523,7 @@ class ReportStage(GlobalStage):
             teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars),
             probe_browser_data(_frame(inputs, "probes.probes"), responses, answers, pairs_raw,
                                settings.max_probe_rows, settings.text_chars),
-            wins=tables.pooled_win_shares(pairs_raw))
+            wins=tables.pooled_win_shares(pairs_raw), calibration=_frame(inputs, "judge_calibration.calibration"))
         written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],
                                                           tables.REPRODUCTION_SUMMARY)
         return written
@@ -532,9 +554,9 @@ class ReportStage(GlobalStage):
     def write_report(self, ctx: StageContext, settings: ReportSettings, t: dict[str, pl.DataFrame],
                      panels: list[tuple[Method, ReportPanel]], probes: pl.DataFrame, implementations: pl.DataFrame,
                      teabag: pl.DataFrame, browser: list[dict[str, Any]] | None = None,
-                     wins: pl.DataFrame | None = None) -> None:
+                     wins: pl.DataFrame | None = None, calibration: pl.DataFrame | None = None) -> None:
         """report.md and report.html from the summary tables `t` (and `wins`: tables.pooled_win_shares,
-        the leaderboard's head-to-head column)."""
+        the leaderboard's head-to-head column; `calibration`: judge_calibration's table, when the run has it)."""
         out = ctx.out_dir
         out.mkdir(parents=True, exist_ok=True)
         cfg = ctx.cfg
@@ -546,9 +568,9 @@ class ReportStage(GlobalStage):
             return [(name, alt)] if figures[name] else []
 
         sections = [
-            *_headline_sections(t, cfg, wins, fig),
+            *_headline_sections(t, cfg, wins, fig, calibration),
             *_cost_sections(t, quality, fig),
-            *_answer_sections(t, teabag, judges_differ, fig),
+            *_answer_sections(t, teabag, judges_differ, fig, calibration),
             *_score_sections(t, implementations, fig),
             *(self.panel_section(m, p, out) for m, p in panels),
             render.Section("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),

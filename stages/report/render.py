@@ -101,15 +101,17 @@ def _get(r: dict[str, Any], col: str) -> Any:
 
 def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFrame, metrics: pl.DataFrame,
                 pairwise: pl.DataFrame, wins: pl.DataFrame | None = None,
-                robust: pl.DataFrame | None = None) -> pl.DataFrame:
+                robust: pl.DataFrame | None = None, calibration: pl.DataFrame | None = None) -> pl.DataFrame:
     """Method x headline metric over the whole run, each cell "value [95% interval] n=N ep=E" as a
     string, the interval the tables' episode-level cluster bootstrap (none with one episode), E the
     episodes behind the N items: gpt4score (0-100) and strict correctness from `answer_summary`,
     TeaFarm correctness from `teafarm_summary`, token F1 from `metric_summary` (qa probes when there
     are any), and the method's share of decided head-to-head pairs against the reference pooled over
     criteria (`wins`: tables.pooled_win_shares; without it, from `pairwise_summary` with no interval),
-    and with a judge panel (`robust`: tables.robust_pairs) the methods each one beats under every judge.
-    A column no table fills is left out; methods in `method_summary` order (each once: that table has
+    and with a judge panel (`robust`: tables.robust_pairs) the methods each one beats under every judge,
+    and with the judges calibrated (`calibration`: judge_calibration's table) each judge's false
+    accepts on one wrong kind (`calibration_column`), the same on every row: it qualifies every
+    judged column beside it. A column no table fills is left out; methods in `method_summary` order (each once: that table has
     a row per dataset and probe kind)."""
     names = list(dict.fromkeys(methods["method"].to_list())) if not methods.is_empty() else []
     cols: dict[str, dict[str, str]] = {}
@@ -164,10 +166,45 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
             if winner:
                 beats.setdefault(winner, []).append(loser)
         cols["beats, under every judge"] = {m: ", ".join(beats.get(m, [])) or "-" for m in names}
+    column = calibration_column(calibration) if calibration is not None else None
+    if column is not None:
+        cols[column[0]] = {m: column[1] for m in names}
     for c in cols.values():
         names += [m for m in c if m not in names]
     return pl.DataFrame({"method": names, **{label: [c.get(m, "") for m in names] for label, c in cols.items()}},
                         schema={"method": pl.String, **{label: pl.String for label in cols}})
+
+
+# ---- judge calibration -------------------------------------------------------------------------
+
+def calibration_column(calibration: pl.DataFrame, prefer: str = "vague") -> tuple[str, str] | None:
+    """(label, cell) of the leaderboard's calibration column: each judge's false-accept rate on the
+    `prefer` kind (else on the wrong kind most answers were judged on), "lenient 62% (flagged)"."""
+    if calibration.is_empty():
+        return None
+    judged = calibration.filter((pl.col("expected") == "reject") & (pl.col("n") > 0))
+    if judged.is_empty():
+        return None
+    kinds = judged.group_by("kind").agg(pl.col("n").sum()).sort(["n", "kind"], descending=[True, False])
+    kind = prefer if prefer in kinds["kind"].to_list() else kinds["kind"][0]
+    cells = [f"{r['judge']} {r['false_accept_rate'] * 100:.0f}%" + (" (flagged)" if r["flagged"] else "")
+             for r in judged.filter(pl.col("kind") == kind).iter_rows(named=True)]
+    return f"judge false accepts ({kind})", ", ".join(cells)
+
+
+def calibration_view(calibration: pl.DataFrame) -> pl.DataFrame:
+    """judge_calibration's table as the report shows it: per judge and kind, the rate that applies as
+    "62% [48–74]", n, skipped, failed and the flag."""
+    if calibration.is_empty():
+        return calibration
+    rows = []
+    for r in calibration.iter_rows(named=True):
+        rows.append({"judge": r["judge"], "kind": r["kind"], "expected": r["expected"],
+                     "false accepts": _share(r["false_accept_rate"], r["false_accept_low"], r["false_accept_high"], None),
+                     "false rejects": _share(r["false_reject_rate"], r["false_reject_low"], r["false_reject_high"], None),
+                     "n": r["n"], "skipped": r["skipped"], "failed": r["failed"],
+                     "flagged": "yes" if r["flagged"] else ""})
+    return pl.DataFrame(rows)
 
 
 # ---- win-rate heat map ---------------------------------------------------------------------------
