@@ -142,6 +142,8 @@ class EpisodeUsage:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.counts = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        # Seconds its calls took when they were sent (a cached answer brings its first latency), summed
+        self.latency_s = 0.0
 
     async def chat(self, messages: Any, **kwargs: Any) -> Any:
         result = await self.inner.chat(messages, **kwargs)
@@ -160,6 +162,7 @@ class EpisodeUsage:
         self.counts["cached_calls"] += int(result.cached)
         self.counts["prompt_tokens"] += result.prompt_tokens
         self.counts["completion_tokens"] += result.completion_tokens
+        self.latency_s += getattr(result, "latency_s", None) or 0.0
 
     def __getattr__(self, name: str) -> Any:  # cfg, usage, embed, ... of the shared client
         return getattr(self.inner, name)

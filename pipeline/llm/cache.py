@@ -86,13 +86,15 @@ class Reply:
     cached: bool
     cached_prompt_tokens: int = 0  # of prompt_tokens, served from the endpoint's prompt cache
     finish_reason: str | None = None  # the endpoint's ("length": cut at max_tokens); None if not recorded
+    # Seconds the request took when it was sent (a cached reply keeps its first latency); None: unknown
+    latency_s: float | None = None
 
     @classmethod
     def from_cache(cls, hit: dict[str, Any], model: str) -> Reply:
         """A cached chat value as a reply (marked cached)."""
         return cls(hit["text"], int(hit.get("prompt_tokens", 0)), int(hit.get("completion_tokens", 0)),
                    hit.get("model") or model, cached=True, cached_prompt_tokens=int(hit.get("cached_prompt_tokens", 0)),
-                   finish_reason=hit.get("finish_reason"))
+                   finish_reason=hit.get("finish_reason"), latency_s=hit.get("latency_s"))
 
     def value(self) -> dict[str, Any]:
         value = {"text": self.text, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -101,6 +103,8 @@ class Reply:
             value["cached_prompt_tokens"] = self.cached_prompt_tokens
         if self.finish_reason is not None:
             value["finish_reason"] = self.finish_reason
+        if self.latency_s is not None:
+            value["latency_s"] = round(self.latency_s, 4)
         return value
 
 

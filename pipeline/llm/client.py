@@ -21,6 +21,7 @@ never enters cache keys, cache values, usage, reprs, exception messages or logs.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -107,7 +108,7 @@ class LLMClient:
                 reply = await self._request(model, messages, sampling, None, sample)
                 result = LLMResult(text=reply.text, prompt_tokens=reply.prompt_tokens,
                                    completion_tokens=reply.completion_tokens, model=reply.model, cached=reply.cached,
-                                   finish_reason=reply.finish_reason)
+                                   finish_reason=reply.finish_reason, latency_s=reply.latency_s)
             else:
                 result = await self._structured.call(messages, schema, validate, sample, params)
         except LLMError:
@@ -207,7 +208,8 @@ class LLMClient:
                 return None
             raise  # this call itself was cancelled
         return Reply(reply.text, reply.prompt_tokens, reply.completion_tokens, reply.model, cached=True,
-                     cached_prompt_tokens=reply.cached_prompt_tokens, finish_reason=reply.finish_reason)
+                     cached_prompt_tokens=reply.cached_prompt_tokens, finish_reason=reply.finish_reason,
+                     latency_s=reply.latency_s)
 
     def _claim(self, key: str) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -223,6 +225,7 @@ class LLMClient:
         body: dict[str, Any] = {"model": model, "messages": messages, **sampling}
         if response_format is not None:
             body["response_format"] = response_format
+        sent = time.monotonic()
         if self.cfg.batch:
             # Waits in this loop's Batch API queue, holding no `max_concurrency` slot; the custom_id
             # is the cache key, and the reply is cached below exactly as a direct call's.
@@ -235,7 +238,8 @@ class LLMClient:
         self.usage.requests += 1
         self.accounts.add_tokens(model, pt, ct, cached=False, batch=self.cfg.batch, cached_prompt=cpt)
         reply = Reply(text, pt, ct, resp_model or model, cached=False, cached_prompt_tokens=cpt,
-                      finish_reason=answer.finish_reasons[0] if answer.finish_reasons else None)
+                      finish_reason=answer.finish_reasons[0] if answer.finish_reasons else None,
+                      latency_s=time.monotonic() - sent)
         if self.cache is not None:
             await self.cache.set(key, reply.value())
             self._stale.stored([key])

@@ -11,6 +11,7 @@ sample, from then on for that (endpoint, model).
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -173,6 +174,7 @@ class Samples:
             body["response_format"] = response_format
         max_tokens = int(sampling.get("max_tokens") or 0)
         held = await self.accounts.reserve(model, estimate_tokens(messages, 0) * 4 // 3 + 8, max_tokens * n)
+        sent = time.monotonic()
         try:
             answer = await self.transport.chat(body, estimate_tokens(messages, max_tokens * n))
         except BaseException:
@@ -190,7 +192,8 @@ class Samples:
         shares = split_tokens(answer.completion, [max(1, len(t)) for t in got])
         replies = [(key, Reply(text, answer.prompt if j == 0 else 0, shares[j], answer.model or model, cached=False,
                                cached_prompt_tokens=answer.cached_prompt if j == 0 else 0,
-                               finish_reason=answer.finish_reasons[j] if j < len(answer.finish_reasons) else None))
+                               finish_reason=answer.finish_reasons[j] if j < len(answer.finish_reasons) else None,
+                               latency_s=time.monotonic() - sent))
                    for j, ((_, _, key), text) in enumerate(zip(missing, got))]
         self._preloaded.update(replies)
         if self.cache is not None:

@@ -374,6 +374,7 @@ class StructuredCalls:
         response_format = request_format(ask.schema, mode)
         attempts = 1 + self.cfg.structured_retries
         prompt_tokens = completion_tokens = 0
+        latency: float | None = None
         cached = True
         last_text, last_error = "", ""
         for i in range(attempts):
@@ -385,6 +386,8 @@ class StructuredCalls:
                 answered = None
             prompt_tokens += reply.prompt_tokens
             completion_tokens += reply.completion_tokens
+            if reply.latency_s is not None:
+                latency = (latency or 0.0) + reply.latency_s
             cached = cached and reply.cached
             try:
                 parsed = parse_structured(reply.text, ask.schema)
@@ -397,7 +400,7 @@ class StructuredCalls:
                 continue
             return LLMResult(text=reply.text, parsed=parsed, prompt_tokens=prompt_tokens,
                              completion_tokens=completion_tokens, model=reply.model, cached=cached,
-                             finish_reason=reply.finish_reason)
+                             finish_reason=reply.finish_reason, latency_s=latency)
         raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
 
     # ------------------------------------------------------------ the mode of an (endpoint, model)

@@ -53,6 +53,8 @@ class LLMResult:
     cached: bool = False
     # The endpoint's finish_reason ("length": cut at max_tokens); None when unknown (an older cache entry)
     finish_reason: str | None = None
+    # Seconds its requests took when sent (re-asks summed; a cached answer keeps its first); None: unknown
+    latency_s: float | None = None
 
 
 class ChatLLM(Protocol):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
+from pipeline.shard import EpisodeUsage
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
 from stages.methods.base import Method, ProbeInput, point, visible_memory
@@ -28,6 +30,11 @@ RESPONSES = pa.schema(
         pa.field("memory_after_session", pa.int32()),  # the memory seen was built up to this session; null: none
         pa.field("details_json", pa.string()),  # method-specific record, e.g. timelines
         pa.field("model", pa.string()),
+        # What answering this probe took: its calls' tokens, and the seconds they took when they were
+        # sent, one after another or not (a cached call keeps the latency of its first sending)
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("latency_s", pa.float64()),
         *FAILURE_FIELDS,
     ]
 )
@@ -89,10 +96,13 @@ class RespondStage(MethodStage):
             return await row_or_failure(row, answered(probe, seen), f"{self.name} probe {probe['probe_id']}")
 
         async def answered(probe: dict[str, Any], seen: dict[str, Rows]) -> dict[str, Any]:
-            ans = await self.method.answer(method_ctx, probe_input(probe, episode, sessions, upstream), seen)
+            used = EpisodeUsage(method_ctx.llm)  # this probe's calls alone
+            ans = await self.method.answer(replace(method_ctx, llm=used), probe_input(probe, episode, sessions, upstream),
+                                           seen)
             return {"response": ans.text, "rationale": ans.rationale, "memory_ids": ans.used_ids,
                     "context_tokens": ans.context_tokens, "context_turns": ans.context_turns,
                     "details_json": json.dumps(ans.details) if ans.details is not None else None,
-                    "model": ans.model or ctx.llm.cfg.model}
+                    "model": ans.model or ctx.llm.cfg.model, "prompt_tokens": used.counts["prompt_tokens"],
+                    "completion_tokens": used.counts["completion_tokens"], "latency_s": round(used.latency_s, 4)}
 
         return {"responses": list(await asyncio.gather(*(one(p) for p in inputs["probes.probes"])))}
