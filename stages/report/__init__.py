@@ -275,6 +275,8 @@ def _draw_figures(t: dict[str, pl.DataFrame], quality: str, out: Path) -> dict[s
     teafarm = t["teafarm_summary"].filter(pl.col("dataset") == "all")
     return {
         "win_rates.png": plots.win_rates(t["pairwise_summary"], out / "win_rates.png"),
+        "accuracy_per_cost.png": plots.accuracy_per_cost(t.get("question_costs", pl.DataFrame()),
+                                                         out / "accuracy_per_cost.png"),
         "cost_quality.png": plots.cost_quality(tables.whole_run_rows(t["method_summary"]), quality,
                                                out / "cost_quality.png"),
         "teafarm.png": plots.bars_by_method({r["method"]: r["correctness"] for r in teafarm.iter_rows(named=True)},
@@ -331,6 +333,15 @@ def _cost_sections(t: dict[str, pl.DataFrame], quality: str, fig: Figure) -> lis
                           "paid. Every (stage, role, method) row is in `cost_breakdown`.",
                           tables.cost_views(t["cost_breakdown"]))]
           if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
+        *([render.Section("Cost and latency per question",
+                          "Per method: the tokens and dollars of building its memory spread over the probes it "
+                          "answers, those of answering (each answer's own calls), the seconds an answer's calls "
+                          "took when they were sent (median and 95th percentile; a cached rerun reports the "
+                          "first run's), and dollars per correct answer under the named correct / wrong judge "
+                          "(each item's judge runs averaged). In `question_costs`.",
+                          [("", t["question_costs"])], fig("accuracy_per_cost.png",
+                                                           "accuracy vs USD per correct answer"))]
+          if not t.get("question_costs", pl.DataFrame()).is_empty() else []),
         *([render.Section("When each stage ran",
                           "Each stage that fed this report, in the order it started, with its wall time: stages "
                           "whose inputs were done ran at the same time (the run's stage graph). In `stage_spans`.",
@@ -509,6 +520,7 @@ class ReportStage(GlobalStage):
             "stage_spans": tables.stage_spans(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests)),
             "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
         }
+        summaries["question_costs"] = tables.question_costs(responses, summaries["cost_breakdown"], answers_raw)
         panels = self.method_panels(inputs, responses)
         for name, schema in self.outputs.items():
             if name not in summaries and name != "reproduction_summary":  # a panel's table: the rows of every method that shows one

@@ -66,6 +66,23 @@ def cost_quality(methods: pl.DataFrame, quality: str, path: Path) -> bool:
     return save(fig, path)
 
 
+def accuracy_per_cost(costs: pl.DataFrame, path: Path) -> bool:
+    """Accuracy against dollars per correct answer (memory built and answers given), a point per method."""
+    df = costs.filter(pl.col("accuracy").is_not_null() & pl.col("usd_per_correct").is_not_null()) \
+        if not costs.is_empty() else costs
+    if df.is_empty():
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.scatter(df["usd_per_correct"].to_list(), df["accuracy"].to_list(), color="#1d3557")
+    for r in df.iter_rows(named=True):
+        ax.annotate(r["method"], (r["usd_per_correct"], r["accuracy"]), fontsize=8, xytext=(4, 4),
+                    textcoords="offset points")
+    ax.set_xlabel("USD per correct answer (memory built + answers)")
+    ax.set_ylabel(f"accuracy ({df['judge'][0]})")
+    return save(fig, path)
+
+
 def memory_quality(summary: pl.DataFrame, path: Path) -> bool:
     if summary.is_empty():
         return False

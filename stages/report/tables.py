@@ -24,6 +24,7 @@ from stages.report.frames import ALL, empty, to_arrow
 from stages.report.memory_accuracy import MEMORY_ACCURACY
 from stages.report.method_costs import (COST_BREAKDOWN, METHOD_SUMMARY, STAGE_SPANS, USAGE_KEYS, cost_breakdown,
                                         cost_views, method_summary, stage_spans, whole_run_rows, whole_run_scope)
+from stages.report.question_costs import QUESTION_COSTS, question_costs
 from stages.report.pairwise import (PAIRWISE_SUMMARY, POOLED_WIN_SHARES, pair_outcomes, pairwise_summary,
                                     pooled_win_shares)
 from stages.report.reproduction import REPRODUCTION_SUMMARY, reproduction_summary
@@ -31,7 +32,7 @@ from stages.report.scores import (MEMORY_SUMMARY, METRIC_SUMMARY, RETRIEVAL_SUMM
                                   memory_summary, metric_summary, retrieval_summary, segmentation_summary)
 
 __all__ = [
-    "ALL", "ANSWER_KEYS", "ANSWER_SUMMARY", "answer_keys", "run_key_rows", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
+    "ALL", "QUESTION_COSTS", "question_costs", "ANSWER_KEYS", "ANSWER_SUMMARY", "answer_keys", "run_key_rows", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
     "robust_pairs", "COST_BREAKDOWN", "MEMORY_SUMMARY", "METHOD_SUMMARY", "METRIC_SUMMARY",
     "PAIRWISE_SUMMARY", "POOLED_WIN_SHARES", "REPRODUCTION_SUMMARY", "RETRIEVAL_SUMMARY", "SEGMENTATION_SUMMARY",
     "SHARED", "STAGE_SPANS", "SUMMARY_TABLES", "TASK_AVERAGE", "TEAFARM_SUMMARY", "USAGE_KEYS", "answer_summary", "cost_breakdown",
@@ -46,6 +47,7 @@ SUMMARY_TABLES = {
     "retrieval_summary": RETRIEVAL_SUMMARY,
     "method_summary": METHOD_SUMMARY,
     "cost_breakdown": COST_BREAKDOWN,
+    "question_costs": QUESTION_COSTS,  # what one question costs each method, and its latency
     "stage_spans": STAGE_SPANS,
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,

@@ -1,0 +1,86 @@
+"""What one question costs each method: the tokens and dollars of building its memory, spread over
+the probes it answers, and of answering; the latency of an answer (its calls' first latencies, so a
+cached rerun reports what the run took when it was sent); and the cost per correct answer under the
+run's first correct / wrong judge (issue 64, part 2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from stages.report.answers import NOT_SHARES, _HAS_VERDICT, _judgment_columns, judge_runs
+from stages.report.frames import empty
+
+QUESTION_COSTS = pa.schema([
+    pa.field("method", pa.string()),
+    pa.field("probes", pa.int64()),
+    pa.field("build_tokens_per_probe", pa.float64()),  # its memory stage's tokens over its probes
+    pa.field("build_usd_per_probe", pa.float64()),
+    pa.field("answer_tokens_per_probe", pa.float64()),  # prompt + completion of each answer's calls, mean
+    pa.field("answer_usd_per_probe", pa.float64()),  # its respond stage's cost over its probes
+    pa.field("latency_p50_s", pa.float64()),  # an answer's calls' seconds when sent, median and 95th percentile
+    pa.field("latency_p95_s", pa.float64()),
+    pa.field("judge", pa.string()),  # the correct / wrong judge the next columns count by
+    pa.field("correct", pa.float64()),  # answers judged correct (each item's runs averaged)
+    pa.field("judged", pa.int64()),
+    pa.field("accuracy", pa.float64()),
+    pa.field("usd_per_correct", pa.float64()),  # (build + answer dollars) / correct; null without a correct one
+])
+
+
+def verdict_judge(answers: pl.DataFrame) -> str | None:
+    """The first correct / wrong judge of the answer table (not GPT4Score, F1 or TeaFarm's)."""
+    if answers.is_empty():
+        return None
+    kinds = answers.with_columns(pl.col("judge_kind").fill_null(pl.col("judge"))) if "judge_kind" in answers.columns \
+        else answers.with_columns(pl.col("judge").alias("judge_kind"))
+    binary = kinds.filter(~pl.col("judge_kind").is_in([*NOT_SHARES, "teafarm"]))
+    return binary["judge"][0] if binary.height else None
+
+
+def question_costs(responses: pl.DataFrame, costs: pl.DataFrame, answers: pl.DataFrame) -> pl.DataFrame:
+    """One row per method: `responses` (the respond rows, with their calls' tokens and latency),
+    `costs` (cost_breakdown: each stage's tokens and dollars per method) and `answers` (the answer
+    judgments, runs not yet averaged)."""
+    if responses.is_empty():
+        return empty(QUESTION_COSTS)
+    for col in ("prompt_tokens", "completion_tokens", "latency_s"):
+        if col not in responses.columns:  # a respond table from before they were recorded
+            responses = responses.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
+    judge = verdict_judge(answers)
+    items = judge_runs(_judgment_columns(answers)).filter(_HAS_VERDICT & (pl.col("judge") == judge)) \
+        if judge is not None else pl.DataFrame()
+    rows: list[dict[str, Any]] = []
+    for (method,), r in responses.group_by(["method"], maintain_order=True):
+        probes = r.height
+        spent = {kind: _stage_total(costs, method, kind) for kind in ("memory", "respond")}
+        answered = r.filter(pl.col("error").is_null())
+        latency = answered["latency_s"].drop_nulls().cast(pl.Float64)
+        mine = items.filter(pl.col("method") == method) if judge is not None else items
+        correct = float(mine["score"].sum()) if judge is not None and mine.height else None
+        usd = spent["memory"][1] + spent["respond"][1]
+        rows.append({
+            "method": method, "probes": probes,
+            "build_tokens_per_probe": spent["memory"][0] / probes, "build_usd_per_probe": spent["memory"][1] / probes,
+            "answer_tokens_per_probe": float((answered["prompt_tokens"].cast(pl.Float64)
+                                              + answered["completion_tokens"].cast(pl.Float64)).mean() or 0.0)
+            if answered.height else None,
+            "answer_usd_per_probe": spent["respond"][1] / probes,
+            "latency_p50_s": float(latency.quantile(0.5, "linear")) if latency.len() else None,
+            "latency_p95_s": float(latency.quantile(0.95, "linear")) if latency.len() else None,
+            "judge": judge, "correct": correct, "judged": mine.height if judge is not None else 0,
+            "accuracy": correct / mine.height if correct is not None and mine.height else None,
+            "usd_per_correct": usd / correct if correct else None,
+        })
+    return pl.from_arrow(pa.Table.from_pylist(rows, QUESTION_COSTS))  # type: ignore[return-value]
+
+
+def _stage_total(costs: pl.DataFrame, method: str, kind: str) -> tuple[float, float]:
+    """(tokens, dollars) of a method's stages of one kind (memory | respond) in cost_breakdown."""
+    if costs.is_empty():
+        return 0.0, 0.0
+    part = costs.filter((pl.col("method") == method) & (pl.col("stage_kind") == kind))
+    tokens = float((part["prompt_tokens"].fill_null(0) + part["completion_tokens"].fill_null(0)).sum())
+    return tokens, float(part["cost_usd"].fill_null(0).sum())
