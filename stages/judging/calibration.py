@@ -37,9 +37,9 @@ from datetime import date, timedelta
 from typing import Any, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, Field
-from statsmodels.stats.proportion import proportion_confint
 
 from pipeline.llm.types import Messages
+from stages.metrics.significance import wilson_interval
 
 ACCEPT_KINDS = ("gold", "gold_in_longer", "paraphrase")
 REJECT_KINDS = ("shifted_date", "swapped_entity", "changed_number", "vague", "not_mentioned", "negation")
@@ -478,11 +478,10 @@ def paraphrase_verdict(gold: str, paraphrase: str | None, same: bool | None) -> 
 # ---- rates ----------------------------------------------------------------------------------------
 
 def wilson(count: int, n: int) -> tuple[float | None, float | None, float | None]:
-    """(share, low, high): the share with its 95% Wilson interval (statsmodels); Nones for n = 0."""
-    if n == 0:
-        return None, None, None
-    low, high = proportion_confint(count, n, alpha=0.05, method="wilson")
-    return count / n, float(low), float(high)
+    """(share, low, high): the share with its 95% Wilson interval (statsmodels, through
+    stages/metrics/significance.py as every other share); Nones for n = 0."""
+    low, high = wilson_interval(count, n)
+    return (count / n if n else None), low, high
 
 
 def summarize(items: list[dict[str, Any]], max_false_accept: float) -> list[dict[str, Any]]:
