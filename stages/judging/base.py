@@ -59,15 +59,20 @@ class JudgeStage(EpisodeStage):
         return {m: {r["probe_id"]: r for r in inputs[f"{respond_stage_name(m)}.responses"]} for m in self.methods}
 
     def params(self, settings: JudgeSettings) -> dict[str, Any]:
-        p: dict[str, Any] = {"max_tokens": settings.max_tokens}
-        if settings.temperature is not None:
-            p["temperature"] = settings.temperature
-        return p
+        return judge_params(settings)
 
     def stamp(self, ctx: StageContext, episode: dict[str, Any]) -> dict[str, Any]:
         """Fields every judgment row carries."""
         return {"episode_id": episode["episode_id"], "dataset": episode["dataset"],
                 "prompt_fingerprint": prompt_fingerprint(self.prompts), "judge_model": ctx.llm.cfg.model}
+
+
+def judge_params(settings: JudgeSettings) -> dict[str, Any]:
+    """A judge's sampling: its `max_tokens`, and its `temperature` where set (else the role's)."""
+    p: dict[str, Any] = {"max_tokens": settings.max_tokens}
+    if settings.temperature is not None:
+        p["temperature"] = settings.temperature
+    return p
 
 
 def run_probe_kinds(cfg: Any) -> set[str]:

@@ -34,8 +34,8 @@ from pipeline.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
 from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows
-from stages.judging.panel import (F1, JUDGE_ROLE, LOCOMO_TO_LONGMEMEVAL, PanelJudge, accepted, default_panel,
-                                  f1_score, panel_roles)
+from stages.judging.panel import (F1, JUDGE_ROLE, PanelJudge, accepted, default_panel, f1_score, panel_roles,
+                                  shown_category)
 from stages.methods.shared.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
@@ -251,9 +251,7 @@ class JudgeAnswersStage(JudgeStage):
             if judge.prompt == F1:
                 score = f1_score(episode["dataset"], probe["category"], resp["response"], probe["gold"])
                 return [{**r, "score": score, "skipped": SKIP_NO_REFERENCE if score is None else None} for r in runs]
-            shown = probe
-            if episode["dataset"] == "locomo" and judge.prompt == longmemeval.JUDGE:  # its per-type prompt
-                shown = {**probe, "category": LOCOMO_TO_LONGMEMEVAL.get(probe["category"], probe["category"])}
+            shown = {**probe, "category": shown_category(episode["dataset"], probe["category"], judge.prompt)}
             call, fields, row["history_source"] = judge_call(judge.prompt, shown, resp["response"], questions,
                                                              turns, memochat, settings.explain,
                                                              settings.memochat_dates)

@@ -32,10 +32,10 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, guarded, row_failure
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import GlobalStage, StageContext
 from stages.judging import answers, calibration, longmemeval
-from stages.judging.base import JUDGE_ROLE
+from stages.judging.base import JUDGE_ROLE, judge_params
 from stages.judging.calibration import KINDS, Kind
 from stages.judging.judge_answers import JudgeAnswersSettings, judge_call
-from stages.judging.panel import F1, LOCOMO_TO_LONGMEMEVAL, PanelJudge, accepted, f1_score, panel_roles
+from stages.judging.panel import F1, PanelJudge, accepted, f1_score, panel_roles, shown_category
 
 PARAPHRASER_ROLE = "paraphraser"
 
@@ -136,10 +136,7 @@ def probe_of(qa: dict[str, Any], dataset: str, judge: PanelJudge) -> dict[str, A
     """A question as judge_answers' `judge_call` reads a probe: after the whole conversation (MemoChat's
     judge then reads the evidence turns, else every turn); LongMemEval's judge on LoCoMo picks its
     per-type prompt through the panel's stated map."""
-    category = qa.get("category")
-    if dataset == "locomo" and judge.prompt == longmemeval.JUDGE:
-        category = LOCOMO_TO_LONGMEMEVAL.get(category, category)
-    return {"gold": qa["answer"], "category": category, "abstention": False, "request": qa["question"],
+    return {"gold": qa["answer"], "category": shown_category(dataset, qa.get("category"), judge.prompt), "abstention": False, "request": qa["question"],
             "qa_id": qa["qa_id"], "evidence": qa.get("evidence"), "session_idx": 10 ** 9, "turn_idx": None,
             "false_premise": None}
 
@@ -266,9 +263,7 @@ class JudgeCalibrationStage(GlobalStage):
         call, fields, _ = judge_call(judge.prompt, probe, row["answer"], {qa["qa_id"]: qa["question"]},
                                      turns if memochat else [],
                                      memochat, ja.explain, ja.memochat_dates)
-        params: dict[str, Any] = {"max_tokens": ja.memochat_max_tokens if memochat else ja.max_tokens}
-        if ja.temperature is not None:
-            params["temperature"] = ja.temperature
+        params = {**judge_params(ja), **({"max_tokens": ja.memochat_max_tokens} if memochat else {})}
         results = await call.runs(ctx.role(judge.role), ja.runs, ja.run_requests, **params)
         answered = [dict(zip((*fields, "model"), r)) for r in results if not isinstance(r, Exception)]
         if not answered:

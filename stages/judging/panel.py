@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pipeline.config import Section
+from stages.judging import longmemeval
 from stages.judging.base import JUDGE_ROLE
 from stages.metrics import locomo_qa
 
@@ -46,6 +47,14 @@ def default_panel(correctness: list[str], score_0_100: bool) -> list[PanelJudge]
 def panel_roles(panel: list[PanelJudge]) -> list[str]:
     """The LLM roles the panel calls, in order, each once (F1 calls none)."""
     return list(dict.fromkeys(j.role for j in panel if j.prompt != F1))
+
+
+def shown_category(dataset: str, category: Any, prompt: str) -> Any:
+    """The category a judge's prompt is chosen by: LongMemEval's judge on LoCoMo reads LoCoMo's category
+    as its question type through LOCOMO_TO_LONGMEMEVAL; every other judge the category as it is."""
+    if dataset == "locomo" and prompt == longmemeval.JUDGE:
+        return LOCOMO_TO_LONGMEMEVAL.get(category, category)
+    return category
 
 
 def f1_score(dataset: str, category: Any, response: str, gold: str | None) -> float | None:
