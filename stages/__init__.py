@@ -19,6 +19,7 @@ from pipeline.fingerprint import stage_fingerprints
 from pipeline.stage import EMBEDDER_ROLE, Stage
 from pipeline.storage import Location, join
 from stages.ingest import IngestStage
+from stages.judging.diagnose import DiagnoseStage
 from stages.judging.judge_answers import JudgeAnswersStage
 from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.judging.judge_memory import JudgeMemoryStage
@@ -39,7 +40,7 @@ from stages.teabag.export import export_teabag
 # SeCom's segmentation and banks, come from the method: `Method.stages`).
 BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, TeabagStage, ProbesStage)
 AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, JudgePairwiseStage, JudgeAnswersStage,
-                                          JudgeCalibrationStage, JudgeMemoryStage, ReportStage)
+                                          DiagnoseStage, JudgeCalibrationStage, JudgeMemoryStage, ReportStage)
 
 
 def method_stages(methods: Mapping[str, Method]) -> dict[str, Stage]:
@@ -76,7 +77,12 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
         why = stage.selected_by(cfg, set(brought) | set(wanted))
         if why:
             wanted[stage.name] = why
-    scoring = [s for s in scoring if s.name in wanted]
+    # After the answer judges: it reads their verdicts when the run judges answers.
+    diagnose = DiagnoseStage(tuple(chosen), verdicts=JudgeAnswersStage.name in wanted)
+    if why := diagnose.selected_by(cfg, set(brought) | set(wanted)):
+        wanted[diagnose.name] = why
+    at = next(i for i, s in enumerate(scoring) if s.name == JudgeAnswersStage.name) + 1
+    scoring = [s for s in [*scoring[:at], diagnose, *scoring[at:]] if s.name in wanted]
     # The report reads the scoring stages of the graph (a Theanine run has no SeCom scores) and, for
     # MSC, the gold persona summaries in `ingest` that score the memories (RSum Table 2).
     gold = ["ingest"] if any(c.format == "msc" for c in cfg.corpus.sources()) and any(

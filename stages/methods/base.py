@@ -17,6 +17,9 @@ registered under the `mempipe.methods` entry point (docs/adding-a-method.md), wi
 - `memory_view(episode, memory, settings)`: its memory of the whole episode as text, which the
   memory-quality judge rates (None for methods that keep none); `shows_memory` gives a method
   without memory tables a memory stage that writes only this view (SeCom's bank units);
+- `memory_evidence`, `whole_memory_in_context`, `memory_items(memory, settings)`: how `diagnose` tells
+  whether a probe's evidence was written to its memory and retrieved into an answer (by the turns
+  its memory holds, or by a judge reading the rows it wrote);
 - `report_panel(memory, responses)`: its own part of the run report (Theanine's memory graph,
   CREEM's label shares), with `report_table` naming and typing the table it adds to the report.
 
@@ -130,6 +133,27 @@ class Answer:
     model: str = ""
 
 
+@dataclass(frozen=True)
+class MemoryItem:
+    """One entry of a method's memory as `diagnose`'s judge reads it: the id its answers' `used_ids`
+    name, and its text."""
+
+    id: str
+    text: str
+    always_shown: bool = False  # it enters every answer's context (LD-Agent's persona traits)
+
+
+# What `diagnose` (stages/judging/diagnose.py) takes as a method's memory of a probe's evidence:
+# turns_in_context: the conversation's own turns that entered the answer (a history keeps what it
+#   shows: written = retrieved); every_turn: every turn before the probe, kept verbatim in units it
+#   retrieves from (SeCom's banks), retrieved = the turns of the units in the answer; judge: memory it
+#   writes itself (summaries, facts, events), where a judge names the rows that state each item.
+MemoryEvidence = Literal["turns_in_context", "every_turn", "judge"]
+# Columns `memory_items` reads by default: a row's id, and its text.
+ITEM_ID_COLUMNS = ("memory_id", "memo_id", "fact_id", "event_id", "unit_id")
+ITEM_TEXT_COLUMNS = ("text", "event", "summary", "memory", "trait")
+
+
 @dataclass
 class ReportPanel:
     """A method's own section of the run report, from its memory tables and responses."""
@@ -156,6 +180,11 @@ class Method(Generic[S]):
     shows_memory: ClassVar[bool] = False  # a memory stage without memory tables, for `memory_view`
     report_table: ClassVar[tuple[str, pa.Schema] | None] = None  # (name, schema) of its panel's rows
     prompts: ClassVar[dict[str, str]] = {}
+    # How `diagnose` checks a probe's evidence (MemoryEvidence); None: `judge` for a method with memory
+    # tables, else `turns_in_context`.
+    memory_evidence: ClassVar[MemoryEvidence | None] = None
+    # Every answer's context holds its whole memory (a running summary): retrieved = written.
+    whole_memory_in_context: ClassVar[bool] = False
 
     def stages(self) -> tuple["Stage", ...]:
         """The stages this method brings (pipeline.stage's `EpisodeStage` / `GlobalStage`), in
@@ -182,6 +211,32 @@ class Method(Generic[S]):
     @property
     def has_memory_stage(self) -> bool:
         return bool(self.memory) or self.shows_memory
+
+    @property
+    def evidence_check(self) -> MemoryEvidence:
+        """How `diagnose` checks this method's memory (`memory_evidence`, else by its tables)."""
+        return self.memory_evidence or ("judge" if self.memory else "turns_in_context")
+
+    def memory_items(self, memory: dict[str, Rows], settings: S) -> list[MemoryItem]:
+        """Its memory visible at a probe (each table's `visible_memory`) as the entries `diagnose`'s
+        judge reads, in memory order. By default the rows of its first table with a text column
+        (`ITEM_TEXT_COLUMNS`), each under its id column (`ITEM_ID_COLUMNS`, else table:row); rows of a
+        log with an `op` column are added and removed in order. Methods whose memory is spread over
+        tables, or whose answers always see part of it, say so themselves."""
+        for table, schema in self.memory.items():
+            text = next((c for c in ITEM_TEXT_COLUMNS if c in schema.names), None)
+            if text is None:
+                continue
+            key = next((c for c in ITEM_ID_COLUMNS if c in schema.names), None)
+            kept: dict[str, MemoryItem] = {}
+            for i, row in enumerate(memory.get(table) or []):
+                item_id = str(row[key]) if key else f"{table}:{i}"
+                if row.get("op") == "remove":
+                    kept.pop(item_id, None)
+                elif row.get(text):
+                    kept[item_id] = MemoryItem(item_id, str(row[text]))
+            return list(kept.values())
+        return []
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Rows], settings: S) -> str | None:
         """The method's memory of the whole episode as text (for the memory-quality judge), given its

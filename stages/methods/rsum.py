@@ -120,6 +120,7 @@ class RSum(Method[RSumSettings]):
     Settings = RSumSettings
     memory = {"summary": SUMMARY}
     memory_kind = "snapshots"
+    whole_memory_in_context = True  # every response reads the whole running summary
 
     def params(self, settings: RSumSettings) -> dict[str, Any]:
         return {} if settings.temperature is None else {"temperature": settings.temperature}

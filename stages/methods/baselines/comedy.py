@@ -34,7 +34,7 @@ from pipeline.failures import FAILURE_FIELDS, attempt
 from pipeline.llm.types import Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.shared import response
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, MemoryItem, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
 from stages.methods.shared.dialogue import format_unit
 from stages.methods.shared.memory_response import ResponseStyle, closing_block
@@ -165,6 +165,7 @@ class Comedy(Method[ComedySettings]):
     Settings = ComedySettings
     memory = {"summaries": SUMMARIES, "compressed": COMPRESSED}
     memory_kind = "log"
+    whole_memory_in_context = True  # every response reads the latest compressed memory whole
     build_role = "generator"  # one model for every task (COMEDY Sec. 3)
 
     def params(self, settings: ComedySettings) -> dict[str, Any]:
@@ -218,6 +219,11 @@ class Comedy(Method[ComedySettings]):
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: ComedySettings) -> str | None:
         latest = latest_memory(memory)
         return latest["memory"] if latest else None
+
+    def memory_items(self, memory: dict[str, list[dict]], settings: ComedySettings) -> list[MemoryItem]:
+        """The compressed memory the answer reads (its session summaries are only its input)."""
+        latest = latest_memory(memory)
+        return [MemoryItem(f"compressed:{latest['snapshot_session']}", latest["memory"])] if latest else []
 
     def build_stats(self, produced: dict[str, list[dict]]) -> dict[str, Any]:
         summaries, compressed = produced.get("summaries", []), produced.get("compressed", [])

@@ -178,6 +178,7 @@ class SessionMemoryMethod(Method[MemorySettings]):
 
 class AllMemories(SessionMemoryMethod):
     name = "all_memories"
+    whole_memory_in_context = True
 
 
 class MemoryRetrieval(SessionMemoryMethod):
@@ -225,6 +226,7 @@ class UpdatedMemoryMethod(SessionMemoryMethod):
 
 class AllMemoriesUpdate(UpdatedMemoryMethod):
     name = "all_memories_update"
+    whole_memory_in_context = True
 
 
 class MemoryRetrievalUpdate(UpdatedMemoryMethod):

@@ -62,7 +62,7 @@ from pydantic import BaseModel, Field, create_model
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.llm.types import ChatLLM
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, MemoryItem, Method, MethodContext, MethodSettings,
                                  ProbeInput, ReportPanel, asked_ahead)
 from stages.methods.creem.prompts import (blend_messages, check_count, check_refined, first_session_messages,
                                           question_messages)
@@ -447,6 +447,11 @@ class Creem(Method[CreemSettings]):
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: CreemSettings) -> str | None:
         final = replay(memory.get("memories", []))
         return "\n".join(f"[{m['speaker']}] {m['text']}" for ms in final.values() for m in ms) or None
+
+    def memory_items(self, memory: dict[str, list[dict]], settings: CreemSettings) -> list[MemoryItem]:
+        """The insights in store (every add, less every remove), tagged with whom each is about."""
+        return [MemoryItem(m["memory_id"], f"[{m['speaker']}] {m['text']}")
+                for ms in replay(memory.get("memories", [])).values() for m in ms]
 
     def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:
         rows = label_shares(self.name, memory.get("evolution", []))

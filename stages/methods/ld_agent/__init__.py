@@ -64,7 +64,7 @@ from pipeline.errors import ConfigError
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.llm.types import ChatLLM, LLMError
 from pipeline.retrieval import count_tokens, dense_scores, top_k
-from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, ProbeInput,
+from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, MemoryItem, Method, MethodContext, ProbeInput,
                                  ReportPanel)
 from stages.methods.baselines.chatgpt import LDAgentBaseSettings, partner, raw_reply_details, reply_text
 from stages.methods.ld_agent.prompts import NO_TRAIT, PROMPTS, persona_messages, reply_messages, summary_messages
@@ -490,6 +490,17 @@ class LDAgent(Method[LDAgentSettings]):
         # tagged "[speaker] trait", so the memory judge rates each speaker on that speaker's traits only
         traits = [f"[{p['speaker']}] {p['trait']}" for p in memory.get("personas", []) if p["trait"]]
         return "\n".join(events + traits) or None
+
+    def memory_items(self, memory: dict[str, list[dict]], settings: LDAgentSettings) -> list[MemoryItem]:
+        """Its event summaries (an answer's `used_ids` name those it retrieved) and persona traits,
+        which every answer reads when both persona banks are on; with one bank on, an answer reads one
+        speaker's, which it does not record, so traits then count as not retrieved."""
+        shown = settings.agent_personas and settings.user_personas
+        events = [MemoryItem(e["event_id"], f"[session {e['session_idx']}] {e['summary']}")
+                  for e in memory.get("events", []) if e["summary"]] if settings.events else []
+        traits = [MemoryItem(f"trait:{p['speaker']}:{p['session_idx']}:{p['turn_idx']}", f"[{p['speaker']}] {p['trait']}",
+                             always_shown=shown) for p in memory.get("personas", []) if p["trait"]]
+        return events + traits
 
     def report_panel(self, memory: dict[str, list[dict]], responses: list[dict]) -> ReportPanel | None:
         rows = no_memory_shares(self.name, responses)

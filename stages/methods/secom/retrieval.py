@@ -68,6 +68,7 @@ class RetrievalMethod(Method[RetrievalSettings]):
     needs = ("banks",)
     uses_embedder = True
     shows_memory = True  # its bank units, rated like a built memory
+    memory_evidence = "every_turn"  # the banks keep every past turn verbatim; retrieval picks units
     granularity: ClassVar[str]
 
     def stages(self) -> tuple[Any, ...]:
