@@ -9,6 +9,13 @@
 - LongMemEval (`--format longmemeval`): `<out>/<method>.jsonl`, one `{"question_id", "hypothesis"}`
   line per answered question in the input file's order, as `src/evaluation/evaluate_qa.py` reads it.
 
+Where the run has a finished `diagnose` stage, each prediction also carries the bucket it diagnosed
+(why the answer failed: write, retrieval or read; docs/judges-and-metrics.md): LoCoMo's QA item a
+`<method>_bucket` key beside `<method>_prediction`, LongMemEval's line a `"bucket"` key (the
+official scorers read only their own keys), and `predictions_summary.json` each method's count per
+bucket under `buckets` (method -> bucket -> questions). A question the stage did not diagnose (it
+samples with `diagnose.max_probes_per_episode`) gets no bucket. Without the stage, nothing changes.
+
 A question the run did not probe gets no prediction (no key, no line). A response that failed is
 exported as an empty answer, so the official scorers count it wrong, as our report does: the
 token scorers (metric_summary) score it 0, and the correct / wrong judges' rows (answer_summary,
@@ -32,6 +39,7 @@ from pipeline.config import RunConfig
 from pipeline.corpus import locomo
 from pipeline.corpus.reader import iter_records
 from pipeline.errors import PipelineError
+from stages.judging.diagnose import BUCKETS, DiagnoseStage
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.methods import METHODS
 
@@ -39,6 +47,8 @@ Format = Literal["locomo", "longmemeval"]
 LOCOMO_FILE = "locomo_predictions.json"
 SUMMARY_FILE = "predictions_summary.json"
 PREDICTION, CONTEXT = "{}_prediction", "{}_prediction_context"  # LoCoMo task_eval's key names
+BUCKET = "{}_bucket"  # ours, beside them: the diagnose stage's bucket
+DIAGNOSE = DiagnoseStage.name  # the stage whose buckets the predictions carry
 # The id column of a memory table whose rows a response's `memory_ids` name.
 _MEMORY_ID_COLUMNS = ("memory_id", "memo_id", "fact_id", "event_id", "unit_id")
 
@@ -48,6 +58,7 @@ class Prediction:
     text: str  # "" where the response failed
     context: list[str] | None  # dia_ids ("D3:7") or session ids ("S3"); None: not recorded
     failed: bool = False
+    bucket: str | None = None  # the diagnose stage's bucket; None: the run did not diagnose it
 
 
 def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, out: Path) -> Path:
@@ -66,8 +77,9 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
         raise PipelineError(f"export predictions: the run ingested no {fmt} episodes")
     ids = [e["episode_id"] for e in episodes]
     qa = ingest.read_table("qa", episode_ids=ids).to_pylist()  # ingest order: the input file's
-    predictions = {m: _predictions(cfg, m, ids, turns=None if fmt == "longmemeval" else _turn_ids(ingest, ids))
-                   for m in names}
+    buckets = _buckets(cfg, ids)
+    predictions = {m: _predictions(cfg, m, ids, turns=None if fmt == "longmemeval" else _turn_ids(ingest, ids),
+                                   buckets=buckets) for m in names}
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "locomo":
         _write_json(out / LOCOMO_FILE, _locomo_samples(episodes, qa, ingest, ids, predictions))
@@ -78,9 +90,14 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
                     p = preds.get(q["qa_id"])
                     if p is not None:
                         line = {"question_id": q["qa_id"], "hypothesis": p.text}
+                        if p.bucket is not None:
+                            line["bucket"] = p.bucket
                         f.write(json.dumps(line) + "\n")  # ASCII: the scorer opens it in the locale's encoding
-    _write_json(out / SUMMARY_FILE, {"format": fmt, "run_dir": str(cfg.run_dir), "questions": len(qa),
-                                     "methods": {m: _counts(p, qa) for m, p in predictions.items()}})
+    summary = {"format": fmt, "run_dir": str(cfg.run_dir), "questions": len(qa),
+               "methods": {m: _counts(p, qa) for m, p in predictions.items()}}
+    if buckets is not None:
+        summary["buckets"] = {m: _bucket_counts(p, qa) for m, p in predictions.items()}
+    _write_json(out / SUMMARY_FILE, summary)
     return out
 
 
@@ -89,6 +106,12 @@ def _counts(preds: dict[str, Prediction], qa: list[dict[str, Any]]) -> dict[str,
     return {"predicted": sum(not p.failed for p in asked), "failed": sum(p.failed for p in asked),
             "not_probed": len(qa) - len(asked),
             "with_context": sum(not p.failed and bool(p.context) for p in asked)}
+
+
+def _bucket_counts(preds: dict[str, Prediction], qa: list[dict[str, Any]]) -> dict[str, int]:
+    """Questions per diagnose bucket (every bucket named, in the stage's order) among those exported."""
+    asked = [preds[q["qa_id"]].bucket for q in qa if q["qa_id"] in preds]
+    return {b: sum(a == b for a in asked) for b in BUCKETS}
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -106,9 +129,19 @@ def _turn_ids(ingest: StageDir, ids: list[str]) -> dict[tuple[str, int, int], st
             for t in ingest.read_table("turns", episode_ids=ids).to_pylist() if t["source_turn_id"]}
 
 
-def _predictions(cfg: RunConfig, method: str, ids: list[str],
-                 turns: dict[tuple[str, int, int], str] | None) -> dict[str, Prediction]:
-    """qa_id -> the method's prediction; with `turns`, each one's context ids too."""
+def _buckets(cfg: RunConfig, ids: list[str]) -> dict[tuple[str, str, str], str] | None:
+    """(episode, probe, method) -> its bucket, from a finished `diagnose` stage; None without one."""
+    stage = StageDir(cfg.run_dir, DIAGNOSE)
+    if stage.manifest() is None:
+        return None
+    return {(r["episode_id"], r["probe_id"], r["method"]): r["bucket"]
+            for r in stage.read_table("buckets", episode_ids=ids).to_pylist()}
+
+
+def _predictions(cfg: RunConfig, method: str, ids: list[str], turns: dict[tuple[str, int, int], str] | None,
+                 buckets: dict[tuple[str, str, str], str] | None = None) -> dict[str, Prediction]:
+    """qa_id -> the method's prediction; with `turns`, each one's context ids too; with `buckets`
+    (`_buckets`), each one's bucket."""
     probes = {(p["episode_id"], p["probe_id"]): p["qa_id"]
               for p in StageDir(cfg.run_dir, "probes").read_table("probes", episode_ids=ids).to_pylist()
               if p["kind"] == "qa" and p["qa_id"] is not None}
@@ -121,7 +154,8 @@ def _predictions(cfg: RunConfig, method: str, ids: list[str],
             continue  # a next-response or TeaFarm probe
         failed = r.get("error") is not None or r["response"] is None
         context = None if turns is None or failed else _context(r, turns, sources)
-        out[qa_id] = Prediction("" if failed else r["response"], context, failed)
+        bucket = (buckets or {}).get((r["episode_id"], r["probe_id"], method))
+        out[qa_id] = Prediction("" if failed else r["response"], context, failed, bucket)
     return out
 
 
@@ -205,6 +239,8 @@ def _locomo_samples(episodes: list[dict[str, Any]], qa: list[dict[str, Any]], in
                 item[PREDICTION.format(m)] = p.text
                 if p.context:
                     item[CONTEXT.format(m)] = p.context
+                if p.bucket is not None:
+                    item[BUCKET.format(m)] = p.bucket
         samples.append(sample)
     return samples
 

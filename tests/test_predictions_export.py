@@ -36,6 +36,7 @@ from stages.probes import PROBES, qa_probes
 from stages.report.tables import metric_summary
 from stages.scoring.response_metrics import score_rows
 from stages.cli import main
+from stages.judging.diagnose import BUCKETS, DIAGNOSIS
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ROOT / "tests" / "fixtures" / "corpora"
@@ -258,6 +259,69 @@ def test_locomo_export_rebuilds_the_samples_when_the_ingested_file_is_gone(locom
         assert {k: [(t["speaker"], t["dia_id"]) for t in v] for k, v in conv.items() if isinstance(v, list)} == \
             {k: [(t["speaker"], t["dia_id"]) for t in v] for k, v in raw.items() if isinstance(v, list)}
         assert conv["session_1_date_time"] == raw["session_1_date_time"]
+
+
+# --- the diagnose stage's buckets ---------------------------------------------------------------
+
+# Per method, qa_id -> the bucket diagnose wrote; all_memories' q3 was not diagnosed (sampled out).
+LOCOMO_BUCKETS = {
+    "secom": {"locomo-conv-90-q0": "correct", "locomo-conv-90-q1": "correct", "locomo-conv-90-q2": "misread",
+              "locomo-conv-90-q3": "correct_without_evidence", "locomo-conv-90-q4": "no_evidence"},
+    "all_memories": {"locomo-conv-90-q0": "correct", "locomo-conv-90-q1": "missed_write",
+                     "locomo-conv-90-q2": "failed", "locomo-conv-90-q4": "no_evidence"},
+}
+
+
+def _publish_buckets(cfg: RunConfig, probes: list[dict[str, Any]], buckets: dict[str, dict[str, str]]) -> None:
+    """A finished diagnose stage whose rows give each (question, method) in `buckets` its bucket."""
+    rows = [{"episode_id": p["episode_id"], "dataset": cfg.corpus.format, "probe_id": p["probe_id"], "kind": "qa",
+             "category": p["category"], "method": m, "bucket": by_qa[p["qa_id"]], "prompt_fingerprint": "fp"}
+            for m, by_qa in buckets.items() for p in probes if p["qa_id"] in by_qa]
+    _publish(Path(cfg.run_dir), "diagnose", {"buckets": pa.Table.from_pylist(rows, schema=DIAGNOSIS)})
+
+
+def test_locomo_export_carries_each_diagnosed_answers_bucket_and_the_summary_counts_them(locomo_run, tmp_path):
+    cfg, probes, _ = locomo_run
+    _publish_buckets(cfg, probes, LOCOMO_BUCKETS)
+    out = export_predictions(cfg, "locomo", None, tmp_path / "x")
+    qa = json.loads((out / LOCOMO_FILE).read_text())[0]["qa"]
+    for m, by_qa in LOCOMO_BUCKETS.items():
+        assert [q.get(f"{m}_bucket") for q in qa] == [by_qa.get(f"locomo-conv-90-q{i}") for i in range(len(qa))]
+    assert "all_memories_bucket" not in qa[3] and qa[3]["all_memories_prediction"] == "probably yes"
+    # the bucket sits beside the prediction; the file otherwise as without the stage
+    expected = json.loads((EXPECTED / "locomo_mini_qa.json").read_text())[0]["qa"]
+    assert [{k: v for k, v in q.items() if not k.endswith("_bucket")} for q in qa] == expected
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert list(summary["buckets"]["secom"]) == list(BUCKETS)
+    assert summary["buckets"]["secom"] == {**dict.fromkeys(BUCKETS, 0), "correct": 2, "misread": 1,
+                                           "correct_without_evidence": 1, "no_evidence": 1}
+    assert summary["buckets"]["all_memories"] == {**dict.fromkeys(BUCKETS, 0), "correct": 1, "missed_write": 1,
+                                                  "failed": 1, "no_evidence": 1}
+
+
+def test_longmemeval_lines_carry_the_bucket_where_the_run_diagnosed(tmp_path):
+    source = CORPORA / "longmemeval" / "longmemeval_mini.json"
+    input_ids = [q["question_id"] for q in json.loads(source.read_text())]
+    answers = {m: {qid: (f"{m} says {qid}", []) for qid in input_ids} for m in METHODS}
+    cfg = _config(tmp_path, "longmemeval", source)
+    probes = _build_run(cfg, "longmemeval", answers)
+    buckets = {"secom": {qid: BUCKETS[i % len(BUCKETS)] for i, qid in enumerate(input_ids)}}
+    _publish_buckets(cfg, probes, buckets)
+    out = export_predictions(cfg, "longmemeval", None, tmp_path / "exports")
+    lines = [json.loads(line) for line in (out / "secom.jsonl").read_text().splitlines()]
+    assert [(line["question_id"], line["bucket"]) for line in lines] == list(buckets["secom"].items())
+    # a method the stage did not diagnose: the scorer's two keys only
+    assert all(set(json.loads(line)) == {"question_id", "hypothesis"}
+               for line in (out / "all_memories.jsonl").read_text().splitlines())
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert sum(summary["buckets"]["secom"].values()) == len(input_ids)
+    assert set(summary["buckets"]["all_memories"].values()) == {0}
+
+
+def test_without_the_diagnose_stage_the_summary_has_no_buckets(locomo_run, tmp_path):
+    cfg, _, _ = locomo_run
+    summary = json.loads((export_predictions(cfg, "locomo", None, tmp_path / "x") / SUMMARY_FILE).read_text())
+    assert "buckets" not in summary
 
 
 # --- LongMemEval --------------------------------------------------------------------------------

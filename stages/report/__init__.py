@@ -1,7 +1,8 @@
 """report: summary tables (Parquet) and `report.md` + `report.html` with plots: every method's
 cost beside its quality, judge win rates with p-values, answer judges, reference metrics per
 dataset and category, memory quality, segmentation and retrieval, the run beside the papers it
-reproduces or is compared with (`paper:` sheets), and the per-probe rows.
+reproduces or is compared with (`paper:` sheets), why wrong answers failed (write, retrieval or
+read: the `diagnose` stage's buckets), and the per-probe rows.
 Every judged number carries its judge model and prompt fingerprint; every interval it shows first
 resamples whole episodes (stages/report/tables.py)."""
 
@@ -21,7 +22,7 @@ from pipeline.errors import ConfigError
 from pipeline.manifest import Manifest
 from pipeline.reproduction import PaperSheet, load_sheet
 from pipeline.stage import GlobalStage, StageContext
-from stages.report import memory_accuracy, plots, render, tables
+from stages.report import diagnosis, memory_accuracy, plots, render, tables
 from stages.report import pairwise as pairwise_report
 from stages.judging.base import JUDGE_ROLE
 from stages.method_stages import memory_stage_name, respond_stage_name
@@ -146,8 +147,9 @@ def run_manifests(run_dir: Location, given: dict[str, Manifest]) -> dict[str, Ma
 
 
 def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame, metrics: pl.DataFrame,
-               limit: int, chars: int) -> pl.DataFrame:
-    """One row per (probe, method): what was asked, the gold, the response and its scores."""
+               limit: int, chars: int, buckets: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per (probe, method): what was asked, the gold, the response, its scores and (`buckets`:
+    the diagnose stage's rows, when the run has them) its bucket."""
     if responses.is_empty():
         return pl.DataFrame()
     keys = ["episode_id", "probe_id", "method"]
@@ -158,6 +160,8 @@ def probe_rows(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFr
         out = out.join(wide, on=keys, how="left")
     if not metrics.is_empty():
         out = out.join(metrics.select([*keys, "token_f1", "rougeL"]), on=keys, how="left")
+    if buckets is not None and not buckets.is_empty():
+        out = out.join(buckets.select([*keys, "bucket"]), on=keys, how="left")
     cut = [pl.col(c).str.slice(0, chars) for c in ("request", "gold", "response") if c in out.columns]
     ordered = ["episode_id", "probe_id", "kind", "request", "gold", "method", "response"]
     out = out.with_columns(cut).sort(["episode_id", "probe_id", "method"])
@@ -187,11 +191,14 @@ def _pair_verdict(r: dict[str, Any]) -> str:
 
 
 def probe_browser_data(probes: pl.DataFrame, responses: pl.DataFrame, answers: pl.DataFrame,
-                       pairwise: pl.DataFrame, limit: int, chars: int, context_turns: int = 6) -> list[dict[str, Any]]:
+                       pairwise: pl.DataFrame, limit: int, chars: int, context_turns: int = 6,
+                       buckets: pl.DataFrame | None = None) -> list[dict[str, Any]]:
     """The probe browser's records, one per probe that has a response (the first `limit` by episode and
     probe): its context (last `context_turns` turns the probe carries), request, gold, each method's
-    response with its memory ids and `details_json` excerpt, and every answer and head-to-head judgment
-    with its reason. `verdicts` lists the outcomes the browser filters on. Text is cut to `chars`."""
+    response with its memory ids, `details_json` excerpt and (`buckets`: the diagnose stage's rows) its
+    bucket with the shares of evidence written and retrieved, and every answer and head-to-head judgment
+    with its reason. `verdicts` lists the outcomes the browser filters on ("secom bucket misread" among
+    them). Text is cut to `chars`."""
     if responses.is_empty() or probes.is_empty():
         return []
     keys = ["episode_id", "probe_id"]
@@ -203,6 +210,8 @@ def probe_browser_data(probes: pl.DataFrame, responses: pl.DataFrame, answers: p
         return out
 
     answered, judged, paired = by_probe(responses), by_probe(answers), by_probe(pairwise)
+    diagnosed = diagnosis.by_response(buckets if buckets is not None else pl.DataFrame())
+    no_bucket = {"bucket": None, "evidence_written": None, "evidence_retrieved": None}
     datasets = {r["episode_id"]: r["dataset"] for rows in (*judged.values(), *paired.values()) for r in rows}
     records = []
     for p in probes.sort(keys).iter_rows(named=True):
@@ -221,7 +230,9 @@ def probe_browser_data(probes: pl.DataFrame, responses: pl.DataFrame, answers: p
               for r in sorted(paired.get(key, []), key=lambda r: (r["other"], r["criterion"], not r["reference_first"]))]
         resp = [{"method": r["method"], "response": _cut(r["response"], chars), "error": _cut(r.get("error"), chars),
                  "memory_ids": (r.get("memory_ids") or [])[:20], "context_tokens": r.get("context_tokens"),
-                 "details": _cut(r.get("details_json"), chars)} for r in sorted(answered[key], key=lambda r: r["method"])]
+                 "details": _cut(r.get("details_json"), chars),
+                 **diagnosed.get((*key, r["method"]), no_bucket)}
+                for r in sorted(answered[key], key=lambda r: r["method"])]
         records.append({
             "episode_id": p["episode_id"], "probe_id": p["probe_id"], "dataset": datasets.get(p["episode_id"], ""),
             "session": p["session_idx"], "kind": p["kind"], "category": p.get("category"),
@@ -229,7 +240,8 @@ def probe_browser_data(probes: pl.DataFrame, responses: pl.DataFrame, answers: p
             "context": [[t["speaker"], _cut(t["text"], chars)] for t in (p.get("context") or [])[-context_turns:]],
             "responses": resp, "answers": ans, "pairwise": pw,
             "verdicts": sorted({a["verdict"] for a in ans if "gpt4score" not in a["verdict"]}
-                               | {x["verdict"] for x in pw} | {f"{r['method']} failed" for r in resp if r["error"]})})
+                               | {x["verdict"] for x in pw} | {f"{r['method']} failed" for r in resp if r["error"]}
+                               | {f"{r['method']} bucket {r['bucket']}" for r in resp if r["bucket"]})})
     return records
 
 
@@ -284,6 +296,8 @@ def _draw_figures(t: dict[str, pl.DataFrame], quality: str, out: Path) -> dict[s
         "memory_quality.png": plots.memory_quality(t["memory_summary"], out / "memory_quality.png"),
         "segmentation.png": plots.segmentation(t["segmentation_summary"], out / "segmentation.png"),
         "retrieval_recall.png": plots.retrieval_recall(t["retrieval_summary"], out / "retrieval_recall.png"),
+        "diagnosis.png": plots.diagnosis(diagnosis.whole_run(t.get("diagnosis", pl.DataFrame())),
+                                         out / "diagnosis.png"),
     }
 
 
@@ -335,7 +349,10 @@ def _cost_sections(t: dict[str, pl.DataFrame], quality: str, fig: Figure) -> lis
           if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
         *([render.Section("Cost and latency per question",
                           "Per method: the tokens and dollars of building its memory spread over the probes it "
-                          "answers, those of answering (each answer's own calls), the seconds an answer's calls "
+                          "answers (`build_spread` episode: each probe carries its own episode's build split over "
+                          "that episode's probes, the mean over the probes shown; run: the run's build over all "
+                          "its probes, where the memory stage recorded no per-episode usage), those of answering "
+                          "(each answer's own calls), the seconds an answer's calls "
                           "took when they were sent (median and 95th percentile; a cached rerun reports the "
                           "first run's), and dollars per correct answer under the named correct / wrong judge "
                           "(each item's judge runs averaged). In `question_costs`.",
@@ -520,7 +537,10 @@ class ReportStage(GlobalStage):
             "stage_spans": tables.stage_spans(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests)),
             "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
         }
-        summaries["question_costs"] = tables.question_costs(responses, summaries["cost_breakdown"], answers_raw)
+        summaries["question_costs"] = tables.question_costs(responses, summaries["cost_breakdown"], answers_raw,
+                                                            self.build_per_episode(ctx))
+        buckets = _frame(inputs, "diagnose.buckets")
+        summaries["diagnosis"] = tables.diagnosis_summary(buckets)
         panels = self.method_panels(inputs, responses)
         for name, schema in self.outputs.items():
             if name not in summaries and name != "reproduction_summary":  # a panel's table: the rows of every method that shows one
@@ -531,14 +551,26 @@ class ReportStage(GlobalStage):
         pairs_raw = _frame(inputs, "judge_pairwise.pairwise_judgments")
         self.write_report(ctx, settings, summaries, panels, probe_rows(
             _frame(inputs, "probes.probes"), responses, answers, metrics_raw, settings.max_probe_rows,
-            settings.text_chars), _frame(inputs, "response_metrics.metric_implementations"),
+            settings.text_chars, buckets), _frame(inputs, "response_metrics.metric_implementations"),
             teabag_rows(_frame(inputs, "teabag.questions"), settings.max_probe_rows, settings.text_chars),
             probe_browser_data(_frame(inputs, "probes.probes"), responses, answers, pairs_raw,
-                               settings.max_probe_rows, settings.text_chars),
+                               settings.max_probe_rows, settings.text_chars, buckets=buckets),
             wins=tables.pooled_win_shares(pairs_raw), calibration=_frame(inputs, "judge_calibration.calibration"))
         written["reproduction_summary"] = tables.to_arrow(summaries["reproduction_summary"],
                                                           tables.REPRODUCTION_SUMMARY)
         return written
+
+    def build_per_episode(self, ctx: StageContext) -> dict[str, dict[str, dict[str, float]]]:
+        """method -> episode -> its memory stage's LLM calls and tokens on that episode (the manifest's
+        `llm_per_episode`), for the methods whose manifest records them: question_costs spreads each
+        episode's build over that episode's probes."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for m in self.memory_methods:
+            manifest = ctx.upstream_manifests.get(memory_stage_name(m))
+            per_episode = manifest.stats.get("llm_per_episode") if manifest is not None else None
+            if isinstance(per_episode, dict) and per_episode:
+                out[m] = per_episode
+        return out
 
     def memory_accuracy(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> pl.DataFrame:
         """RSum Table 2: every memory method's memory after each session against the corpus's gold
@@ -583,6 +615,8 @@ class ReportStage(GlobalStage):
             *_headline_sections(t, cfg, wins, fig, calibration),
             *_cost_sections(t, quality, fig),
             *_answer_sections(t, teabag, judges_differ, fig, calibration),
+            *([diagnosis.section(t["diagnosis"], fig("diagnosis.png", "each method's questions by bucket"))]
+              if diagnosis.STAGE in self.inputs else []),
             *_score_sections(t, implementations, fig),
             *(self.panel_section(m, p, out) for m, p in panels),
             render.Section("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),

@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.figures import pyplot, save
+from stages.judging.diagnose import BUCKETS
 
 
 def win_rates(pairwise: pl.DataFrame, path: Path) -> bool:
@@ -80,6 +81,36 @@ def accuracy_per_cost(costs: pl.DataFrame, path: Path) -> bool:
                     textcoords="offset points")
     ax.set_xlabel("USD per correct answer (memory built + answers)")
     ax.set_ylabel(f"accuracy ({df['judge'][0]})")
+    return save(fig, path)
+
+
+# Right answers green, each place a wrong one was lost its own warm colour, the untraceable grey.
+_BUCKET_COLOURS = {"correct": "#2a9d8f", "correct_without_evidence": "#a8dadc", "missed_write": "#e63946",
+                   "missed_retrieval": "#f4a261", "misread": "#9b5de5", "no_evidence": "#cccccc",
+                   "failed": "#555555"}
+
+
+def diagnosis(whole_run: pl.DataFrame, path: Path) -> bool:
+    """One stacked horizontal bar per method: its probes' shares of each bucket (BUCKETS order), from
+    the diagnosis table's whole-run rows (stages/report/diagnosis.py `whole_run`)."""
+    if whole_run.is_empty():
+        return False
+    plt = pyplot()
+    methods = whole_run["method"].to_list()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(methods) + 1.6))
+    y = list(range(len(methods)))
+    left = [0.0] * len(methods)
+    for bucket in BUCKETS:
+        shares = [v or 0.0 for v in whole_run[f"{bucket}_share"].to_list()]
+        ax.barh(y, shares, left=left, color=_BUCKET_COLOURS[bucket], label=bucket)
+        left = [a + b for a, b in zip(left, shares)]
+    for i, n in enumerate(whole_run["probes"].to_list()):
+        ax.text(1.01, i, f"n={n}", va="center", fontsize=7)
+    ax.set_yticks(y, methods, fontsize=8)
+    ax.set_xlim(0, 1.12)
+    ax.invert_yaxis()
+    ax.set_xlabel("share of questions")
+    ax.legend(fontsize=7, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return save(fig, path)
 
 

@@ -317,7 +317,10 @@ fill('#pb-method',uniq(data.flatMap(p=>p.responses.map(r=>r.method))));
 fill('#pb-dataset',uniq(data.map(p=>p.dataset)));
 fill('#pb-session',uniq(data.map(p=>String(p.session))));
 fill('#pb-verdict',uniq(data.flatMap(p=>p.verdicts)));
-const cls=v=>/correct$|=other|failed/.test(v)&&!/incorrect/.test(v)?(/failed/.test(v)?'bad':'good'):/incorrect|=reference/.test(v)?'bad':/tie/.test(v)?'tie':'';
+const pct=v=>v==null?'n/a':Math.round(v*100)+'%';
+const bcls=b=>b==='correct'?'good':b==='correct_without_evidence'?'tie':/^(missed|misread|failed)/.test(b)?'bad':'';
+const vcls=v=>/correct$|=other|failed/.test(v)&&!/incorrect/.test(v)?(/failed/.test(v)?'bad':'good'):/incorrect|=reference/.test(v)?'bad':/tie/.test(v)?'tie':'';
+const cls=v=>{const b=/ bucket (\S+)$/.exec(v);return b?bcls(b[1]):vcls(v);};
 function body(p,method){
   let h='<div class="pb-ctx">';
   if(p.context&&p.context.length)h+=p.context.map(t=>'<div><b>'+esc(t[0])+':</b> '+esc(t[1])+'</div>').join('');
@@ -330,6 +333,7 @@ function body(p,method){
     h+=r.error?'<div class="tag bad">failed: '+esc(r.error)+'</div>':'<div>'+esc(r.response)+'</div>';
     h+='<div class="muted">memory ('+esc(r.context_tokens)+' tokens): '+esc((r.memory_ids||[]).join(', ')||'none')+'</div>';
     if(r.details)h+='<div class="muted">details: '+esc(r.details)+'</div>';
+    if(r.bucket)h+='<div>diagnosis: <span class="tag '+bcls(r.bucket)+'">'+esc(r.bucket)+'</span>'+(r.evidence_written==null?'':' <span class="muted">evidence written '+pct(r.evidence_written)+', retrieved '+pct(r.evidence_retrieved)+'</span>')+'</div>';
     for(const a of p.answers.filter(a=>a.method===r.method))
       h+='<div><span class="tag '+cls(a.verdict)+'">'+esc(a.verdict)+'</span> '+esc(a.reason||'')+'</div>';
     h+='</div>';
@@ -377,8 +381,9 @@ def probe_browser(data: list[dict[str, Any]], limit: int) -> str:
                                          ("verdict", "verdict")))
     capped = f" (the first {limit}: `report.max_probe_rows`)" if len(data) >= limit else ""
     return (f"<p>Each probe: the dialogue context it carries, the request and gold, then per method its response, "
-            f"the memory it used and the answer judges' verdicts, and the head-to-head verdicts with the judge's "
-            f"reason{capped}. Click a probe to open it.</p>"
+            f"the memory it used, its diagnosis bucket (when the run diagnoses: write, retrieval or read) and the "
+            f"answer judges' verdicts, and the head-to-head verdicts with the judge's reason{capped}. Click a probe "
+            f"to open it.</p>"
             f"<div id='pb-filters'>{selects}<span id='pb-count' class='muted'></span></div><div id='pb-list'></div>"
             f"<script type='application/json' id='probe-data'>{blob}</script><script>{_BROWSER_JS}</script>")
 

@@ -11,7 +11,8 @@ extra columns named `*iid*`, `mcnemar_p` and `sign_p`.
 The tables live in modules by job (this module names them all, and lists every table the report
 writes): answers.py (answers judged alone, TeaFarm), agreement.py (the answer judges compared), pairwise.py (head-to-head), scores.py
 (segmentation, retrieval, memory ratings, response metrics), method_costs.py (cost beside quality,
-where the money goes), reproduction.py (the run beside the papers), frames.py (what they share)."""
+where the money goes), question_costs.py (what one question costs), diagnosis.py (why answers fail:
+write, retrieval, read), reproduction.py (the run beside the papers), frames.py (what they share)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from stages.report.agreement import (JUDGE_AGREEMENT, PANEL_SCORES, ROBUST_PAIRS
                                      robust_pairs)
 from stages.report.answers import (ANSWER_KEYS, ANSWER_SUMMARY, TASK_AVERAGE, TEAFARM_SUMMARY, answer_keys,
                                    answer_summary, judge_runs, run_key_rows, task_average, teafarm_summary)
+from stages.report.diagnosis import DIAGNOSIS_SUMMARY, diagnosis_summary
 from stages.report.frames import ALL, empty, to_arrow
 from stages.report.memory_accuracy import MEMORY_ACCURACY
 from stages.report.method_costs import (COST_BREAKDOWN, METHOD_SUMMARY, STAGE_SPANS, USAGE_KEYS, cost_breakdown,
@@ -32,7 +34,7 @@ from stages.report.scores import (MEMORY_SUMMARY, METRIC_SUMMARY, RETRIEVAL_SUMM
                                   memory_summary, metric_summary, retrieval_summary, segmentation_summary)
 
 __all__ = [
-    "ALL", "QUESTION_COSTS", "question_costs", "ANSWER_KEYS", "ANSWER_SUMMARY", "answer_keys", "run_key_rows", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
+    "ALL", "DIAGNOSIS_SUMMARY", "diagnosis_summary", "QUESTION_COSTS", "question_costs", "ANSWER_KEYS", "ANSWER_SUMMARY", "answer_keys", "run_key_rows", "JUDGE_AGREEMENT", "PANEL_SCORES", "ROBUST_PAIRS", "judge_agreement", "panel_scores",
     "robust_pairs", "COST_BREAKDOWN", "MEMORY_SUMMARY", "METHOD_SUMMARY", "METRIC_SUMMARY",
     "PAIRWISE_SUMMARY", "POOLED_WIN_SHARES", "REPRODUCTION_SUMMARY", "RETRIEVAL_SUMMARY", "SEGMENTATION_SUMMARY",
     "SHARED", "STAGE_SPANS", "SUMMARY_TABLES", "TASK_AVERAGE", "TEAFARM_SUMMARY", "USAGE_KEYS", "answer_summary", "cost_breakdown",
@@ -49,6 +51,7 @@ SUMMARY_TABLES = {
     "cost_breakdown": COST_BREAKDOWN,
     "question_costs": QUESTION_COSTS,  # what one question costs each method, and its latency
     "stage_spans": STAGE_SPANS,
+    "diagnosis": DIAGNOSIS_SUMMARY,  # why answers fail: the diagnose stage's buckets per method and category
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,
     "answer_keys": ANSWER_KEYS,  # an audited LoCoMo run: both answer keys side by side
