@@ -1,15 +1,42 @@
 """A deterministic fake OpenAI-compatible server for tests and benchmarks.
 
-(Over 600 lines: one endpoint, every route and fault it plays beside the others it interacts with.)
+(Over 800 lines: one endpoint, every route and fault it plays beside the others it interacts with.)
 
 Real HTTP on 127.0.0.1 (aiohttp in a background thread), so Ray worker processes on this machine
-can call it too. Answers depend only on the request: plain text from a hash of the messages, and
-for `response_format: json_schema` a schema-valid JSON instance. Faults are injected
-deterministically from a seeded hash of (request body, how many times that same body was seen), so
-a retry of a failed request can succeed.
+can call it too. Answers depend only on the request: plain text from a hash of the messages, for
+`response_format: json_schema` a schema-valid JSON instance, for function tools a tool call. Faults
+are injected deterministically from a seeded hash of (request body, how many times that same body
+was seen), so a retry of a failed request can succeed.
 
     server = FakeOpenAI(latency_s=0.05, max_concurrency=8).start()
     server.faults = {"429": 0.05, "500": 0.05, "timeout": 0.02, "malformed": 0.05, "html": 0.05}
+
+Tool calls: a chat request with function `tools` is answered with one tool call (`finish_reason:
+"tool_calls"`, `content: null`, a call id from the request hash) whose `arguments` are a
+schema-valid instance of the function's `parameters`: the function `tool_choice` names, else the
+first tool. Text instead with tool_choice "none", or under "auto" when the last message is a tool
+result (so an agent loop ends). A named function that is not among the tools is a 400; a
+"malformed" fault cuts the arguments short.
+
+The `responder(body)` hook scripts answers: a string is the text (it wins over tools and schemas),
+`{"tool_calls": [{"name": ..., "arguments": {...} or a JSON string}]}` those tool calls, None the
+default answer.
+
+`logprobs: true` (with `top_logprobs` k in 0..20): each choice's `logprobs.content` has one entry per
+whitespace token of its text (the whitespace before it included), a negative logprob from the hash,
+and k `top_logprobs`, the chosen token first. Without it `logprobs` is null.
+
+The Responses API: POST /v1/responses is answered as the chat request it translates to
+(`responses_as_chat`: `instructions` a system message, `input` a string or message / function_call /
+function_call_output items, `text.format` json_schema as response_format, function tools in the
+Responses shape); the output is one `message` item with an `output_text` part, or one
+`function_call` item per tool call; usage as `input_tokens` / `output_tokens` (cached_tokens as
+chat's). The responder sees that chat body, marked `"endpoint": "/v1/responses"`. Faults, latency
+and `max_concurrency` apply as to chat; it is counted under its own path. No `n`, logprobs,
+streaming or `reject_*` refusals there.
+
+Embeddings: `embed_dim` long, or `dimensions` long when asked (a prefix of one hash stream, so
+`dimensions == embed_dim` gives the default vector).
 
 Sampling `n` (1 to 128): `n` choices, choice j answered as the same request without `n` and with
 `seed` + j would be (with no seed, choice 0 as without `n` and choice j > 0 varied by j); a
@@ -84,6 +111,11 @@ def _answer_hash(body: dict[str, Any], choice: int = 0) -> str:
     return _hash({**key, "choice": choice} if choice else key)
 
 
+def _choice_hash(body: dict[str, Any], choice: int) -> str:
+    """What choice `choice` of a request depends on; `body` is that choice's own (`choice_body`)."""
+    return _answer_hash(body, 0 if isinstance(body.get("seed"), int) else choice)
+
+
 def _answer_id(body: dict[str, Any]) -> str:
     return _answer_hash(body)[:8]
 
@@ -139,7 +171,8 @@ class FakeOpenAI(LoopbackServer):
         self.cache_step = cache_step
         self._cache_lock = threading.Lock()  # not _lock: _finish_batch answers under _lock
         self._cache: PrefixCache | None = None
-        self.responder: Callable[[dict[str, Any]], str | None] | None = None
+        # Scripts answers (see the module docstring): a string (the text), {"tool_calls": [...]}, or None
+        self.responder: Callable[[dict[str, Any]], str | dict[str, Any] | None] | None = None
         # response_format types refused, as older OpenAI models (400) or llama-cpp-python's own server
         # (500 validation error) refuse json_schema; request parameters refused the same way (seed, n)
         self.reject_formats: set[str] = set()
@@ -205,6 +238,7 @@ class FakeOpenAI(LoopbackServer):
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/files", self._file_upload)
@@ -340,6 +374,9 @@ class FakeOpenAI(LoopbackServer):
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, self._embed_answer)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, self._responses_answer)
+
     async def _models(self, request: web.Request) -> web.StreamResponse:
         with self._lock:
             self.by_path[request.path] += 1
@@ -390,9 +427,13 @@ class FakeOpenAI(LoopbackServer):
     def _chat_answer(self, body: dict[str, Any], outcome: str | None,
                      record: dict[str, Any] | None = None) -> web.Response:
         if _asked_n(body) is None and not self.ignore_n:  # as OpenAI answers n=0 or n="2"
-            return web.json_response({"error": {"message": f"Invalid 'n': expected an integer in 1..{MAX_N}, "
-                                                f"got {body.get('n')!r}.", "type": "invalid_request_error",
-                                                "param": "n", "code": "invalid_value"}}, status=400)
+            return _invalid("n", f"expected an integer in 1..{MAX_N}, got {body.get('n')!r}")
+        k = body.get("top_logprobs")
+        if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= MAX_TOP_LOGPROBS):
+            return _invalid("top_logprobs", f"expected an integer in 0..{MAX_TOP_LOGPROBS}, got {k!r}")
+        unknown = _unknown_tool_choice(body)
+        if unknown is not None:
+            return _invalid("tool_choice", f"no function named {unknown!r} in tools")
         out = self._chat_body(body, outcome)
         if record is not None:
             with self._lock:
@@ -408,16 +449,18 @@ class FakeOpenAI(LoopbackServer):
                 c = self._cache = PrefixCache(self.cache_min_tokens, self.cache_step)
             return c
 
-    def _chat_content(self, body: dict[str, Any], outcome: str | None, choice: int) -> str:
-        """One choice's text; `body` is that choice's own request (`choice_body`)."""
+    def _chat_content(self, body: dict[str, Any], outcome: str | None, choice: int,
+                      scripted: str | None) -> str:
+        """One choice's text; `body` is that choice's own request (`choice_body`), `scripted` what the
+        responder answered for it."""
         messages = body.get("messages", [])
-        h = _answer_hash(body, 0 if isinstance(body.get("seed"), int) else choice)
+        h = _choice_hash(body, choice)
         rf = body.get("response_format") or {}
         # The schema comes with the response_format (json_schema), or in the prompt (json_object and
         # prompt modes); in prompt mode the JSON comes wrapped in prose, as chat models write it.
         schema = rf.get("json_schema", {}).get("schema") if rf.get("type") == "json_schema" else schema_in_prompt(messages)
         structured = schema is not None
-        content = self.responder(body) if self.responder is not None else None
+        content = scripted
         if outcome == "malformed":
             content = '{"answer": "truncated' if structured else "malformed {"
         elif content is None:
@@ -429,23 +472,82 @@ class FakeOpenAI(LoopbackServer):
                 content = f"fake reply {h[:8]}"
         return content
 
+    def _chat_message(self, body: dict[str, Any], outcome: str | None, choice: int) -> dict[str, Any]:
+        """One choice's assistant message: text, or tool calls when the request offers function tools
+        (`_called_tool`) or the responder scripts them; `body` is that choice's own request."""
+        h = _choice_hash(body, choice)
+        scripted = self.responder(body) if self.responder is not None else None
+        tool = _called_tool(body)
+        if isinstance(scripted, dict):
+            calls = [(c["name"], c["arguments"] if isinstance(c.get("arguments"), str)
+                      else json.dumps(c.get("arguments") or {})) for c in scripted["tool_calls"]]
+        elif scripted is not None or tool is None:
+            return {"role": "assistant", "content": self._chat_content(body, outcome, choice, scripted)}
+        else:
+            params = tool.get("parameters") or {"type": "object", "properties": {}}
+            calls = [(tool["name"], json.dumps(SchemaInstance(params, h[:8]).build(params)))]
+        if outcome == "malformed":  # arguments cut short, as a truncated structured answer
+            calls = [(name, '{"truncated') for name, _ in calls]
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{_hash([h, i])[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+            for i, (name, args) in enumerate(calls)]}
+
     def _chat_body(self, body: dict[str, Any], outcome: str | None) -> dict[str, Any]:
         messages = body.get("messages", [])
         h = _answer_hash(body)
         n = 1 if self.ignore_n else _asked_n(body) or 1
-        contents = [self._chat_content(choice_body(body, j), outcome, j) for j in range(n)]
+        answers = [self._chat_message(choice_body(body, j), outcome, j) for j in range(n)]
         prompt = sum(_words(str(m.get("content") or "")) for m in messages)  # once, whatever n is
-        completion = sum(max(1, _words(c)) for c in contents)
+        completion = sum(max(1, _message_words(a)) for a in answers)
         cached = self._prefix_cache().observe(str(body.get("model")), _prompt_words(messages)) \
             if self.prompt_cache else 0
+        choices = []
+        for j, a in enumerate(answers):
+            seed = _choice_hash(choice_body(body, j), j)
+            logprobs = _logprobs(a["content"], seed, body.get("top_logprobs") or 0) if body.get("logprobs") else None
+            choices.append({"index": j, "message": a, "logprobs": logprobs,
+                            "finish_reason": "tool_calls" if a.get("tool_calls") else "stop"})
         return {
             "id": f"chatcmpl-fake-{h[:12]}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "fake-model"),
-            "choices": [{"index": j, "message": {"role": "assistant", "content": c},
-                         "finish_reason": "stop", "logprobs": None} for j, c in enumerate(contents)],
+            "model": body.get("model", "fake-model"), "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                       "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}},
         }
+
+    # ------------------------------------------------------------ Responses API
+
+    def _responses_answer(self, body: dict[str, Any], outcome: str | None,
+                          record: dict[str, Any] | None = None) -> web.Response:
+        """A Responses API request, answered as its chat translation (`responses_as_chat`) would be."""
+        chat = responses_as_chat(body)
+        unknown = _unknown_tool_choice(chat)
+        if unknown is not None:
+            return _invalid("tool_choice", f"no function named {unknown!r} in tools")
+        out = self._chat_body(chat, outcome)
+        message, h = out["choices"][0]["message"], _answer_hash(chat)
+        if message.get("tool_calls"):
+            output = [{"type": "function_call", "id": f"fc_{_hash([h, c['id']])[:24]}", "call_id": c["id"],
+                       "name": c["function"]["name"], "arguments": c["function"]["arguments"], "status": "completed"}
+                      for c in message["tool_calls"]]
+        else:
+            output = [{"type": "message", "id": f"msg_{h[:24]}", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": message["content"], "annotations": []}]}]
+        usage = out["usage"]
+        tool_choice = body.get("tool_choice", "auto")
+        return web.json_response({
+            "id": f"resp_{h[:24]}", "object": "response", "created_at": int(time.time()),
+            "model": body.get("model", "fake-model"), "status": "completed", "error": None,
+            "incomplete_details": None, "instructions": body.get("instructions"), "output": output,
+            "max_output_tokens": body.get("max_output_tokens"), "metadata": body.get("metadata") or {},
+            "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": tool_choice,
+            "tools": body.get("tools") or [], "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+            "text": body.get("text") or {"format": {"type": "text"}},
+            "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                      "total_tokens": usage["total_tokens"],
+                      "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                                               "cache_write_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}},
+        })
 
     # ------------------------------------------------------------ Batch API
 
@@ -603,9 +705,12 @@ class FakeOpenAI(LoopbackServer):
         inputs = body.get("input", [])
         if isinstance(inputs, str):
             inputs = [inputs]
+        dim = body.get("dimensions", self.embed_dim)
+        if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
+            return _invalid("dimensions", f"expected a positive integer, got {dim!r}")
         data = []
         for i, text in enumerate(inputs):
-            vec = self.vector(str(text))
+            vec = self.vector(str(text), dim)
             if body.get("encoding_format") == "base64":
                 emb: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
             else:
@@ -615,9 +720,10 @@ class FakeOpenAI(LoopbackServer):
         return web.json_response({"object": "list", "data": data, "model": body.get("model", "fake-embed"),
                                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    def vector(self, text: str) -> list[float]:
-        """The deterministic embedding of `text` (tests compare against it)."""
-        return [round(x, 6) for x in hashed_vector(text, self.embed_dim)]
+    def vector(self, text: str, dim: int | None = None) -> list[float]:
+        """The deterministic embedding of `text`, `dim` long (default `embed_dim`; tests compare
+        against it). A shorter one is a prefix of a longer one, as the hash stream is one."""
+        return [round(x, 6) for x in hashed_vector(text, dim or self.embed_dim)]
 
 
 def _public(batch: dict[str, Any]) -> dict[str, Any]:
@@ -628,6 +734,116 @@ def request_path_is_chat(body: dict[str, Any]) -> bool:
     return "messages" in body
 
 
+def _function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat request's function tools, each its `function` object ({"name", "parameters", ...})."""
+    return [t["function"] for t in body.get("tools") or []
+            if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)]
+
+
+def _names_function(choice: Any) -> bool:
+    """Whether a chat `tool_choice` names one function ({"type": "function", "function": {"name"}})."""
+    return isinstance(choice, dict) and choice.get("type") == "function"
+
+
+def _unknown_tool_choice(body: dict[str, Any]) -> str | None:
+    """The function `tool_choice` names when no tool has that name (OpenAI refuses it), else None."""
+    choice = body.get("tool_choice")
+    if not _names_function(choice):
+        return None
+    name = (choice.get("function") or {}).get("name")
+    return None if any(t.get("name") == name for t in _function_tools(body)) else str(name)
+
+
+def _called_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The function a chat answer calls: the one `tool_choice` names, else the first tool. None (a text
+    answer) without function tools, with tool_choice "none", or under "auto" when the last message is
+    a tool result, so an agent loop over this server ends instead of calling tools forever."""
+    tools = _function_tools(body)
+    choice = body.get("tool_choice", "auto")
+    if not tools or choice == "none":
+        return None
+    if _names_function(choice):
+        name = (choice.get("function") or {}).get("name")
+        return next((t for t in tools if t.get("name") == name), None)
+    last = (body.get("messages") or [{}])[-1]
+    if choice != "required" and isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    return tools[0]
+
+
+def _message_words(message: dict[str, Any]) -> int:
+    """Completion words of an assistant message: its text, or its tool calls' arguments."""
+    calls = message.get("tool_calls") or []
+    return _words(message.get("content") or "") + sum(_words(c["function"]["arguments"]) for c in calls)
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's upper bound on `top_logprobs`
+
+
+def _logprobs(content: str | None, seed: str, k: int) -> dict[str, Any]:
+    """Chat logprobs of `content`: one entry per whitespace token (with the whitespace before it, so the
+    tokens join back into the text), a negative logprob drawn from `seed`, and `k` top_logprobs, the
+    chosen token first and made-up alternatives after it, each less likely."""
+    entries = []
+    for i, m in enumerate(re.finditer(r"\s*\S+", content or "")):
+        token, r = m.group(), _hash([seed, i])
+        lp = -2 * (1 + int(r[:8], 16)) / 16**8  # in (-2, 0): never exactly certain
+        step = 0.5 + int(r[8:12], 16) / 16**4
+        top = [(token, lp)] + [(f"{token}~{j}", lp - j * step) for j in range(1, k)]
+        entries.append({"token": token, "logprob": round(lp, 6), "bytes": list(token.encode()),
+                        "top_logprobs": [{"token": t, "logprob": round(x, 6), "bytes": list(t.encode())}
+                                         for t, x in top[:k]]})
+    return {"content": entries, "refusal": None}
+
+
+def _input_text(content: Any) -> str:
+    """A Responses input item's content as text: a string, or its text parts joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict) and "text" in p)
+    return str(content or "")
+
+
+def responses_as_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat request a Responses API request is answered as: `instructions` a system message first;
+    `input` (a string, or items) as messages: message items with their text parts joined,
+    `function_call` items as assistant tool calls, `function_call_output` items as tool messages;
+    `text.format` as `response_format`; function tools and `tool_choice` in chat's shape;
+    `max_output_tokens` as `max_tokens`; and `"endpoint": "/v1/responses"`, so a responder can tell."""
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": _input_text(body["instructions"])})
+    items = body.get("input")
+    for item in [{"role": "user", "content": items}] if isinstance(items, str) else items or []:
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            messages.append({"role": item.get("role", "user"), "content": _input_text(item.get("content"))})
+        elif kind == "function_call":
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": item.get("call_id"), "type": "function",
+                 "function": {"name": item.get("name"), "arguments": item.get("arguments")}}]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output"))})
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "endpoint": "/v1/responses"}
+    fmt = (body.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {
+            k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    elif fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+             for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
+    if tools:
+        chat["tools"] = tools
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    elif isinstance(choice, str):  # "auto", "none", "required"
+        chat["tool_choice"] = choice
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    return chat
+
+
 _SCHEMA_BLOCK = re.compile(r"JSON schema:\n```json\n(.*?)\n```", re.DOTALL)
 
 
@@ -636,6 +852,12 @@ def schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     text = "\n".join(str(m.get("content") or "") for m in messages)
     found = _SCHEMA_BLOCK.findall(text)
     return json.loads(found[-1]) if found else None
+
+
+def _invalid(param: str, message: str) -> web.Response:
+    """OpenAI's 400 for a parameter out of range."""
+    return web.json_response({"error": {"message": f"Invalid '{param}': {message}.", "type": "invalid_request_error",
+                                        "param": param, "code": "invalid_value"}}, status=400)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None, code: str | None = None
