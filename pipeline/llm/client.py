@@ -5,6 +5,7 @@ The client is the facade; each job has its own module:
 - pipeline.llm.structured: structured calls, their re-asks and the structured mode of an endpoint;
 - pipeline.llm.samples: a prompt's samples as one request with `n` (`chat_samples`);
 - pipeline.llm.embed: embeddings; pipeline.llm.accounting: cost, budget and counts;
+- pipeline.llm.passthrough: a third-party library's request as it is (`raw`, for the gateway);
 - pipeline.llm.params: sampling parameters, and those the endpoint refused (a rejected `seed` is
   dropped from the (endpoint, model)'s requests from then on).
 
@@ -35,6 +36,7 @@ from pipeline.llm.cache import CallCache, Reply, StaleMisses, chat_cache_key
 from pipeline.llm.embed import EMBED_BATCH, Embedder
 from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.params import RefusedParams, sampling_params
+from pipeline.llm.passthrough import PassThrough
 from pipeline.llm.prices import prices_for
 from pipeline.llm.ratelimit import RateLimiter, estimate_tokens
 from pipeline.llm.samples import Samples
@@ -80,6 +82,7 @@ class LLMClient:
         self._samples = Samples(self, cfg, cache, self.transport, self.accounts, self._refused, self._structured,
                                 self._stale)
         self._embedder = Embedder(self.transport, self.accounts, cache)
+        self._raw = PassThrough(self.endpoint, cfg.model, self.transport, self.accounts, self.usage, cache)
         # Cache key -> the reply of that exact request, while it is being sent (per loop).
         self._in_flight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future]] = \
             weakref.WeakKeyDictionary()
@@ -129,6 +132,12 @@ class LLMClient:
     async def embed(self, texts: list[str], model: str) -> list[list[float]]:
         """Embedding vectors in input order; each text is cached on its own."""
         return await self._embedder.embed(texts, model)
+
+    async def raw(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A third-party library's request (`path`: /chat/completions, /embeddings or /responses) as
+        it is, its model replaced by this role's; the endpoint's JSON answer. Cached, capped, budgeted,
+        retried and accounted as every call (pipeline.llm.passthrough)."""
+        return await self._raw.send(path, body)
 
     # ------------------------------------------------------------ one exact request
 
