@@ -26,6 +26,7 @@ from stages.methods.baselines.memory_baselines import (AllMemories, AllMemoriesU
                                                        MemoryRetrievalUpdate)
 from stages.methods.creem import Creem, CreemNoPreblend, CreemNoRefine
 from stages.methods.ld_agent import LDAgent
+from stages.methods.mem0_library import Mem0Library
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
 from stages.methods.theanine import Theanine, TheanineAll, TheanineNoRefine, TheanineNoRelation
@@ -39,7 +40,7 @@ BUILT_IN: dict[str, Method] = {m.name: m for m in [
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
     AllContext(), PartContext(), LDAgent(), LDAgentBase(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
     MemoChat(), Comedy(),
-    Mem0Style(),
+    Mem0Style(), Mem0Library(),
 ]}
 
 

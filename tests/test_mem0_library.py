@@ -1,0 +1,109 @@
+"""`mem0`: the mem0ai library, unchanged, as a method: every call through the gateway to the fake
+server (counted, cached, budgeted), nothing off this machine, its failures failed rows."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.artifacts import StageDir
+from pipeline.errors import RunStopped
+from stages.methods import METHODS, mem0_library  # before mem0 itself: its telemetry off
+from stages.testing import run_method
+
+pytest.importorskip("mem0", reason="the [mem0] extra (mem0ai) is part of the test install")
+
+SETS = ["probes.max_qa_per_episode=2", "probes.max_per_episode=1"]
+
+
+def extractor(body: dict[str, Any]) -> str | None:
+    """mem0's extraction, scripted: every new user message becomes a memory (its text after "Name: ")."""
+    if (body.get("response_format") or {}).get("type") != "json_object":
+        return None
+    user = body["messages"][-1]["content"]
+    new = user.split("New Messages", 1)[-1]
+    facts = re.findall(r"^user: [^:\n]+: (.+)$", new, re.M)
+    return json.dumps({"memory": [{"text": f} for f in facts]})
+
+
+def mem0_run(fake: Any, work: Path, *sets: str) -> dict[str, Any]:
+    fake.responder = extractor
+    return run_method(METHODS["mem0"], fake.base_url, work, sets=[*SETS, *sets])
+
+
+def test_mem0_builds_its_store_by_session_answers_from_its_search_and_every_call_is_counted(fake_llm, tmp_path):
+    tables = mem0_run(fake_llm, tmp_path)
+    memories = tables["memory_mem0.memories"].to_pylist()
+    by_session: dict[int, int] = {}
+    for m in memories:
+        by_session[m["snapshot_session"]] = by_session.get(m["snapshot_session"], 0) + 1
+    sessions = sorted(by_session)
+    assert sessions and all(by_session[a] <= by_session[b] for a, b in zip(sessions, sessions[1:]))  # it grows
+    assert {m["speaker"] for m in memories} == {"Mina", "Joon"}
+    assert all(m["session_date"] for m in memories)  # each kept with its session's date
+    answers = [r for r in tables["respond_mem0.responses"].to_pylist() if r["probe_id"].startswith("qa:")]
+    assert answers and all(r["error"] is None and r["memory_ids"] for r in answers)
+    known = {m["memory_id"] for m in memories}
+    assert all(set(r["memory_ids"]) <= known for r in answers)
+    # every request the library made is in the memory stage's manifest, under its method
+    usage = StageDir(tmp_path / "artifacts" / "test-mem0", "memory_mem0").manifest().llm_usage
+    chats = sum(1 for r in fake_llm.requests if r["path"] == "/v1/chat/completions")
+    assert sum(u.requests for u in usage.values()) + 3 == chats  # + the three answers' reader calls
+    assert all(set(u.cost_by_method) == {"mem0"} for u in usage.values())
+
+
+def test_a_warm_rerun_sends_nothing_even_on_another_day(fake_llm, tmp_path, monkeypatch):
+    mem0_run(fake_llm, tmp_path / "a")
+    sent = fake_llm.count()
+    mem0_run(fake_llm, tmp_path / "a")
+    assert fake_llm.count() == sent
+    # a fresh run folder on the same call cache, the machine's clock a few years on
+    import shutil
+    shutil.copytree(tmp_path / "a" / "llm-cache", tmp_path / "b" / "llm-cache")
+    later = mem0_library.datetime(2031, 1, 1, tzinfo=mem0_library.timezone.utc)
+    monkeypatch.setattr(mem0_library._SessionClock, "now", classmethod(
+        lambda cls, tz=None: getattr(mem0_library._clock, "date", None) or later))
+    mem0_run(fake_llm, tmp_path / "b")
+    assert fake_llm.count() == sent
+
+
+def test_nothing_leaves_the_machine(fake_llm, tmp_path, monkeypatch):
+    seen: list[Any] = []
+    connect = socket.socket.connect
+
+    def spy(self: socket.socket, address: Any) -> Any:
+        seen.append(address)
+        return connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", spy)
+    mem0_run(fake_llm, tmp_path)
+    remote = [a for a in seen if isinstance(a, tuple) and a[0] not in ("127.0.0.1", "::1", "localhost")]
+    assert seen and not remote
+
+
+def test_a_library_exception_on_one_episode_is_that_episodes_failure(fake_llm, tmp_path, monkeypatch):
+    add = mem0_library._add
+
+    def failing(store: Any, messages: list, uid: str, *rest: Any) -> None:
+        if uid.startswith("sample-02") and "Session" not in str(messages):
+            raise RuntimeError("qdrant went away")
+        add(store, messages, uid, *rest)
+
+    monkeypatch.setattr(mem0_library, "_add", failing)
+    tables = mem0_run(fake_llm, tmp_path, "corpus.limit=2")
+    failures = tables["memory_mem0.build_failures"].to_pylist()
+    assert [f["episode_id"] for f in failures] == ["sample-02"] and "qdrant went away" in failures[0]["error"]
+    answers = tables["respond_mem0.responses"].to_pylist()
+    assert all(r["error"] is None for r in answers if r["episode_id"] == "sample-01")
+    assert any(r["error"] for r in answers if r["episode_id"] == "sample-02")
+
+
+def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
+    with pytest.raises(RunStopped):
+        mem0_run(fake_llm, tmp_path, "llm.max_cost_usd=0.000001",
+                 'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
