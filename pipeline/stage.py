@@ -119,6 +119,9 @@ class Stage:
     uses_embedder: bool = False
     billed_method: str = ""  # the method its LLM calls are costed to (Usage.cost_by_method), if it serves one
     why: str = ""  # why the run's graph holds it (set by the project's registry; plan, status and check show it)
+    # False: its calls are a third-party library's own, which plan's dry run does not model; plan
+    # estimates them only from a calibration (--calibrate K, --like RUN_DIR)
+    dry_run_estimates: bool = True
 
     def selected_by(self, cfg: "RunConfig", present: set[str]) -> str | None:
         """Why a run holds this stage for its own sake (a judge its settings enable), given the

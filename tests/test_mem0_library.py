@@ -107,3 +107,25 @@ def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
     with pytest.raises(RunStopped):
         mem0_run(fake_llm, tmp_path, "llm.max_cost_usd=0.000001",
                  'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
+
+
+def test_plan_leaves_a_librarys_calls_to_a_calibration(run_cfg, fake_llm):
+    from pipeline.plan import make_plan
+    from pipeline.plan.make import NOT_ESTIMATED
+    from stages import registry
+
+    cfg = run_cfg("methods=[mem0,rsum]", "corpus.limit=1", "judge_pairwise.enabled=false", "judge_memory.enabled=false",
+                  "judge_answers.enabled=false", "diagnose.enabled=false")
+    plan = make_plan(cfg, registry)
+    stages = {s.name: s for s in plan.stages}
+    assert NOT_ESTIMATED in stages["memory_mem0"].why and stages["memory_mem0"].total()["calls"] == 0
+    assert stages["memory_rsum"].total()["calls"] > 0 and NOT_ESTIMATED not in stages["memory_rsum"].why
+    assert fake_llm.count() == 0
+
+
+def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
+    from pipeline.errors import ConfigError
+
+    monkeypatch.setattr(mem0_library.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[mem0\]'"):
+        METHODS["mem0"].check_installed()

@@ -23,6 +23,8 @@ from pipeline.plan.estimates import CACHED_PROMPT_RULE, Plan, PlanOptions, Regis
 from pipeline.plan.sampling import EpisodeSize, Scaling, _episode_sizes, _scales, _take, _take_within
 from pipeline.progress import PLAN_FILE
 from pipeline.selection import Selection
+
+NOT_ESTIMATED = "not estimated: run plan --calibrate 1 (a library's calls are its own, not ours to model)"
 from pipeline.stage import GlobalStage, Stage
 from pipeline.storage import join
 
@@ -227,6 +229,10 @@ def _stage_estimates(scope: _Scope, estimates: dict[str, list[RoleEstimate]]) ->
         roles = estimates.get(s.name, []) if runs else []
         if runs and not s.llm_roles(scope.cfg):
             why += "; no LLM role"
+        if runs and not s.dry_run_estimates and not any("calibrated" in v for r in roles for v in r.method.values()):
+            # a library's calls are its own: the simulated endpoint's count would be a guess
+            roles = [RoleEstimate(r.role, r.model, cost_usd=None, method={"calls": NOT_ESTIMATED}) for r in roles]
+            why += f"; {NOT_ESTIMATED}"
         stages.append(StageEstimate(s.name, state, why, scope.fps[s.name], runs, roles, s.billed_method, s.why))
     return stages
 

@@ -31,6 +31,7 @@ class MethodStage(EpisodeStage):
         self.uses_embedder = method.uses_embedder
         self.billed_method = method.name
         self.prompts = dict(method.prompts)
+        self.dry_run_estimates = method.library is None
 
     def code_roots(self) -> tuple[str, ...]:
         return (type(self).__module__, type(self.method).__module__)
@@ -43,6 +44,9 @@ class MethodStage(EpisodeStage):
         when it embeds, an embedder that loads its model at the first call."""
         return MethodContext(settings=ctx.section, llm=ctx.llm,
                              embed=ctx.lazy_embed() if self.method.uses_embedder else None)
+
+    def check_inputs(self, cfg: Any) -> None:
+        self.method.check_installed()  # a library method's extra, before Ray and the model servers start
 
     def models(self, cfg: Any) -> list["ModelNeed"]:
         """The embedder (when the method embeds) and the models the method loads itself."""

@@ -180,6 +180,9 @@ class Method(Generic[S]):
     shows_memory: ClassVar[bool] = False  # a memory stage without memory tables, for `memory_view`
     report_table: ClassVar[tuple[str, pa.Schema] | None] = None  # (name, schema) of its panel's rows
     prompts: ClassVar[dict[str, str]] = {}
+    # The third-party package it runs unchanged, through the gateway (pipeline/llm/gateway.py), e.g.
+    # "mem0ai"; None for ours. Its calls are the library's: plan estimates them from a calibration only.
+    library: ClassVar[str | None] = None
     # How `diagnose` checks a probe's evidence (MemoryEvidence); None: `judge` for a method with memory
     # tables, else `turns_in_context`.
     memory_evidence: ClassVar[MemoryEvidence | None] = None
@@ -211,6 +214,9 @@ class Method(Generic[S]):
     @property
     def has_memory_stage(self) -> bool:
         return bool(self.memory) or self.shows_memory
+
+    def check_installed(self) -> None:
+        """Raise ConfigError naming the extra to install when the library it runs is missing."""
 
     @property
     def evidence_check(self) -> MemoryEvidence:

@@ -27,6 +27,7 @@ budget stop stops the run.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import tempfile
 import threading
@@ -147,6 +148,7 @@ def user_id(episode_id: str, speaker: str) -> str:
 
 class Mem0Library(Method[Mem0LibrarySettings]):
     name = "mem0"
+    library = PACKAGE
     Settings = Mem0LibrarySettings
     memory = {"memories": MEMORIES}
     memory_kind = "snapshots"
@@ -204,6 +206,10 @@ class Mem0Library(Method[Mem0LibrarySettings]):
         return await memory_response.answer_from_memory(
             ctx.llm, probe, speaker_blocks(groups) if chosen else "", [m["memory_id"] for m in chosen],
             details=details, style=settings.response_style, **self.params(settings))
+
+    def check_installed(self) -> None:
+        if importlib.util.find_spec("mem0") is None:
+            raise ConfigError(f"method mem0 needs the {PACKAGE} package: pip install -e '.[{EXTRA}]'")
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]],
                     settings: Mem0LibrarySettings) -> str | None:
