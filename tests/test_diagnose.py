@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -218,3 +219,30 @@ def test_a_verdict_judge_the_run_does_not_hold_is_refused_before_the_run(run_cfg
     cfg = run_cfg("methods=[full_history]", "diagnose.verdict_judge=lenient", "judge_answers.correctness=[strict]")
     with pytest.raises(ConfigError, match="verdict_judge"):
         registry(cfg)["diagnose"].check_inputs(cfg)
+
+
+LOCOMO = Path(__file__).parent / "fixtures" / "corpora" / "locomo" / "locomo_mini.json"
+
+
+def test_the_locomo_fixture_shows_the_buckets_in_the_report_and_the_export(run_cfg, fake_llm, tmp_path):
+    from stages.predictions import export_predictions
+
+    cfg = run(run_cfg, fake_llm, ["full_history", "rsum", "gold_context_right"], "corpus.format=locomo",
+              f"corpus.path={LOCOMO}", "corpus.limit=null")
+    rows = buckets(cfg)
+    probes = [p for p in StageDir(cfg.run_dir, "probes").read_table("probes").to_pylist() if p["kind"] == "qa"]
+    for m in ("full_history", "rsum", "gold_context_right"):
+        assert len(by_method(rows, m)) == len(probes)
+    adversarial = {p["probe_id"] for p in probes if p["category"] == "adversarial"}
+    assert adversarial and {r["bucket"] for r in rows if r["probe_id"] in adversarial} == {"no_evidence"}
+    assert {r["written_by"] for r in rows if r["method"] == "rsum" and r["bucket"] != "no_evidence"} == {"judge"}
+    report = StageDir(cfg.run_dir, "report")
+    table = report.read_table("diagnosis").to_pylist()
+    overall = {r["method"]: r for r in table if r["category"] == "all" and r["dataset"] == "locomo"}
+    assert set(overall) == {"full_history", "rsum", "gold_context_right"}
+    assert all(r["probes"] == len(probes) for r in overall.values())
+    folder = Path(report.final)
+    assert (folder / "diagnosis.png").exists() and "Why answers fail" in (folder / "report.md").read_text()
+    out = export_predictions(cfg, "locomo", None, tmp_path / "export")
+    summary = json.loads((out / "predictions_summary.json").read_text())
+    assert sum(summary["buckets"]["rsum"].values()) == len(probes)

