@@ -19,7 +19,7 @@ from pipeline.fingerprint import stage_fingerprints
 from pipeline.stage import EMBEDDER_ROLE, Stage
 from pipeline.storage import Location, join
 from stages.ingest import IngestStage
-from stages.judging.diagnose import DiagnoseStage
+from stages.judging.diagnose import DiagnoseStage, uses_judge_verdicts
 from stages.judging.judge_answers import JudgeAnswersStage
 from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.judging.judge_memory import JudgeMemoryStage
@@ -77,8 +77,9 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
         why = stage.selected_by(cfg, set(brought) | set(wanted))
         if why:
             wanted[stage.name] = why
-    # After the answer judges: it reads their verdicts when the run judges answers.
-    diagnose = DiagnoseStage(tuple(chosen), verdicts=JudgeAnswersStage.name in wanted)
+    # After the answer judges: it reads their verdicts when one of them gives correct / wrong; with F1's
+    # verdicts (no model) it needs none of them, and runs beside them.
+    diagnose = DiagnoseStage(tuple(chosen), verdicts=JudgeAnswersStage.name in wanted and uses_judge_verdicts(cfg))
     if why := diagnose.selected_by(cfg, set(brought) | set(wanted)):
         wanted[diagnose.name] = why
     at = next(i for i, s in enumerate(scoring) if s.name == JudgeAnswersStage.name) + 1

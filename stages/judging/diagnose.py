@@ -94,6 +94,11 @@ def verdict_judge(cfg: Any) -> tuple[str, str]:
     return (with_verdict[0].name, with_verdict[0].prompt) if with_verdict else (F1_VERDICT, F1)
 
 
+def uses_judge_verdicts(cfg: Any) -> bool:
+    """Whether `diagnose` reads judge_answers' verdicts (else it scores F1 itself and needs no judge)."""
+    return verdict_judge(cfg)[1] != F1
+
+
 def majority(rows: Rows, prompt: str) -> bool | None:
     """The verdict over a judge's runs on one answer: correct when at least half of the judged runs
     accept it (the panel's rule); None when no run gave a verdict."""
