@@ -19,6 +19,8 @@ from stages.testing import run_method
 pytest.importorskip("mem0", reason="the [mem0] extra (mem0ai) is part of the test install")
 
 SETS = ["probes.max_qa_per_episode=2", "probes.max_per_episode=1"]
+# Each run has the library build a store (spaCy, Qdrant, ~60 calls): scheduled among the first.
+pytestmark = pytest.mark.heavy(seconds=10)
 
 
 def extractor(body: dict[str, Any]) -> str | None:
