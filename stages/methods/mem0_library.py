@@ -40,11 +40,9 @@ from pydantic import Field
 
 from pipeline.errors import ConfigError
 from pipeline.llm.gateway import Gateway
-from pipeline.retrieval import count_tokens
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, ProbeInput,
                                  after_session)
-from stages.methods.baselines.mem0_style import Mem0Settings, mem0_answer_messages, speaker_blocks
-from stages.methods.shared import memory_response, response
+from stages.methods.baselines.mem0_style import Mem0Settings, read_memories
 from stages.methods.shared.spacy_model import spacy_model
 
 PACKAGE, EXTRA = "mem0ai", "mem0"
@@ -158,7 +156,7 @@ class Mem0Library(Method[Mem0LibrarySettings]):
         settings, eid = ctx.settings, episode.episode["episode_id"]
         speakers = list(episode.episode.get("speakers") or [])
         rows: list[dict] = []
-        async with self._gateway(ctx) as gw, _scratch() as folder:
+        async with Gateway(ctx.llm, ctx.embed) as gw, _scratch() as folder:
             dims = await self._dims(ctx)
             store = await gw.call(open_store, gw, self.name, dims, folder)
             for s, turns in sorted(episode.sessions.items()):
@@ -180,7 +178,7 @@ class Mem0Library(Method[Mem0LibrarySettings]):
         stored = memory.get("memories", [])
         speakers = list(dict.fromkeys([*(probe.episode.get("speakers") or []), *(m["speaker"] for m in stored)]))
         groups: list[tuple[str, list[dict]]] = []
-        async with self._gateway(ctx) as gw, _scratch() as folder:
+        async with Gateway(ctx.llm, ctx.embed) as gw, _scratch() as folder:
             store = await gw.call(open_store, gw, self.name, await self._dims(ctx), folder)
             for speaker in speakers:
                 mine = [m for m in stored if m["speaker"] == speaker]
@@ -193,19 +191,8 @@ class Mem0Library(Method[Mem0LibrarySettings]):
                 by_text = {m["text"]: m for m in mine}
                 groups.append((speaker, [{**by_text[h["memory"]], "fact_date": by_text[h["memory"]]["session_date"]}
                                          for h in hits if h["memory"] in by_text]))
-        chosen = [m for _, ms in groups for m in ms]
-        details = {"memories_stored": len(stored)}
-        if probe.probe["kind"] == "qa" and settings.answer_prompt == "mem0":
-            result = await ctx.llm.chat(mem0_answer_messages(groups, probe.request, settings.show_work),
-                                        **self.params(settings))
-            text = result.text.strip() if settings.show_work else response.one_turn(
-                result.text, probe.episode.get("speakers") or [])
-            return Answer(text=text, used_ids=[m["memory_id"] for m in chosen],
-                          context_tokens=count_tokens(speaker_blocks(groups)), model=result.model,
-                          details={**details, "answer_prompt": "mem0"})
-        return await memory_response.answer_from_memory(
-            ctx.llm, probe, speaker_blocks(groups) if chosen else "", [m["memory_id"] for m in chosen],
-            details=details, style=settings.response_style, **self.params(settings))
+        used = [m["memory_id"] for _, ms in groups for m in ms]
+        return await read_memories(ctx.llm, probe, groups, used, settings, {"memories_stored": len(stored)})
 
     def check_installed(self) -> None:
         if importlib.util.find_spec("mem0") is None:
@@ -214,14 +201,6 @@ class Mem0Library(Method[Mem0LibrarySettings]):
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]],
                     settings: Mem0LibrarySettings) -> str | None:
         return "\n".join(f"[{m['speaker']}] {m['text']}" for m in memory.get("memories", [])) or None
-
-    def params(self, settings: Mem0LibrarySettings) -> dict[str, Any]:
-        return {} if settings.temperature is None else {"temperature": settings.temperature}
-
-    @contextlib.asynccontextmanager
-    async def _gateway(self, ctx: MethodContext[Mem0LibrarySettings]) -> Any:
-        async with Gateway(ctx.llm, ctx.embed) as gw:
-            yield gw
 
     @staticmethod
     async def _dims(ctx: MethodContext[Mem0LibrarySettings]) -> int:

@@ -256,6 +256,26 @@ def mem0_answer_messages(groups: list[tuple[str, list[dict]]], question: str, sh
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+def reader_params(settings: Mem0Settings) -> dict[str, Any]:
+    return {} if settings.temperature is None else {"temperature": settings.temperature}
+
+
+async def read_memories(llm: ChatLLM, probe: ProbeInput, groups: list[tuple[str, list[dict]]], used_ids: list[str],
+                        settings: Mem0Settings, details: dict[str, Any]) -> Answer:
+    """The reply from each speaker's retrieved memories (`groups`): a question under mem0's evaluation
+    answer rules (`answer_prompt: mem0`), anything else in the memory baselines' frame."""
+    if probe.probe["kind"] == "qa" and settings.answer_prompt == "mem0":
+        result = await llm.chat(mem0_answer_messages(groups, probe.request, settings.show_work), **reader_params(settings))
+        # show_work: the completion as written is the answer, as mem0's evals.py scores it
+        text = result.text.strip() if settings.show_work else response.one_turn(
+            result.text, probe.episode.get("speakers") or [])
+        return Answer(text=text, used_ids=used_ids, context_tokens=count_tokens(speaker_blocks(groups)),
+                      model=result.model, details={**details, "answer_prompt": "mem0", "show_work": settings.show_work})
+    return await memory_response.answer_from_memory(
+        llm, probe, speaker_blocks(groups) if used_ids else "", used_ids, details=details,
+        style=settings.response_style, **reader_params(settings))
+
+
 class Mem0Style(Method[Mem0Settings]):
     name = "mem0_style"
     Settings = Mem0Settings
@@ -272,7 +292,7 @@ class Mem0Style(Method[Mem0Settings]):
     }
 
     def params(self, settings: Mem0Settings) -> dict[str, Any]:
-        return {} if settings.temperature is None else {"temperature": settings.temperature}
+        return reader_params(settings)
 
     def units(self, turns: list[dict], settings: Mem0Settings) -> list[tuple[int | None, list[tuple[str, Messages]]]]:
         """(turn the unit reads up to, or None for the whole session; its extraction calls by speaker)."""
@@ -361,19 +381,7 @@ class Mem0Style(Method[Mem0Settings]):
                        key=lambda k: (k[0], float("inf") if k[1] is None else k[1]), default=None)
         details = {"memory_after_session": snapshot[0] if snapshot else None,
                    "memory_after_turn": snapshot[1] if snapshot else None, "facts_stored": len(facts)}
-        if probe.probe["kind"] == "qa" and settings.answer_prompt == "mem0":
-            result = await llm.chat(mem0_answer_messages(groups, probe.request, settings.show_work),
-                                    **self.params(settings))
-            # show_work: the completion as written is the answer, as mem0's evals.py scores it
-            text = result.text.strip() if settings.show_work else response.one_turn(
-                result.text, probe.episode.get("speakers") or [])
-            return Answer(text=text,
-                          used_ids=[f["fact_id"] for f in chosen], context_tokens=count_tokens(speaker_blocks(groups)),
-                          model=result.model, details={**details, "answer_prompt": "mem0",
-                                                            "show_work": settings.show_work})
-        return await memory_response.answer_from_memory(
-            llm, probe, speaker_blocks(groups) if chosen else "", [f["fact_id"] for f in chosen], details=details,
-            style=settings.response_style, **self.params(settings))
+        return await read_memories(llm, probe, groups, [f["fact_id"] for f in chosen], settings, details)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]], settings: Mem0Settings) -> str | None:
         return fact_lines(memory.get("facts", [])) or None
