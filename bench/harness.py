@@ -51,8 +51,8 @@ class FakeServer:
     def _url(self, path: str) -> str:
         return self.base_url.removesuffix("/v1") + path
 
-    def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self._url("/stats"), timeout=30) as r:
+    def stats(self, bodies: bool = False) -> dict[str, Any]:
+        with urllib.request.urlopen(self._url("/stats" + ("?bodies=1" if bodies else "")), timeout=30) as r:
             return json.loads(r.read())
 
     def reset(self) -> None:

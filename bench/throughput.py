@@ -1,7 +1,7 @@
 """Benchmark: LLM throughput of a real stage against an endpoint with fixed latency and a
 concurrency cap, against the ideal rate (cap / latency); the same stage one call at a time (how
 per-paper scripts run); and a bare `openai` client on the same endpoint, as the reference of what
-this machine can do.
+this machine can do (it replays the stage's own requests, as the server received them).
 
 The stage is `respond_turn` (SeCom's turn-level retrieval answering every QA probe) on a synthetic
 corpus, cold cache, as one `mempipe run` on local Ray with several workers. The rate is measured at
@@ -142,8 +142,10 @@ def run_stage(srv: FakeServer, workdir: Path, corpus: Path, name: str, cap: int,
             "errors": m["errors"], "rows": m["rows"]}
 
 
-def bare_client(base_url: str, calls: int, in_flight: int) -> float:
-    """Requests/s of one AsyncOpenAI client in this process with `in_flight` requests at a time."""
+def bare_client(base_url: str, calls: int, in_flight: int, bodies: list[dict] | None = None) -> float:
+    """Requests/s of one AsyncOpenAI client in this process with `in_flight` requests at a time:
+    `bodies` sent as they are (the pipeline's own requests, replayed: the same prompts to encode and
+    answers to parse), or short questions."""
     from openai import AsyncOpenAI
 
     async def go() -> float:
@@ -151,9 +153,10 @@ def bare_client(base_url: str, calls: int, in_flight: int) -> float:
         gate = asyncio.Semaphore(in_flight)
 
         async def one(i: int) -> None:
+            body = bodies[i % len(bodies)] if bodies else {
+                "model": "fake-model", "max_tokens": 64, "messages": [{"role": "user", "content": f"question {i}"}]}
             async with gate:
-                await client.chat.completions.create(
-                    model="fake-model", max_tokens=64, messages=[{"role": "user", "content": f"question {i}"}])
+                await client.chat.completions.create(**body)
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(calls)))
@@ -164,12 +167,12 @@ def bare_client(base_url: str, calls: int, in_flight: int) -> float:
     return asyncio.run(go())
 
 
-def bare_run(srv: FakeServer, calls: int, cap: int) -> dict:
+def bare_run(srv: FakeServer, calls: int, cap: int, bodies: list[dict] | None = None) -> dict:
     """The bare client's rate and CPU at the cap, as the pipeline keeps it: never more in flight."""
     srv.reset()
     with CpuSampler(srv.proc.pid) as cpu:
         started = time.time()
-        rate = bare_client(srv.base_url, calls, cap)
+        rate = bare_client(srv.base_url, calls, cap, bodies)
         ended = time.time()
     return {"rate": rate, "cpu_busy": cpu.busy_between(started, ended),
             "cpu_s_per_call": cpu.client_cpu_s_between(started, ended) / calls,
@@ -220,10 +223,12 @@ def main() -> int:
             corpus_cap = corpus if episodes[cap] == a.episodes else write_corpus(
                 workdir / f"corpus-{cap}.jsonl", episodes[cap], sessions=3, turns=8, questions=a.questions)
             with FakeServer(latency=latency[cap], max_concurrency=cap) as srv:
-                bares, cached = [], []
+                bares, cached, bodies = [], [], None
                 for i in range(a.repeats):  # alternating, so a busy spell of the machine falls on both
-                    bares.append(bare_run(srv, episodes[cap] * a.questions, cap))
                     cached.append(run_stage(srv, workdir, corpus_cap, f"cache{cap}" + (f"-{i}" if i else ""), cap, []))
+                    # The reference sends the very requests the stage sent (its prompts and parameters).
+                    bodies = bodies or [c["body"] for c in srv.stats(bodies=True)["chat"] if not c["structured"]]
+                    bares.append(bare_run(srv, episodes[cap] * a.questions, cap, bodies))
                 results[f"bare_{cap}"], results[f"cache_{cap}"] = median_run(bares), median_run(cached)
                 results[f"nocache_{cap}"] = run_stage(srv, workdir, corpus_cap, f"nocache{cap}", cap,
                                                       ["llm.cache_enabled=false"])
@@ -297,7 +302,9 @@ def main() -> int:
             "is bound by the cores, not by the pipeline's concurrency. CPU ms per call: CPU-seconds (user + system) "
             "of the benchmark's process tree less the fake server over that span, per completed call (for the "
             "pipeline: the `mempipe` driver, Ray and its workers; for the bare client: the benchmark's process, "
-            "less its CPU sampler); other work on a shared machine is not counted.\n\n"
+            "less its CPU sampler); other work on a shared machine is not counted. The bare client sends the "
+            "stage's own requests, as the fake server received them in the cache-on run before it (same prompts "
+            "to encode, same parameters, same answers to parse).\n\n"
             + "Settings: `llm.max_concurrency` = cap for the whole run (the workers share it), `ray.episodes_per_shard=4`, defaults otherwise "
             "(one LLM worker per core, `ray.llm_shards_per_worker` shards at once on each).\n\n"
             + table(["run", "cap", "latency s", "ideal req/s", "chat calls", "span s", "requests/s", "share of ideal",

@@ -392,7 +392,9 @@ class FakeOpenAI(LoopbackServer):
         (the first 120 characters of the first message: which prompt, hence which stage, sent it) and
         `answer` (the id in the reply text, "fake reply <answer>" for a plain call: finds the reply in a
         call cache), `n` (asked), `choices` (answered) and `cached_tokens`. `embeddings`: one entry per
-        embeddings request: `t`, `done`, `outcome` and `inputs` (how many texts it carried)."""
+        embeddings request: `t`, `done`, `outcome` and `inputs` (how many texts it carried). With
+        `?bodies=1` each chat entry also carries its request `body` (a benchmark replays them)."""
+        bodies = request.query.get("bodies") == "1"
         with self._lock:
             chat = [{"t": r["t"], "done": r["done"], "key": _hash(r["body"])[:16], "outcome": r["outcome"],
                      "structured": bool(r["body"].get("response_format")),
@@ -402,7 +404,7 @@ class FakeOpenAI(LoopbackServer):
                      + int(r["body"].get("max_tokens") or 0),
                      "head": str((r["body"].get("messages") or [{}])[0].get("content") or "")[:120],
                      "answer": _answer_id(r["body"]), "n": r.get("n"), "choices": r.get("choices"),
-                     "cached_tokens": r.get("cached_tokens")}
+                     "cached_tokens": r.get("cached_tokens"), **({"body": r["body"]} if bodies else {})}
                     for r in self.requests if r["path"] == "/v1/chat/completions"]
             embeddings = [{"t": r["t"], "done": r["done"], "outcome": r["outcome"],
                            "inputs": len(r["body"].get("input") or []) if isinstance(r["body"].get("input"), list)

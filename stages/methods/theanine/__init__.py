@@ -164,10 +164,14 @@ class Theanine(Method[TheanineSettings]):
         by_id: dict[str, dict] = {}
         vectors: dict[str, np.ndarray] = {}
         out: dict[str, list[dict]] = {t: [] for t in self.memory}
-        # A session's memories are summarised from its own turns alone, so every session's summary is
-        # asked at once; only the linking waits for the graph the sessions before it built.
-        summaries = {s: asyncio.ensure_future(attempt(summarize_session(ctx.llm, turns, s, settings.max_memories)))
-                     for s, turns in episode.sessions.items()}
+        # A session's memories are summarised (and embedded) from its own turns alone, so every
+        # session's are asked at once; only the linking waits for the graph the sessions before it built.
+        async def summarized(s: int, turns: list[dict]) -> tuple[list[str] | None, dict[str, Any], np.ndarray]:
+            events, failed = await attempt(summarize_session(ctx.llm, turns, s, settings.max_memories))
+            vectors = np.asarray(await ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
+            return events, failed, vectors
+
+        summaries = {s: asyncio.ensure_future(summarized(s, turns)) for s, turns in episode.sessions.items()}
         with asked_ahead(summaries.values()):
             await self._build_sessions(ctx, episode, summaries, graph, by_id, vectors, out)
         return out
@@ -178,12 +182,11 @@ class Theanine(Method[TheanineSettings]):
         """Algorithm 1 session by session: each session's summarised memories linked to the graph."""
         settings, eid = ctx.settings, episode.episode["episode_id"]
         for s, turns in episode.sessions.items():
-            events, failed = await summaries[s]
+            events, failed, new_vectors = await summaries[s]
             if events is None:  # no memories from this session; the build goes on
                 out["build_log"].append({**after_session(eid, s), "memories": 0, "link_calls": 0, **failed})
                 continue
             new = memory_rows(eid, s, turns, events)
-            new_vectors = np.asarray(await ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
             edges, labels = await self.link(ctx.llm, graph, by_id, vectors, new, new_vectors, episode.sessions,
                                             settings)
             for m, v in zip(new, new_vectors):
