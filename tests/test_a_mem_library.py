@@ -1,0 +1,140 @@
+"""`a_mem`: the A-MEM fork on PyPI (a-mem 0.2.6), unchanged, as a method: its note analysis and evolution
+calls through the gateway to the fake server (counted, cached, budgeted), its embeddings by the
+packaged MiniLM, nothing off this machine, its failures failed rows."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.artifacts import StageDir
+from pipeline.errors import RunStopped
+from stages.methods import METHODS, a_mem_library  # before the library itself: litellm's cost map local
+from stages.testing import run_method
+
+pytest.importorskip("agentic_memory", reason="a-mem (the A-MEM fork) is part of the test install")
+
+SETS = ["probes.max_qa_per_episode=2", "probes.max_per_episode=1"]
+# Each run has the library build ChromaDB stores with MiniLM embeddings: scheduled among the first.
+pytestmark = pytest.mark.heavy(seconds=10)
+
+
+def schema_of(body: dict[str, Any]) -> dict[str, Any]:
+    rf = body.get("response_format") or {}
+    return (rf.get("json_schema") or {}).get("schema") or {} if rf.get("type") == "json_schema" else {}
+
+
+def amem_answers(body: dict[str, Any]) -> str | None:
+    """A-MEM's two JSON answers, scripted: the analysis names the note's words; evolution links the new
+    note to its nearest neighbour and retags it."""
+    props = schema_of(body).get("properties") or {}
+    prompt = body["messages"][-1]["content"]
+    if "should_evolve" in props:
+        neighbours = re.findall(r"memory_id:(\S+)\t", prompt)
+        return json.dumps({"should_evolve": bool(neighbours), "actions": ["strengthen"],
+                           "suggested_connections": neighbours[:1], "tags_to_update": ["linked"],
+                           "new_context_neighborhood": [], "new_tags_neighborhood": []})
+    if "keywords" in props:
+        words = re.findall(r"[a-z]{4,}", prompt.rsplit("\n", 1)[-1].lower())[:3] or ["chat"]
+        return json.dumps({"keywords": words, "context": f"talk about {words[0]}", "tags": ["conversation"]})
+    return None
+
+
+def amem_run(fake: Any, work: Path, *sets: str) -> dict[str, Any]:
+    fake.responder = amem_answers
+    return run_method(METHODS["a_mem"], fake.base_url, work, sets=[*SETS, *sets])
+
+
+def test_a_mem_builds_notes_by_session_answers_from_its_search_counts_every_call_and_reruns_from_cache(
+        fake_llm, tmp_path, monkeypatch):
+    seen: list[Any] = []
+    connect = socket.socket.connect
+
+    def spy(self: socket.socket, address: Any) -> Any:
+        seen.append(address)
+        return connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", spy)
+    tables = amem_run(fake_llm, tmp_path / "a")
+    remote = [a for a in seen if isinstance(a, tuple) and a[0] not in ("127.0.0.1", "::1", "localhost")]
+    assert seen and not remote  # nothing left the machine (no hub, no telemetry, no cost map)
+    notes = tables["memory_a_mem.notes"].to_pylist()
+    by_session: dict[int, set[str]] = {}
+    for n in notes:
+        by_session.setdefault(n["snapshot_session"], set()).add(n["note_id"])
+    sessions = sorted(by_session)
+    assert len(sessions) > 1 and all(by_session[a] < by_session[b] for a, b in zip(sessions, sessions[1:]))  # grows
+    assert all(n["keywords"] and n["context"].startswith("talk about") and n["timestamp"] for n in notes)
+    assert all(n["content"].split(": ", 1)[0] == n["speaker"] for n in notes)
+    # evolution ran: later notes link to notes that exist, and carry the tags it gave them
+    last = [n for n in notes if n["snapshot_session"] == sessions[-1]]
+    linked = [n for n in last if n["links"]]
+    assert linked and all(set(n["links"]) <= by_session[sessions[-1]] for n in linked)
+    assert all(n["tags"] == ["linked"] for n in linked)
+    answers = [r for r in tables["respond_a_mem.responses"].to_pylist() if r["probe_id"].startswith("qa:")]
+    assert answers and all(r["error"] is None and r["memory_ids"] for r in answers)
+    known = {n["note_id"] for n in notes}
+    assert all(set(r["memory_ids"]) <= known for r in answers)
+    # every request the library made is in the memory stage's manifest, under its method
+    usage = StageDir(tmp_path / "a" / "artifacts" / "test-a_mem", "memory_a_mem").manifest().llm_usage
+    sent = fake_llm.count()
+    readers = len(tables["respond_a_mem.responses"].to_pylist())
+    assert sum(u.requests for u in usage.values()) + readers == sent
+    assert all(set(u.cost_by_method) == {"a_mem"} for u in usage.values())
+    assert not any(r["path"] == "/v1/embeddings" for r in fake_llm.requests)  # MiniLM in ChromaDB embeds
+    # a warm rerun, in a fresh run folder on the same call cache: the library's prompts repeat exactly
+    import shutil
+    shutil.copytree(tmp_path / "a" / "llm-cache", tmp_path / "b" / "llm-cache")
+    again = amem_run(fake_llm, tmp_path / "b")
+    assert fake_llm.count() == sent
+    assert again["memory_a_mem.notes"].to_pylist() == notes
+
+
+def test_a_library_exception_on_one_episode_is_that_episodes_failure(fake_llm, tmp_path, monkeypatch):
+    add = a_mem_library._add_session
+
+    def failing(system: Any, notes: list) -> None:
+        if notes and notes[0][0].startswith(second_episode(tmp_path)):
+            raise RuntimeError("chroma went away")
+        add(system, notes)
+
+    monkeypatch.setattr(a_mem_library, "_add_session", failing)
+    tables = amem_run(fake_llm, tmp_path, "corpus.limit=2")
+    failures = tables["memory_a_mem.build_failures"].to_pylist()
+    assert [f["episode_id"] for f in failures] == [second_episode(tmp_path)]
+    assert "chroma went away" in failures[0]["error"]
+    answers = tables["respond_a_mem.responses"].to_pylist()
+    assert all(r["error"] is None for r in answers if r["episode_id"] != second_episode(tmp_path))
+    assert any(r["error"] for r in answers if r["episode_id"] == second_episode(tmp_path))
+
+
+def second_episode(_: Path) -> str:
+    from stages.testing import SAMPLE_CORPUS
+    lines = (SAMPLE_CORPUS / "episodes.jsonl").read_text().splitlines()
+    return json.loads(lines[1])["episode_id"]
+
+
+def test_an_error_the_library_swallows_fails_the_episode(fake_llm, tmp_path):
+    fake_llm.reject_formats = {"json_schema"}  # every analysis / evolution call refused; the library goes on
+    tables = run_method(METHODS["a_mem"], fake_llm.base_url, tmp_path, sets=SETS)
+    failures = tables["memory_a_mem.build_failures"].to_pylist()
+    assert failures and "gateway error" in failures[0]["error"]
+
+
+def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
+    with pytest.raises(RunStopped):
+        amem_run(fake_llm, tmp_path, "llm.max_cost_usd=0.000001",
+                 'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
+
+
+def test_a_missing_library_is_one_line_naming_the_package(monkeypatch):
+    from pipeline.errors import ConfigError
+
+    monkeypatch.setattr(a_mem_library.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"pip install a-mem==0\.2\.6"):
+        METHODS["a_mem"].check_installed()
