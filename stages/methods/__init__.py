@@ -28,6 +28,7 @@ from stages.methods.creem import Creem, CreemNoPreblend, CreemNoRefine
 from stages.methods.ld_agent import LDAgent
 from stages.methods.langmem_library import LangMemLibrary
 from stages.methods.a_mem_library import AMemLibrary
+from stages.methods.graphiti_library import GraphitiLibrary
 from stages.methods.mem0_library import Mem0Library
 from stages.methods.rsum import RSum
 from stages.methods.secom.retrieval import SeCom, SessionLevel, TurnLevel
@@ -43,6 +44,7 @@ BUILT_IN: dict[str, Method] = {m.name: m for m in [
     AllContext(), PartContext(), LDAgent(), LDAgentBase(), Creem(), CreemNoRefine(), CreemNoPreblend(), Golden(),
     MemoChat(), Comedy(),
     Mem0Style(), Mem0Library(),
+    GraphitiLibrary(),
     AMemLibrary(),
     LangMemLibrary(),
 ]}
