@@ -34,9 +34,9 @@ from stages.report.tables import SUMMARY_TABLES, answer_summary, metric_summary,
 from stages.scoring.response_metrics import COLUMN_SCORERS, RESPONSE_METRICS, score_rows
 
 CONFIG = "locomo_memory_systems"
-METHODS = ["mem0_style", "full_history", "turn", "secom", "theanine"]
+METHODS = ["mem0", "graphiti", "langmem", "a_mem", "mem0_style", "full_history", "turn", "secom", "theanine"]
 # The systems of the mem0 paper's tables this config does not run: their rows stay `not produced`.
-NOT_RUN = {"mem0_graph", "zep", "langmem", "openai_memory", "a_mem"} | {
+NOT_RUN = {"mem0_graph", "openai_memory"} | {
     f"rag_k{k}_chunk{c}" for k in (1, 2) for c in (128, 256, 512, 1024, 2048, 4096, 8192)} - {"rag_k2_chunk256"}
 # mem0's table columns -> our name of the LoCoMo category each is (pipeline/corpus/locomo.py numbers them
 # 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).
@@ -309,11 +309,11 @@ def test_table_1s_categories_weighted_by_locomos_counts_give_table_2s_overall_j(
 
 
 def test_the_report_shows_the_published_rows_beside_ours_and_the_systems_we_do_not_run_as_not_produced():
-    rows, _ = _judged(["mem0_style", "full_history"], lambda messages, schema: {
-        "reason": "r", "label": "CORRECT" if "mem0_style" in messages[1]["content"] else "WRONG"})
+    rows, _ = _judged(["mem0", "full_history"], lambda messages, schema: {
+        "reason": "r", "label": "CORRECT" if "mem0 answer" in messages[1]["content"] else "WRONG"})
     cfg = sheet_config(CONFIG)
     summary = reproduction_summary(cfg, [("configs/locomo_memory_systems.yaml", cfg.paper)],
-                                   {"answer_summary": answer_summary(pl.DataFrame(rows), reference="mem0_style")})
+                                   {"answer_summary": answer_summary(pl.DataFrame(rows), reference="mem0")})
     got = {r["name"]: r for r in summary.filter(pl.col("kind") == "result").iter_rows(named=True)}
     assert len(got) == len(cfg.paper.results)
     mem0 = got["Mem0, overall J"]
@@ -357,7 +357,7 @@ def test_mem0s_bleu1_is_nltks_smoothed_sentence_bleu_of_word_tokenize_tokens():
 
 def _scored_locomo(answers: dict[str, str | None], episode: str = "e1") -> list[dict]:
     return [{"episode_id": episode, "dataset": "locomo", "probe_id": f"qa:{c}", "kind": "qa", "category": c,
-             "method": "mem0_style", "session_idx": 20, "response": answers[c],
+             "method": "mem0", "session_idx": 20, "response": answers[c],
              "gold": None if c == "adversarial" else "7 May 2023"} for c in CATEGORIES]
 
 
