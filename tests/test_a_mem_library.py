@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from library_methods import OVER_BUDGET, assert_only_episode_failed, off_machine, record_connections
 from pipeline.artifacts import StageDir
 from pipeline.errors import RunStopped
 from stages.methods import METHODS, a_mem_library  # before the library itself: litellm's cost map local
@@ -63,22 +63,13 @@ def test_a_mem_builds_notes_by_session_answers_from_its_search_counts_every_call
         add(system, notes)
 
     monkeypatch.setattr(a_mem_library, "_add_session", failing)
-    seen: list[Any] = []
-    connect = socket.socket.connect
-
-    def spy(self: socket.socket, address: Any) -> Any:
-        seen.append(address)
-        return connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", spy)
+    seen = record_connections(monkeypatch)
     tables = amem_run(fake_llm, tmp_path / "a", "corpus.limit=2")
-    remote = [a for a in seen if isinstance(a, tuple) and a[0] not in ("127.0.0.1", "::1", "localhost")]
+    remote = off_machine(seen)
     assert seen and not remote  # nothing left the machine (no hub, no telemetry, no cost map)
     # a library exception on one episode is that episode's failure, its answers failed rows
-    failures = tables["memory_a_mem.build_failures"].to_pylist()
-    assert [f["episode_id"] for f in failures] == ["sample-02"] and "chroma went away" in failures[0]["error"]
+    assert_only_episode_failed(tables, "a_mem", "sample-02", "chroma went away")
     responses = tables["respond_a_mem.responses"].to_pylist()
-    assert any(r["error"] for r in responses if r["episode_id"] == "sample-02")
     notes = tables["memory_a_mem.notes"].to_pylist()
     assert {n["episode_id"] for n in notes} == {"sample-01"}
     by_session: dict[int, set[str]] = {}
@@ -121,13 +112,4 @@ def test_an_error_the_library_swallows_fails_the_episode(fake_llm, tmp_path):
 
 def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
     with pytest.raises(RunStopped):
-        amem_run(fake_llm, tmp_path, "llm.max_cost_usd=0.000001",
-                 'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
-
-
-def test_a_missing_library_is_one_line_naming_the_package(monkeypatch):
-    from pipeline.errors import ConfigError
-
-    monkeypatch.setattr(a_mem_library.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"pip install a-mem==0\.2\.6"):
-        METHODS["a_mem"].check_installed()
+        amem_run(fake_llm, tmp_path, *OVER_BUDGET)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from library_methods import OVER_BUDGET, assert_only_episode_failed, off_machine, record_connections
 from pipeline.artifacts import StageDir
 from pipeline.errors import RunStopped
 from stages.methods import METHODS, graphiti_library  # before graphiti itself: its telemetry off
@@ -67,13 +67,6 @@ def test_graphiti_builds_its_graph_by_session_answers_from_its_search_counts_eve
         fake_llm, tmp_path, monkeypatch):
     # One run (each costs ~25 s on this corpus) shows it all: the graph, the answers, the counts,
     # no connection off the machine, a library exception on one episode failing that episode only.
-    seen: list[Any] = []
-    connect = socket.socket.connect
-
-    def spy(self: socket.socket, address: Any) -> Any:
-        seen.append(address)
-        return connect(self, address)
-
     add = graphiti_library._add_episode
 
     async def failing(graph: Any, group_id: str, *rest: Any) -> None:
@@ -81,7 +74,7 @@ def test_graphiti_builds_its_graph_by_session_answers_from_its_search_counts_eve
             raise RuntimeError("kuzu went away")
         await add(graph, group_id, *rest)
 
-    monkeypatch.setattr(socket.socket, "connect", spy)
+    seen = record_connections(monkeypatch)
     monkeypatch.setattr(graphiti_library, "_add_episode", failing)
     monkeypatch.setenv("GRAPHITI_TELEMETRY_ENABLED", "true")  # the adapter turns it off again
     tables = graphiti_run(fake_llm, tmp_path, "corpus.limit=2")
@@ -103,9 +96,7 @@ def test_graphiti_builds_its_graph_by_session_answers_from_its_search_counts_eve
     ours = [r for r in answers if r["episode_id"] == "sample-01" and r["probe_id"].startswith("qa:")]
     assert ours and all(r["error"] is None and r["memory_ids"] for r in ours)
     assert all(set(r["memory_ids"]) <= {m["uuid"] for m in rows} for r in ours)
-    failures = tables["memory_graphiti.build_failures"].to_pylist()
-    assert [f["episode_id"] for f in failures] == ["sample-02"] and "kuzu went away" in failures[0]["error"]
-    assert any(r["error"] for r in answers if r["episode_id"] == "sample-02")
+    assert_only_episode_failed(tables, "graphiti", "sample-02", "kuzu went away")
     # the library spoke /v1/responses (structured output) and its reranker chat with logprobs
     assert any(r["path"] == "/v1/responses" for r in fake_llm.requests)
     # every request the library made while building is in the memory stage's manifest, under its method
@@ -113,7 +104,7 @@ def test_graphiti_builds_its_graph_by_session_answers_from_its_search_counts_eve
     built = sum(1 for r in fake_llm.requests if r["path"] == "/v1/responses")
     assert sum(u.requests for u in usage.values()) == built
     assert all(set(u.cost_by_method) == {"graphiti"} for u in usage.values())
-    remote = [a for a in seen if isinstance(a, tuple) and a[0] not in ("127.0.0.1", "::1", "localhost")]
+    remote = off_machine(seen)
     assert seen and not remote
     assert graphiti_library.os.environ["GRAPHITI_TELEMETRY_ENABLED"] == "false"
 
@@ -124,13 +115,4 @@ def test_graphiti_builds_its_graph_by_session_answers_from_its_search_counts_eve
 
 def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
     with pytest.raises(RunStopped):
-        graphiti_run(fake_llm, tmp_path, "corpus.limit=1", "llm.max_cost_usd=0.000001",
-                     'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
-
-
-def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
-    from pipeline.errors import ConfigError
-
-    monkeypatch.setattr(graphiti_library.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"pip install -e '\.\[graphiti\]'"):
-        METHODS["graphiti"].check_installed()
+        graphiti_run(fake_llm, tmp_path, "corpus.limit=1", *OVER_BUDGET)

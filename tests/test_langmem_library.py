@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from library_methods import OVER_BUDGET, assert_only_episode_failed, off_machine, record_connections
 from pipeline.artifacts import StageDir
 from pipeline.errors import RunStopped
 from stages.methods import METHODS, langmem_library
@@ -40,16 +40,9 @@ def langmem_run(fake: Any, work: Path, *sets: str) -> dict[str, Any]:
 
 def test_langmem_builds_its_store_by_session_answers_from_its_search_and_nothing_leaves(fake_llm, tmp_path,
                                                                                      monkeypatch):
-    seen: list[Any] = []
-    connect = socket.socket.connect
-
-    def spy(self: socket.socket, address: Any) -> Any:
-        seen.append(address)
-        return connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", spy)
+    seen = record_connections(monkeypatch)
     tables = langmem_run(fake_llm, tmp_path)
-    remote = [a for a in seen if isinstance(a, tuple) and a[0] not in ("127.0.0.1", "::1", "localhost")]
+    remote = off_machine(seen)
     assert seen and not remote
 
     memories = tables["memory_langmem.memories"].to_pylist()
@@ -102,17 +95,12 @@ def test_a_library_exception_on_one_episode_is_that_episodes_failure(fake_llm, t
 
     monkeypatch.setattr(langmem_library, "_extract", failing)
     tables = langmem_run(fake_llm, tmp_path, "corpus.limit=2")
-    failures = tables["memory_langmem.build_failures"].to_pylist()
-    assert [f["episode_id"] for f in failures] == ["sample-02"] and "the store went away" in failures[0]["error"]
-    answers = tables["respond_langmem.responses"].to_pylist()
-    assert all(r["error"] is None for r in answers if r["episode_id"] == "sample-01")
-    assert any(r["error"] for r in answers if r["episode_id"] == "sample-02")
+    assert_only_episode_failed(tables, "langmem", "sample-02", "the store went away")
 
 
 def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
     with pytest.raises(RunStopped):
-        langmem_run(fake_llm, tmp_path, "llm.max_cost_usd=0.000001",
-                    'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
+        langmem_run(fake_llm, tmp_path, *OVER_BUDGET)
 
 
 def test_tracing_is_off_and_new_names_are_random_outside_a_pinned_seed():
@@ -122,11 +110,3 @@ def test_tracing_is_off_and_new_names_are_random_outside_a_pinned_seed():
     assert all(os.environ[v] == "false" for v in ("LANGCHAIN_TRACING_V2", "LANGSMITH_TRACING"))
     assert langmem_library._UUID.uuid4() != langmem_library._UUID.uuid4()
     assert langmem_library._UUID.uuid5 is uuid.uuid5
-
-
-def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
-    from pipeline.errors import ConfigError
-
-    monkeypatch.setattr(langmem_library.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"pip install -e '\.\[langmem\]'"):
-        METHODS["langmem"].check_installed()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from library_methods import OVER_BUDGET, assert_only_episode_failed, off_machine, record_connections
 from pipeline.artifacts import StageDir
 from pipeline.errors import RunStopped
 from stages.methods import METHODS, mem0_library  # before mem0 itself: its telemetry off
@@ -75,16 +75,9 @@ def test_a_warm_rerun_sends_nothing_even_on_another_day(fake_llm, tmp_path, monk
 
 
 def test_nothing_leaves_the_machine(fake_llm, tmp_path, monkeypatch):
-    seen: list[Any] = []
-    connect = socket.socket.connect
-
-    def spy(self: socket.socket, address: Any) -> Any:
-        seen.append(address)
-        return connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", spy)
+    seen = record_connections(monkeypatch)
     mem0_run(fake_llm, tmp_path)
-    remote = [a for a in seen if isinstance(a, tuple) and a[0] not in ("127.0.0.1", "::1", "localhost")]
+    remote = off_machine(seen)
     assert seen and not remote
 
 
@@ -98,17 +91,12 @@ def test_a_library_exception_on_one_episode_is_that_episodes_failure(fake_llm, t
 
     monkeypatch.setattr(mem0_library, "_add", failing)
     tables = mem0_run(fake_llm, tmp_path, "corpus.limit=2")
-    failures = tables["memory_mem0.build_failures"].to_pylist()
-    assert [f["episode_id"] for f in failures] == ["sample-02"] and "qdrant went away" in failures[0]["error"]
-    answers = tables["respond_mem0.responses"].to_pylist()
-    assert all(r["error"] is None for r in answers if r["episode_id"] == "sample-01")
-    assert any(r["error"] for r in answers if r["episode_id"] == "sample-02")
+    assert_only_episode_failed(tables, "mem0", "sample-02", "qdrant went away")
 
 
 def test_a_budget_stops_it_like_any_stage(fake_llm, tmp_path):
     with pytest.raises(RunStopped):
-        mem0_run(fake_llm, tmp_path, "llm.max_cost_usd=0.000001",
-                 'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}')
+        mem0_run(fake_llm, tmp_path, *OVER_BUDGET)
 
 
 def test_plan_leaves_a_librarys_calls_to_a_calibration(run_cfg, fake_llm):
@@ -123,11 +111,3 @@ def test_plan_leaves_a_librarys_calls_to_a_calibration(run_cfg, fake_llm):
     assert NOT_ESTIMATED in stages["memory_mem0"].why and stages["memory_mem0"].total()["calls"] == 0
     assert stages["memory_rsum"].total()["calls"] > 0 and NOT_ESTIMATED not in stages["memory_rsum"].why
     assert fake_llm.count() == 0
-
-
-def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch):
-    from pipeline.errors import ConfigError
-
-    monkeypatch.setattr(mem0_library.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"pip install -e '\.\[mem0\]'"):
-        METHODS["mem0"].check_installed()

@@ -39,11 +39,14 @@ def test_every_config_keeps_the_stages_it_ran_before_without_a_stage_list(config
     cfg = load_config(ROOT / "configs" / config)
     assert cfg.stages is None, "the graph is derived: a shipped config lists no stages"
     graph = list(registry(cfg))
-    # Stages added since the hand-written graph, each in every config whose run has their work.
+    before = BEFORE[config]
+    # Stages added since the hand-written graph, each in every config whose run has their work; and
+    # the memory / respond stages of methods a config selected since (the systems board's libraries).
     added = {"diagnose": cfg.diagnose.enabled and cfg.probes.qa and bool(cfg.methods)}
+    added |= {f"{kind}_{m}": True for m in cfg.methods if f"respond_{m}" not in before for kind in ("memory", "respond")
+              if f"{kind}_{m}" in graph}
     assert {n for n in graph if n in added} == {n for n, wanted in added.items() if wanted}
     derived = [n for n in graph if n not in added]
-    before = BEFORE[config]
     # Same order for what both hold; what the derived graph leaves out had nothing to do.
     assert [n for n in before if n in derived] == derived
     for name in set(before) - set(derived):

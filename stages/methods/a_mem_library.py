@@ -45,7 +45,6 @@ fails it too, as does a search the library logged as failed; a budget stop stops
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import tempfile
@@ -227,6 +226,8 @@ def _search(system: Any, query: str, top_k: int, how: str) -> list[str]:
 class AMemLibrary(Method[AMemSettings]):
     name = "a_mem"
     library = PACKAGE
+    library_modules = (MODULE,)
+    library_extra = "a_mem"
     Settings = AMemSettings
     memory = {"notes": NOTES}
     memory_kind = "snapshots"
@@ -269,10 +270,6 @@ class AMemLibrary(Method[AMemSettings]):
         hits = [by_id[i] for i in dict.fromkeys(found) if i in by_id]
         return await read_memories(ctx.llm, probe, speaker_groups(probe, hits), [h["note_id"] for h in hits],
                                    settings, {"notes_stored": len(stored), "search": settings.search})
-
-    def check_installed(self) -> None:
-        if importlib.util.find_spec(MODULE) is None:
-            raise ConfigError(f"method a_mem needs the {PACKAGE} package: pip install {PACKAGE}==0.2.6")
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]],
                     settings: AMemSettings) -> str | None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Iterable, Iterator, Literal, TypeVar
@@ -41,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.errors import ConfigError
 from pipeline.llm.types import ChatLLM
 from pipeline.stage import Rows
 
@@ -105,6 +107,13 @@ class MethodContext(Generic[S]):
     settings: S  # the method's `Settings`, as configured under `method.<name>`
     llm: ChatLLM  # the client of the role this call plays (`build_role` / `answer_role`)
     embed: Embed | None = None  # None unless the method `uses_embedder`
+
+    async def embedding_dims(self) -> int:
+        """The width of the run's embedder's vectors (a library sizes its vector store by it)."""
+        if self.embed is None:
+            raise ConfigError("this method embeds through the run's embedder, which its context lacks "
+                              "(its `uses_embedder` is false?)")
+        return len((await self.embed(["dimensions"]))[0])
 
 
 @dataclass
@@ -183,6 +192,9 @@ class Method(Generic[S]):
     # The third-party package it runs unchanged, through the gateway (pipeline/llm/gateway.py), e.g.
     # "mem0ai"; None for ours. Its calls are the library's: plan estimates them from a calibration only.
     library: ClassVar[str | None] = None
+    # The modules that library installs (checked before a run) and the pyproject extra that installs it.
+    library_modules: ClassVar[tuple[str, ...]] = ()
+    library_extra: ClassVar[str | None] = None
     # How `diagnose` checks a probe's evidence (MemoryEvidence); None: `judge` for a method with memory
     # tables, else `turns_in_context`.
     memory_evidence: ClassVar[MemoryEvidence | None] = None
@@ -217,6 +229,10 @@ class Method(Generic[S]):
 
     def check_installed(self) -> None:
         """Raise ConfigError naming the extra to install when the library it runs is missing."""
+        missing = [m for m in self.library_modules if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ConfigError(f"method {self.name} needs the {self.library} package ({', '.join(missing)} not "
+                              f"installed): pip install -e '.[{self.library_extra}]'")
 
     @property
     def evidence_check(self) -> MemoryEvidence:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import tempfile
@@ -212,6 +211,8 @@ def date_range(row: dict[str, Any]) -> str:
 class GraphitiLibrary(Method[GraphitiSettings]):
     name = "graphiti"
     library = PACKAGE
+    library_modules = ("graphiti_core", "kuzu")
+    library_extra = EXTRA
     Settings = GraphitiSettings
     memory = {"graph": GRAPH}
     memory_kind = "snapshots"
@@ -220,7 +221,7 @@ class GraphitiLibrary(Method[GraphitiSettings]):
     async def build(self, ctx: MethodContext[GraphitiSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         eid = episode.episode["episode_id"]
         async with Gateway(ctx.llm, ctx.embed) as gw:
-            rows = await gw.call(build_graph, gw.base_url, self.name, await self._dims(ctx), eid,
+            rows = await gw.call(build_graph, gw.base_url, self.name, await ctx.embedding_dims(), eid,
                                  dict(episode.sessions), ctx.settings.episode_unit)
         return {"graph": rows}
 
@@ -232,7 +233,7 @@ class GraphitiLibrary(Method[GraphitiSettings]):
         entities: list[str] = []
         if stored:  # an empty graph has nothing to search: no gateway, no calls
             async with Gateway(ctx.llm, ctx.embed) as gw:
-                facts, entities = await gw.call(search_graph, gw.base_url, self.name, await self._dims(ctx), eid,
+                facts, entities = await gw.call(search_graph, gw.base_url, self.name, await ctx.embedding_dims(), eid,
                                                 stored, probe.request, settings.top_k, settings.include_nodes)
         by_uuid = {r["uuid"]: r for r in stored}
         speakers = " and ".join(probe.episode.get("speakers") or []) or "the speakers"
@@ -245,10 +246,6 @@ class GraphitiLibrary(Method[GraphitiSettings]):
                    "entities_stored": sum(r["kind"] == "entity" for r in stored)}
         return await read_memories(ctx.llm, probe, groups, used, settings, details)
 
-    def check_installed(self) -> None:
-        if importlib.util.find_spec("graphiti_core") is None or importlib.util.find_spec("kuzu") is None:
-            raise ConfigError(f"method graphiti needs the {PACKAGE} and kuzu packages: pip install -e '.[{EXTRA}]'")
-
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]],
                     settings: GraphitiSettings) -> str | None:
         if not memory.get("graph"):
@@ -256,12 +253,6 @@ class GraphitiLibrary(Method[GraphitiSettings]):
         last = max(r["snapshot_session"] for r in memory["graph"])  # the graph as the episode left it
         return "\n".join(f"[{r['kind']}] {r['text']}" + (f" ({date_range(r)})" if r["kind"] == "fact" else "")
                          for r in memory["graph"] if r["snapshot_session"] == last) or None
-
-    @staticmethod
-    async def _dims(ctx: MethodContext[GraphitiSettings]) -> int:
-        if ctx.embed is None:
-            raise ConfigError("method graphiti embeds through the run's embedder, which this context lacks")
-        return int(len((await ctx.embed(["dimensions"]))[0]))
 
 
 @contextlib.contextmanager

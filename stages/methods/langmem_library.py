@@ -29,7 +29,6 @@ answer's fails that row; an error the gateway answered fails it too, and a budge
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import threading
@@ -159,6 +158,8 @@ def memory_text(value: dict[str, Any]) -> tuple[str, str]:
 class LangMemLibrary(Method[LangMemSettings]):
     name = NAME
     library = PACKAGE
+    library_modules = ("langmem",)
+    library_extra = EXTRA
     Settings = LangMemSettings
     memory = {"memories": MEMORIES}
     memory_kind = "snapshots"
@@ -170,7 +171,7 @@ class LangMemLibrary(Method[LangMemSettings]):
         rows: list[dict] = []
         dated: dict[str, tuple[str, str | None]] = {}  # key -> (text, date of the session that wrote it)
         async with Gateway(ctx.llm, ctx.embed) as gw:
-            store = await gw.call(open_store, gw, await self._dims(ctx))
+            store = await gw.call(open_store, gw, await ctx.embedding_dims())
             manager = await gw.call(open_manager, gw, store, settings)
             for s, turns in sorted(episode.sessions.items()):
                 clock = session_clock(turns)
@@ -196,7 +197,7 @@ class LangMemLibrary(Method[LangMemSettings]):
         by_key = {(m["speaker"], m["memory_id"]): m for m in stored}
         groups: list[tuple[str, list[dict]]] = []
         async with Gateway(ctx.llm, ctx.embed) as gw:
-            store = await gw.call(open_store, gw, await self._dims(ctx))
+            store = await gw.call(open_store, gw, await ctx.embedding_dims())
             await gw.call(_load, store, stored)
             for speaker in speakers:
                 hits = await gw.call(_search, store, speaker, probe.request, settings.top_k) \
@@ -206,19 +207,9 @@ class LangMemLibrary(Method[LangMemSettings]):
         used = [m["memory_id"] for _, ms in groups for m in ms]
         return await read_memories(ctx.llm, probe, groups, used, settings, {"memories_stored": len(stored)})
 
-    def check_installed(self) -> None:
-        if importlib.util.find_spec("langmem") is None:
-            raise ConfigError(f"method langmem needs the {PACKAGE} package: pip install -e '.[{EXTRA}]'")
-
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]],
                     settings: LangMemSettings) -> str | None:
         return "\n".join(f"[{m['speaker']}] {m['text']}" for m in memory.get("memories", [])) or None
-
-    @staticmethod
-    async def _dims(ctx: MethodContext[LangMemSettings]) -> int:
-        if ctx.embed is None:
-            raise ConfigError("method langmem embeds through the run's embedder, which this context lacks")
-        return int(len((await ctx.embed(["dimensions"]))[0]))
 
 
 # --- library calls, each run in one of the gateway's threads -----------------------------------------

@@ -27,7 +27,6 @@ budget stop stops the run.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import tempfile
 import threading
@@ -147,6 +146,8 @@ def user_id(episode_id: str, speaker: str) -> str:
 class Mem0Library(Method[Mem0LibrarySettings]):
     name = "mem0"
     library = PACKAGE
+    library_modules = ("mem0",)
+    library_extra = EXTRA
     Settings = Mem0LibrarySettings
     memory = {"memories": MEMORIES}
     memory_kind = "snapshots"
@@ -157,7 +158,7 @@ class Mem0Library(Method[Mem0LibrarySettings]):
         speakers = list(episode.episode.get("speakers") or [])
         rows: list[dict] = []
         async with Gateway(ctx.llm, ctx.embed) as gw, _scratch() as folder:
-            dims = await self._dims(ctx)
+            dims = await ctx.embedding_dims()
             store = await gw.call(open_store, gw, self.name, dims, folder)
             for s, turns in sorted(episode.sessions.items()):
                 clock = session_clock(turns)
@@ -179,7 +180,7 @@ class Mem0Library(Method[Mem0LibrarySettings]):
         speakers = list(dict.fromkeys([*(probe.episode.get("speakers") or []), *(m["speaker"] for m in stored)]))
         groups: list[tuple[str, list[dict]]] = []
         async with Gateway(ctx.llm, ctx.embed) as gw, _scratch() as folder:
-            store = await gw.call(open_store, gw, self.name, await self._dims(ctx), folder)
+            store = await gw.call(open_store, gw, self.name, await ctx.embedding_dims(), folder)
             for speaker in speakers:
                 mine = [m for m in stored if m["speaker"] == speaker]
                 if not mine:
@@ -194,19 +195,9 @@ class Mem0Library(Method[Mem0LibrarySettings]):
         used = [m["memory_id"] for _, ms in groups for m in ms]
         return await read_memories(ctx.llm, probe, groups, used, settings, {"memories_stored": len(stored)})
 
-    def check_installed(self) -> None:
-        if importlib.util.find_spec("mem0") is None:
-            raise ConfigError(f"method mem0 needs the {PACKAGE} package: pip install -e '.[{EXTRA}]'")
-
     def memory_view(self, episode: EpisodeInput, memory: dict[str, list[dict]],
                     settings: Mem0LibrarySettings) -> str | None:
         return "\n".join(f"[{m['speaker']}] {m['text']}" for m in memory.get("memories", [])) or None
-
-    @staticmethod
-    async def _dims(ctx: MethodContext[Mem0LibrarySettings]) -> int:
-        if ctx.embed is None:
-            raise ConfigError("method mem0 embeds through the run's embedder, which this context lacks")
-        return int(len((await ctx.embed(["dimensions"]))[0]))
 
 
 @contextlib.asynccontextmanager
