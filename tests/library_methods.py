@@ -1,12 +1,16 @@
 """What every third-party library method's tests share (tests/test_*_library.py): the sockets a run
-opens, one episode's failure, and the settings that stop a run on its budget."""
+opens, one episode's failure, the answers' memories, the library's calls in the manifest, and the
+settings that stop a run on its budget."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from pipeline.artifacts import StageDir
 
 # A price no budget survives: the first call's cost passes max_cost_usd.
 OVER_BUDGET = ["llm.max_cost_usd=0.000001", 'llm.prices={"SmolLM2-135M-Instruct": {"input": 100.0, "output": 100.0}}']
@@ -38,3 +42,17 @@ def assert_only_episode_failed(tables: dict[str, pa.Table], method: str, episode
     answers = tables[f"respond_{method}.responses"].to_pylist()
     assert all(r["error"] is None for r in answers if r["episode_id"] != episode)
     assert any(r["error"] for r in answers if r["episode_id"] == episode)
+
+
+def assert_answers_name_stored(answers: list[dict[str, Any]], known: set[str]) -> None:
+    """Every answer stands and names the memories it read, each one the library stored."""
+    assert answers and all(r["error"] is None and r["memory_ids"] for r in answers)
+    assert all(set(r["memory_ids"]) <= known for r in answers)
+
+
+def library_calls(run_dir: Path, method: str) -> int:
+    """The requests the library made while building, from the memory stage's manifest, each billed
+    to `method`."""
+    usage = StageDir(run_dir, f"memory_{method}").manifest().llm_usage
+    assert all(set(u.cost_by_method) == {method} for u in usage.values())
+    return sum(u.requests for u in usage.values())
