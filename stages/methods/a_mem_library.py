@@ -61,6 +61,7 @@ from pipeline.llm.gateway import Gateway
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, ProbeInput,
                                  after_session)
 from stages.methods.baselines.mem0_style import Mem0Settings, read_memories
+from stages.methods.mem0_library import session_clock
 
 PACKAGE, MODULE = "a-mem", "agentic_memory"
 # Read when litellm / ChromaDB are imported: the packaged cost map (else litellm fetches it at import),
@@ -100,7 +101,7 @@ def _library() -> Any:
     try:
         from agentic_memory.memory_system import AgenticMemorySystem
     except ImportError as e:
-        raise ConfigError(f"method a_mem needs the {PACKAGE} package: pip install {PACKAGE}==0.2.6") from e
+        raise ConfigError(f"method a_mem needs the {PACKAGE} package: pip install -e '.[a_mem]'") from e
     return AgenticMemorySystem
 
 
@@ -145,16 +146,6 @@ def close_system(system: Any) -> None:
 
 def amem_time(when: datetime | None) -> str | None:
     return when.strftime("%Y%m%d%H%M") if when is not None else None
-
-
-def session_when(turns: list[dict]) -> datetime | None:
-    value = turns[0].get("session_time") if turns else None
-    if value is None or isinstance(value, datetime):
-        return value
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
 
 
 def note_id(episode_id: str, session: int, turn: int) -> str:
@@ -240,7 +231,7 @@ class AMemLibrary(Method[AMemSettings]):
             system = await gw.call(open_system, gw, self.name, folder, ctx.settings)
             try:
                 for s, turns in sorted(episode.sessions.items()):
-                    when = session_when(turns)
+                    when = session_clock(turns)
                     added = [(note_id(eid, s, i), f"{t['speaker']}: {t['text']}", amem_time(when))
                              for i, t in enumerate(turns)]
                     meta.update({nid: {"speaker": t["speaker"], "session_idx": s,
