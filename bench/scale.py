@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.artifacts import StageDir  # noqa: E402
 from pipeline.llm.types import LLMResult  # noqa: E402
-from stages.methods.shared.dialogue import sessions_of  # noqa: E402
+from stages.dialogue import sessions_of  # noqa: E402
 from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory  # noqa: E402
 from stages.methods.secom.retrieval import TurnLevel  # noqa: E402
 from stages.methods.theanine import Theanine  # noqa: E402

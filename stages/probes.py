@@ -21,7 +21,7 @@ from pydantic import Field, NonNegativeInt
 
 from pipeline.config import Section
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 
 def probe_view(probe: dict[str, Any], sessions: dict[int, Rows]) -> Rows:
     """The turns of its own session a probe sees, the same for the method that answers it and the

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 from stages.methods.shared.memory_response import answer_from_memory
 
 DIGESTS = pa.schema([*SNAPSHOT_FIELDS, pa.field("digest", pa.string())])

@@ -1,5 +1,6 @@
 """A stage's fingerprint covers the code it runs, found from its imports (never a hand list), and
-the method folder is sealed: a method imports `pipeline/` and `stages/methods/` only."""
+the method folder is sealed: a method imports `pipeline/`, `stages/methods/` and the floors below it
+(`stages.dialogue`, `stages.metrics`) only."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def method_stages(run: dict) -> set[str]:
 
 
 def test_editing_format_unit_reruns_every_method_that_shows_dialogue(every_stage, edit_source):
-    changed = changed_by(every_stage, edit_source, "stages.methods.shared.dialogue",
+    changed = changed_by(every_stage, edit_source, "stages.dialogue",
                          "f\"{t['speaker']}: {t['text']}\"", "f\"{t['speaker']} said: {t['text']}\"")
     # Every method formats dialogue (its prompts, its units, or its gold memory's turns); so does the
     # pairwise judge, which used to have a copy of its own.
@@ -109,18 +110,19 @@ def imports_of(module: str) -> set[str]:
 
 
 def test_methods_import_only_the_framework_other_methods_and_pure_metrics():
-    """STYLE.md: `stages/methods/` is sealed; what methods share lives below them. SeCom's reflection
-    scores its segmentations with WindowDiff from `stages.metrics`, a leaf of pure functions that
-    imports no stage (checked below)."""
+    """STYLE.md: `stages/methods/` is sealed; what methods share lives below them. Every method and judge
+    sees dialogue through `stages.dialogue`; SeCom's reflection scores its segmentations with WindowDiff
+    from `stages.metrics`; both are leaves that import no stage (checked below)."""
     leaks = {module: sorted(m for m in imports_of(module)
-                            if m.startswith("stages") and not m.startswith(("stages.methods", "stages.metrics")))
+                            if m.startswith("stages") and m != "stages.dialogue"
+                            and not m.startswith(("stages.methods", "stages.metrics")))
              for module in project_modules("stages.methods")}
     assert {m: bad for m, bad in leaks.items() if bad} == {}
 
 
 def test_metrics_import_no_stage_and_the_framework_never_imports_stages():
     metrics = {m: sorted(i for i in imports_of(m) if i.startswith("stages") and not i.startswith("stages.metrics"))
-               for m in project_modules("stages.metrics")}
+               for m in [*project_modules("stages.metrics"), "stages.dialogue"]}
     framework = {m: sorted(i for i in imports_of(m) if i.startswith("stages"))
                  for m in project_modules("pipeline")}
     assert {m: bad for m, bad in {**metrics, **framework}.items() if bad} == {}

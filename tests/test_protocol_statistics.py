@@ -16,7 +16,7 @@ from pipeline.corpus import load_corpus
 from pipeline.llm import DiskCallCache, LLMClient, LocalRateLimiter
 from stages.methods.shared import response
 from stages.methods.base import MethodContext, ProbeInput
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 from stages.methods.baselines.history import FullHistory, FullHistorySettings
 from stages.methods.secom.units import build_units, make_units
 

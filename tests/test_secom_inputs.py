@@ -16,7 +16,7 @@ from pipeline.runner import Runner
 from stages.methods.secom.stages.guidance import GUIDANCE_FILE
 from stages.methods.secom.stages.segment import load_guidance, stored_guidance
 from stages.methods.secom.stages.segment_settings import SegmentConfig
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 from stages.scoring.score import segmentation_rows
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -42,7 +42,7 @@ from stages.judging.judge_answers import UNANSWERABLE_CATEGORIES, evidence_ids
 from stages.judging.panel import F1, accepted, f1_score
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.methods.base import Method, MemoryItem, visible_memory
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 from stages.probes import PROBE_KEY_FIELDS, sample
 
 BUCKETS = ("correct", "correct_without_evidence", "missed_write", "missed_retrieval", "misread", "no_evidence",

@@ -36,7 +36,7 @@ from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows
 from stages.judging.panel import (F1, JUDGE_ROLE, PanelJudge, accepted, default_panel, f1_score, panel_roles,
                                   shown_category)
-from stages.methods.shared.dialogue import format_unit, sessions_of
+from stages.dialogue import format_unit, sessions_of
 from stages.probes import PROBE_KEY_FIELDS, sample
 
 ANSWER_JUDGMENTS = pa.schema(

@@ -30,7 +30,7 @@ from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_criteria_rows, sampled_rows
 from stages.judging.calls import RunSamples
 from stages.method_stages import memory_stage_name
-from stages.methods.shared.dialogue import format_unit, sessions_of
+from stages.dialogue import format_unit, sessions_of
 
 MemoryCriterion = Literal["integration", "consistency", "sophistication", "conciseness", "relevance",
                           "concreteness", "diversity"]

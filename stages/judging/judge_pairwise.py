@@ -38,7 +38,7 @@ from pydantic import Field, model_validator
 from pipeline.errors import ConfigError
 from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
-from stages.methods.shared.dialogue import last_turns, sessions_of
+from stages.dialogue import last_turns, sessions_of
 from stages.judging import pairwise
 from stages.judging.pairwise import Past, past_within, reference_shown_first, session_summaries, transcript
 from pipeline.llm.usage import billed_to

@@ -31,7 +31,7 @@ from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens, within_tokens
 from pipeline.stage import Rows
 from stages.judging.calls import RunSamples, ask_runs
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 CRITERIA = {
     "specificity": "Specificity: the response is concrete and particular to this conversation and this "

@@ -19,7 +19,7 @@ from pipeline.retrieval import count_tokens
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name
 from stages.methods.base import EpisodeInput, Method, MethodSettings, visible_memory
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 
 MEMORY_VIEW = pa.schema(
     [

@@ -14,7 +14,7 @@ from pipeline.shard import EpisodeUsage
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
 from stages.methods.base import Method, ProbeInput, point, visible_memory
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 from stages.probes import probe_view
 
 RESPONSES = pa.schema(

@@ -32,7 +32,7 @@ from stages.methods.shared import memory_response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
 from stages.methods.shared.session_memories import session_time, when
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 SUMMARY = pa.schema([
     *SNAPSHOT_FIELDS,  # the memory after session snapshot_session

@@ -31,7 +31,7 @@ from pipeline.config import Section
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.hashing import prompt_fingerprint
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 from stages.methods.shared.session_memories import session_time
 from stages.teabag import generate
 from stages.teabag.generate import Summary

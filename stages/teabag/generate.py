@@ -20,7 +20,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, Messages
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 from stages.methods.shared.session_memories import when
 
 SUMMARY_SYSTEM = (

@@ -17,7 +17,7 @@ from pydantic import Field
 from pipeline.llm.types import Messages
 from stages.methods.shared import response
 from stages.methods.base import Answer, Method, MethodContext, MethodSettings, ProbeInput
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 # App. D.3 (Prompts 3 and 4), in our words. Every instruction is kept: the respondent's role and
 # habits, the recent conversation to draw on, continue the dialogue in role, what the user just

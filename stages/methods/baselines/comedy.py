@@ -36,7 +36,7 @@ from pipeline.retrieval import count_tokens
 from stages.methods.shared import response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, MemoryItem, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 from stages.methods.shared.memory_response import ResponseStyle, closing_block
 from stages.methods.shared.session_memories import session_time, when
 

@@ -23,7 +23,7 @@ from pydantic import Field
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, Method, MethodContext, MethodSettings, ProbeInput
 from stages.methods.shared import memory_response
-from stages.methods.shared.dialogue import format_unit, unit_id
+from stages.dialogue import format_unit, unit_id
 from stages.methods.shared.response import QAPrompt, generate, longmemeval_content
 
 

@@ -59,7 +59,7 @@ from stages.methods.shared import memory_response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput)
 from stages.methods.shared import response
-from stages.methods.shared.dialogue import build_exchanges, format_unit, last_turns
+from stages.dialogue import build_exchanges, format_unit, last_turns
 from stages.methods.shared.session_memories import session_time
 
 FACTS = pa.schema([

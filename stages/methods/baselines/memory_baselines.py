@@ -31,7 +31,7 @@ from stages.methods.shared import memory_response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, after_session)
 from stages.methods.shared.session_memories import MEMORY_FIELDS, memory_lines, memory_rows, summarize_session
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 MEMORIES = pa.schema(MEMORY_FIELDS)
 POOL = pa.schema(MEMORY_FIELDS)  # the whole pool after each session (a `snapshots` memory)

@@ -67,7 +67,7 @@ from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, M
 from stages.methods.creem.prompts import (blend_messages, check_count, check_refined, first_session_messages,
                                           question_messages)
 from stages.methods.shared import memory_response, response
-from stages.methods.shared.dialogue import format_unit, last_turns
+from stages.dialogue import format_unit, last_turns
 from stages.metrics.significance import cluster_bootstrap_interval
 
 # A log: one row per change, keyed by the turn the step that made it read up to (snapshot_turn),

@@ -68,7 +68,7 @@ from stages.methods.baselines.chatgpt import LDAgentBaseSettings, partner, raw_r
 from stages.methods.ld_agent.prompts import NO_TRAIT, PROMPTS, persona_messages, reply_messages, summary_messages
 from stages.methods.shared import memory_response
 from stages.methods.shared.spacy_model import SPACY_MODELS, spacy_model
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed

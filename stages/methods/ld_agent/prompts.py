@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pipeline.llm.types import Messages
 from stages.methods.baselines.chatgpt import PROMPTS as FRAME_PROMPTS
 from stages.methods.baselines.chatgpt import frame_messages
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 NO_TRAIT = "NO_TRAIT"
 NO_MEMORY = "No relevant memory."

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pipeline.llm.types import ChatLLM, LLMError, Messages
-from stages.methods.shared.dialogue import Span, build_exchanges
+from stages.dialogue import Span, build_exchanges
 
 Unit = Literal["exchange", "turn"]
 AnswerFormat = Literal["spans", "starts", "counted"]

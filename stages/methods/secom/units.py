@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from pipeline.retrieval import Retriever, count_tokens
 from pipeline.stage import Rows
-from stages.methods.shared.dialogue import Span, build_exchanges, format_unit, unit_id
+from stages.dialogue import Span, build_exchanges, format_unit, unit_id
 
 UNIT_FIELDS = [
     pa.field("episode_id", pa.string(), nullable=False),

@@ -29,7 +29,7 @@ from pipeline.llm.types import ChatLLM, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.shared import response
 from stages.methods.base import Answer, ProbeInput
-from stages.methods.shared.dialogue import format_unit, in_time_order
+from stages.dialogue import format_unit, in_time_order
 
 ResponseStyle = Literal["paper", "short", "rsum"]
 

@@ -27,7 +27,7 @@ from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
 from stages.methods.shared import mem0_rag
-from stages.methods.shared.dialogue import build_exchanges, format_unit, in_time_order
+from stages.dialogue import build_exchanges, format_unit, in_time_order
 
 # How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned"),
 # `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`), or

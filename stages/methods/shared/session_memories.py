@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.llm.types import ChatLLM, Messages
 from stages.methods.base import SNAPSHOT_FIELDS, after_session
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 
 # One row per memory, keyed by the end of the session it was summarised from (a `log` memory).
 MEMORY_FIELDS = [

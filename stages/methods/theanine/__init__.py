@@ -43,7 +43,7 @@ from pipeline.retrieval import count_tokens, within_tokens
 from stages.methods.shared import response
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings,
                                  ProbeInput, ReportPanel, after_session, asked_ahead)
-from stages.methods.shared.dialogue import format_unit
+from stages.dialogue import format_unit
 from stages.methods.shared.session_memories import (
     MEMORY_FIELDS,
     memory_lines,

@@ -16,7 +16,7 @@ from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
 from pipeline.errors import PipelineError
 from pipeline.stage import GlobalStage, StageContext
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 from stages.methods.secom import reflection
 from stages.methods.secom.stages.segment_settings import SegmentConfig
 

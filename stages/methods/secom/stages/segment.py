@@ -13,7 +13,7 @@ from pipeline.artifacts import read_text
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.storage import join
 from pipeline.stage import EpisodeStage, Rows, StageContext
-from stages.methods.shared.dialogue import sessions_of
+from stages.dialogue import sessions_of
 from stages.methods.secom import segmentation
 from stages.methods.secom.stages.guidance import GUIDANCE_FILE
 from stages.methods.secom.stages.segment_settings import SegmentConfig
