@@ -12,7 +12,7 @@ from pipeline.artifacts import StageDir
 from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.report import compared_sheets
 from stages.scaffold import add_new_method_command
-from stages.scorers import scorer
+from stages.report.scorers import scorer
 
 
 def cmd_judges_calibrate(args: argparse.Namespace) -> int:

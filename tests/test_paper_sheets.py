@@ -33,7 +33,7 @@ PAPER_BY_SEED = {"000": "Theanine", "001": "SeCom", "002": "RSum", "003": "LD-Ag
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
 def test_every_result_row_is_computed_by_its_papers_scorer(name):
-    from stages.scorers import scorer
+    from stages.report.scorers import scorer
 
     cfg = sheet_config(name)
     paper = PAPER_BY_SEED[cfg.paper.seed]

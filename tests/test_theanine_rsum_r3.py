@@ -37,7 +37,7 @@ from stages.methods.shared.response import SHORT_REPLY
 from stages.methods.theanine import Theanine, TheanineSettings
 from stages.report import pairwise as pairwise_report
 from stages.report.memory_accuracy import memory_at
-from stages.scorers import scorer
+from stages.report.scorers import scorer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 THEANINE_JUDGED = ["theanine_msc", "theanine_cc", "theanine_msc_cc"]

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
 from stages.report.method_costs import whole_run_scope
-from stages.scorers import scorer
+from stages.report.scorers import scorer
 
 # The run beside each paper it reproduces or is compared with (`paper:` sheets): per sheet, one
 # `result` row per number of the paper's table (the run's value x scale, its cluster interval, n and
@@ -33,7 +33,7 @@ REPRODUCTION_SUMMARY = pa.schema(
         pa.field("produced", pa.bool_()),  # result: the run wrote the row the sheet names
         pa.field("difference", pa.float64()),  # run - paper
         pa.field("looked_up", pa.string()),  # result: table, column, where and scale
-        pa.field("scorer", pa.string()),  # result: the scorer that computed the column (stages/scorers.py)
+        pa.field("scorer", pa.string()),  # result: the scorer that computed the column (stages/report/scorers.py)
         pa.field("paper_scored_by", pa.string()),  # result: the judge or scorer behind the paper's number (its sheet)
         pa.field("paper_setting", pa.string()),  # deviation: the paper's value (JSON)
         pa.field("run_setting", pa.string()),  # deviation: the run's value (JSON)
