@@ -1,6 +1,6 @@
 """The endpoints we serve ourselves (the fake OpenAI server of the tests, the dry run's simulated
 endpoint) answer `n` samples in one request and report OpenAI's prompt caching
-(`usage.prompt_tokens_details.cached_tokens`), as `pipeline.llm.prompt_cache` models the rule."""
+(`usage.prompt_tokens_details.cached_tokens`), as `pipeline.plan.prompt_cache` models the rule."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from pipeline.testing.fake_openai import FakeOpenAI
-from pipeline.llm.prompt_cache import PrefixCache
-from pipeline.llm.simulated import SimulatedEndpoint, chat_prompt_ids, chat_prompt_tokens
+from pipeline.plan.prompt_cache import PrefixCache
+from pipeline.plan.simulated import SimulatedEndpoint, chat_prompt_ids, chat_prompt_tokens
 from pipeline.llm.structured import rejected_param
 from pipeline.retrieval import count_tokens
 

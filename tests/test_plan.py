@@ -1,5 +1,5 @@
 """`mempipe plan`: which stages a run would run and why, and the calls, tokens and cost it expects,
-from a dry run on the simulated endpoint (pipeline/plan/, pipeline/llm/simulated.py)."""
+from a dry run on the simulated endpoint (pipeline/plan/, pipeline/plan/simulated.py)."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def test_sampled_dry_run_scales_per_episode_stages(run_cfg, fake_llm):
 def test_simulated_endpoint_answers_schemas_and_counts_like_openai():
     import openai
 
-    from pipeline.llm.simulated import SimulatedEndpoint, chat_prompt_tokens
+    from pipeline.plan.simulated import SimulatedEndpoint, chat_prompt_tokens
     from pipeline.retrieval import count_tokens
 
     schema = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}, "items": {

@@ -9,7 +9,7 @@ interrupted run of this fingerprint; its finished shards are not redone), `force
 How much (per stage that would run and has LLM roles):
 
 1. Calls and prompt tokens are counted by a dry run: the stages to run, and those they need, run in
-   a scratch directory with every role pointed at `pipeline.llm.simulated` (an OpenAI-compatible
+   a scratch directory with every role pointed at `pipeline.plan.simulated` (an OpenAI-compatible
    endpoint on 127.0.0.1 that answers schema-valid JSON to structured requests and plain text of the
    assumed length otherwise, and counts tokens as OpenAI bills them, in cl100k), the cache off, the
    `inline` executor, no embedded model started. Roles keep their model names, so prices apply.

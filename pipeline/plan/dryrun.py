@@ -85,7 +85,7 @@ def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set
     the real run. `limits`: episodes per corpus source (None: all); `probe_cap`: see `_probe_caps`."""
     from pipeline.compression import simulated_units
     from pipeline.embeddings import simulated_texts
-    from pipeline.llm.simulated import SimulatedEndpoint
+    from pipeline.plan.simulated import SimulatedEndpoint
     from pipeline.runner import Runner
 
     os.environ.setdefault(SIM_KEY_ENV, "simulated-no-key")

@@ -189,7 +189,7 @@ def _sample(scope: _Scope, needed: list[str]) -> _Sample:
 
 def _dry_run_note(scope: _Scope, sample: _Sample) -> str:
     opts, sampled = scope.opts, sample.limits is not None
-    return (f"simulated endpoint (pipeline.llm.simulated), {sample.k} of {scope.n_episodes} episodes"
+    return (f"simulated endpoint (pipeline.plan.simulated), {sample.k} of {scope.n_episodes} episodes"
             + (f" (the first {max(opts.sample, opts.calibrate_k or 0)}, at most "
                f"{opts.max_turns} turns in all)" if sampled and opts.max_turns else "")
             + (", per-episode stages scaled by the size each grows with (episodes, turns, sessions "

@@ -44,7 +44,7 @@ Sampling `n` (1 to 128): `n` choices, choice j answered as the same request with
 completions of every choice. `ignore_n` answers one choice whatever `n` is (as llama-cpp-python's
 server does); `reject_params={"n"}` refuses it.
 
-Prompt caching, as OpenAI reports it (`pipeline.llm.prompt_cache`): `usage.prompt_tokens_details.
+Prompt caching, as OpenAI reports it (`pipeline.plan.prompt_cache`): `usage.prompt_tokens_details.
 cached_tokens` is the longest prefix (in prompt words, from `cache_min_tokens` by `cache_step`) that
 an earlier request to the same model sent; always present, 0 with `prompt_cache` off. Each chat
 request's entry in `requests` records `n` (asked), `choices` (answered) and `cached_tokens`.
@@ -91,8 +91,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from pipeline.llm.prompt_cache import PrefixCache
-from pipeline.llm.simulated import LoopbackServer, SchemaInstance, hashed_vector  # shared with `mempipe plan`'s dry run
+from pipeline.plan.prompt_cache import PrefixCache
+from pipeline.plan.simulated import LoopbackServer, SchemaInstance, hashed_vector  # shared with `mempipe plan`'s dry run
 
 FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
 # What answers a request the fault logic let through: (body, outcome, its entry in `requests`).

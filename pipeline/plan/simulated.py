@@ -24,7 +24,7 @@ embeddings count cl100k tokens of each input. Tokens come from `pipeline.retriev
 prompt once and the completion tokens of every choice, as OpenAI bills it.
 
 Prompt caching: `usage.prompt_tokens_details.cached_tokens` follows OpenAI's rule as a model
-(`pipeline.llm.prompt_cache`): the longest prefix, from 1024 tokens in steps of 128, of the prompt's
+(`pipeline.plan.prompt_cache`): the longest prefix, from 1024 tokens in steps of 128, of the prompt's
 tokens that an earlier request to the same model sent. The tokens compared are those counted above,
 in order: per message 3 framing markers around its role's and content's cl100k ids (and its name's),
 then the reply's priming, so cached_tokens never exceeds prompt_tokens. Unlike OpenAI's cache, these
@@ -48,7 +48,7 @@ from typing import Any, Hashable
 
 from aiohttp import web
 
-from pipeline.llm.prompt_cache import MIN_TOKENS, STEP, PrefixCache
+from pipeline.plan.prompt_cache import MIN_TOKENS, STEP, PrefixCache
 from pipeline.retrieval import cl100k_ids, count_tokens
 
 # OpenAI's rule for chat prompts (gpt-3.5-turbo / gpt-4 families): per message 3 tokens of framing,

@@ -1,5 +1,5 @@
 """A model of OpenAI's automatic prompt caching, for the endpoints we serve ourselves (the fake
-server of the tests, `pipeline/testing/fake_openai.py`, and the dry run's `pipeline.llm.simulated`).
+server of the tests, `pipeline/testing/fake_openai.py`, and the dry run's `pipeline.plan.simulated`).
 
 OpenAI's rule (https://platform.openai.com/docs/guides/prompt-caching): a prompt of at least 1024
 tokens is eligible; its cached part is the longest prefix, exact token by token from the first
