@@ -18,13 +18,14 @@ from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.execution.executors import make_executor
 from pipeline.fingerprint import stage_fingerprints
-from pipeline.llm.ledger import Budget, LedgerBook, load_spend, save_spend
+from pipeline.llm.ledger import Budget, LedgerBook
 from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest, ShardMarker, Timings
 from pipeline.progress import StageProgress, end_text, planned_calls
 from pipeline.schemas import EPISODES
 from pipeline.selection import Selection
 from pipeline.shard import ShardTask, add_stats
+from pipeline.spend import load_spend, save_spend
 from pipeline.storage import Location, is_remote, local_scratch
 from pipeline.stage import EpisodeStage, GlobalStage, Stage
 

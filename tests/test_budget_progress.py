@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import segmenting_responder, session_ray
-from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook, StageTally, load_spend
+from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook, StageTally
+from pipeline.spend import load_spend
 from pipeline.progress import end_text, live_text, planned_calls
 from pipeline.llm.usage import Usage
 from stages.cli import main

@@ -6,23 +6,21 @@ every worker otherwise (like the rate limiter). Clients report each answered cal
 so the driver can draw progress while shards run, and, when a budget applies, reserve a fresh
 call's worst-case cost (prompt estimate + max_tokens) before sending it: a reservation that would
 take the spend past the budget raises `BudgetExceeded`, so the run stops before the call, never
-after. Spend is of fresh calls only (cached answers are free) and counts every invocation on the
-run directory (`_spend.json`), so a rerun with a higher budget continues from what was spent.
+after. Spend is of fresh calls only (cached answers are free); `spent_before` is what earlier
+invocations on the run directory paid (the runner keeps it: pipeline.spend), so a rerun with a
+higher budget continues from what was spent.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from pipeline.errors import PipelineError, RunStopped
-from pipeline.storage import Location, join
+from pipeline.errors import RunStopped
 from pipeline.llm.breaker import Admission, EndpointHealth
 
-SPEND_FILE = "_spend.json"
 # A structured-mode scout that has not published after this long (its worker died) loses its claim.
 MODE_CLAIM_TIMEOUT_S = 600.0
 MODE_POLL_S = (0.05, 0.5)  # a request waiting for another worker's scout asks again, doubling to this
@@ -168,32 +166,6 @@ def stage_counts(snapshot: Mapping[str, Any], stage: str) -> dict[str, float]:
         for k, v in row.items():
             out[k] = out.get(k, 0) + v
     return out
-
-
-# ---------------------------------------------------------------- spend on disk (driver only)
-
-def load_spend(run_dir: Location) -> dict[str, float]:
-    """USD per role spent by earlier invocations on this run directory ({} when none)."""
-    from pipeline.artifacts import read_text
-
-    path = join(run_dir, SPEND_FILE)
-    try:
-        data = json.loads(read_text(path))
-        return {str(k): float(v) for k, v in data.get("roles", {}).items()}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, AttributeError) as e:
-        raise PipelineError(f"{path}: unreadable spend record ({e}); move it aside to start the count at zero") from e
-
-
-def save_spend(run_dir: Location, snapshot: Mapping[str, Any]) -> None:
-    from pipeline.artifacts import atomic_write_json
-
-    roles = dict(snapshot.get("spent_before", {}))
-    for role, usd in snapshot.get("spent", {}).items():
-        roles[role] = roles.get(role, 0.0) + usd
-    atomic_write_json(join(run_dir, SPEND_FILE),
-                      {"total_usd": round(sum(roles.values()), 8), "roles": {k: round(v, 8) for k, v in roles.items()}})
 
 
 # ---------------------------------------------------------------- what a client holds
