@@ -69,6 +69,7 @@ def writing(path: Path) -> Iterator[None]:
 def atomic_write_bytes(path: Location, data: bytes) -> None:
     if is_remote(path):
         return storage.write_bytes(path, data)  # one PUT is already all or nothing
+    path = Path(path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -90,6 +91,7 @@ def atomic_write_json(path: Location, obj: Any) -> None:
 def atomic_write_parquet(path: Location, table: pa.Table) -> None:
     if is_remote(path):
         return storage.write_parquet(path, table)
+    path = Path(path)
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -209,8 +211,8 @@ class StageDir:
 
     def _part_files(self, path: Location, parts: list[str] | None) -> list[Location]:
         if self.remote:
-            present = [f for f in storage.list_files(str(path)) if storage.name_of(f).startswith("part-")
-                       and f.endswith(".parquet")]
+            present: list[Location] = [f for f in storage.list_files(str(path))
+                                       if storage.name_of(f).startswith("part-") and f.endswith(".parquet")]
             return present if parts is None else [f for f in present if storage.name_of(f) in set(parts)]
         path = Path(path)
         if parts is not None:
@@ -220,7 +222,7 @@ class StageDir:
     def read_file(self, name: str) -> bytes:
         """A side file the finished stage wrote beside its tables (FileNotFoundError if none)."""
         where = storage.join(self.final, name)
-        return storage.read_bytes(where) if self.remote else Path(where).read_bytes()
+        return storage.read_bytes(where) if is_remote(where) else Path(where).read_bytes()
 
     def episode_parts(self) -> dict[str, str] | None:
         """Episode id -> the part file holding its rows, from the manifest (None when the stage
@@ -234,7 +236,7 @@ class StageDir:
         if self.partial_fingerprint() != fingerprint:
             self._remove(self.partial)
             if not self.remote:
-                with writing(self.partial):
+                with writing(Path(self.partial)):
                     Path(self.partial).mkdir(parents=True)
             atomic_write_bytes(storage.join(self.partial, FINGERPRINT_FILE), fingerprint.encode())
 

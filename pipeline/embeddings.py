@@ -213,7 +213,7 @@ class CachedEmbedder:
         found = self.cache.get_many(distinct) if self.cache else [None] * len(distinct)
         missing = [t for t, v in zip(distinct, found) if v is None]
         fresh = self.inner.encode(missing) if missing else None
-        if self.cache and missing:
+        if self.cache and fresh is not None:
             self.cache.set_many(missing, fresh)
         vectors: dict[str, np.ndarray] = {t: v for t, v in zip(distinct, found) if v is not None}
         if fresh is not None:
@@ -267,7 +267,7 @@ class _Rounds:
                 for (_, future), (out, error) in zip(round_, outcomes):
                     _settle(future, out, error)
         finally:  # in the same step as the last check: a request that comes next starts a new drain
-            self.draining.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self.draining.discard(asyncio.current_task())
 
     def _each(self, requests: list[list[str]]) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
@@ -360,7 +360,7 @@ class SimulatedEmbedder:
             return np.zeros((0, self._dim), dtype=np.float32)
         if len(self._seen) > 200_000:  # bounded: a dry run's memory, not the corpus's
             self._seen.clear()
-        return np.stack([self._seen.get(t) if t in self._seen else self._vector(t) for t in texts])
+        return np.stack([self._seen[t] if t in self._seen else self._vector(t) for t in texts])
 
     def _vector(self, text: str) -> np.ndarray:
         row = np.zeros(self._dim, dtype=np.float32)

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 from pipeline.errors import PipelineError
 
@@ -130,7 +130,8 @@ def smollm2_hf_dir(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
         # The gguf markers go: the saved weights are plain float32 and no GGUF file goes with them.
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer, model.is_quantized = None, False
+        setattr(model, "hf_quantizer", None)  # transformers' attributes, not in its type hints
+        setattr(model, "is_quantized", False)
         model.config.architectures = [type(model).__name__]
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
@@ -149,17 +150,21 @@ def _gguf_parsed_once() -> Iterator[None]:
     real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
 
-    def reader(path: Any, mode: str = "r") -> Any:
+    def reader(path: Any, mode: Literal["r", "r+", "c"] = "r") -> Any:
         key = (str(path), mode)
         if key not in readers:
             readers[key] = real_reader(path, mode)
         return readers[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_name_map)
+    def patch(make_reader: object, name_map: object) -> None:  # gguf's own names, replaced for a while
+        setattr(gguf, "GGUFReader", make_reader)
+        setattr(gguf, "get_tensor_name_map", name_map)
+
+    patch(reader, functools.lru_cache(maxsize=None)(real_name_map))
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_name_map
+        patch(real_reader, real_name_map)
 
 
 def ensure_tiktoken_offline(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:

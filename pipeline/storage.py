@@ -18,7 +18,7 @@ import functools
 import hashlib
 import tempfile
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Iterable, TypeGuard, Union
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -44,8 +44,9 @@ class ObjectStoreError(PipelineError):
         return (type(self), (self.uri, self.reason))
 
 
-def is_remote(location: Location | None) -> bool:
-    """Whether `location` names an object store rather than a local (or mounted) folder."""
+def is_remote(location: Location | None) -> TypeGuard[str]:
+    """Whether `location` names an object store rather than a local (or mounted) folder (always a
+    string: `location` makes every local one a Path)."""
     return isinstance(location, str) and location.split("://", 1)[0].lower() in OBJECT_SCHEMES and "://" in location
 
 

@@ -77,11 +77,11 @@ class ResumableDownloader:
             r.raise_for_status()
             start = 0
             if have and r.status_code == 206:
-                start = _start_from_content_range(r.headers.get("Content-Range"))
-                if start != have:  # not the range asked for: this body cannot extend the part
-                    r.close()
+                if _start_from_content_range(r.headers.get("Content-Range")) != have:
+                    r.close()  # not the range asked for: this body cannot extend the part
                     self._drop()
                     return False
+                start = have
             length = r.headers.get("Content-Length")
             total = start + int(length) if length and length.isdigit() else None
             if start == 0:

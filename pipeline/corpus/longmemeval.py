@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import datetime
+from typing import cast
 
 from pipeline.corpus.reader import RawRecord
 from pipeline.corpus.records import (
@@ -116,7 +117,7 @@ def _sessions(raw_sessions: list, dates: list, ids: list, chk: Checker) -> tuple
             log.warning("file %s, record %s: %s is empty and was skipped", chk.file, chk.record, at)
             continue
         sessions.append(Session(turns, at, time=when))
-    sessions.sort(key=lambda session: session.time)  # stable: sessions of one date keep their order
+    sessions.sort(key=lambda session: session.time or datetime.min)  # every one has a date here; stable: sessions of one date keep their order
     return sessions, evidence
 
 
@@ -162,6 +163,6 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
 
 def _id_list(value: object, path: str, chk: Checker) -> list[str | int]:
     chk.check(value, list, path)
-    for i, item in enumerate(value):  # type: ignore[arg-type]
+    for i, item in enumerate(cast(list[object], value)):
         chk.check(item, (str, int), join(path, i))
     return value  # type: ignore[return-value]

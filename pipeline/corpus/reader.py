@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def corpus_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_records(path: str | Path) -> Iterator[RawRecord]:
+def iter_records(path: str | Path) -> Generator[RawRecord, None, None]:
     """Records of every corpus file in order. JSONL is streamed, so a limit need not read the whole file."""
     for f in corpus_files(path):
         yield from _file_records(f)

@@ -70,7 +70,7 @@ class DryRun:
     simulated: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def _probes_per_episode(run_dir: Path) -> dict[str, int]:
+def _probes_per_episode(run_dir: Location) -> dict[str, int]:
     table = StageDir(run_dir, "probes").read_table("probes")
     out: dict[str, int] = {}
     for eid in table.column("episode_id").to_pylist():
@@ -95,7 +95,7 @@ def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set
         fps = runner.fingerprints()
         for name in reuse:
             stage = runner.registry[name]
-            _link_stage(cfg.run_dir, dcfg.run_dir, name, fps[name], {i: fps[i] for i in stage.inputs})
+            _link_stage(cfg.run_dir, Path(dcfg.run_dir), name, fps[name], {i: fps[i] for i in stage.inputs})
         # Probes sampled: the run's own probes are made first (cheap, no LLM) and counted, then the
         # capped ones the stages after read; those stages are scaled back by their ratio per episode.
         sample_probes = "probes" in needed and "probes" not in reuse and bool(_probe_caps(cfg, probe_cap))
@@ -129,7 +129,7 @@ def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set
         return dry
 
 
-def _record(dry: DryRun, sim: Any, name: str, run_dir: Path) -> None:
+def _record(dry: DryRun, sim: Any, name: str, run_dir: Location) -> None:
     """What the simulated endpoint saw of stage `name`: its manifest, embedding texts and requests,
     and the mean max_tokens of its chat requests."""
     m = StageDir(run_dir, name).manifest()

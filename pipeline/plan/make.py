@@ -26,7 +26,7 @@ from pipeline.selection import Selection
 
 NOT_ESTIMATED = "not estimated: run plan --calibrate 1 (a library's calls are its own, not ours to model)"
 from pipeline.stage import GlobalStage, Stage
-from pipeline.storage import join
+from pipeline.storage import Location, join
 
 log = logging.getLogger("mempipe")
 
@@ -51,7 +51,7 @@ def _why(state: str, stage: Stage, status_manifest: Manifest | None, fps: Mappin
     return ""
 
 
-def _done_episodes(run_dir: Path, stage: str) -> int:
+def _done_episodes(run_dir: Location, stage: str) -> int:
     return sum(int(m.get("episodes", 0)) for m in StageDir(run_dir, stage).finished_shards().values())
 
 

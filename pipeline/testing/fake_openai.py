@@ -87,7 +87,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 from aiohttp import web
 
@@ -351,9 +351,10 @@ class FakeOpenAI(LoopbackServer):
             param, value, msg = "response_format", kind, "Input should be 'text' or 'json_object'"
             said = f"Invalid parameter: 'response_format' of type '{kind}' is not supported with this model."
         else:
-            param = next((p for p in sorted(self.reject_params) if p in body), None)
-            if param is None:
+            refused = next((p for p in sorted(self.reject_params) if p in body), None)
+            if refused is None:
                 return None
+            param = refused
             value, msg = body[param], "Extra inputs are not permitted"
             said = f"Unsupported parameter: '{param}' is not supported with this model."
         with self._lock:
@@ -466,7 +467,7 @@ class FakeOpenAI(LoopbackServer):
         if outcome == "malformed":
             content = '{"answer": "truncated' if structured else "malformed {"
         elif content is None:
-            if structured:
+            if schema is not None:
                 content = json.dumps(SchemaInstance(schema, h[:8]).build(schema))
                 if not rf:
                     content = f"Here is the JSON you asked for:\n{content}\nLet me know if you need more."
@@ -670,7 +671,8 @@ class FakeOpenAI(LoopbackServer):
                 {"code": "invalid_request", "message": message, "line": None, "param": None}]})
             return
         answered = lines if batch["_expire"] is None else lines[: batch["_expire"]]
-        output, errors = [], []
+        output: list[dict] = []
+        errors: list[dict] = []
         for n, line in enumerate(answered):
             cid, body = line["custom_id"], line.get("body") or {}
             h = _hash(body)
@@ -742,7 +744,7 @@ def _function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)]
 
 
-def _names_function(choice: Any) -> bool:
+def _names_function(choice: Any) -> TypeGuard[dict]:
     """Whether a chat `tool_choice` names one function ({"type": "function", "function": {"name"}})."""
     return isinstance(choice, dict) and choice.get("type") == "function"
 
