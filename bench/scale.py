@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import psutil
@@ -65,19 +65,27 @@ def tree_memory(proc: psutil.Process) -> tuple[int, int, int]:
     return driver, max(workers, default=0), sum(workers)
 
 
-def run_pipeline(corpus: Path, workdir: Path, episodes_per_shard: int) -> dict[str, Any]:
-    cmd = mempipe_cmd(["run"], [f"artifacts_dir={workdir / 'artifacts'}", "run_name=scale", "corpus.format=sample",
-                                f"corpus.path={corpus}", "corpus.limit=null", "methods=[]", "stages=[ingest,probes]",
-                                "teabag.enabled=false", f"ray.episodes_per_shard={episodes_per_shard}"])
-    started = time.perf_counter()
-    proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def watch_peaks(proc: psutil.Popen, each_sample: Callable[[], None] = lambda: None) -> list[int]:
+    """Until `proc` exits, every SAMPLE_S: the peak memory of its driver, its largest worker and all
+    its workers (`tree_memory`), and whatever else a benchmark samples (`each_sample`)."""
     peak = [0, 0, 0]
     while proc.poll() is None:
         try:
             peak = [max(a, b) for a, b in zip(peak, tree_memory(proc))]
         except psutil.Error:
             pass
+        each_sample()
         time.sleep(SAMPLE_S)
+    return peak
+
+
+def run_pipeline(corpus: Path, workdir: Path, episodes_per_shard: int) -> dict[str, Any]:
+    cmd = mempipe_cmd(["run"], [f"artifacts_dir={workdir / 'artifacts'}", "run_name=scale", "corpus.format=sample",
+                                f"corpus.path={corpus}", "corpus.limit=null", "methods=[]", "stages=[ingest,probes]",
+                                "teabag.enabled=false", f"ray.episodes_per_shard={episodes_per_shard}"])
+    started = time.perf_counter()
+    proc = psutil.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = watch_peaks(proc)
     wall = time.perf_counter() - started
     if proc.returncode not in (0, EXIT_ROWS_FAILED):
         raise RuntimeError(f"mempipe failed: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]

@@ -43,7 +43,7 @@ from typing import Any
 import psutil
 from harness import EXIT_ROWS_FAILED, KEY_ENV, ROOT, FakeServer, mempipe_cmd, table, write_results
 from make_corpus import write_corpus
-from scale import SAMPLE_S, tree_memory
+from scale import watch_peaks
 from throughput import CpuSampler
 
 CORES = os.cpu_count() or 1
@@ -78,12 +78,8 @@ def run_job(cmd: list[str], log: Path, checkout: Path = ROOT, server_pid: int | 
     with log.open("w") as out:
         proc = psutil.Popen(cmd, cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT)
         server = psutil.Process(server_pid) if server_pid else None
-        peak = [0, 0, 0]
-        while proc.poll() is None:
-            try:
-                peak = [max(a, b) for a, b in zip(peak, tree_memory(proc))]
-            except psutil.Error:
-                pass
+
+        def sample_cpu() -> None:
             try:
                 procs = [proc, *proc.children(recursive=True), *([server] if server else [])]
             except psutil.Error:
@@ -95,7 +91,8 @@ def run_job(cmd: list[str], log: Path, checkout: Path = ROOT, server_pid: int | 
                 except psutil.Error:
                     continue
             cpu_samples.append((time.time(), sum(cpu_by_pid.values())))
-            time.sleep(SAMPLE_S)
+
+        peak = watch_peaks(proc, sample_cpu)
     wall = time.perf_counter() - started
     if proc.returncode not in (0, EXIT_ROWS_FAILED):
         raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}); log {log}:\n{log.read_text()[-3000:]}")
