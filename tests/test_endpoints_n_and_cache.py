@@ -14,7 +14,7 @@ import pytest
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.plan.prompt_cache import PrefixCache
 from pipeline.plan.simulated import SimulatedEndpoint, chat_prompt_ids, chat_prompt_tokens
-from pipeline.llm.structured import rejected_param
+from pipeline.llm.transport import rejected_param
 from pipeline.retrieval import count_tokens
 
 MESSAGES = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "Say something, please."}]

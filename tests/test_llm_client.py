@@ -21,7 +21,7 @@ from pipeline.llm import (DiskCallCache, LLMClient, LLMError, LLMResult, LocalRa
                           export_cache, import_cache, resolve_api_key)
 from pipeline.llm.cache import chat_cache_key
 from pipeline.llm.client import MalformedResponse, parse_retry_after
-from pipeline.llm.transport import read_embeddings
+from pipeline.llm.answers import read_embeddings
 from pipeline.llm.structured import response_format_for, strict_json_schema
 from pipeline.llm.ratelimit import PacingSchedule, estimate_tokens
 

@@ -26,7 +26,7 @@ from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter
 from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
-from pipeline.llm.structured import RequestRejected, rejected_param
+from pipeline.llm.transport import RequestRejected, rejected_param
 
 SHAPES = ["openai400", "fastapi422", "llama500"]
 LLAMA_500 = ("1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "

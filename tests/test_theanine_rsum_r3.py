@@ -20,7 +20,7 @@ import pytest
 import stages
 from pipeline.llm.accounting import Accounting
 from pipeline.llm.cache import Reply
-from pipeline.llm.transport import read_chat
+from pipeline.llm.answers import read_chat
 from pipeline.llm.types import LLMError, LLMResult
 from pipeline.llm.usage import Usage
 from pipeline.reproduction import deviations

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from pipeline.llm.transport import ChatAnswer, MalformedResponse, Transport, read_chat, retryable_status
+from pipeline.llm.answers import ChatAnswer, MalformedResponse, read_chat
+from pipeline.llm.transport import Transport, retryable_status
 from pipeline.llm.types import LLMError, short
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ is let through as a probe, with growing pauses between probes. The first probe t
 closes the breaker and every call resumes. An outage longer than
 `llm.max_outage_s` stops the run cleanly (`EndpointDown`): finished work is kept, a rerun resumes.
 A 429 is not an outage (the rate limiter and Retry-After handle it), nor is a 4xx, nor a 500 that
-is a validation error naming a parameter (pipeline.llm.structured.rejected_param): only failures
+is a validation error naming a parameter (pipeline.llm.transport.rejected_param): only failures
 that a plain request would also meet count.
 """
 

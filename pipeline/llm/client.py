@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
 from pipeline.llm.accounting import Accounting
+from pipeline.llm.answers import MalformedResponse
 from pipeline.llm.batch import queue_for
 from pipeline.llm.cache import CallCache, Reply, StaleMisses, chat_cache_key
 from pipeline.llm.embed import EMBED_BATCH, Embedder
@@ -41,8 +42,8 @@ from pipeline.llm.prices import prices_for
 from pipeline.llm.ratelimit import RateLimiter, estimate_tokens
 from pipeline.llm.samples import Samples
 from pipeline.llm.slots import EndpointSlots
-from pipeline.llm.structured import REASK, RequestRejected, StructuredCalls
-from pipeline.llm.transport import (PLACEHOLDER_KEY, MalformedResponse, Transport, parse_retry_after,
+from pipeline.llm.structured import REASK, StructuredCalls
+from pipeline.llm.transport import (PLACEHOLDER_KEY, RequestRejected, Transport, parse_retry_after,
                                     resolve_api_key)
 from pipeline.llm.types import LLMError, LLMResult, Messages
 from pipeline.llm.usage import Usage

@@ -16,7 +16,8 @@ from typing import Any, Awaitable, Callable
 from pipeline.llm.accounting import Accounting
 from pipeline.llm.cache import CallCache, make_key
 from pipeline.llm.ratelimit import estimate_tokens
-from pipeline.llm.transport import MalformedResponse, Transport, prompt_text
+from pipeline.llm.answers import MalformedResponse
+from pipeline.llm.transport import Transport, prompt_text
 from pipeline.llm.types import LLMResult
 from pipeline.llm.usage import Usage
 

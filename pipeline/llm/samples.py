@@ -22,8 +22,8 @@ from pipeline.llm.accounting import Accounting, split_tokens
 from pipeline.llm.cache import CallCache, Reply, StaleMisses, chat_cache_key, lookup_many, store_many
 from pipeline.llm.params import RefusedParams, sampling_params
 from pipeline.llm.ratelimit import estimate_tokens
-from pipeline.llm.structured import RequestRejected, StructuredCalls, request_format, with_schema_in_prompt
-from pipeline.llm.transport import Transport
+from pipeline.llm.structured import StructuredCalls, request_format, with_schema_in_prompt
+from pipeline.llm.transport import RequestRejected, Transport
 from pipeline.llm.types import ChatLLM, LLMError, LLMResult, Messages, gather_samples
 
 # Per loop: (endpoint, model) -> done once the sample deciding its structured mode came back.

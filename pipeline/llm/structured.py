@@ -36,6 +36,7 @@ from pipeline.config import LLMConfig
 from pipeline.llm.cache import CallCache, Reply, mode_cache_key
 from pipeline.llm.ledger import MODE_POLL_S
 from pipeline.llm.params import sampling_params
+from pipeline.llm.transport import RequestRejected, rejected_param
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages, short
 from pipeline.llm.usage import Usage
 
@@ -109,83 +110,6 @@ def with_schema_in_prompt(messages: list[dict[str, Any]], schema: type[BaseModel
     text = json.dumps(strict_json_schema(schema.model_json_schema()), indent=1, ensure_ascii=False)
     last = messages[-1]
     return [*messages[:-1], {**last, "content": f"{last.get('content') or ''}\n\n{SCHEMA_IN_PROMPT.format(schema=text)}"}]
-
-
-# Parameters an endpoint may refuse that a role can do without: response_format steps the role's
-# structured mode down, seed is dropped from the role's requests, n sends a prompt's samples one by one.
-STEP_DOWN_PARAMS = ("response_format", "seed", "n")
-_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "response format")
-# pydantic / FastAPI validation errors, as JSON (`"loc": ["body", "seed"]`) or as Python's repr in
-# llama-cpp-python's 500 text (`'loc': ('body', 'response_format', 'type')`).
-_LOC = re.compile(r"""["']loc["']\s*:\s*[\[(]\s*["']body["']\s*,\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
-_VALIDATION_WORDS = ("validation error", "input should be", "extra inputs are not permitted", "unsupported parameter",
-                     "not supported", "unrecognized request argument")
-
-
-class RequestRejected(LLMError):
-    """The endpoint refused a parameter of the request (whatever the HTTP status: 400, 422, or
-    llama-cpp-python's 500 validation error): not an outage and never retried as sent. `param`
-    names it (response_format, seed, n, ...)."""
-
-    def __init__(self, reason: str, raw: str | None = None, status: int | None = None, param: str = "") -> None:
-        super().__init__(reason, raw, status)
-        self.param = param
-
-    def __reduce__(self) -> tuple:
-        return (type(self), (self.reason, self.raw, self.status, self.param))
-
-
-def _body_params(body: Any) -> list[str]:
-    """Parameters a JSON error body names: OpenAI's {"error": {"param": ...}}, FastAPI's
-    {"detail": [{"loc": ["body", param, ...]}]} (also nested under "error")."""
-    out: list[str] = []
-    if not isinstance(body, dict):
-        return out
-    err = body.get("error")
-    if isinstance(err, dict):
-        if isinstance(err.get("param"), str):
-            out.append(err["param"].split(".")[0].split("[")[0])
-        out += _body_params(err)
-    detail = body.get("detail")
-    if isinstance(detail, list):
-        for d in detail:
-            loc = d.get("loc") if isinstance(d, dict) else None
-            if isinstance(loc, list) and len(loc) >= 2 and loc[0] == "body" and isinstance(loc[1], str):
-                out.append(loc[1])
-    return out
-
-
-def rejected_param(status: int | None, body: Any, text: str) -> str | None:
-    """The request parameter an error response says the endpoint refuses, or None when the
-    response is no such rejection (an outage, a rate limit, some other bad request).
-
-    A 400 or 422 naming a parameter (or, for 400, mentioning the response format at all, as older
-    OpenAI models word it) is a rejection; a 500 is one only with a validation body naming it
-    (llama-cpp-python's own server answers an unsupported `response_format` so). `body`: the parsed
-    JSON error body, if any; `text`: the error's text.
-    """
-    if status not in (400, 422, 500):
-        return None
-    named = _body_params(body) + _LOC.findall(text or "")
-    lowered = (text or "").lower()
-    if status == 500:
-        # Only a validation error names what it refuses; a bare 500 that mentions a parameter in
-        # passing (a traceback, a grammar failure) is an outage like any other.
-        if not _LOC.search(text or "") and not (isinstance(body, dict) and isinstance(body.get("detail"), list)) \
-                and not any(w in lowered for w in _VALIDATION_WORDS):
-            return None
-    for p in named:
-        if p in STEP_DOWN_PARAMS:
-            return p
-    if status != 500 or any(w in lowered for w in _VALIDATION_WORDS):
-        for p in STEP_DOWN_PARAMS:  # the message names it in words ("'seed' is not supported")
-            if p == "response_format" and any(w in lowered for w in _FORMAT_WORDS):
-                return p
-            if p != "response_format" and re.search(rf"['\"`]{p}['\"`]", lowered):
-                return p
-    if status != 500 and named:
-        return named[0]  # some other parameter: still a rejection, still not an outage
-    return None
 
 
 def rejects_response_format(err: Any) -> bool:

@@ -1,10 +1,10 @@
-"""Sending one request to an OpenAI-compatible endpoint, and reading its answer.
+"""Sending one request to an OpenAI-compatible endpoint (its answer read by pipeline.llm.answers).
 
 One retry loop lives here (the SDK's own retries are off): exponential backoff with jitter on 429,
 5xx, timeouts, connection errors and malformed bodies, honouring Retry-After. A parameter the
-endpoint refuses (pipeline.llm.structured.rejected_param) is never retried as sent and never counts
-as an outage. While the run's breaker says the endpoint is down (pipeline.llm.breaker), requests
-wait instead of spending retries.
+endpoint refuses (`rejected_param`, raised as `RequestRejected`) is never retried as sent and never
+counts as an outage. While the run's breaker says the endpoint is down (pipeline.llm.breaker),
+requests wait instead of spending retries.
 
 The OpenAI SDK's HTTP clients belong to one event loop: each loop keeps its own, shared by the
 clients of one role and endpoint. The SDK's private names (its platform lookup) and its generic
@@ -17,30 +17,27 @@ never enters cache keys, cache values, usage, reprs, exception messages or logs 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import functools
 import hashlib
 import json
 import logging
 import os
 import random
+import re
 import ssl
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Mapping
 
-import numpy as np
-
 from pipeline.config import LLMConfig
 from pipeline.errors import ConfigError
+from pipeline.llm.answers import ChatAnswer, MalformedResponse, read_chat, read_embeddings
 from pipeline.llm.breaker import DECIDE_S, OPEN_AFTER_S, EndpointDown
 from pipeline.llm.identity import OPENAI_BASE_URL
 from pipeline.llm.ratelimit import RateLimiter
 from pipeline.llm.slots import EndpointSlots
-from pipeline.llm.structured import RequestRejected, rejected_param
 from pipeline.llm.types import LLMError, short
 from pipeline.llm.usage import Usage
 
@@ -110,6 +107,85 @@ def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
 
 def retryable_status(status: int) -> bool:
     return status == 429 or status == 408 or status >= 500
+
+
+# ---------------------------------------------------------------- a refused parameter
+
+# Parameters an endpoint may refuse that a role can do without: response_format steps the role's
+# structured mode down, seed is dropped from the role's requests, n sends a prompt's samples one by one.
+STEP_DOWN_PARAMS = ("response_format", "seed", "n")
+_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "response format")
+# pydantic / FastAPI validation errors, as JSON (`"loc": ["body", "seed"]`) or as Python's repr in
+# llama-cpp-python's 500 text (`'loc': ('body', 'response_format', 'type')`).
+_LOC = re.compile(r"""["']loc["']\s*:\s*[\[(]\s*["']body["']\s*,\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
+_VALIDATION_WORDS = ("validation error", "input should be", "extra inputs are not permitted", "unsupported parameter",
+                     "not supported", "unrecognized request argument")
+
+
+class RequestRejected(LLMError):
+    """The endpoint refused a parameter of the request (whatever the HTTP status: 400, 422, or
+    llama-cpp-python's 500 validation error): not an outage and never retried as sent. `param`
+    names it (response_format, seed, n, ...)."""
+
+    def __init__(self, reason: str, raw: str | None = None, status: int | None = None, param: str = "") -> None:
+        super().__init__(reason, raw, status)
+        self.param = param
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.reason, self.raw, self.status, self.param))
+
+
+def _body_params(body: Any) -> list[str]:
+    """Parameters a JSON error body names: OpenAI's {"error": {"param": ...}}, FastAPI's
+    {"detail": [{"loc": ["body", param, ...]}]} (also nested under "error")."""
+    out: list[str] = []
+    if not isinstance(body, dict):
+        return out
+    err = body.get("error")
+    if isinstance(err, dict):
+        if isinstance(err.get("param"), str):
+            out.append(err["param"].split(".")[0].split("[")[0])
+        out += _body_params(err)
+    detail = body.get("detail")
+    if isinstance(detail, list):
+        for d in detail:
+            loc = d.get("loc") if isinstance(d, dict) else None
+            if isinstance(loc, list) and len(loc) >= 2 and loc[0] == "body" and isinstance(loc[1], str):
+                out.append(loc[1])
+    return out
+
+
+def rejected_param(status: int | None, body: Any, text: str) -> str | None:
+    """The request parameter an error response says the endpoint refuses, or None when the
+    response is no such rejection (an outage, a rate limit, some other bad request).
+
+    A 400 or 422 naming a parameter (or, for 400, mentioning the response format at all, as older
+    OpenAI models word it) is a rejection; a 500 is one only with a validation body naming it
+    (llama-cpp-python's own server answers an unsupported `response_format` so). `body`: the parsed
+    JSON error body, if any; `text`: the error's text.
+    """
+    if status not in (400, 422, 500):
+        return None
+    named = _body_params(body) + _LOC.findall(text or "")
+    lowered = (text or "").lower()
+    if status == 500:
+        # Only a validation error names what it refuses; a bare 500 that mentions a parameter in
+        # passing (a traceback, a grammar failure) is an outage like any other.
+        if not _LOC.search(text or "") and not (isinstance(body, dict) and isinstance(body.get("detail"), list)) \
+                and not any(w in lowered for w in _VALIDATION_WORDS):
+            return None
+    for p in named:
+        if p in STEP_DOWN_PARAMS:
+            return p
+    if status != 500 or any(w in lowered for w in _VALIDATION_WORDS):
+        for p in STEP_DOWN_PARAMS:  # the message names it in words ("'seed' is not supported")
+            if p == "response_format" and any(w in lowered for w in _FORMAT_WORDS):
+                return p
+            if p != "response_format" and re.search(rf"['\"`]{p}['\"`]", lowered):
+                return p
+    if status != 500 and named:
+        return named[0]  # some other parameter: still a rejection, still not an outage
+    return None
 
 
 # ---------------------------------------------------------------- the SDK's clients, per event loop
@@ -452,74 +528,3 @@ class Transport:
         for flag, on in ((_FAILING_ENDPOINTS, self._endpoint_failing), (_DOWN_ENDPOINTS, down)):
             flag.add(self.endpoint) if on else flag.discard(self.endpoint)
         return down
-
-
-# ---------------------------------------------------------------- reading answers
-
-class MalformedResponse(ValueError):
-    """A 200 answer whose body is not the shape the API promises; retried like a 5xx."""
-
-
-def _describe_body(resp: Any) -> str:
-    if isinstance(resp, str):  # the SDK hands back the text of a non-JSON content type
-        return f"a non-JSON body ({short(resp, 80)!r})"
-    return f"a {type(resp).__name__} without the expected fields"
-
-
-def read_embeddings(resp: Any, n: int) -> tuple[list[list[float]], int]:
-    """(n vectors in input order, prompt tokens) from an embeddings answer's JSON; a vector may
-    come as base64 of little-endian float32 (asked for) or as a list of numbers (servers that
-    ignore `encoding_format`)."""
-    data = resp.get("data") if isinstance(resp, dict) else None
-    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise MalformedResponse(f"no data in {_describe_body(resp)}")
-    if len(data) != n:
-        raise MalformedResponse(f"asked for {n} embedding vectors, got {len(data)}")
-    vectors = []
-    for d in sorted(data, key=lambda d: int(d.get("index") or 0)):
-        emb = d.get("embedding")
-        if isinstance(emb, str):
-            try:
-                vectors.append(np.frombuffer(base64.b64decode(emb), dtype="<f4").tolist())
-            except (ValueError, binascii.Error) as e:
-                raise MalformedResponse(f"an embedding that is not base64 float32 ({e})") from None
-        elif isinstance(emb, list):
-            vectors.append([float(x) for x in emb])
-        else:
-            raise MalformedResponse(f"an embedding of type {type(emb).__name__}")
-    usage = resp.get("usage")
-    return vectors, int((usage.get("prompt_tokens") if isinstance(usage, dict) else 0) or 0)
-
-
-@dataclass
-class ChatAnswer:
-    """A chat completion's choices (by index) and usage: prompt tokens once, completion tokens over
-    every choice, and the prompt tokens the endpoint served from its prompt cache."""
-
-    texts: list[str]
-    prompt: int
-    completion: int
-    cached_prompt: int
-    model: str
-    finish_reasons: list[str | None] = field(default_factory=list)  # per choice, in `texts`' order
-
-
-def read_chat(resp: Any) -> ChatAnswer:
-    """A chat completion (the SDK's model, or JSON read as attributes) as a `ChatAnswer`."""
-    choices = getattr(resp, "choices", None)
-    if not isinstance(choices, list) or not choices or any(getattr(c, "message", None) is None for c in choices):
-        raise MalformedResponse(f"no choices in {_describe_body(resp)}")
-    texts, finished = [], []
-    for choice in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0):
-        finished.append(getattr(choice, "finish_reason", None))
-        msg = choice.message
-        text = msg.content
-        if text is None:
-            refusal = getattr(msg, "refusal", None)
-            text = "" if not refusal else f"(refused: {refusal})"
-        texts.append(text)
-    usage = getattr(resp, "usage", None)
-    details = getattr(usage, "prompt_tokens_details", None)
-    return ChatAnswer(texts, int(getattr(usage, "prompt_tokens", 0) or 0),
-                      int(getattr(usage, "completion_tokens", 0) or 0),
-                      int(getattr(details, "cached_tokens", 0) or 0), getattr(resp, "model", "") or "", finished)
