@@ -221,8 +221,10 @@ def _print_graph(plan: list[Any]) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Before anything runs: every setting where the run differs from each paper's protocol (its own
-    `paper:` block, then each sheet the report compares it with), one line each."""
-    from pipeline.reproduction import sheet_deviations
+    `paper:` block, then each sheet the report compares it with), one line each, for the methods the
+    run selects and the stages it holds: a sheet about none of its methods is one line, and so is a
+    selected method no sheet names."""
+    from pipeline.reproduction import for_run, sheet_deviations, sheet_methods
 
     cfg = _config(args)
     _warn_missing_models(args, cfg)
@@ -232,10 +234,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     sheets += [("compared with", path, sheet) for path, sheet in (compared(cfg) if compared else [])]
     if not sheets:
         print(f"{own} has no paper: block and compares with no paper config: nothing to check")
-    for how, path, sheet in sheets:
-        if sheet is None:
+    selected = list(cfg.methods)
+    plan = _runner(args, cfg).plan
+    # Stage sections (the config's keys beyond the run-level ones) of stages this run does not hold.
+    absent = set(type(cfg).model_fields) - set(RunConfig.model_fields) - {getattr(s, "section", None) for s in plan}
+    covered: set[str] = set()
+    for how, path, whole in sheets:
+        if whole is None:
             print(f"{path}: no paper: block")
             continue
+        about = sheet_methods(whole)
+        covered |= about
+        if about and not about & set(selected):
+            print(f"{whole.title} ({how} {path}): about {', '.join(sorted(about))}, none of which this run selects")
+            continue
+        sheet = for_run(whole, selected, absent)
         found = sheet_deviations(cfg, sheet, path)
         if not found:
             print(f"{sheet.title} ({how} {path}): matches the paper's protocol ({len(sheet.protocol)} settings)")
@@ -244,8 +257,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             for d in found:
                 print(f"  {d}")
         _print_scorers(args.app, cfg, sheet)
+    if any(sheet is not None for _, _, sheet in sheets):
+        for method in selected:
+            if method not in covered:
+                print(f"{method}: no paper sheet names it (a paper: block or a report.compare_with config); "
+                      "nothing to compare")
     print()
-    _print_graph(_runner(args, cfg).plan)
+    _print_graph(plan)
     return 0
 
 

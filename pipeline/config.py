@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Literal, Mapping, Sequence, TypeVar
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Iterable, Literal, Mapping, Sequence, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, model_validator
@@ -272,12 +273,58 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def _unwrapped(annotation: object) -> object:
+    """The one model, dict or list an annotation stands for (`X | None` -> X; Annotated -> its type)."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, UnionType):
+            arms = [a for a in get_args(annotation) if a is not type(None)]
+            if len(arms) != 1:
+                return annotation
+            annotation = arms[0]
+        else:
+            return annotation
+
+
+def valid_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str] | None:
+    """The keys the section holding `loc` takes (`loc`: a validation error's location, ending in the
+    unknown key), sorted; None where the path cannot be followed (a union of models)."""
+    node: object = model
+    for part in loc[:-1]:
+        node = _unwrapped(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return None
+            node = field.annotation
+        elif get_origin(node) is dict and len(get_args(node)) == 2:
+            node = get_args(node)[1]
+        elif get_origin(node) is list and get_args(node):
+            node = get_args(node)[0]
+        else:
+            return None
+    node = _unwrapped(node)
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return sorted(f.alias or name for name, f in node.model_fields.items())
+    return None
+
+
+def unknown_key(model: type[BaseModel] | None, loc: Sequence[str | int]) -> str:
+    """An unknown key's message: "unknown key", then the keys its section takes where they can be found."""
+    keys = valid_keys(model, loc) if model is not None else None
+    return f"unknown key; valid: {', '.join(keys)}" if keys else "unknown key"
+
+
+def format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
+    """One line per problem; an unknown key's line lists the keys its section takes (`model`: the
+    model validated)."""
     lines = [f"invalid configuration in {source}:"]
     for e in err.errors():
         key = _dotted(e["loc"])
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            lines.append(f"  {key}: {unknown_key(model, e['loc'])}")
         elif not key and e["type"] == "value_error":  # a check across sections names its own keys
             lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
@@ -505,7 +552,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         cfg = model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, model)) from None
     # Roles the stages use, and those a section's settings name (a judge panel's judges).
     declared = {r for name in type(cfg).model_fields if callable(getattr(getattr(cfg, name), "declared_roles", None))
                 for r in getattr(cfg, name).declared_roles()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 import yaml
@@ -118,6 +118,34 @@ def deviations(cfg: Any, sheet: PaperSheet | None = None) -> list[Deviation]:
     return out
 
 
+def setting_method(path: str) -> str | None:
+    """The method a protocol path configures (`method.<name>.<key>`), else None."""
+    parts = path.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] == "method" else None
+
+
+def sheet_methods(sheet: PaperSheet) -> set[str]:
+    """The methods a sheet is about: those its results' rows name and those whose settings its
+    protocol states."""
+    named = {str(r.where["method"]) for r in sheet.results if r.where.get("method") is not None}
+    return named | {m for m in map(setting_method, sheet.protocol) if m is not None}
+
+
+def for_run(sheet: PaperSheet, methods: Iterable[str], absent: Iterable[str] = ()) -> PaperSheet:
+    """The sheet narrowed to what a run holds: the protocol settings and results of methods other
+    than `methods` left out (those of no method kept), and the settings of the `absent` sections
+    (stages the run does not hold, e.g. SeCom's `segment` when no selected method reads it)."""
+    keep, gone = set(methods), set(absent)
+
+    def kept(path: str) -> bool:
+        method = setting_method(path)
+        return (method is None or method in keep) and path.split(".")[0] not in gone
+
+    results = [r for r in sheet.results if r.where.get("method") is None or r.where["method"] in keep]
+    return sheet.model_copy(update={"protocol": {p: s for p, s in sheet.protocol.items() if kept(p)},
+                                    "results": results})
+
+
 def sheet_deviations(cfg: Any, sheet: PaperSheet, origin: str) -> list[Deviation]:
     """`deviations` of the run from one sheet, a protocol path that names no setting raised as a
     one-line ConfigError naming where the sheet comes from (`origin`: a config file)."""
@@ -152,8 +180,10 @@ def _parsed_sheet(path: str, text: str) -> PaperSheet | None:
     try:
         return PaperSheet.model_validate(block)
     except ValidationError as e:
+        from pipeline.config import unknown_key  # (the config module holds a sheet: imported here, not above)
+
         problems = "; ".join(f"paper.{'.'.join(map(str, err['loc']))}: "
-                             f"{'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}"
+                             f"{unknown_key(PaperSheet, err['loc']) if err['type'] == 'extra_forbidden' else err['msg']}"
                              for err in e.errors())
         raise ConfigError(f"report.compare_with: {path}: invalid paper: block: {problems}") from None
 

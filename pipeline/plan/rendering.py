@@ -26,19 +26,21 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 
 def render_views(plan: Plan) -> list[str]:
     """Where the money goes: a table per method (memory, respond, each judge stage's share, other,
-    total), one per stage and one per LLM role (with cached prompt tokens), over the stages that run;
-    nothing when no stage has an LLM role."""
+    total; left out when no row has a price), one per stage and one per LLM role (with cached prompt
+    tokens), over the stages that run; nothing when no stage has an LLM role."""
     methods, roles = plan.by_method(), plan.by_role()
     if not roles:
         return []
-    judges = sorted({j for row in methods.values() for j in row["judges"]})
-    rows = [["method", "memory $", "respond $", *(f"{j} $" for j in judges), "other $", "total $"]]
-    for m, row in methods.items():
-        rows.append([m, *(f"{v:.4f}" for v in (row["memory"], row["respond"],
-                                                *(row["judges"].get(j, 0.0) for j in judges),
-                                                row["other"], row["total"]))])
-    lines = ["", "where the money goes, per method (a judge stage split by the method each judged row is for):",
-             *_aligned(rows)]
+    lines: list[str] = []
+    if methods:  # none when no model of the run has a price (a local or fake one): no table
+        judges = sorted({j for row in methods.values() for j in row["judges"]})
+        rows = [["method", "memory $", "respond $", *(f"{j} $" for j in judges), "other $", "total $"]]
+        for m, row in methods.items():
+            rows.append([m, *(f"{v:.4f}" for v in (row["memory"], row["respond"],
+                                                    *(row["judges"].get(j, 0.0) for j in judges),
+                                                    row["other"], row["total"]))])
+        lines = ["", "where the money goes, per method (a judge stage split by the method each judged row is for):",
+                 *_aligned(rows)]
 
     def totals(name: str, t: dict[str, float]) -> list[str]:
         return [name, _fmt_int(t["calls"]), _fmt_int(t["prompt_tokens"]), _fmt_int(t["cached_prompt_tokens"]),
