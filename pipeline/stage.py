@@ -9,20 +9,25 @@ Two shapes cover every stage SPEC lists:
 Upstream tables reach a stage as `"<stage>.<table>"` (e.g. `"ingest.turns"`), so two stages
 that write a table of the same name never collide. Stages never touch Ray, paths of other stages
 or the LLM cache directly; they get a `StageContext` that hands out the injected services.
+
+A stage's settings are typed as a method's are: `class BanksStage(EpisodeStage[BanksConfig])` with
+`section = "banks"` reads `ctx.settings.granularities`, and `BanksConfig` is the section's model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Iterator, get_args, get_origin
 
 import pyarrow as pa
+from pydantic import BaseModel
+from typing_extensions import TypeVar
+
+from pipeline.config import Section
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
-    from pipeline.config import EmbeddingConfig, RunConfig, Section
+    from pipeline.config import EmbeddingConfig, RunConfig
     from pipeline.embeddings import Embedder
     from pipeline.llm.types import ChatLLM
     from pipeline.manifest import Manifest
@@ -39,10 +44,19 @@ EmbedderFactory = Callable[["EmbeddingConfig"], "Embedder | None"]
 EMBEDDER_ROLE = "embedder"
 
 
+class NoSettings(BaseModel):
+    """The settings of a stage that has none (a bare `EpisodeStage` / `GlobalStage`): nothing to read."""
+
+
+# A stage's settings model; a stage declared without one has `NoSettings`, so reading any setting of
+# it is a type error.
+S = TypeVar("S", bound=BaseModel, default=NoSettings)
+
+
 @dataclass
-class StageContext:
+class StageContext(Generic[S]):
     cfg: "RunConfig"
-    stage: "Stage"
+    stage: "Stage[S]"
     # Where side artifacts (Lance banks, JSON) of this stage go: a local folder, renamed (or, on an
     # object store, uploaded) atomically with the stage.
     out_dir: Path
@@ -57,12 +71,16 @@ class StageContext:
     _models: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def section(self) -> "BaseModel":
+    def settings(self) -> S:
         """This stage's settings (its config section, or its method's settings)."""
         settings = self.stage.settings_of(self.cfg)
         if settings is None:
             raise KeyError(f"stage {self.stage.name} has no settings section")
         return settings
+
+    @property
+    def section(self) -> S:  # TRANSITION: the old name, until every stage reads `settings`
+        return self.settings
 
     @property
     def llm(self) -> "ChatLLM":
@@ -104,13 +122,16 @@ class StageContext:
         return embed
 
 
-class Stage:
+class Stage(Generic[S]):
+    """A stage; `S` is its settings model (`EpisodeStage[MySettings]`), read as `ctx.settings`."""
+
     # Class attributes for fixed stages; stages made per method set them on the instance.
     name: str
     inputs: tuple[str, ...] = ()
     outputs: dict[str, pa.Schema] = {}
     section: ClassVar[str | None] = None  # config section; its values enter the fingerprint
-    settings: ClassVar[type["Section"] | None] = None  # the section's model, owned by the stage
+    # The section's model, owned by the stage: `S`, unless a subclass sets it (None: no section of its own).
+    Settings: ClassVar[type[Section] | None] = None
     episodes_from: str = "ingest"  # the stage whose `episodes` table shards this one
     roles: tuple[str, ...] = ()  # LLM roles it calls; their identity enters the fingerprint
     config_keys: ClassVar[tuple[str, ...]] = ()  # other top-level config keys it depends on
@@ -122,6 +143,15 @@ class Stage:
     # False: its calls are a third-party library's own, which plan's dry run does not model; plan
     # estimates them only from a calibration (--calibrate K, --like RUN_DIR)
     dry_run_estimates: bool = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "settings" in cls.__dict__:  # TRANSITION: the old spelling, until every stage is converted
+            cls.Settings = cls.__dict__["settings"]
+        if "Settings" not in cls.__dict__:
+            model = settings_parameter(cls, Stage, Section)
+            if model is not None:
+                cls.Settings = model
 
     def selected_by(self, cfg: "RunConfig", present: set[str]) -> str | None:
         """Why a run holds this stage for its own sake (a judge its settings enable), given the
@@ -135,7 +165,8 @@ class Stage:
             return (*self.roles, EMBEDDER_ROLE)
         return self.roles
 
-    def settings_of(self, cfg: "RunConfig") -> "BaseModel | None":
+    def settings_of(self, cfg: "RunConfig") -> S | None:
+        """Its settings in `cfg` (its section's values), None when it has no section."""
         return getattr(cfg, self.section) if self.section else None
 
     def models(self, cfg: "RunConfig") -> list["ModelNeed"]:
@@ -161,20 +192,36 @@ class Stage:
         return (type(self).__module__,)
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def settings_parameter(cls: type, generic: type, model: type[M]) -> type[M] | None:
+    """The settings model `cls` names in its bases (`X` of `class C(EpisodeStage[X])`, of a subclass
+    of `generic`), a subclass of `model`; None where its bases name none, or only a type variable
+    (`JudgeStage[JS]`)."""
+    for base in cls.__dict__.get("__orig_bases__", ()):  # its own bases, not those it inherits
+        origin = get_origin(base)
+        if isinstance(origin, type) and issubclass(origin, generic):
+            for arg in get_args(base):
+                if isinstance(arg, type) and issubclass(arg, model):
+                    return arg
+    return None
+
+
 # A streamed part may also hold, under this key, the stage's own counts for its manifest (summed over
 # parts, as shard stats are): e.g. what ingest's audited answer key changed.
 PART_STATS = "_stats"
 
 
-class GlobalStage(Stage):
+class GlobalStage(Stage[S]):
     # True: the stage gives its output through `run_parts`, part by part, and never holds it whole
     # (ingest: a 10k-episode corpus parsed at once took 700 MB in one worker).
     streams: ClassVar[bool] = False
 
-    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    async def run(self, ctx: StageContext[S], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         raise NotImplementedError
 
-    def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
+    def run_parts(self, ctx: StageContext[S], inputs: dict[str, pa.Table],
                   episodes_per_part: int) -> Iterator[dict[str, Any]]:
         """For a stage that `streams`: its output tables, `episodes_per_part` whole episodes at a time
         (the last part may hold fewer), in episode order, and optionally its counts under `PART_STATS`.
@@ -183,8 +230,8 @@ class GlobalStage(Stage):
         raise NotImplementedError
 
 
-class EpisodeStage(Stage):
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+class EpisodeStage(Stage[S]):
+    async def process_episode(self, ctx: StageContext[S], episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         """Rows of every output table for one episode. LLM failures become rows with `error` set."""
         raise NotImplementedError
 

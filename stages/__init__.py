@@ -154,10 +154,15 @@ def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:
     roles: set[str] = set()
     for stage in (*BEFORE_METHODS, *AFTER_METHODS, *method_stages(methods).values()):
         roles.update(stage.roles)
-        if stage.settings is not None and stage.section is not None:
-            if sections.get(stage.section, stage.settings) is not stage.settings:
-                raise TypeError(f"stages disagree on the settings model of section {stage.section!r}")
-            sections[stage.section] = stage.settings
+        if stage.Settings is None or stage.section is None:
+            continue
+        # A run-level section (ingest's `corpus`) is RunConfig's own: the stage only reads it.
+        own = RunConfig.model_fields.get(stage.section)
+        model = own.annotation if own is not None else sections.get(stage.section, stage.Settings)
+        if model is not stage.Settings:
+            raise TypeError(f"stages disagree on the settings model of section {stage.section!r}")
+        if own is None:
+            sections[stage.section] = stage.Settings
     for m in methods.values():
         roles.update((m.build_role, m.answer_role) if m.memory else (m.answer_role,))
     roles.add(EMBEDDER_ROLE)  # stages that embed, when embedding.provider is openai

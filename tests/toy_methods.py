@@ -29,7 +29,6 @@ class TurnLogSettings(MethodSettings):
 
 class TurnLog(Method[TurnLogSettings]):
     name = "turn_log"
-    Settings = TurnLogSettings
     memory = {"log": TURN_LOG}
 
     async def build(self, ctx: MethodContext[TurnLogSettings], episode: EpisodeInput) -> dict[str, Rows]:
@@ -78,16 +77,16 @@ class KeywordIndexSettings(Section):
     min_length: int = Field(default=4, ge=1)  # shorter words are not indexed
 
 
-class KeywordIndexStage(EpisodeStage):
+class KeywordIndexStage(EpisodeStage[KeywordIndexSettings]):
     name = section = "keyword_index"
-    settings = KeywordIndexSettings
     inputs = ("ingest",)
     outputs = {"keywords": KEYWORDS}
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+    async def process_episode(self, ctx: StageContext[KeywordIndexSettings], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
         words = {(w.lower().strip(".,!?"), t["session_idx"]) for t in inputs["ingest.turns"] for w in t["text"].split()}
         return {"keywords": [{"episode_id": episode_id, "word": w, "session_idx": s} for w, s in sorted(words)
-                             if len(w) >= ctx.section.min_length]}
+                             if len(w) >= ctx.settings.min_length]}
 
 
 class KeywordRecall(Method[MethodSettings]):

@@ -87,12 +87,11 @@ class OtherSettings(Section):
     size: list[int] = [1]
 
 
-class CountTurns(EpisodeStage):
+class CountTurns(EpisodeStage[CountSettings]):
     name = "count"
     inputs = ("ingest",)
     outputs = {"counts": COUNTS}
     section = "count"
-    settings = CountSettings
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
         log_work(self.name, episode_id)
@@ -118,12 +117,11 @@ class Double(EpisodeStage):
         return {"doubled": [{"episode_id": episode_id, "value": 2 * (r["n_turns"] or 0)} for r in inputs["count.counts"]]}
 
 
-class Unrelated(EpisodeStage):
+class Unrelated(EpisodeStage[OtherSettings]):
     name = "other"
     inputs = ("ingest",)
     outputs = {"sizes": DOUBLED}
     section = "other"
-    settings = OtherSettings
 
     async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
         log_work(self.name, episode_id)

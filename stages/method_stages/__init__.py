@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.stage import EpisodeStage, StageContext
-from stages.methods.base import Method, MethodContext, MethodSettings
+from stages.methods.base import Method, MethodContext, S
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed
@@ -22,8 +22,10 @@ def respond_stage_name(method: str) -> str:
     return f"respond_{method}"
 
 
-class MethodStage(EpisodeStage):
-    def __init__(self, method: Method, name: str, inputs: tuple[str, ...], role: str) -> None:
+class MethodStage(EpisodeStage[S]):
+    """A stage made for one method; its settings are the method's (`method.<name>`)."""
+
+    def __init__(self, method: Method[S], name: str, inputs: tuple[str, ...], role: str) -> None:
         self.method = method
         self.name = name
         self.inputs = inputs
@@ -36,13 +38,13 @@ class MethodStage(EpisodeStage):
     def code_roots(self) -> tuple[str, ...]:
         return (type(self).__module__, type(self.method).__module__)
 
-    def settings_of(self, cfg: Any) -> MethodSettings:
+    def settings_of(self, cfg: Any) -> S:
         return getattr(cfg.method, self.method.name)
 
-    def method_context(self, ctx: StageContext) -> MethodContext[Any]:
+    def method_context(self, ctx: StageContext[S]) -> MethodContext[S]:
         """What the method's `build` / `answer` get: its settings, the client of this stage's role and,
         when it embeds, an embedder that loads its model at the first call."""
-        return MethodContext(settings=ctx.section, llm=ctx.llm,
+        return MethodContext(settings=ctx.settings, llm=ctx.llm,
                              embed=ctx.lazy_embed() if self.method.uses_embedder else None)
 
     def check_inputs(self, cfg: Any) -> None:

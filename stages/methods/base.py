@@ -2,7 +2,8 @@
 
 A method is one module (or small package), under `stages/methods/` or in a package of its own
 registered under the `mempipe.methods` entry point (docs/adding-a-method.md), with:
-- `Settings`: its pydantic settings model, configured as `method.<name>.*`;
+- `Settings`: its pydantic settings model, configured as `method.<name>.*`: the `S` of
+  `Method[S]`, unless the class sets `Settings` itself;
 - `needs`: upstream stages it reads besides `ingest` and `probes` (SeCom's retrieval needs `banks`);
 - `stages()`: the stages it brings itself, before its memory (SeCom's segmentation, compression and
   banks), each with its own settings section and tables; a run holds them when a selected stage
@@ -44,7 +45,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.errors import ConfigError
 from pipeline.llm.types import ChatLLM
-from pipeline.stage import Rows
+from pipeline.stage import Rows, settings_parameter
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed
@@ -175,7 +176,8 @@ class ReportPanel:
 
 
 class Method(Generic[S]):
-    """A memory method; `S` is its settings model (`Method[MySettings]`, with `Settings = MySettings`)."""
+    """A memory method; `S` is its settings model (`Method[MySettings]`), also its `Settings` unless
+    a subclass sets `Settings` itself."""
 
     name: ClassVar[str]
     Settings: ClassVar[type[MethodSettings]] = MethodSettings
@@ -200,6 +202,13 @@ class Method(Generic[S]):
     memory_evidence: ClassVar[MemoryEvidence | None] = None
     # Every answer's context holds its whole memory (a running summary): retrieved = written.
     whole_memory_in_context: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Settings" not in cls.__dict__:
+            model = settings_parameter(cls, Method, MethodSettings)
+            if model is not None:
+                cls.Settings = model
 
     def stages(self) -> tuple["Stage", ...]:
         """The stages this method brings (pipeline.stage's `EpisodeStage` / `GlobalStage`), in
