@@ -298,8 +298,8 @@ def test_finish_reason_is_read_kept_in_the_cache_and_truncations_counted():
 # ------------------------------------------------------------------------- o4: p-values
 
 def test_the_report_says_its_p_values_are_per_cell_and_uncorrected():
-    from stages.report import _pairwise_intro
+    from stages.report.sections import pairwise_intro
 
     frame = pl.DataFrame({"protocol": ["both_orders"]})
-    assert pairwise_report.MULTIPLICITY_NOTE in _pairwise_intro(frame)
+    assert pairwise_report.MULTIPLICITY_NOTE in pairwise_intro(frame)
     assert "uncorrected" in pairwise_report.MULTIPLICITY_NOTE

@@ -1,5 +1,6 @@
 """The report's reproduction table: the run beside each paper sheet it reproduces, result by result,
-then the run's deviations from the sheet's protocol."""
+then the run's deviations from the sheet's protocol; the sheets a run is compared with, and the
+report section that shows the table."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pathlib import Path
+
 import polars as pl
 import pyarrow as pa
 
-from pipeline.reproduction import PaperSheet, run_value, sheet_deviations
+from pipeline.config import under_cwd
+from pipeline.errors import ConfigError
+from pipeline.reproduction import PaperSheet, load_sheet, run_value, sheet_deviations
+from stages.report import render
 from stages.report.method_costs import whole_run_scope
 from stages.report.scorers import scorer
 
@@ -80,3 +86,56 @@ def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
                          "paper_setting": json.dumps(d.paper, default=str),
                          "run_setting": json.dumps(d.run, default=str)})
     return pl.from_arrow(pa.Table.from_pylist(rows, REPRODUCTION_SUMMARY))  # type: ignore[return-value]
+
+
+def compared_sheets(cfg: Any) -> list[tuple[str, PaperSheet | None]]:
+    """(file, its `paper:` sheet or None when it has none) for each of `report.compare_with`; the file
+    named as given when it is under the working directory (configs/x.yaml), else in full."""
+    out = []
+    for path in cfg.report.compare_with:
+        if not Path(path).exists():
+            raise ConfigError(f"report.compare_with: no such file {path}{cfg.report.looked_in(path)}")
+        out.append((under_cwd(path), load_sheet(path)))
+    return out
+
+
+def run_sheets(cfg: Any) -> list[tuple[str, PaperSheet]]:
+    """The sheets the run's report compares it with: its own `paper:` block, then the compared
+    files' (those without a block left out)."""
+    own = [("this run's config", cfg.paper)] if cfg.paper is not None else []
+    return own + [(path, sheet) for path, sheet in compared_sheets(cfg) if sheet is not None]
+
+
+def reproduction_section(summary: pl.DataFrame, unsheeted: list[str]) -> render.Section | None:
+    """The report's Reproduction section from `reproduction_summary`: per sheet, its results beside
+    the run's, then the run's deviations from its protocol. None when there is no sheet."""
+    if summary.is_empty() and not unsheeted:
+        return None
+
+    def num(v: float | None) -> str:
+        return "" if v is None else f"{v:.4g}"
+
+    shown: list[tuple[str, pl.DataFrame]] = []
+    for (sheet, origin), rows in summary.group_by(["sheet", "origin"], maintain_order=True):
+        results = rows.filter(pl.col("kind") == "result")
+        shown.append((f"{sheet} ({origin})", pl.DataFrame({
+            "result": results["name"], "paper": results["paper"], "source": results["source"],
+            "run": [num(r["run"]) + (f" [{num(r['run_low'])}, {num(r['run_high'])}]" if r["run_low"] is not None
+                                     else "") if r["produced"] else "not produced"
+                    for r in results.iter_rows(named=True)],
+            "n": results["n"], "episodes": results["episodes"], "difference": results["difference"],
+            "looked_up": results["looked_up"], "scorer": results["scorer"]},
+            schema_overrides={"n": pl.Int64, "episodes": pl.Int64, "paper": pl.Float64, "difference": pl.Float64})))
+        off = rows.filter(pl.col("kind") == "deviation")
+        shown.append((f"Where this run differs from {sheet}'s protocol ({off.height})", pl.DataFrame({
+            "setting": off["name"], "run": off["run_setting"], "paper": off["paper_setting"],
+            "source": off["source"]})))
+    intro = ("The paper's numbers beside this run's, each looked up in the report table, row and column the "
+             "sheet (`paper:` block) names, scaled as the paper prints it (interval, n and episodes as that table "
+             "gives them: the interval is the episode-level cluster bootstrap, so it is wide when n comes from few "
+             "episodes, and missing with one), with the scorer that computed it (library, convention and whose: "
+             "the paper's own scorer for every score); `not produced`: the run wrote no such row. Below each, every "
+             "protocol setting where this run differs from the paper's (`mempipe check` lists them before a run).")
+    if unsheeted:
+        intro += " Compared configs with no `paper:` block yet: " + ", ".join(unsheeted) + "."
+    return render.Section("Reproduction", intro, shown)
