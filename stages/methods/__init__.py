@@ -37,7 +37,7 @@ from stages.methods.theanine import Theanine, TheanineAll, TheanineNoRefine, The
 ENTRY_POINT_GROUP = "mempipe.methods"
 log = logging.getLogger(__name__)
 
-BUILT_IN: dict[str, Method] = {m.name: m for m in [
+_BUILT_IN: list[Method] = [
     SeCom(), TurnLevel(), SessionLevel(), FullHistory(), ZeroHistory(),
     Theanine(), TheanineAll(), TheanineNoRelation(), TheanineNoRefine(),
     RSum(), AllMemories(), MemoryRetrieval(), AllMemoriesUpdate(), MemoryRetrievalUpdate(), GoldMemory(),
@@ -47,7 +47,8 @@ BUILT_IN: dict[str, Method] = {m.name: m for m in [
     GraphitiLibrary(),
     AMemLibrary(),
     LangMemLibrary(),
-]}
+]
+BUILT_IN: dict[str, Method] = {m.name: m for m in _BUILT_IN}
 
 
 def _loaded(ep: EntryPoint) -> Method:

@@ -96,7 +96,7 @@ def _library() -> Any:
         import langmem.knowledge.extraction as extraction
     except ImportError as e:
         raise ConfigError(f"method langmem needs the {PACKAGE} package: pip install -e '.[{EXTRA}]'") from e
-    extraction.uuid = _UUID  # type: ignore[attr-defined]
+    extraction.uuid = _UUID
     return extraction
 
 
@@ -108,7 +108,8 @@ def _clients(gateway: Gateway) -> tuple[Any, Any]:
 
     key = Gateway.api_key(NAME)
     chat = ChatOpenAI(model="gateway", base_url=gateway.base_url, api_key=key, max_retries=0)
-    embed = OpenAIEmbeddings(model="gateway", base_url=gateway.base_url, api_key=key, max_retries=0,
+    # The fields' own names (their aliases base_url / api_key are what its type hints do not show).
+    embed = OpenAIEmbeddings(model="gateway", openai_api_base=gateway.base_url, openai_api_key=key, max_retries=0,
                              check_embedding_ctx_length=False)
     return chat, embed
 

@@ -27,7 +27,7 @@ _PUNCTUATION = frozenset(string.punctuation)
 
 
 @lru_cache(maxsize=1)
-def _stemmer():  # type: ignore[no-untyped-def]
+def _stemmer():
     from nltk.stem import PorterStemmer
 
     return PorterStemmer()

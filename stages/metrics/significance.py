@@ -18,7 +18,10 @@ import inspect
 import warnings
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 VERDICTS = ("reference", "other", "tie")
 
@@ -119,7 +122,7 @@ def bootstrap_mean_interval(values: Sequence[float], level: float = 0.95, resamp
     return _interval(res)
 
 
-def cluster_totals(values: Sequence[float], clusters: Sequence[Hashable]) -> tuple[list[Hashable], Any, Any]:
+def cluster_totals(values: Sequence[float] | np.ndarray, clusters: Sequence[Hashable]) -> tuple[list[Hashable], Any, Any]:
     """Per cluster (an episode), the sum and the count of its items' values: (cluster names in
     sorted order, sums, counts) as numpy arrays; item i is `values[i]` of cluster `clusters[i]`."""
     import numpy as np

@@ -115,7 +115,7 @@ class SessionMemoryMethod(Method[MemorySettings]):
 
     Settings: ClassVar[type[MethodSettings]] = MemorySettings
     memory = {"memories": MEMORIES, "build_log": BUILD_LOG}
-    memory_kind = "log"
+    memory_kind: ClassVar[Literal["snapshots", "log"]] = "log"
     uses_embedder = True
     table = "memories"
 

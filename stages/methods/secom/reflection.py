@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from functools import partial
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,7 +114,7 @@ async def _reflect(llm: ChatLLM, g: SegmentationGuidance, batches: list[list[dic
             res = await llm.chat(
                 build_reflection_messages(g.rubric, batch, max_rubric_items),
                 schema=ReflectionOutput,
-                validate=lambda out, n=len(batch): _check_reflection(out, n, max_rubric_items),
+                validate=partial(_check_reflection, batch_len=len(batch), max_items=max_rubric_items),
             )
         except LLMError:
             entry["reflection_failures"] += 1

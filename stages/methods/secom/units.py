@@ -72,7 +72,7 @@ def make_units(turns: Sequence[dict], spans: Sequence[Span], granularity: str) -
         turn_start = first.get("turn_idx", start)
         units.append({
             "episode_id": first.get("episode_id"),
-            "unit_id": unit_id(granularity, first.get("session_idx"), turn_start),
+            "unit_id": unit_id(granularity, first["session_idx"], turn_start),
             "granularity": granularity,
             "session_idx": first.get("session_idx"),
             "session_time": first.get("session_time"),
