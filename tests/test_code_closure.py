@@ -88,7 +88,8 @@ def test_editing_a_module_no_method_imports_changes_no_method_stage(every_stage,
 
 
 def test_editing_one_method_reruns_only_that_method_and_the_report(every_stage, edit_source):
-    changed = changed_by(every_stage, edit_source, "stages.methods.ld_agent", "class LDAgent(Method[LDAgentSettings]):",
+    changed = changed_by(every_stage, edit_source, "stages.methods.ld_agent.method",
+                         "class LDAgent(Method[LDAgentSettings]):",
                          "class LDAgent(Method[LDAgentSettings]):  # edited")
     # diagnose reads every method's memory_items (the judge's calls replay from the cache)
     assert changed == {"memory_ld_agent", "respond_ld_agent", "diagnose", "report"}

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from pipeline.testing.fake_chat import FakeChat
 from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
-from stages.methods.creem import (Creem, CreemNoPreblend, CreemNoPreblendSettings, CreemNoRefineSettings,
-                                  CreemSettings, label_shares, replay)
+from stages.methods.creem import Creem, CreemNoPreblend, CreemNoPreblendSettings, CreemNoRefineSettings, CreemSettings
+from stages.methods.creem.method import label_shares, replay
 
 
 def mem(i: int, speaker: str = "Ann") -> dict:
@@ -297,7 +297,7 @@ def test_a_question_asked_after_the_history_runs_the_step_about_the_asker_and_as
 
 
 def test_the_query_and_blend_prompts_carry_every_instruction_of_a1_to_a3_and_end_in_json():
-    from stages.methods.creem import blend_messages, first_session_messages, question_messages
+    from stages.methods.creem.prompts import blend_messages, first_session_messages, question_messages
 
     q = " ".join(m["content"] for m in question_messages("Ann", "Ann: hi"))
     assert all(w in q for w in ("high-level", "matters most", "lets us answer", "about Ann", "final line"))
@@ -410,7 +410,7 @@ def test_every_question_is_asked_before_the_blends_and_each_step_keeps_its_own_q
 
 
 def test_the_refine_schema_lets_removals_name_only_the_memories_shown():
-    from stages.methods.creem import blend_refine_schema
+    from stages.methods.creem.method import blend_refine_schema
 
     schema = blend_refine_schema(2)
     assert schema.model_validate({"insights": [{"text": "x", "label": "Updated", "removes": [2]}]})

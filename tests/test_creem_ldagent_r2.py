@@ -17,7 +17,8 @@ from test_creem import counting_builder
 from pipeline.reproduction import deviations
 from stages.judging.judge_memory import speaker_lines
 from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
-from stages.methods.creem import Creem, CreemSettings, step_speaker
+from stages.methods.creem import Creem, CreemSettings
+from stages.methods.creem.method import step_speaker
 from stages.methods.ld_agent import LDAgent, LDAgentSettings
 from stages.methods.baselines.memory_baselines import AllMemories, MemorySettings
 from stages.methods.shared.memory_response import creem_reply_messages

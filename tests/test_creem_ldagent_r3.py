@@ -16,8 +16,10 @@ import stages
 from pipeline.reproduction import deviations, run_value
 from pipeline.testing.fake_chat import FakeChat
 from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
-from stages.methods.creem import EVOLUTION_SUMMARY, Creem, CreemSettings, label_shares, replay
-from stages.methods.ld_agent import LDAgent, LDAgentSettings, memory_line
+from stages.methods.creem import EVOLUTION_SUMMARY, Creem, CreemSettings
+from stages.methods.creem.method import label_shares, replay
+from stages.methods.ld_agent import LDAgent, LDAgentSettings
+from stages.methods.ld_agent.method import memory_line
 from test_creem import counting_builder
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -15,9 +15,10 @@ import pytest
 from pipeline.testing.fake_chat import FakeChat
 from pipeline.llm.types import LLMError
 from stages.methods.base import EpisodeInput, MethodContext, ProbeInput, visible_memory
-from stages.methods.ld_agent import (NO_TRAIT, LDAgent, LDAgentSettings, elapsed_words, gap_seconds,
-                                     no_memory_shares, persona_messages, persona_turns, retrieval_scores,
-                                     session_times, summary_messages, timeline, topic_overlap)
+from stages.methods.ld_agent import LDAgent, LDAgentSettings
+from stages.methods.ld_agent.method import (elapsed_words, gap_seconds, no_memory_shares, persona_turns,
+                                            retrieval_scores, session_times, timeline, topic_overlap)
+from stages.methods.ld_agent.prompts import NO_TRAIT, persona_messages, summary_messages
 from stages.methods.baselines.chatgpt import LDAgentBase, LDAgentBaseSettings
 
 VOCAB = ["dog", "park", "leash", "car", "garden", "cello"]
@@ -407,7 +408,7 @@ def test_the_chatgpt_baseline_sees_only_the_current_session_under_prompt_3():
 
 
 def test_spacy_nouns_are_lemmas_of_noun_tokens():
-    from stages.methods.ld_agent import spacy_nouns
+    from stages.methods.ld_agent.method import spacy_nouns
 
     assert spacy_nouns("I walked my dogs in the parks with two friends") == ["dog", "park", "friend"]
 

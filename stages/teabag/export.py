@@ -24,7 +24,7 @@ from pipeline.errors import PipelineError
 from pipeline.hashing import canonical_json, sha256
 from pipeline.manifest import Manifest
 from pipeline.storage import Location, join
-from stages.teabag import SETTINGS_FILE, TeabagConfig, TeabagStage
+from stages.teabag.stage import SETTINGS_FILE, TeabagConfig, TeabagStage
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def teabag_tables(ingest: StageDir, teabag: StageDir) -> dict[str, pa.Table]:
 
 
 def recorded_settings(teabag: StageDir) -> dict[str, Any]:
-    """What the run's teabag stage recorded it was made with (`stages.teabag.recorded_settings`)."""
+    """What the run's teabag stage recorded it was made with (`stages.teabag.stage.recorded_settings`)."""
     try:
         return json.loads(teabag.read_file(SETTINGS_FILE))
     except FileNotFoundError:
