@@ -8,11 +8,12 @@ forbids unknown keys so a typo is an error that names the key, not a silent defa
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, ClassVar, Iterable, Literal, Mapping, Sequence, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, model_validator
@@ -195,46 +196,26 @@ class LLMConfig(Section):
         return self._server_urls
 
 
-class LocalServerOverride(Section):
-    model_path: str | None = PathField(lookup=True)
-    n_ctx: int | None = None
-    servers: int | None = None
-    n_threads: int | None = None
-    prompt_cache_mb: int | None = None
-    startup_timeout_s: float | None = None
+def overriding(model: type[Section], name: str, doc: str, nested: Mapping[str, type[Section]] | None = None) -> type[Section]:
+    """A section that overrides `model` field by field: each of its fields, unset (None) by default,
+    with the same type, bounds and path marking; `nested` replaces a field's section by its own
+    overriding one. Derived, so a field added to `model` is overridable without a second edit."""
+    fields: dict[str, Any] = {}
+    for field_name, info in model.model_fields.items():
+        kind = (nested or {}).get(field_name, info.annotation)
+        optional = copy.copy(info)
+        optional.default, optional.default_factory = None, None
+        fields[field_name] = (Optional[kind], optional)
+    return create_model(name, __base__=Section, __doc__=doc, __module__=__name__, **fields)
 
 
-class RoleConfig(Section):
-    """A named LLM role (`roles.<name>`): any `llm` field, overriding it field by field."""
-
-    provider: Literal["local", "openai"] | None = None
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    max_concurrency: int | None = None
-    max_concurrency_per_worker: int | None = None
-    rpm: int | None = None
-    tpm: int | None = None
-    timeout_s: float | None = None
-    max_retries: int | None = None
-    max_outage_s: float | None = None
-    structured_retries: int | None = None
-    sample_with_n: bool | None = None
-    structured_mode: StructuredMode | None = None
-    backoff_base_s: float | None = None
-    backoff_max_s: float | None = None
-    cache_dir: str | None = PathField()
-    cache_enabled: bool | None = None
-    prices: dict[str, dict[str, float]] | None = None
-    max_cost_usd: float | None = Field(default=None, ge=0)
-    batch: bool | None = None
-    batch_window: str | None = None
-    batch_poll_s: float | None = None
-    local: LocalServerOverride | None = None
+LocalServerOverride = overriding(LocalServerConfig, "LocalServerOverride",
+                                 "`roles.<name>.local`: any `llm.local` field, overriding it field by field.")
+if TYPE_CHECKING:
+    RoleConfig = Section  # a model built at import: the checker knows it as the Section it is
+else:
+    RoleConfig = overriding(LLMConfig, "RoleConfig", "A named LLM role (`roles.<name>`): any `llm` field, "
+                            "overriding it field by field.", {"local": LocalServerOverride})
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
