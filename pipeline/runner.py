@@ -45,6 +45,19 @@ class StageStatus:
     failed: dict[str, Any] | None = None  # partial: why the latest attempt stopped, if it did
 
 
+def stage_state(sd: StageDir, fingerprint: str) -> tuple[str, Manifest | None]:
+    """A stage's state for `fingerprint`, with its published manifest; `status` shows it and `select`
+    runs what is not done, so the two never disagree: done (published with this fingerprint), partial
+    (an attempt with it in progress or stopped, its finished shards kept; the older manifest's counts
+    are not this attempt's), stale (published with another), missing (never published)."""
+    manifest = sd.manifest()
+    if manifest is not None and manifest.fingerprint == fingerprint:
+        return "done", manifest
+    if sd.partial_fingerprint() == fingerprint:
+        return "partial", manifest
+    return ("stale" if manifest is not None else "missing"), manifest
+
+
 def _sum_usage(markers: list[ShardMarker]) -> dict[str, Usage] | None:
     """Per-role usage summed over shards: {role: usage}."""
     per_role: dict[str, Usage] = {}
@@ -120,16 +133,8 @@ class Runner:
         result = []
         for stage in self.plan:
             sd = StageDir(self.run_dir, stage.name)
-            manifest = sd.manifest()
             fp = fps[stage.name]
-            if manifest is not None and manifest.fingerprint == fp:
-                state = "done"
-            elif sd.partial_fingerprint() == fp:
-                state = "partial"
-            elif manifest is not None:
-                state = "stale"
-            else:
-                state = "missing"
+            state, manifest = stage_state(sd, fp)
             status = StageStatus(stage.name, state, fp, manifest)
             if state == "partial":  # this attempt's own counts, never the published stage's
                 markers = [ShardMarker.from_json(d) for d in sd.finished_shards().values()]
@@ -175,26 +180,15 @@ class Runner:
         for stage in self.plan:
             if stage.name not in selected:
                 continue
-            sd = StageDir(self.run_dir, stage.name)
-            manifest = sd.manifest()
-            if stage.name in forced:
-                reason = "forced"
-            elif manifest is not None and manifest.fingerprint == fps[stage.name]:
-                reason = "done"
-            elif sd.partial_fingerprint() == fps[stage.name]:
-                reason = "partial"
-            elif manifest is not None:
-                reason = "stale"
-            else:
-                reason = "new"
+            state = stage_state(StageDir(self.run_dir, stage.name), fps[stage.name])[0]
+            reason = "forced" if stage.name in forced else "new" if state == "missing" else state
             out.append((stage, reason))
         todo_names = {s.name for s, reason in out if reason != "done"}
         for stage, reason in out:
             if reason == "done":
                 continue
             for up in stage.inputs:
-                up_manifest = StageDir(self.run_dir, up).manifest()
-                if up not in todo_names and (up_manifest is None or up_manifest.fingerprint != fps[up]):
+                if up not in todo_names and stage_state(StageDir(self.run_dir, up), fps[up])[0] != "done":
                     raise PipelineError(
                         f"stage {stage.name!r} needs {up!r}, which is not done for this config; "
                         f"run it first (--until {stage.name} runs both)"

@@ -124,6 +124,22 @@ def test_only_force_from_and_status(toy):
     assert states == {"ingest": "done", "count": "stale", "double": "stale", "other": "done"}
 
 
+def test_a_stopped_attempt_shows_its_own_failure_and_counts_never_the_older_published_ones(toy, toy_dir):
+    toy().run()
+    assert StageDir(toy.run_dir, "count").manifest().rows == 5
+    (toy_dir / "control.json").write_text(json.dumps({"raise_on": "ep03"}))
+    edited = toy("count.seed=3", executor="inline")
+    with pytest.raises(Exception, match="toy crash on ep03"):
+        edited.run()
+    count = {s.name: s for s in edited.status()}["count"]
+    # The attempt's first shard (ep00, ep01) finished; the published stage's 5 rows are not its counts.
+    assert (count.state, count.shards_done, count.attempt_rows) == ("partial", 1, 2)
+    assert "toy crash on ep03" in count.failed["reason"]
+    # status and select decide the state alike: the rerun resumes the attempt.
+    assert {s.name: why for s, why in edited.select()} == {"ingest": "done", "count": "partial", "double": "stale",
+                                                           "other": "done"}
+
+
 def test_inline_and_ray_executors_write_the_same_tables_and_manifests(toy):
     toy("run_name=inline", executor="inline").run()
     toy("run_name=ray", executor="ray").run()

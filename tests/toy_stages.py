@@ -98,6 +98,8 @@ class CountTurns(EpisodeStage[CountSettings]):
         ctl = control()
         if ctl.get("hang_on") == episode_id:
             time.sleep(600)  # the test kills the driver while this shard hangs
+        if ctl.get("raise_on") == episode_id:
+            raise RuntimeError(f"toy crash on {episode_id}")  # the shard fails: the attempt stops
         if ctl.get("fail_row") == episode_id:
             return {"counts": [{"episode_id": episode_id, "n_turns": None, "error": "toy failure"}]}
         return {"counts": [{"episode_id": episode_id, "n_turns": len(inputs["ingest.turns"]), "error": None}]}
