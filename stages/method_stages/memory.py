@@ -18,7 +18,7 @@ from pipeline.failures import failing_fast, row_failure
 from pipeline.retrieval import count_tokens
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name
-from stages.methods.base import EpisodeInput, Method, MethodSettings, visible_memory
+from stages.methods.base import EpisodeInput, Method, S, visible_memory
 from stages.dialogue import sessions_of
 
 MEMORY_VIEW = pa.schema(
@@ -49,22 +49,22 @@ def sessions_upto(episode: EpisodeInput, count: int) -> EpisodeInput:
                         upstream=episode.upstream)
 
 
-class MemoryStage(MethodStage):
-    def __init__(self, method: Method) -> None:
+class MemoryStage(MethodStage[S]):
+    def __init__(self, method: Method[S]) -> None:
         super().__init__(method, memory_stage_name(method.name), ("ingest", *method.needs), method.build_role)
         self.outputs = {**method.memory, "memory_view": MEMORY_VIEW, "build_failures": BUILD_FAILURES}
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+    async def process_episode(self, ctx: StageContext[S], episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         episode = EpisodeInput(episode=inputs["ingest.episodes"][0], sessions=sessions_of(inputs["ingest.turns"]),
                                upstream=self.needed(inputs))
         if not self.method.memory:
-            return {"memory_view": self.memory_view(episode, {}, ctx.section)}
+            return {"memory_view": self.memory_view(episode, {}, ctx.settings)}
         built, failed = await self.guarded_build(ctx, episode)
         # A memory missing sessions is never shown to the memory judge as the episode's memory.
-        view = [] if failed else self.memory_view(episode, built, ctx.section)
+        view = [] if failed else self.memory_view(episode, built, ctx.settings)
         return {**built, "memory_view": view, "build_failures": failed}
 
-    async def guarded_build(self, ctx: StageContext, episode: EpisodeInput) -> tuple[dict[str, Rows], Rows]:
+    async def guarded_build(self, ctx: StageContext[S], episode: EpisodeInput) -> tuple[dict[str, Rows], Rows]:
         """The method's memory of the episode and no failure; or, when `build` raises, the memory of
         the longest prefix of sessions that builds and the failure row of the session after it."""
         mctx = self.method_context(ctx)
@@ -90,7 +90,7 @@ class MemoryStage(MethodStage):
                         "session_idx": failed_session, "within_session": within,
                         "error": f"memory build failed at session {failed_session}: {error}"}]
 
-    def memory_view(self, episode: EpisodeInput, built: dict[str, Rows], settings: MethodSettings) -> Rows:
+    def memory_view(self, episode: EpisodeInput, built: dict[str, Rows], settings: S) -> Rows:
         """The memory visible after the episode's last session, as the method shows it."""
         after_last = max(episode.sessions, default=0) + 1
         final = {t: visible_memory(rows, after_last, None, self.method.memory_kind) for t, rows in built.items()}

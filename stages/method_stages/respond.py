@@ -13,7 +13,7 @@ from pipeline.failures import FAILURE_FIELDS, row_or_failure
 from pipeline.shard import EpisodeUsage
 from pipeline.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
-from stages.methods.base import Method, ProbeInput, point, visible_memory
+from stages.methods.base import Method, ProbeInput, S, point, visible_memory
 from stages.dialogue import sessions_of
 from stages.probes import probe_view
 
@@ -69,15 +69,15 @@ def needs_failed_build(probe: dict[str, Any], failures: Rows) -> str | None:
     return None
 
 
-class RespondStage(MethodStage):
+class RespondStage(MethodStage[S]):
     outputs = {"responses": RESPONSES}
 
-    def __init__(self, method: Method) -> None:
+    def __init__(self, method: Method[S]) -> None:
         self.memory_stage = memory_stage_name(method.name) if method.memory else None  # its tables, if any
         inputs = ("ingest", "probes", *method.needs, *([self.memory_stage] if self.memory_stage else []))
         super().__init__(method, respond_stage_name(method.name), inputs, method.answer_role)
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+    async def process_episode(self, ctx: StageContext[S], episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
         sessions = sessions_of(inputs["ingest.turns"])
         episode = inputs["ingest.episodes"][0]
         upstream = self.needed(inputs)
