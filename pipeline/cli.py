@@ -236,8 +236,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{own} has no paper: block and compares with no paper config: nothing to check")
     selected = list(cfg.methods)
     plan = _runner(args, cfg).plan
-    # Stage sections (the config's keys beyond the run-level ones) of stages this run does not hold.
-    absent = set(type(cfg).model_fields) - set(RunConfig.model_fields) - {getattr(s, "section", None) for s in plan}
+    # Stage sections (the config's keys beyond the run-level ones and `method`) of stages this run does not hold.
+    absent = (set(type(cfg).model_fields) - set(RunConfig.model_fields) - {"method"}
+              - {getattr(s, "section", None) for s in plan})
     covered: set[str] = set()
     for how, path, whole in sheets:
         if whole is None:

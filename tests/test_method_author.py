@@ -17,7 +17,6 @@ from pipeline import code_closure
 from pipeline.artifacts import StageDir
 from pipeline.runner import Runner
 from stages import registry
-from stages.cli import main
 from stages.methods import BUILT_IN, METHODS, installed_methods
 from stages.scaffold import method_files
 from stages.testing import run_method
@@ -28,36 +27,22 @@ DOC = ROOT / "docs" / "adding-a-method.md"
 
 def test_the_docs_complete_method_is_the_scaffold_and_runs_as_printed(fake_llm, tmp_path, monkeypatch):
     printed = re.search(r"## A complete method.*?```python\n(.*?)```", DOC.read_text(), re.S).group(1)
-    assert printed == method_files("session_digest")["session_digest.py"]
-    assert len(printed.splitlines()) <= 40
-    (tmp_path / "docs_example_digest.py").write_text(printed)
+    assert printed == method_files("recency_k")["src/recency_k/method.py"]
+    assert len(printed.splitlines()) <= 50
+    (tmp_path / "docs_example_recency.py").write_text(printed)
     monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("docs_example_digest")
-    fake_llm.responder = lambda body: ("Bob plays chess." if "Summarise" in body["messages"][0]["content"]
-                                       else "Want a game tonight?")
-    tables = run_method(module.SessionDigest(), fake_llm.base_url, tmp_path, settings={"recent": 1})
-    digests = tables["memory_session_digest.digests"].to_pylist()
-    responses = tables["respond_session_digest.responses"].to_pylist()
+    module = importlib.import_module("docs_example_recency")
+    fake_llm.responder = lambda body: "Want a game tonight?"
+    tables = run_method(module.RecencyK(), fake_llm.base_url, tmp_path, settings={"k": 1, "top_n": 2})
+    notes = tables["memory_recency_k.notes"].to_pylist()
+    responses = tables["respond_recency_k.responses"].to_pylist()
     sessions = {p["probe_id"]: p["session_idx"] for p in tables["probes.probes"].to_pylist()}
-    assert [d["digest"] for d in digests] == ["Bob plays chess."] * len(digests) and len(digests) >= 2
-    assert responses and all(r["error"] is None and r["response"] for r in responses)
-    # `recent: 1`: the digest of the session just before the probe's, nothing of its own session
-    assert all(r["memory_ids"] == ([f"S{sessions[r['probe_id']] - 1}"] if sessions[r["probe_id"]] > 1 else [])
-               for r in responses)
-
-
-@pytest.mark.heavy(seconds=6)
-def test_new_method_writes_a_module_its_test_and_docs_that_pass_as_written(tmp_path, capsys):
-    assert main(["new-method", "my_notes", "--dir", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_notes.md", "my_notes.py", "test_my_notes.py"]
-    assert "class MyNotes(Method[MyNotesSettings])" in (tmp_path / "my_notes.py").read_text()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_notes.py"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "1 passed" in done.stdout
-    assert main(["new-method", "my_notes", "--dir", str(tmp_path)]) == 1  # never overwrites
-    with pytest.raises(ValueError, match="lower_snake_case"):
-        method_files("MyNotes")
+    # `k: 1`: one row per session, its last turn
+    assert len(notes) >= 2 and len(notes) == len({n["snapshot_session"] for n in notes})
+    assert responses and all(r["error"] is None and r["response"] == "Want a game tonight?" for r in responses)
+    # `top_n: 2`: at most two rows, each from a session before the probe's
+    assert all(len(r["memory_ids"]) == min(2, sessions[r["probe_id"]] - 1) for r in responses)
+    assert all(int(i.split(":")[0]) < sessions[r["probe_id"]] for r in responses for i in r["memory_ids"])
 
 
 # --- a method from another package ------------------------------------------------------------
@@ -65,22 +50,23 @@ def test_new_method_writes_a_module_its_test_and_docs_that_pass_as_written(tmp_p
 PANEL = '''
 
     def report_panel(self, memory, responses):
-        from stages.methods.base import ReportPanel
-        return ReportPanel(title="Acme digests", text=f"{len(memory['digests'])} digests kept.")
+        from stages.api import ReportPanel
+        return ReportPanel(title="Acme notes", text=f"{len(memory['notes'])} notes kept.")
 '''
 
 
-def install_fake_package(site: Path, entry: str = "acme_digest = acme_memory.digest:AcmeDigest") -> None:
+def install_fake_package(site: Path, entry: str = "acme_digest = acme_memory.method:AcmeDigest") -> None:
     """`acme_memory` as pip would leave it: the package beside its dist-info, whose entry_points.txt
     registers the method. Its prompt lives in a module of its own, which the method imports."""
     pkg = site / "acme_memory"
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "prompts.py").write_text('DIGEST = "Summarise in two sentences what this conversation says."\n')
-    module = method_files("acme_digest")["acme_digest.py"].replace(
-        '"digest": "Summarise in two sentences what this conversation says about its speakers."',
-        '"digest": prompts.DIGEST').replace("import pyarrow as pa\n", "import pyarrow as pa\n\nfrom acme_memory import prompts\n")
-    (pkg / "digest.py").write_text(module + PANEL)
+    module = method_files("acme_digest", "acme_memory")["src/acme_memory/method.py"].replace(
+        '    memory_kind = "log"', '    prompts = {"digest": prompts.DIGEST}\n    memory_kind = "log"').replace(
+        "import pyarrow as pa\n", "import pyarrow as pa\n\nfrom acme_memory import prompts\n")
+    assert "prompts.DIGEST" in module and "from acme_memory import prompts" in module
+    (pkg / "method.py").write_text(module + PANEL)
     info = site / "acme_memory-0.1.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-memory\nVersion: 0.1\n")
@@ -118,13 +104,13 @@ def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shap
     assert {r["method"] for r in judged} == {"rsum", "acme_digest"}
     # its fingerprint follows its package's imports, and the shared helpers it uses
     closure = code_closure.code_closure(*stages["respond_acme_digest"].code_roots())
-    assert {"acme_memory.digest", "acme_memory.prompts", "stages.methods.shared.memory_response"} <= set(closure)
+    assert {"acme_memory.method", "acme_memory.prompts", "stages.api", "stages.methods.shared.memory_response"} <= set(closure)
     assert not any(m.startswith("stages.methods.rsum") for m in closure)
     # the sheet's row and the method's own report panel
     repro = StageDir(cfg.run_dir, "report").read_table("reproduction_summary").to_pylist()
     row = next(r for r in repro if r["name"] == "Acme, GPT4Score")
     assert row["produced"] and row["run"] is not None and row["origin"].endswith("acme_paper.yaml")
-    assert "Acme digests" in (Path(cfg.run_dir) / "report" / "report.md").read_text()
+    assert "Acme notes" in (Path(cfg.run_dir) / "report" / "report.md").read_text()
     # an edit to the package's prompt module reruns its two stages and what reads them, not rsum's
     before = runner.fingerprints()
     Path(sys.modules["acme_memory.prompts"].__file__).write_text('DIGEST = "Summarise in one sentence."\n')
@@ -135,7 +121,7 @@ def test_a_method_from_another_package_runs_beside_rsum_in_the_default_jobs_shap
 
 
 def test_a_broken_plug_in_is_named_when_a_config_selects_it_and_stops_nothing_else(tmp_path):
-    install_fake_package(tmp_path, entry="ghost = acme_missing.digest:Ghost")
+    install_fake_package(tmp_path, entry="ghost = acme_missing.method:Ghost")
     env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     check = [sys.executable, "-m", "stages.cli", "check", "-c", str(ROOT / "configs" / "default.yaml")]
     ok = subprocess.run(check, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -143,5 +129,5 @@ def test_a_broken_plug_in_is_named_when_a_config_selects_it_and_stops_nothing_el
     bad = subprocess.run([*check, "--set", "methods=[ghost]"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 1
-    assert "'ghost' could not be loaded" in bad.stderr and "acme_missing.digest:Ghost" in bad.stderr
+    assert "'ghost' could not be loaded" in bad.stderr and "acme_missing.method:Ghost" in bad.stderr
     assert "ModuleNotFoundError" in bad.stderr

@@ -114,6 +114,11 @@ SCORED_BY = ["  scored by (3 results):",
              "(episode, speaker)"]
 
 
+# The default job's methods that the toy sheet (theanine, rsum) does not name: one line each.
+UNNAMED = [f"{m}: no paper sheet names it (a paper: block or a report.compare_with config); nothing to compare"
+           for m in ("secom", "ld_agent", "creem", "full_history")]
+
+
 def sheet_lines(out: str) -> list[str]:
     """`mempipe check`'s sheet lines, before the run's stage graph it prints last."""
     return out.split("\n\nstages of this run")[0].splitlines()
@@ -123,11 +128,11 @@ def test_check_lists_a_set_override_of_a_protocol_setting_as_a_deviation(tmp_pat
     cfg = str(paper_config(tmp_path))
     assert main(["check", "-c", cfg]) == 0
     assert sheet_lines(capsys.readouterr().out) == \
-        [f"Toy paper (paper: block of {cfg}): matches the paper's protocol (4 settings)", *SCORED_BY]
+        [f"Toy paper (paper: block of {cfg}): matches the paper's protocol (4 settings)", *SCORED_BY, *UNNAMED]
     assert main(["check", "-c", cfg, "--set", "method.theanine.j=3"]) == 0
     out = sheet_lines(capsys.readouterr().out)
     assert out == [f"Toy paper (paper: block of {cfg}): 1 of 4 settings differ",
-                   "  method.theanine.j: 3 (paper: 2, Table 9)", *SCORED_BY]
+                   "  method.theanine.j: 3 (paper: 2, Table 9)", *SCORED_BY, *UNNAMED]
 
 
 def test_check_names_the_scorer_the_runs_settings_choose(tmp_path, capsys):
@@ -158,7 +163,7 @@ def test_check_and_the_report_read_the_compared_configs_paper_blocks(tmp_path, c
     out = sheet_lines(capsys.readouterr().out)
     assert out == [f"Other paper (compared with {other}): 1 of 4 settings differ",
                    "  probes.max_per_episode: 5 (paper: 1, inferred: one probe)", *SCORED_BY,
-                   f"{bare}: no paper: block"]
+                   f"{bare}: no paper: block", *UNNAMED]
     cfg = load_config(path)
     before = ReportStage().extra_fingerprint(cfg)
     other.write_text(yaml.safe_dump({"paper": {**PAPER, "title": "Other paper, edited"}}))
