@@ -140,8 +140,8 @@ def test_creem_draws_the_reference_position_per_sample_from_a_seeded_rng_and_sho
 
 def test_creem_offers_no_tie_and_carries_b1s_definitions_and_instructions():
     llm = FakeChat([{"better": "tie", "reason": "r"}, {"better": "B", "reason": "r"}])
-    [out] = asyncio.run(pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "R", "O", reference_first=True,
-                                            past_sessions="", protocol="creem"))
+    [out] = asyncio.run(pairwise.judge_pair(llm, "consistency", pairwise.PairShown("Ann: hi", "Bob", "R", "O", past=""),
+                                            pairwise.PairProtocol("creem")))
     assert out[0] == "other" and llm.calls[0]["attempts"] == 2  # a tie is not an answer: re-asked
     assert set(llm.calls[0]["schema"].model_fields["better"].annotation.__args__) == {"A", "B"}
     system, user = (m["content"] for m in llm.calls[0]["messages"][:2])

@@ -111,10 +111,10 @@ def test_creem_position_draws_split_an_items_samples_into_two_requests(fake_llm:
     client = client_for(fake_llm, tmp_path, structured_mode="json_schema")
 
     async def item() -> list[Any]:
-        return [*await pairwise.judge_pair(client, "consistency", "Ann: hi", "Bob", "R", "O", reference_first=True,
-                                           past_sessions="", protocol="creem", samples=[0, 2, 3, 7]),
-                *await pairwise.judge_pair(client, "consistency", "Ann: hi", "Bob", "R", "O", reference_first=False,
-                                           past_sessions="", protocol="creem", samples=[1, 4, 5, 6])]
+        creem = pairwise.PairProtocol("creem")
+        first, second = (pairwise.PairShown("Ann: hi", "Bob", "R", "O", order, "") for order in (True, False))
+        return [*await pairwise.judge_pair(client, "consistency", first, creem, samples=[0, 2, 3, 7]),
+                *await pairwise.judge_pair(client, "consistency", second, creem, samples=[1, 4, 5, 6])]
 
     verdicts = asyncio.run(item())
     assert [b.get("n") for b in chats(fake_llm)] == [4, 4] and len(verdicts) == 8

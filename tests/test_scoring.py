@@ -123,10 +123,10 @@ def test_the_judge_sees_both_orders_and_its_letter_maps_back_to_the_method():
     past = "[Session 1]\nAnn: I adopted a dog"
 
     async def both() -> list[str]:
-        [first] = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER",
-                                            reference_first=True, past_sessions=past)
-        [second] = await pairwise.judge_pair(llm, "consistency", "Ann: hi", "Bob", "REF", "OTHER",
-                                             reference_first=False, past_sessions=past)
+        [first] = await pairwise.judge_pair(llm, "consistency", pairwise.PairShown("Ann: hi", "Bob", "REF", "OTHER",
+                                                                                   True, past))
+        [second] = await pairwise.judge_pair(llm, "consistency", pairwise.PairShown("Ann: hi", "Bob", "REF", "OTHER",
+                                                                                    False, past))
         return [first[0], second[0]]
 
     # "A" both times: the first position wins whatever is in it, a pure position bias -> a tie.
@@ -142,8 +142,8 @@ def test_the_judge_sees_both_orders_and_its_letter_maps_back_to_the_method():
 
 def test_creem_protocol_shows_the_raw_past_sessions():
     llm = FakeChat([{"better": "B"}])
-    asyncio.run(pairwise.judge_pair(llm, "memorability", "Ann: hi", "Bob", "x", "y", reference_first=True,
-                                    past_sessions="[Session 1]\nAnn: I adopted a dog", protocol="creem"))
+    shown = pairwise.PairShown("Ann: hi", "Bob", "x", "y", past="[Session 1]\nAnn: I adopted a dog")
+    asyncio.run(pairwise.judge_pair(llm, "memorability", shown, pairwise.PairProtocol("creem")))
     assert "Earlier sessions:\n[Session 1]\nAnn: I adopted a dog" in llm.calls[0]["messages"][1]["content"]
 
 

@@ -265,13 +265,14 @@ def test_one_timeline_set_per_component_gives_exactly_those_timelines():
 # ------------------------------------------------------------------------- N2: the judge's length rule
 
 def test_the_length_rule_is_a_setting_of_the_head_to_head_judge():
-    on = pairwise.build_messages("specificity", "Ann: hi", "Bob", "a", "b", "")[0]["content"]
-    off = pairwise.build_messages("specificity", "Ann: hi", "Bob", "a", "b", "", length_rule=False)[0]["content"]
+    shown, no_rule = pairwise.PairShown("Ann: hi", "Bob", "a", "b", past=""), pairwise.PairProtocol(length_rule=False)
+    on = pairwise.build_messages("specificity", shown)[0]["content"]
+    off = pairwise.build_messages("specificity", shown, no_rule)[0]["content"]
     assert "length alone is not a merit" in on and "length" not in off.lower()
-    every = pairwise.build_all_messages(["specificity"], "Ann: hi", "Bob", "a", "b", "", length_rule=False)
+    every = pairwise.build_all_messages(["specificity"], shown, no_rule)
     assert "length" not in every[0]["content"].lower()
-    assert "length alone is not a merit" in pairwise.build_all_messages(["specificity"], "d", "Bob", "a", "b")[0][
-        "content"]
+    assert "length alone is not a merit" in pairwise.build_all_messages(
+        ["specificity"], pairwise.PairShown("d", "Bob", "a", "b"))[0]["content"]
     assert stages.load_config(None).judge_pairwise.length_rule is True
 
 

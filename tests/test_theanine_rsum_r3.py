@@ -155,16 +155,18 @@ def test_a_failed_first_update_has_no_memory_to_keep():
 # ------------------------------------------------------------------------- F2: the reasoned judge
 
 def test_reason_first_gives_evaluation_steps_and_the_reasoning_before_the_verdict():
+    shown, reasoned = pairwise.PairShown("Ann: hi", "Bob", "a", "b", past=""), pairwise.PairProtocol(reason_first=True)
     for criterion in ("specificity", "memorability", "consistency"):
-        user = pairwise.build_messages(criterion, "Ann: hi", "Bob", "a", "b", "", reason_first=True)[1]["content"]
+        user = pairwise.build_messages(criterion, shown, reasoned)[1]["content"]
         assert "Evaluation steps:\n1. " in user and pairwise.EVALUATION_STEPS[criterion] in user
         assert user.index('"reason"') < user.index('"better"')
-        plain = pairwise.build_messages(criterion, "Ann: hi", "Bob", "a", "b", "")[1]["content"]
+        plain = pairwise.build_messages(criterion, shown)[1]["content"]
         assert "Evaluation steps" not in plain and plain.index('"better"') < plain.index('"reason"')
     assert list(pairwise.answer_schema("both_orders", True, True).model_fields) == ["reason", "better"]
     assert list(pairwise.answer_schema("both_orders", True).model_fields) == ["better", "reason"]
     assert list(pairwise.all_verdicts_schema(3, True, True).model_fields) == ["reason", "better"]
-    every = pairwise.build_all_messages(["specificity", "consistency"], "d", "Bob", "a", "b", reason_first=True)
+    every = pairwise.build_all_messages(["specificity", "consistency"], pairwise.PairShown("d", "Bob", "a", "b"),
+                                        reasoned)
     assert every[1]["content"].count("Evaluation steps:") == 2
     with pytest.raises(ValueError):
         JudgePairwiseSettings(protocol="creem", reason_first=True)

@@ -40,7 +40,8 @@ from pipeline.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.dialogue import last_turns, sessions_of
 from stages.judging import pairwise
-from stages.judging.pairwise import Past, past_within, reference_shown_first, session_summaries, transcript
+from stages.judging.pairwise import (PairProtocol, PairShown, Past, past_within, reference_shown_first,
+                                     session_summaries, transcript)
 from pipeline.llm.usage import billed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_criteria_rows, sampled_rows
 from stages.judging.calls import RunSamples, run_samples
@@ -140,6 +141,12 @@ class _EpisodePairs:
     def protocol(self) -> str:
         return self.settings.protocol
 
+    @property
+    def how(self) -> PairProtocol:
+        """How the judge is asked, from the stage's settings."""
+        s = self.settings
+        return PairProtocol(s.protocol, s.explain, s.length_rule, s.reason_first)
+
     def blank(self, probe: dict[str, Any], other: str, criterion: str, reference_first: bool, run: int,
               s: int) -> dict:
         current, past = self.views[probe["probe_id"]]
@@ -184,7 +191,6 @@ class _EpisodePairs:
     # sample splits an item's samples into two such prompts.
     async def pair(self, probe: dict[str, Any], other: str, criterion: str) -> Rows:
         """The judgments of one item (probe, opponent, criterion), one call per order shown."""
-        settings = self.settings
         slots, judged_pair = self.shown(probe, other, criterion), self.judged(probe, other)
         rows = {slot: self.blank(probe, other, criterion, *slot) for slot in slots}
         if isinstance(judged_pair, str):
@@ -194,10 +200,8 @@ class _EpisodePairs:
         async def in_order(first: bool, shown: list[tuple[int, int]]) -> Rows:
             with billed_to(other):
                 judgments = await pairwise.judge_pair(
-                    self.ctx.llm, criterion, dialogue, probe["respondent"], ref, oth, reference_first=first,
-                    past_sessions=past, explain=settings.explain, protocol=self.protocol,
-                    samples=self.requested(shown), length_rule=settings.length_rule,
-                    reason_first=settings.reason_first, **self.params)
+                    self.ctx.llm, criterion, PairShown(dialogue, probe["respondent"], ref, oth, first, past),
+                    self.how, samples=self.requested(shown), **self.params)
             # `requested` keeps `shown` in order (runs ascending, as `shown` lists them)
             return sampled_rows([rows[first, run, s] for run, s in shown], ("preferred", "reason"), judgments)
 
@@ -218,9 +222,8 @@ class _EpisodePairs:
         dialogue, ref, oth, past = judged_pair
         with billed_to(other):
             judgments = await pairwise.judge_pair_all(
-                self.ctx.llm, list(criteria), dialogue, probe["respondent"], ref, oth, reference_first=reference_first,
-                past_sessions=past, explain=settings.explain, samples=self.requested(slots),
-                length_rule=settings.length_rule, reason_first=settings.reason_first,
+                self.ctx.llm, list(criteria), PairShown(dialogue, probe["respondent"], ref, oth, reference_first, past),
+                self.how, samples=self.requested(slots),
                 **{**self.params, "max_tokens": settings.max_tokens * len(criteria)})
         return sampled_criteria_rows(groups, ("preferred", "reason"), judgments)
 

@@ -104,6 +104,45 @@ PROTOCOLS = ("both_orders", "creem")
 NO_PAST = "(none: this is the first session)"
 
 
+@dataclass(frozen=True)
+class PairShown:
+    """What the judge is shown of one pair: the dialogue so far, the speaker whose next turn the
+    replies are, the earlier sessions as text (`past`: "" when there were none; None leaves them out)
+    and the two replies, the reference's as A when `reference_first`, else as B."""
+
+    dialogue: str
+    speaker: str
+    reference: str
+    other: str
+    reference_first: bool = True
+    past: str | None = None
+
+    @property
+    def a(self) -> str:
+        return self.reference if self.reference_first else self.other
+
+    @property
+    def b(self) -> str:
+        return self.other if self.reference_first else self.reference
+
+
+@dataclass(frozen=True)
+class PairProtocol:
+    """How the judge is asked: `protocol` (PROTOCOLS), `explain` (a reason beside the verdict),
+    `length_rule` (both_orders: length alone is no merit), `reason_first` (both_orders: each
+    criterion's evaluation steps, and the reasoning before the verdict)."""
+
+    protocol: str = "both_orders"
+    explain: bool = True
+    length_rule: bool = True
+    reason_first: bool = False
+
+    @property
+    def reasoned(self) -> bool:
+        """Whether the reasoning comes first: `reason_first`, which CREEM's protocol does not take."""
+        return self.reason_first and self.protocol != "creem"
+
+
 class PairChoice(BaseModel):
     better: Literal["A", "B", "tie"]
 
@@ -137,20 +176,17 @@ def answer_schema(protocol: str, explain: bool, reason_first: bool = False) -> t
     return PairVerdict if explain else PairChoice
 
 
-def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str, response_b: str,
-                   past_sessions: str | None = None, explain: bool = True,
-                   protocol: str = "both_orders", length_rule: bool = True, reason_first: bool = False) -> Messages:
-    """Messages asking which of A and B is better on `criterion` for `speaker`'s next turn.
+def build_messages(criterion: str, shown: PairShown, how: PairProtocol = PairProtocol()) -> Messages:
+    """Messages asking which of A and B (`shown`) is better on `criterion` for the speaker's next turn,
+    worded as `how` says (its `reason_first` is read as `how.reasoned`).
 
-    past_sessions: the earlier sessions as text ("" when there were none); None leaves them out.
-    length_rule (both_orders): tell the judge that length alone is no merit.
-    reason_first (both_orders): the criterion's evaluation steps, and the reasoning before the verdict.
     Order: `creem` keeps App. B.1's (criterion and instruction, then past and current sessions, then
     the options), whose prefix the pairs of one probe and criterion share; `both_orders` (ours)
     puts the long shared parts (past, current session) first and the criterion last, so every call
     on the same probe shares a prompt prefix."""
-    creem = protocol == "creem"
-    past = "" if past_sessions is None else f"Earlier sessions:\n{past_sessions or NO_PAST}\n\n"
+    creem = how.protocol == "creem"
+    explain, reason_first = how.explain, how.reasoned
+    past = "" if shown.past is None else f"Earlier sessions:\n{shown.past or NO_PAST}\n\n"
     definition = (CREEM_CRITERIA if creem else CRITERIA)[criterion]
     options = '"A" | "B"' if creem else '"A" | "B" | "tie"'
     if creem:
@@ -160,8 +196,8 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
     else:
         ask = ""
         why = ', "reason": one short sentence}.'
-    shared = f"{past}Current session:\n{dialogue}\n\n"
-    candidates = f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
+    shared = f"{past}Current session:\n{shown.dialogue}\n\n"
+    candidates = f"Two candidate next replies by {shown.speaker}:\n[A] {shown.a}\n[B] {shown.b}\n\n"
     answer = 'Reply in JSON: {"better": ' + options + (why if explain else "}.")
     if creem:
         user = f"Criterion. {definition}\n\n{ask}\n\n{shared}{candidates}{answer}"
@@ -172,7 +208,7 @@ def build_messages(criterion: str, dialogue: str, speaker: str, response_a: str,
                 f"\n\n{answer}")
     else:
         user = f"{shared}{candidates}Criterion. {definition}\n\n{answer}"
-    return [{"role": "system", "content": CREEM_SYSTEM if creem else system_prompt(SYSTEM, length_rule)},
+    return [{"role": "system", "content": CREEM_SYSTEM if creem else system_prompt(SYSTEM, how.length_rule)},
             {"role": "user", "content": user}]
 
 
@@ -191,28 +227,28 @@ def all_verdicts_schema(n: int, explain: bool, reason_first: bool = False) -> ty
     return create_model("PairVerdicts", **fields)  # type: ignore[call-overload]
 
 
-def build_all_messages(criteria: list[str], dialogue: str, speaker: str, response_a: str, response_b: str,
-                       past_sessions: str | None = None, explain: bool = True, length_rule: bool = True,
-                       reason_first: bool = False) -> Messages:
-    """Messages asking which of A and B is better on each of `criteria` (Theanine's, numbered), in one
-    call. The shared parts come first, as in `build_messages`; the verdicts come back as a list in
-    the criteria's order (`reason_first`: each criterion's evaluation steps, the reasoning first)."""
-    past = "" if past_sessions is None else f"Earlier sessions:\n{past_sessions or NO_PAST}\n\n"
-    if reason_first:
+def build_all_messages(criteria: list[str], shown: PairShown, how: PairProtocol = PairProtocol()) -> Messages:
+    """Messages asking which of A and B (`shown`) is better on each of `criteria` (Theanine's, numbered),
+    in one call (`both_orders` only: `how.protocol` is not read). The shared parts come first, as in
+    `build_messages`; the verdicts come back as a list in the criteria's order (`how.reason_first`:
+    each criterion's evaluation steps, the reasoning first)."""
+    past = "" if shown.past is None else f"Earlier sessions:\n{shown.past or NO_PAST}\n\n"
+    if how.reason_first:
         blocks = "\n".join(f"{i}. {CRITERIA[c]}\nEvaluation steps:\n{EVALUATION_STEPS[c]}"
                            for i, c in enumerate(criteria, 1))
         form = ('Reply in JSON: {"reason": your assessment along each criterion\'s steps, in a few sentences '
                 'each, "better": [...]}, the reason first')
     else:
         blocks = "\n".join(f"{i}. {CRITERIA[c]}" for i, c in enumerate(criteria, 1))
-        why = ', "reason": one short sentence}' if explain else "}"
+        why = ', "reason": one short sentence}' if how.explain else "}"
         form = f'Reply in JSON: {{"better": [...]{why}'
-    user = (f"{past}Current session:\n{dialogue}\n\n"
-            f"Two candidate next replies by {speaker}:\n[A] {response_a}\n[B] {response_b}\n\n"
+    user = (f"{past}Current session:\n{shown.dialogue}\n\n"
+            f"Two candidate next replies by {shown.speaker}:\n[A] {shown.a}\n[B] {shown.b}\n\n"
             f"Criteria:\n{blocks}\n\n"
             f'{form}, {len(criteria)} verdicts ("A", "B" or "tie"), one per '
             f"criterion in the order above ({', '.join(criteria)}).")
-    return [{"role": "system", "content": system_prompt(ALL_SYSTEM, length_rule)}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system_prompt(ALL_SYSTEM, how.length_rule)},
+            {"role": "user", "content": user}]
 
 
 def preferred_side(verdict: str, reference_first: bool) -> str:
@@ -225,40 +261,29 @@ def preferred_side(verdict: str, reference_first: bool) -> str:
 Judgment = tuple[Any, str | None, str]  # (preferred side or {criterion: side}, reason, judge model)
 
 
-async def judge_pair_all(llm: ChatLLM, criteria: list[str], dialogue: str, speaker: str, reference: str,
-                         other: str, *, reference_first: bool, past_sessions: str | None = None,
-                         explain: bool = True, samples: int | Sequence[int] | RunSamples = 1,
-                         length_rule: bool = True, reason_first: bool = False,
-                         **params: Any) -> list[Judgment | LLMError]:
+async def judge_pair_all(llm: ChatLLM, criteria: list[str], shown: PairShown, how: PairProtocol = PairProtocol(),
+                         *, samples: int | Sequence[int] | RunSamples = 1, **params: Any) -> list[Judgment | LLMError]:
     """Each sample's judgment of (reference, other) on every criterion at once: ({criterion:
-    preferred side}, the judge's reason (None unless `explain`), the judge model), or the sample's
+    preferred side}, the judge's reason (None unless `how.explain`), the judge model), or the sample's
     LLMError. `samples`: a count, indexes, or every judge run's indexes (`calls.RunSamples`)."""
-    a, b = (reference, other) if reference_first else (other, reference)
-    results = await ask_runs(llm, build_all_messages(criteria, dialogue, speaker, a, b, past_sessions, explain,
-                                                     length_rule, reason_first),
-                             samples, schema=all_verdicts_schema(len(criteria), explain, reason_first), **params)
+    results = await ask_runs(llm, build_all_messages(criteria, shown, how), samples,
+                             schema=all_verdicts_schema(len(criteria), how.explain, how.reason_first), **params)
     return [r if isinstance(r, LLMError) else
-            ({c: preferred_side(v, reference_first) for c, v in zip(criteria, r.parsed.better)},
+            ({c: preferred_side(v, shown.reference_first) for c, v in zip(criteria, r.parsed.better)},
              getattr(r.parsed, "reason", None), r.model) for r in results]
 
 
-async def judge_pair(llm: ChatLLM, criterion: str, dialogue: str, speaker: str, reference: str, other: str,
-                     *, reference_first: bool, past_sessions: str | None = None, explain: bool = True,
-                     protocol: str = "both_orders", samples: int | Sequence[int] | RunSamples = 1,
-                     length_rule: bool = True, reason_first: bool = False,
-                     **params: Any) -> list[Judgment | LLMError]:
-    """Each sample's judgment of (reference, other) shown in the given order: the preferred side
+async def judge_pair(llm: ChatLLM, criterion: str, shown: PairShown, how: PairProtocol = PairProtocol(),
+                     *, samples: int | Sequence[int] | RunSamples = 1, **params: Any) -> list[Judgment | LLMError]:
+    """Each sample's judgment of (reference, other) in the order `shown` gives: the preferred side
     ("reference" | "other" | "tie"; never "tie" under `creem`), the judge's reason (None unless
-    `explain`) and the judge model; or the sample's LLMError. The samples share one prompt, so they
+    `how.explain`) and the judge model; or the sample's LLMError. The samples share one prompt, so they
     go as one request with `n` where the endpoint takes it (a RunSamples of judge runs in `requests`
     mode: one request per run)."""
-    a, b = (reference, other) if reference_first else (other, reference)
-    reasoned = reason_first and protocol != "creem"
-    results = await ask_runs(llm, build_messages(criterion, dialogue, speaker, a, b, past_sessions, explain,
-                                                 protocol, length_rule, reasoned),
-                             samples, schema=answer_schema(protocol, explain, reasoned), **params)
+    results = await ask_runs(llm, build_messages(criterion, shown, how), samples,
+                             schema=answer_schema(how.protocol, how.explain, how.reasoned), **params)
     return [r if isinstance(r, LLMError) else
-            (preferred_side(r.parsed.better, reference_first), getattr(r.parsed, "reason", None), r.model)
+            (preferred_side(r.parsed.better, shown.reference_first), getattr(r.parsed, "reason", None), r.model)
             for r in results]
 
 
