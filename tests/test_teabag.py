@@ -211,7 +211,8 @@ def test_a_blank_turn_is_asked_again_so_the_turns_still_alternate():
     answers = [{"exchanges": [{"asker": "hi", "answerer": "   "}]}, {"exchanges": [{"asker": "hi", "answerer": "yo"}]}]
     llm = FakeChat(answers)
     q = Attempt(0, "Q?", "p", "a", [1])
-    turns = asyncio.run(generate.synthesize_session(llm, [Summary(1, None, ["x"])], "Ann", "Bob", q, []))
+    turns = asyncio.run(generate.synthesize_session(llm, generate.SessionBrief([Summary(1, None, ["x"])], "Ann", "Bob",
+                                                                               q, [])))
     assert turns == [{"speaker": "Ann", "text": "hi"}, {"speaker": "Bob", "text": "yo"}, {"speaker": "Ann", "text": "Q?"}]
     assert llm.calls[0]["attempts"] == 2
 
@@ -223,7 +224,8 @@ def test_session_n_plus_1_holds_no_more_exchanges_than_the_prompt_asks_for():
     four = {"exchanges": [{"asker": f"a{i}", "answerer": f"b{i}"} for i in range(4)]}
     llm = FakeChat([five, four])
     q = Attempt(0, "Q?", "p", "a", [1])
-    turns = asyncio.run(generate.synthesize_session(llm, [Summary(1, None, ["x"])], "Ann", "Bob", q, [], turns=8))
+    brief = generate.SessionBrief([Summary(1, None, ["x"])], "Ann", "Bob", q, [])
+    turns = asyncio.run(generate.synthesize_session(llm, brief, generate.SessionShape(turns=8)))
     assert "Write about 4 exchanges" in llm.calls[0]["messages"][1]["content"]
     assert llm.calls[0]["attempts"] == 2 and len(turns) == 9 and turns[-1] == {"speaker": "Ann", "text": "Q?"}
     assert generate.exchanges(8) == generate.exchanges(9) == 4 and generate.exchanges(2) == 1

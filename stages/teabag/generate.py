@@ -194,12 +194,26 @@ def check_messages(notes: str, asker: str, answerer: str, a: Attempt) -> Message
     return [{"role": "system", "content": CHECK_SYSTEM}, {"role": "user", "content": user}]
 
 
+@dataclass(frozen=True)
+class Review:
+    """Our check of each try (the counterfactual check of a question, the leak check of a session):
+    `check` whether to run it, `max_attempts` tries in all, `checker` the LLM that reviews (None: the
+    generator's)."""
+
+    check: bool = True
+    max_attempts: int = 3
+    checker: ChatLLM | None = None
+
+    @property
+    def tries(self) -> int:
+        return self.max_attempts if self.check else 1
+
+
 async def generate_question(llm: ChatLLM, summaries: Sequence[Summary], speakers: Sequence[str], asker: str,
-                            answerer: str, *, avoid: Sequence[str] = (), check: bool = True,
-                            max_attempts: int = 3, checker: ChatLLM | None = None,
+                            answerer: str, *, avoid: Sequence[str] = (), review: Review = Review(),
                             params: dict[str, Any] | None = None) -> Generated:
-    """Steps (2)-(3) for one question slot, with our counterfactual check when `check`: a rejected
-    question is regenerated (told why) up to `max_attempts` tries, and every reject is kept.
+    """Steps (2)-(3) for one question slot, with our counterfactual check when `review.check`: a rejected
+    question is regenerated (told why) up to `review.max_attempts` tries, and every reject is kept.
 
     Raises LLMError when the generator fails outright."""
     notes = notes_text(summaries)
@@ -207,15 +221,15 @@ async def generate_question(llm: ChatLLM, summaries: Sequence[Summary], speakers
     schema = question_schema(n_sessions)
     rejects: list[Attempt] = []
     feedback = None
-    for attempt in range(max_attempts if check else 1):
+    for attempt in range(review.tries):
         result = await llm.chat(question_messages(notes, speakers, asker, answerer, avoid, feedback), schema=schema,
                                 sample=attempt, **(params or {}))
         p = result.parsed
         a = Attempt(attempt, p.question.strip(), p.false_premise.strip(), p.answer.strip(),
                     sorted(set(p.evidence_sessions)))
-        if not check:
+        if not review.check:
             return Generated(a)
-        verdict = (await (checker or llm).chat(check_messages(notes, asker, answerer, a), schema=Verdict,
+        verdict = (await (review.checker or llm).chat(check_messages(notes, asker, answerer, a), schema=Verdict,
                                                temperature=0.0)).parsed
         a.accepted, a.reason = verdict.counterfactual, verdict.reason.strip() or None
         if a.accepted:
@@ -228,6 +242,26 @@ async def generate_question(llm: ChatLLM, summaries: Sequence[Summary], speakers
 def style_sample(turns: Sequence[dict], n: int) -> str:
     """The last `n` turns of the latest past session: how these two talk."""
     return "\n".join(f"{t['speaker']}: {t['text']}" for t in list(turns)[-n:]) or "(no earlier turns)"
+
+
+@dataclass(frozen=True)
+class SessionBrief:
+    """What session N+1 is written from: the notes of sessions 1..N, who asks and who answers, the
+    accepted question, and session N's turns (how these two talk)."""
+
+    summaries: Sequence[Summary]
+    asker: str
+    answerer: str
+    question: Attempt
+    last_session: Sequence[dict]
+
+
+@dataclass(frozen=True)
+class SessionShape:
+    """Session N+1's length: about `turns` turns before the question, `style_turns` of session N shown."""
+
+    turns: int = 8
+    style_turns: int = 6
 
 
 @dataclass
@@ -276,13 +310,15 @@ def _no_blank_turns(parsed: Any) -> None:
         raise ValueError("every turn needs words; a blank turn would break the alternation")
 
 
-async def synthesize_session(llm: ChatLLM, summaries: Sequence[Summary], asker: str, answerer: str, q: Attempt,
-                             last_session: Sequence[dict], *, turns: int = 8, style_turns: int = 6, sample: int = 0,
-                             feedback: str | None = None, params: dict[str, Any] | None = None) -> list[dict[str, str]]:
-    """Steps (4)-(5): the new session's turns, `asker` and `answerer` in strict turn from `asker`, ending
-    with `q.question` spoken verbatim by `asker`. `sample` and `feedback` make a retry a new call."""
-    messages = session_messages(notes_text(summaries), style_sample(last_session, style_turns), asker, answerer,
-                                q, turns, feedback)
+async def synthesize_session(llm: ChatLLM, brief: SessionBrief, shape: SessionShape = SessionShape(), *,
+                             sample: int = 0, feedback: str | None = None,
+                             params: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    """Steps (4)-(5): the new session's turns, the brief's asker and answerer in strict turn from the
+    asker, ending with its question spoken verbatim by the asker. `sample` and `feedback` make a retry a
+    new call."""
+    asker, answerer, q, turns = brief.asker, brief.answerer, brief.question, shape.turns
+    messages = session_messages(notes_text(brief.summaries), style_sample(brief.last_session, shape.style_turns),
+                                asker, answerer, q, turns, feedback)
     # The schema allows the exchanges the prompt asks for (`turns // 2`), never more.
     result = await llm.chat(messages, schema=session_schema(exchanges(turns)), validate=_no_blank_turns,
                             sample=sample, **(params or {}))
@@ -291,25 +327,24 @@ async def synthesize_session(llm: ChatLLM, summaries: Sequence[Summary], asker: 
     return [*lines, {"speaker": asker, "text": q.question}]
 
 
-async def write_session(llm: ChatLLM, summaries: Sequence[Summary], asker: str, answerer: str, q: Attempt,
-                        last_session: Sequence[dict], *, turns: int = 8, style_turns: int = 6, leak_check: bool = True,
-                        max_attempts: int = 3, checker: ChatLLM | None = None,
-                        params: dict[str, Any] | None = None) -> WrittenSession:
-    """Steps (4)-(5) with our leak check when `leak_check`: a session whose turns give the truth away is
-    written again (sample `attempt`, told why) up to `max_attempts` tries, and every leaking one is kept.
+async def write_session(llm: ChatLLM, brief: SessionBrief, shape: SessionShape = SessionShape(), *,
+                        review: Review = Review(), params: dict[str, Any] | None = None) -> WrittenSession:
+    """Steps (4)-(5) with our leak check when `review.check`: a session whose turns give the truth away is
+    written again (sample `attempt`, told why) up to `review.max_attempts` tries, and every leaking one is
+    kept.
     The check runs at temperature 0 with the same sample index as the session it reviews.
 
     Raises LLMError when the generator or the checker fails outright."""
     rejects: list[SessionAttempt] = []
     feedback = None
-    for attempt in range(max_attempts if leak_check else 1):
-        lines = await synthesize_session(llm, summaries, asker, answerer, q, last_session, turns=turns,
-                                         style_turns=style_turns, sample=attempt, feedback=feedback, params=params)
+    for attempt in range(review.tries):
+        lines = await synthesize_session(llm, brief, shape, sample=attempt, feedback=feedback, params=params)
         s = SessionAttempt(attempt, lines)
-        if not leak_check:
+        if not review.check:
             return WrittenSession(s)
-        verdict = (await (checker or llm).chat(leak_messages(asker, answerer, q, lines[:-1]), schema=LeakVerdict,
-                                               sample=attempt, temperature=0.0)).parsed
+        verdict = (await (review.checker or llm).chat(leak_messages(brief.asker, brief.answerer, brief.question,
+                                                                    lines[:-1]),
+                                                      schema=LeakVerdict, sample=attempt, temperature=0.0)).parsed
         s.hidden, s.reason = verdict.hidden, verdict.reason.strip() or None
         if s.hidden:
             return WrittenSession(s, rejects)

@@ -237,8 +237,8 @@ class _Questions:
             self.out["questions"].append({**row, "error": f"session {failed['session_idx']} summary: {failed['error']}"})
             return
         made, failed_call = await attempt(generate.generate_question(
-            self.gen, self.summaries, self.speakers, asker, answerer, avoid=avoid, check=self.cfg.counterfactual_check,
-            max_attempts=self.cfg.max_attempts, params=self.params))
+            self.gen, self.summaries, self.speakers, asker, answerer, avoid=avoid,
+            review=generate.Review(self.cfg.counterfactual_check, self.cfg.max_attempts), params=self.params))
         if made is None:
             self.out["questions"].append({**row, **failed_call})
             return
@@ -261,9 +261,9 @@ class _Questions:
         """Session N+1 of the accepted question `a` (`row`: its QUESTIONS row so far), ending with it."""
         n, qid = self.n, row["question_id"]
         written, failed_call = await attempt(generate.write_session(
-            self.gen, self.summaries, asker, answerer, a, self.last, turns=self.cfg.session_turns,
-            style_turns=self.cfg.style_turns, leak_check=self.cfg.leak_check,
-            max_attempts=self.cfg.session_attempts, params=self.params))
+            self.gen, generate.SessionBrief(self.summaries, asker, answerer, a, self.last),
+            generate.SessionShape(self.cfg.session_turns, self.cfg.style_turns),
+            review=generate.Review(self.cfg.leak_check, self.cfg.session_attempts), params=self.params))
         if written is None:
             self.out["questions"].append({**row, **failed_call, "error": f"session {n + 1}: {failed_call['error']}"})
             return
