@@ -26,7 +26,7 @@ from pipeline.model_fetch import add_models_command
 from pipeline.models_needed import ModelsMissing, preflight
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.selection import Selection
-from pipeline.storage import is_remote
+from pipeline.storage import Location, is_remote
 from pipeline.llm.ledger import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class App(Protocol):
 
     def registry(self, cfg: RunConfig) -> dict[str, Stage]: ...
 
-    def report_files(self, cfg: RunConfig) -> tuple[Path, Path]: ...
+    def report_files(self, cfg: RunConfig) -> tuple[Location, Location]: ...
 
     def exporter(self, name: str) -> Callable[[RunConfig, Path], Path] | None: ...
 

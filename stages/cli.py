@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import stages
 from pipeline import cli
 from pipeline.artifacts import StageDir
+from pipeline.config import RunConfig
+from pipeline.reproduction import PaperSheet
+from pipeline.stage import Stage
+from pipeline.storage import Location
 from stages.judging.judge_calibration import JudgeCalibrationStage
+from stages.predictions import export_predictions
 from stages.report import compared_sheets
-from stages.scaffold import add_new_method_command
 from stages.report.scorers import scorer
+from stages.scaffold import add_new_method_command
 
 
 def cmd_judges_calibrate(args: argparse.Namespace) -> int:
@@ -40,21 +47,30 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     calibrate.set_defaults(func=cmd_judges_calibrate)
 
 
-class _Project:
-    """The App the framework's CLI runs: `stages`' entry points, plus the paper sheets the report
-    compares a run with (`report.compare_with`), which `mempipe check` lists too, the scorer behind
+@dataclass(frozen=True)
+class Project:
+    """The App the framework's CLI runs (`pipeline.cli.App`), each hook named: the config, the stage
+    graph, the report's files, the dataset and prediction exports, the paper sheets the report
+    compares a run with (`report.compare_with`, which `mempipe check` lists too), the scorer behind
     each sheet result, and the project's own subcommands."""
 
-    compared_sheets = staticmethod(compared_sheets)
-    scorer = staticmethod(scorer)
-    add_commands = staticmethod(add_commands)
+    load_config: Callable[[str | Path | None, list[str] | None], RunConfig]
+    registry: Callable[[RunConfig], dict[str, Stage]]
+    report_files: Callable[[RunConfig], tuple[Location, Location]]
+    exporter: Callable[[str], Callable[[RunConfig, Path], Path] | None]
+    export_predictions: Callable[..., Path]  # (cfg, format, methods, out): the format a literal of its own
+    compared_sheets: Callable[[RunConfig], list[tuple[str, PaperSheet | None]]]
+    scorer: Callable[..., str | None]  # (cfg, a sheet's result)
+    add_commands: Callable[[argparse._SubParsersAction], None]
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(stages, name)
+
+PROJECT = Project(load_config=stages.load_config, registry=stages.registry, report_files=stages.report_files,
+                  exporter=stages.exporter, export_predictions=export_predictions, compared_sheets=compared_sheets,
+                  scorer=scorer, add_commands=add_commands)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.main(_Project(), argv)
+    return cli.main(PROJECT, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 import stages
 from docs_commands import command_lines
 from pipeline.cli import build_parser
-from stages.cli import _Project
+from stages.cli import PROJECT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def test_the_docs_hold_commands_to_check() -> None:
 
 @pytest.mark.parametrize("doc,command", COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in COMMANDS])
 def test_each_command_parses_and_its_config_loads(doc: str, command: str) -> None:
-    args = build_parser(_Project()).parse_args(shlex.split(command)[1:])
+    args = build_parser(PROJECT).parse_args(shlex.split(command)[1:])
     config = getattr(args, "config", None)
     if config is not None or getattr(args, "set", None):
         stages.load_config(ROOT / config if config else None, args.set)
