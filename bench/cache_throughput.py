@@ -2,7 +2,7 @@
 LLM throughput benchmark at a 64-request endpoint cap.
 
 Several Ray tasks (workers) each run an event loop with the same cache proxy the LLM client uses
-(`ActorCallCache`), many lookups in flight, against the job's `CallCacheService` (in its service host) on a fresh cache
+(`ActorCallCache`), many lookups in flight, against the job's `DiskCallCache` (in its service host) on a fresh cache
 directory: misses, writes, then hits, as a cold run and a warm rerun do. A cold LLM request costs
 one lookup and one write; a warm one one lookup. The need at cap C and latency L is C / L requests/s.
 
@@ -105,7 +105,7 @@ def main() -> int:
     capacity = measured["batched"]["cold_requests"]
     limits = capacity < 1.1 * need
     body = (f"{a.workers} Ray workers x {a.keys} keys, {a.in_flight} operations in flight per worker, one "
-            "`CallCacheService` (diskcache, in the job's service host) on a fresh directory.\n\n"
+            "`DiskCallCache` (diskcache, in the job's service host) on a fresh directory.\n\n"
             + table(["", "one actor call per operation (before)", "batched per 2 ms (now)"], rows)
             + f"\n\nNeed at cap {a.cap} and latency {a.latency} s: {need:.0f} cold requests/s "
             f"({2 * need:.0f} cache operations/s). The cache {'LIMITS' if limits else 'does not limit'} it "

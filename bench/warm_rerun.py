@@ -69,7 +69,7 @@ def import_seconds() -> float:
 
 
 def actor_reads(cache_dir: Path, in_flight: int, tasks: tuple[int, ...] = (1, 4, 8)) -> list[dict[str, Any]]:
-    """Every key of `cache_dir` read through the job's `CallCacheService` (as shard tasks do), from n tasks at
+    """Every key of `cache_dir` read through the job's `DiskCallCache` (as shard tasks do), from n tasks at
     once, each with `in_flight` reads outstanding (a shard asks for all its calls at once).
 
     Starts and stops its own local Ray; returns per n: wall s, reads, ms per read overall.
@@ -78,14 +78,14 @@ def actor_reads(cache_dir: Path, in_flight: int, tasks: tuple[int, ...] = (1, 4,
     import ray
 
     from pipeline.llm.service_host import start_service
-    from pipeline.llm.shared import CallCacheService
+    from pipeline.llm.cache import DiskCallCache
 
     with diskcache.Cache(str(cache_dir)) as c:
         keys = list(c.iterkeys())
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
-        actor = start_service("bench-cache", CallCacheService, str(cache_dir))
+        actor = start_service("bench-cache", DiskCallCache, str(cache_dir))
         reader = ray.remote(num_cpus=0.25)(_read_all)
         # one worker per task started and its imports done (each holds its CPU share a while)
         ray.get([reader.remote(actor, keys[:8], 1, 2.0) for _ in range(max(tasks))])

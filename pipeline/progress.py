@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from pipeline.llm.ledger import stage_counts
+from pipeline.llm.ledger import Ledger, stage_counts
 from pipeline.llm.usage import Usage, describe_structured
 from pipeline.storage import Location, join
 
@@ -111,9 +111,9 @@ def end_text(stage: str, wall_s: float, llm_usage: dict[str, Usage] | None, erro
 
 class StageProgress:
     """The progress of one stage: a tqdm line with live counts on a terminal, start and end lines
-    elsewhere. `ledger` is the run's ledger (anything with `snapshot()`), or None."""
+    elsewhere. `ledger` is the run's ledger, or None."""
 
-    def __init__(self, stage: str, total_shards: int, done_shards: int, ledger: Any | None,
+    def __init__(self, stage: str, total_shards: int, done_shards: int, ledger: Ledger | None,
                  expected_calls: int | None, stream: TextIO | None = None, log_every_s: float | None = None) -> None:
         self.stage = stage
         self.ledger = ledger

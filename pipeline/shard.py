@@ -16,7 +16,7 @@ import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -29,6 +29,10 @@ from pipeline.manifest import Manifest, ShardMarker
 from pipeline.stage import PART_STATS, EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
 from pipeline.llm.usage import costed_to
+
+if TYPE_CHECKING:
+    from pipeline.llm.ledger import Ledger
+    from pipeline.llm.shared import RoleHandles
 
 
 @dataclass
@@ -72,7 +76,7 @@ def _group_by_episode(table: pa.Table) -> dict[str, Rows]:
     return groups
 
 
-def _make_clients(cfg: RunConfig, task: ShardTask, handles: dict[str, Any], ledger: Any | None) -> dict[str, Any]:
+def _make_clients(cfg: RunConfig, task: ShardTask, handles: RoleHandles, ledger: Ledger | None) -> dict[str, Any]:
     """One client per LLM role of the stage, on the job's shared cache and limiter of that role,
     counting its calls into the run's ledger (progress, budget) when there is one."""
     roles = task.stage.llm_roles(cfg)
@@ -213,13 +217,13 @@ def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, 
     return out
 
 
-def run_shard(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None,
+def run_shard(task: ShardTask, cfg: RunConfig, handles: RoleHandles, ledger: Ledger | None = None,
               embedder_factory: EmbedderFactory | None = None) -> dict[str, Any]:
     """One shard on an event loop of its own (a Ray task, or the inline executor); its marker's JSON."""
     return asyncio.run(run_shard_async(task, cfg, handles, ledger, embedder_factory))
 
 
-async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None,
+async def run_shard_async(task: ShardTask, cfg: RunConfig, handles: RoleHandles, ledger: Ledger | None = None,
                           embedder_factory: EmbedderFactory | None = None) -> dict[str, Any]:
     """One shard on the running loop, which may run other shards meanwhile (an LLM worker of the
     Ray executor): reads and writes go to a thread so that their requests keep flowing. Returns the

@@ -117,9 +117,9 @@ def test_the_ledger_refuses_a_reservation_that_would_pass_the_cap_counting_calls
 
 def test_stage_tallies_reach_the_ledger_in_batches_and_on_flush():
     book = LedgerBook(Budget())
-    from pipeline.llm.ledger import LocalLedger
+    from pipeline.llm.ledger import RunLedger
 
-    tally = StageTally(LocalLedger(book), "judge_answers", "judge")
+    tally = StageTally(RunLedger.local(book), "judge_answers", "judge")
     tally.add(calls=1, prompt_tokens=100, completion_tokens=10, cost_usd=0.01)
     tally.add(calls=1, cached_calls=1, prompt_tokens=100, completion_tokens=10)
     tally.flush()

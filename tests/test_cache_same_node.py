@@ -38,7 +38,7 @@ def test_a_worker_on_the_hosts_node_opens_the_cache_itself_and_shares_it(ray_loc
         local, seen, written = ray.get(_in_a_worker.remote(driver, "k", {"text": "from a worker"}))
         assert local and seen == {"text": "from the driver"} and written == {"text": "from a worker"}
         # The host's own connection reads what the worker wrote through its own.
-        assert ray.get(handles.cache.get_many.remote(["k-w"])) == ['{"text":"from a worker"}']
+        assert ray.get(handles.cache.get_many_raw.remote(["k-w"])) == ['{"text":"from a worker"}']
 
         elsewhere = ActorCallCache(handles.cache, directory=handles.cache_dir, node="another-node")
         local, seen, _ = ray.get(_in_a_worker.remote(elsewhere, "k", {"text": "x"}))

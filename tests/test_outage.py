@@ -17,7 +17,7 @@ from conftest import llm_config, segmenting_responder, session_ray
 from pipeline.manifest import Manifest
 from pipeline.llm import LLMClient, LLMError, LocalRateLimiter
 from pipeline.llm.breaker import OPEN_AFTER_FAILURES, OPEN_AFTER_S, EndpointHealth
-from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
+from pipeline.llm.ledger import Budget, LedgerBook, RunLedger, StageTally
 from stages.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_a_request_out_of_retries_waits_for_the_breaker_unless_a_later_request_w
     async def failed_after(force: list[str | None], answered_between: bool) -> tuple[float, str]:
         """Seconds from the failing request's last try reaching the server to its LLMError."""
         client = LLMClient(cfg, cache=None, limiter=LocalRateLimiter(),
-                           tally=StageTally(LocalLedger(LedgerBook(Budget())), "stage", "judge"), section="judge")
+                           tally=StageTally(RunLedger.local(LedgerBook(Budget())), "stage", "judge"), section="judge")
         fake_llm.reset()
         fake_llm.force = force
         failing = asyncio.create_task(client.chat([{"role": "user", "content": "a"}]))

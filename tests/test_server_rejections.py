@@ -25,7 +25,7 @@ from conftest import llm_config, session_ray
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.config import LLMConfig
 from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult, LocalRateLimiter
-from pipeline.llm.ledger import Budget, LedgerBook, LocalLedger, StageTally
+from pipeline.llm.ledger import Budget, LedgerBook, RunLedger, StageTally
 from pipeline.llm.transport import RequestRejected, rejected_param
 
 SHAPES = ["openai400", "fastapi422", "llama500"]
@@ -48,7 +48,7 @@ def run(coro: Any, timeout: float = 60) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def client_for(server: FakeOpenAI, *, cache: bool = True, ledger: LocalLedger | None = None, role: str = "judge",
+def client_for(server: FakeOpenAI, *, cache: bool = True, ledger: RunLedger | None = None, role: str = "judge",
                **overrides: Any) -> LLMClient:
     cfg = llm_config(server, **overrides)
     tally = StageTally(ledger, "stage", role) if ledger is not None else None
@@ -56,8 +56,8 @@ def client_for(server: FakeOpenAI, *, cache: bool = True, ledger: LocalLedger | 
                      limiter=LocalRateLimiter(cfg.rpm, cfg.tpm), tally=tally, section=role)
 
 
-def new_ledger() -> LocalLedger:
-    return LocalLedger(LedgerBook(Budget()))
+def new_ledger() -> RunLedger:
+    return RunLedger.local(LedgerBook(Budget()))
 
 
 # ------------------------------------------------------------------ recognising a rejection
@@ -132,26 +132,25 @@ def test_workers_sharing_the_run_ledger_send_one_rejected_request_between_them(f
     assert all(isinstance(r.parsed, Answer) for w in out for r in out[w][0])
     assert fake_llm.rejected == {"response_format": 1} and fake_llm.count() == 21
     assert [out[w][1].structured_modes for w in range(2)] == [{"json_object": 10}] * 2
-    assert ledger.book.modes and {m for m, _ in ledger.book.modes.values()} == {"json_object"}
+    decided = ledger.modes.ref.service.decided
+    assert decided and {m for m, _ in decided.values()} == {"json_object"}
 
 
 @pytest.mark.parametrize("where", ["inline", pytest.param("actor", marks=pytest.mark.session_ray)])
 def test_the_ledger_gives_one_scout_the_decision_and_everyone_the_mode_it_publishes(where, request) -> None:
     if where == "actor":
         session_ray(request)
-        from pipeline.llm.shared import ActorLedger
-
-        ledger: Any = ActorLedger.start(LedgerBook(Budget()), f"modes-{os.getpid()}")
+        ledger = RunLedger.start(LedgerBook(Budget()), f"modes-{os.getpid()}")
     else:
         ledger = new_ledger()
 
     async def go() -> list[Any]:
         key = "http://e/v1 m"
-        first, second = await ledger.claim_mode(key), await ledger.claim_mode(key)
-        ledger.release_mode(key)  # the scout's request failed: the next to ask decides
-        third = await ledger.claim_mode(key)
-        await ledger.publish_mode(key, "json_object", "rejected json_schema")
-        return [first, second, third, await ledger.claim_mode(key), await ledger.claim_mode("http://e/v1 other")]
+        first, second = await ledger.modes.claim(key), await ledger.modes.claim(key)
+        ledger.modes.release(key)  # the scout's request failed: the next to ask decides
+        third = await ledger.modes.claim(key)
+        await ledger.modes.publish(key, "json_object", "rejected json_schema")
+        return [first, second, third, await ledger.modes.claim(key), await ledger.modes.claim("http://e/v1 other")]
 
     try:
         assert run(go()) == [("scout", "", ""), ("wait", "", ""), ("scout", "", ""),
@@ -202,9 +201,9 @@ def test_a_500_validation_rejection_is_not_retried_and_never_opens_the_breaker(f
     results = run(go())
     assert all(isinstance(r, RequestRejected) and r.status == 500 and r.param == "response_format" for r in results)
     assert fake_llm.count() == 12 and client.usage.retries == 0  # each refused once, none sent again
-    health = ledger.book.health.get(client.endpoint)
+    health = ledger.book.service.health.get(client.endpoint)
     assert health is None or (not health.down and health.failures == 0)
-    assert not ledger.book.snapshot()["down"]
+    assert not ledger.snapshot()["down"]
 
 
 def test_a_bare_500_still_counts_as_an_outage(fake_llm: FakeOpenAI) -> None:
@@ -217,8 +216,8 @@ def test_a_bare_500_still_counts_as_an_outage(fake_llm: FakeOpenAI) -> None:
         return await asyncio.gather(*(client.chat(msgs(f"q{i}")) for i in range(12)), return_exceptions=True)
 
     run(go())
-    assert ledger.book.health[client.endpoint].failures >= breaker.OPEN_AFTER_FAILURES
-    assert ledger.book.health[client.endpoint].outages or ledger.book.health[client.endpoint].down
+    assert ledger.book.service.health[client.endpoint].failures >= breaker.OPEN_AFTER_FAILURES
+    assert ledger.book.service.health[client.endpoint].outages or ledger.book.service.health[client.endpoint].down
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -285,7 +284,7 @@ def test_a_60_s_outage_answering_503_at_once_receives_at_most_60_requests(fake_l
     assert all(not isinstance(r, BaseException) for r in results)  # every call rode it out
     assert len(during) <= 60
     assert len(first_second) <= 3 * defaults.max_concurrency  # the first wave: what was in flight
-    assert ledger.book.health[clients[0].endpoint].outages  # the breaker opened, and closed again
+    assert ledger.book.service.health[clients[0].endpoint].outages  # the breaker opened, and closed again
 
 
 # ------------------------------------------------------------------ llama-cpp-python's own server
@@ -366,7 +365,7 @@ def test_llama_cpp_servers_own_500_steps_the_role_down_after_one_rejected_reques
     assert all(isinstance(getattr(r, "parsed", None), Colour) for r in results), [(r.reason, r.raw) if isinstance(r, LLMError) else r.text for r in results]
     assert client.usage.structured_modes == {"json_object": 3} and client.usage.retries == 0
     assert "json_schema" in client.usage.structured_fallbacks["json_object"]
-    assert not ledger.book.health.get(client.endpoint) or not ledger.book.health[client.endpoint].outages
+    assert not ledger.book.service.health.get(client.endpoint) or not ledger.book.service.health[client.endpoint].outages
 
 
 @pytest.mark.heavy(seconds=4)

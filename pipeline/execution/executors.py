@@ -17,7 +17,7 @@ import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
@@ -25,10 +25,13 @@ from pipeline.errors import InputError, PipelineError, RunStopped
 from pipeline.execution.cluster import check_cluster_paths, require_visible
 from pipeline.execution.embedding_service import EmbeddingServices, node_embedder
 from pipeline.execution.llm_workers import LLMWorkers
-from pipeline.llm.ledger import LedgerBook, LocalLedger
+from pipeline.llm.ledger import Ledger, LedgerBook, RunLedger
 from pipeline.manifest import ShardMarker
 from pipeline.shard import ShardTask, run_shard
 from pipeline.stage import Stage
+
+if TYPE_CHECKING:
+    from pipeline.llm.shared import RoleHandles
 
 
 class Executor(ABC):
@@ -44,17 +47,17 @@ class Executor(ABC):
         """The backend, started for one run and stopped after it."""
 
     @abstractmethod
-    def llm_handles(self, roles: list[str]) -> AbstractContextManager[dict[str, Any]]:
+    def llm_handles(self, roles: list[str]) -> AbstractContextManager[RoleHandles]:
         """Per LLM role, the cache and rate limiter every shard's client shares ({}: each client
         keeps its own); released when the run ends."""
 
     @abstractmethod
-    def ledger(self, book: LedgerBook) -> AbstractContextManager[Any]:
+    def ledger(self, book: LedgerBook) -> AbstractContextManager[RunLedger]:
         """The run's spend ledger (pipeline.llm.ledger) as the shards' clients reach it."""
 
     @abstractmethod
-    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
-                   ledger: Any | None = None) -> Iterator[tuple[int, ShardMarker]]:
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: RoleHandles,
+                   ledger: Ledger | None = None) -> Iterator[tuple[int, ShardMarker]]:
         """Run `tasks` and yield each one's (shard_idx, marker), in the order they finish."""
 
 
@@ -65,14 +68,14 @@ class InlineExecutor(Executor):
     def session(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
 
-    def llm_handles(self, roles: list[str]) -> AbstractContextManager[dict[str, Any]]:
+    def llm_handles(self, roles: list[str]) -> AbstractContextManager[RoleHandles]:
         return contextlib.nullcontext({})  # one process: the clients' own cache and limiter
 
-    def ledger(self, book: LedgerBook) -> AbstractContextManager[Any]:
-        return contextlib.nullcontext(LocalLedger(book))
+    def ledger(self, book: LedgerBook) -> AbstractContextManager[RunLedger]:
+        return contextlib.nullcontext(RunLedger.local(book))
 
-    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
-                   ledger: Any | None = None) -> Iterator[tuple[int, ShardMarker]]:
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: RoleHandles,
+                   ledger: Ledger | None = None) -> Iterator[tuple[int, ShardMarker]]:
         for t in tasks:
             yield t.shard_idx, ShardMarker.from_json(run_shard(t, self.cfg, handles, ledger))
 
@@ -100,7 +103,7 @@ class RayExecutor(Executor):
 
 
     @contextlib.contextmanager
-    def llm_handles(self, roles: list[str]) -> Iterator[dict[str, Any]]:
+    def llm_handles(self, roles: list[str]) -> Iterator[RoleHandles]:
         if not roles:
             yield {}
             return
@@ -110,7 +113,7 @@ class RayExecutor(Executor):
 
         job = ray.get_runtime_context().get_job_id()
         with contextlib.ExitStack() as stack:
-            handles: dict[str, Any] = {}
+            handles: RoleHandles = {}
             for role in roles:
                 handles[role] = SharedLLMHandles.get_or_create(self.cfg.role(role), job)
                 # The actors hold the cache file open; two roles may share them (close is idempotent).
@@ -118,19 +121,17 @@ class RayExecutor(Executor):
             yield handles
 
     @contextlib.contextmanager
-    def ledger(self, book: LedgerBook) -> Iterator[Any]:
+    def ledger(self, book: LedgerBook) -> Iterator[RunLedger]:
         import ray
 
-        from pipeline.llm.shared import ActorLedger
-
-        ledger = ActorLedger.start(book, ray.get_runtime_context().get_job_id())
+        ledger = RunLedger.start(book, ray.get_runtime_context().get_job_id())
         try:
             yield ledger
         finally:
             ledger.close()
 
-    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: dict[str, Any],
-                   ledger: Any | None = None) -> Iterator[tuple[int, ShardMarker]]:
+    def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: RoleHandles,
+                   ledger: Ledger | None = None) -> Iterator[tuple[int, ShardMarker]]:
         if not tasks:
             return
         import ray
@@ -184,7 +185,7 @@ def make_executor(cfg: RunConfig) -> Executor:
     return {"inline": InlineExecutor, "ray": RayExecutor}[cfg.ray.executor](cfg)
 
 
-def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
+def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: RoleHandles, ledger: Ledger | None = None) -> dict[str, Any]:
     """One shard in a Ray task; its marker's JSON also names the node it ran on. (Ray lists the task
     under this function's name; bench/cluster.py looks for it.)"""
     import ray

@@ -6,12 +6,16 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from typing import Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from pipeline.config import RunConfig
 from pipeline.execution.cluster import live_nodes
 from pipeline.execution.embedding_service import node_embedder
 from pipeline.shard import ShardTask, run_shard_async
+
+if TYPE_CHECKING:
+    from pipeline.llm.ledger import Ledger
+    from pipeline.llm.shared import RoleHandles
 
 
 class LLMWorker:
@@ -19,7 +23,8 @@ class LLMWorker:
     clients share the loop's HTTP pool and `llm.max_concurrency` slots per role, so while one
     shard waits on its last replies the next one's requests already fill the slots."""
 
-    async def run(self, task: ShardTask, cfg: RunConfig, handles: dict[str, Any], ledger: Any | None = None) -> dict[str, Any]:
+    async def run(self, task: ShardTask, cfg: RunConfig, handles: RoleHandles,
+                  ledger: Ledger | None = None) -> dict[str, Any]:
         import ray
 
         # A stage that embeds locally uses its node's embedding service (the executor started it).
@@ -104,7 +109,7 @@ class LLMWorkers:
             return False
         return False
 
-    def run(self, tasks: list[ShardTask], cfg: RunConfig, handles: dict[str, Any], ledger: Any | None,
+    def run(self, tasks: list[ShardTask], cfg: RunConfig, handles: RoleHandles, ledger: Ledger | None,
             per_worker: int) -> Iterator[tuple[ShardTask, Any]]:
         """Feed the workers, least loaded first, up to `per_worker` shards each, and yield (task,
         result ref) as shards finish; a worker gets its next shard before the driver looks at the

@@ -238,7 +238,10 @@ def _our_value(raw: Any) -> str | None:
 
 
 class DiskCallCache:
-    """diskcache-backed store. The sync methods are used by the job's cache service (pipeline.llm.shared); async ones by clients."""
+    """diskcache-backed store. Clients in this process use the async methods; hosted as the job's
+    cache (pipeline.llm.shared), it answers the workers' batches (`ops`) on the host's threads."""
+
+    THREADED = True  # on the host's threads: reads overlap SQLite writes (diskcache: a connection per thread)
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = str(directory)
@@ -293,6 +296,18 @@ class DiskCallCache:
             raise CacheWriteError(self.directory, str(e)) from None
         except sqlite3.DatabaseError as e:
             self._fail(e)
+
+    def ops(self, sets: list[tuple[str, str]], gets: list[str]) -> tuple[list[str | None], Exception | None]:
+        """A worker's writes and lookups of the same few milliseconds as one call: the writes first
+        (one transaction), then the lookups. A write that fails fails the writes only: returned, so
+        the lookups still answer."""
+        failed: Exception | None = None
+        if sets:
+            try:
+                self.set_many_raw(sets)
+            except Exception as e:  # CacheWriteError: for the writers, not the readers
+                failed = e
+        return (self.get_many_raw(gets) if gets else []), failed
 
     async def get(self, key: str) -> dict[str, Any] | None:
         # SQLite calls block; a thread keeps the event loop serving other in-flight requests.

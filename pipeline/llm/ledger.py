@@ -1,8 +1,9 @@
 """The run's ledger: what every LLM call of a run cost, live; the budget it must keep; and whether
 each endpoint is answering (the shared circuit breaker of pipeline.llm.breaker).
 
-One ledger per `mempipe run`: in the driver's process for inline runs, a named Ray actor shared by
-every worker otherwise (like the rate limiter). Clients report each answered call (fresh or cached)
+One ledger per `mempipe run`: `LedgerBook` is its state, in the driver's process for inline runs,
+hosted in the job's service host for every worker otherwise (like the rate limiter); `RunLedger` is
+what a client holds of it, either way, with the run's structured modes (pipeline.llm.modes). Clients report each answered call (fresh or cached)
 so the driver can draw progress while shards run, and, when a budget applies, reserve a fresh
 call's worst-case cost (prompt estimate + max_tokens) before sending it: a reservation that would
 take the spend past the budget raises `BudgetExceeded`, so the run stops before the call, never
@@ -16,14 +17,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 from pipeline.errors import RunStopped
 from pipeline.llm.breaker import Admission, EndpointHealth
+from pipeline.llm.modes import ModeClaims, ModeRegistry
 
-# A structured-mode scout that has not published after this long (its worker died) loses its claim.
-MODE_CLAIM_TIMEOUT_S = 600.0
-MODE_POLL_S = (0.05, 0.5)  # a request waiting for another worker's scout asks again, doubling to this
+if TYPE_CHECKING:
+    from pipeline.llm.service_host import InProcess, ServiceRef
 _FLUSH_EVERY_S = 0.5  # a worker's counts reach the ledger at most this late
 
 
@@ -72,7 +73,8 @@ def _zero() -> dict[str, float]:
 
 class LedgerBook:
     """The ledger's state and rules (no I/O, no Ray): counts per (stage, role), spend per role,
-    outstanding reservations. Owned by one thread or actor."""
+    outstanding reservations, each endpoint's breaker. Owned by one thread or the job's host, which
+    runs its calls one at a time."""
 
     def __init__(self, budget: Budget, spent_before: Mapping[str, float] | None = None) -> None:
         self.budget = budget
@@ -81,8 +83,6 @@ class LedgerBook:
         self.reserved: dict[str, float] = {}  # role -> USD of calls sent and not yet answered
         self.counts: dict[str, dict[str, dict[str, float]]] = {}  # stage -> role -> counters
         self.health: dict[str, EndpointHealth] = {}  # endpoint -> its breaker
-        self.modes: dict[str, tuple[str, str]] = {}  # "endpoint model" -> (structured mode, why) decided
-        self.mode_claims: dict[str, float] = {}  # "endpoint model" -> when its scout claimed the decision
 
     def _role_spend(self, role: str) -> float:
         return self.spent_before.get(role, 0.0) + self.spent.get(role, 0.0)
@@ -131,27 +131,6 @@ class LedgerBook:
     def is_down(self, endpoint: str) -> bool:
         return endpoint in self.health and self.health[endpoint].check(time.time())
 
-    def claim_mode(self, key: str) -> tuple[str, str, str]:
-        """The structured mode of `key` (endpoint and model): ("decided", mode, why) once published;
-        ("scout", "", "") when nobody is deciding it (the caller now is: it sends json_schema and
-        publishes what the endpoint took); ("wait", "", "") while another request decides it."""
-        if key in self.modes:
-            return ("decided", *self.modes[key])
-        now = time.time()
-        claimed = self.mode_claims.get(key)
-        if claimed is not None and now - claimed < MODE_CLAIM_TIMEOUT_S:
-            return ("wait", "", "")
-        self.mode_claims[key] = now
-        return ("scout", "", "")
-
-    def publish_mode(self, key: str, mode: str, why: str) -> None:
-        self.modes[key] = (mode, why)
-        self.mode_claims.pop(key, None)
-
-    def release_mode(self, key: str) -> None:
-        """The scout gave up (its request failed in transport): the next to ask decides."""
-        self.mode_claims.pop(key, None)
-
     def snapshot(self) -> dict[str, Any]:
         return {"counts": self.counts, "spent": dict(self.spent), "spent_before": dict(self.spent_before),
                 "total_usd": self.total_spend(),
@@ -170,46 +149,97 @@ def stage_counts(snapshot: Mapping[str, Any], stage: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------- what a client holds
 
-class LocalLedger:
-    """The ledger in this process (inline runs, tests)."""
+class Ledger(Protocol):
+    """The run's ledger as a client uses it (`RunLedger`): budget, counts, endpoint health."""
 
-    def __init__(self, book: LedgerBook) -> None:
-        self.book = book
+    modes: ModeClaims  # the run's structured-mode decisions, beside the book
 
     async def reserve(self, role: str, worst_usd: float) -> None:
-        refusal = self.book.reserve(role, worst_usd)
+        """Hold a fresh call's worst case; BudgetExceeded when it does not fit."""
+
+    async def settle(self, role: str, worst_usd: float, cost_usd: float) -> None: ...
+
+    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None: ...
+
+    async def admit(self, endpoint: str) -> Admission: ...
+
+    async def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool: ...
+
+    async def is_down(self, endpoint: str) -> bool: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def applies_to(self, role: str) -> bool: ...
+
+
+class RunLedger:
+    """What the run's clients hold of its `LedgerBook` and `ModeRegistry`: in this process
+    (`local`: inline runs, tests) or in the job's host for every worker (`start`; picklable then,
+    its refs and the caps). The book's calls go as they are; a refused reservation is raised here."""
+
+    def __init__(self, book: ServiceRef | InProcess, modes: ModeClaims, budget: Budget) -> None:
+        self.book = book
+        self.modes = modes
+        self.budget = budget
+
+    @classmethod
+    def local(cls, book: LedgerBook) -> RunLedger:
+        from pipeline.llm.service_host import InProcess
+
+        return cls(InProcess(book), ModeClaims(InProcess(ModeRegistry())), book.budget)
+
+    @classmethod
+    def start(cls, book: LedgerBook, job_key: str) -> RunLedger:
+        """The job's ledger, started in its host from `book`'s caps and earlier spend (the driver)."""
+        from pipeline.llm.service_host import start_service
+
+        hosted = start_service(f"mempipe-ledger-{job_key}", LedgerBook, book.budget, book.spent_before)
+        return cls(hosted, ModeClaims(start_service(f"mempipe-modes-{job_key}", ModeRegistry)), book.budget)
+
+    async def reserve(self, role: str, worst_usd: float) -> None:
+        refusal = await self.book.reserve.remote(role, worst_usd)
         if refusal:
             raise BudgetExceeded(*refusal)
 
     async def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
-        self.book.settle(role, worst_usd, cost_usd)
+        await self.book.settle.remote(role, worst_usd, cost_usd)
 
     def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
-        self.book.record(deltas)
+        self.book.record.remote(deltas)  # fire and forget: counts for the progress line
 
     async def admit(self, endpoint: str) -> Admission:
-        return self.book.admit(endpoint)
+        admission: Admission = await self.book.admit.remote(endpoint)
+        return admission
 
     async def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
-        return self.book.report(endpoint, ok, probe)
+        return bool(await self.book.report.remote(endpoint, ok, probe))
 
     async def is_down(self, endpoint: str) -> bool:
-        return self.book.is_down(endpoint)
-
-    async def claim_mode(self, key: str) -> tuple[str, str, str]:
-        return self.book.claim_mode(key)
-
-    async def publish_mode(self, key: str, mode: str, why: str) -> None:
-        self.book.publish_mode(key, mode, why)
-
-    def release_mode(self, key: str) -> None:
-        self.book.release_mode(key)
+        return bool(await self.book.is_down.remote(endpoint))
 
     def snapshot(self) -> dict[str, Any]:
-        return self.book.snapshot()
+        snap: dict[str, Any] = self.book.sync("snapshot")
+        return snap
 
     def applies_to(self, role: str) -> bool:
-        return self.book.budget.applies_to(role)
+        return self.budget.applies_to(role)
+
+    def close(self) -> None:
+        """Stop the hosted book and registry (end of run); nothing for a local ledger."""
+        self.book.stop()
+        self.modes.ref.stop()
+
+
+class Tally(Protocol):
+    """A client's counts into the run's ledger (`StageTally`)."""
+
+    ledger: Ledger
+    role: str
+    budgeted: bool  # the role's fresh calls reserve their worst case first
+
+    def add(self, **delta: float) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class StageTally:
@@ -217,7 +247,7 @@ class StageTally:
     that records to one ledger shares one batch (`_ProcessTally`), so a busy worker costs the ledger
     one message per half second, not one per call, nor one per shard running in it."""
 
-    def __init__(self, ledger: Any, stage: str, role: str) -> None:
+    def __init__(self, ledger: Ledger, stage: str, role: str) -> None:
         self.ledger = ledger
         self.stage = stage
         self.role = role
@@ -236,19 +266,19 @@ class StageTally:
 class _ProcessTally:
     """The counts of every StageTally of this process for one ledger, sent together."""
 
-    _all: ClassVar[dict[Any, "_ProcessTally"]] = {}
+    _all: ClassVar[dict[str | int, "_ProcessTally"]] = {}
     _all_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, ledger: Any) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self._pending: dict[tuple[str, str], dict[str, float]] = {}
         self._last = time.monotonic()
         self._lock = threading.Lock()  # inline runs count from several threads
 
     @classmethod
-    def of(cls, ledger: Any) -> "_ProcessTally":
+    def of(cls, ledger: Ledger) -> "_ProcessTally":
         # One per ledger service (its name is the same in every process that unpickled it), else per object.
-        key = getattr(getattr(ledger, "handle", None), "name", None) or id(ledger)
+        key: str | int = getattr(getattr(ledger, "book", None), "name", None) or id(ledger)
         with cls._all_lock:
             tally = cls._all.get(key)
             if tally is None:

@@ -6,8 +6,8 @@ requests, whichever workers send them; a full-minute burst followed by a stall (
 per-minute counter allows) would exceed the limit in windows that straddle two minutes.
 Tokens use GCRA with a small burst tolerance, because the per-request estimate is coarse.
 
-`LocalRateLimiter` paces one process; the Ray actor in `shared.py` wraps the same schedule so every
-worker of a job shares it.
+`LocalRateLimiter` paces one process; the job's service host keeps one schedule for every worker
+of a job (pipeline.llm.shared.ActorRateLimiter asks it, on the host's own clock).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def estimate_tokens(messages: list[dict[str, str]], max_tokens: int | None) -> i
 
 
 class PacingSchedule:
-    """Hands out send times. Not thread-safe: one owner (a limiter or an actor) calls it."""
+    """Hands out send times. Not thread-safe: one owner (a limiter, or the job's host, which runs its
+    calls one at a time) calls it. `now` defaults to this process's monotonic clock."""
 
     def __init__(self, rpm: int | None = None, tpm: int | None = None, token_burst_s: float = 1.0) -> None:
         if rpm is not None and rpm <= 0:
@@ -49,8 +50,9 @@ class PacingSchedule:
         self._token_tat = -math.inf
         self._paused_until = -math.inf
 
-    def reserve(self, tokens: int, now: float) -> float:
+    def reserve(self, tokens: int, now: float | None = None) -> float:
         """Reserve the earliest allowed slot; returns the delay from `now` until it."""
+        now = time.monotonic() if now is None else now
         start = max(now, self._paused_until, self._request_tat)
         if self.token_interval:
             start = max(start, self._token_tat - self.token_burst_s)
@@ -59,12 +61,19 @@ class PacingSchedule:
             self._request_tat = start + self.request_interval
         return start - now
 
-    def pause(self, seconds: float, now: float) -> None:
+    def reserve_shared(self, tokens: int) -> tuple[float, float]:
+        """`reserve` for a worker of the job: (delay, the same slot as wall-clock time, which a
+        worker's own clock can compare; see ActorRateLimiter.acquire)."""
+        delay = self.reserve(tokens)
+        return delay, time.time() + delay
+
+    def pause(self, seconds: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         self._paused_until = max(self._paused_until, now + max(seconds, 0.0))
 
-    def paused_for(self, now: float) -> float:
+    def paused_for(self, now: float | None = None) -> float:
         """Seconds of pause left; a caller that slept to its slot re-reserves if this is > 0."""
-        return max(self._paused_until - now, 0.0)
+        return max(self._paused_until - (time.monotonic() if now is None else now), 0.0)
 
 
 class LocalRateLimiter:

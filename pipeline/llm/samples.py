@@ -18,13 +18,14 @@ from typing import Any, Callable, Sequence
 from pydantic import BaseModel
 
 from pipeline.config import LLMConfig
-from pipeline.llm.accounting import Accounting, split_tokens
-from pipeline.llm.cache import CallCache, Reply, StaleMisses, chat_cache_key, lookup_many, store_many
-from pipeline.llm.params import RefusedParams, sampling_params
+from pipeline.llm.accounting import split_tokens
+from pipeline.llm.cache import Reply, chat_cache_key, lookup_many, store_many
+from pipeline.llm.params import sampling_params
 from pipeline.llm.ratelimit import estimate_tokens
+from pipeline.llm.sender import Sender
 from pipeline.llm.structured import StructuredCalls, request_format, with_schema_in_prompt
-from pipeline.llm.transport import RequestRejected, Transport
-from pipeline.llm.types import ChatLLM, LLMError, LLMResult, Messages, gather_samples
+from pipeline.llm.transport import RequestRejected
+from pipeline.llm.types import LLMError, LLMResult, Messages, gather_samples
 
 # Per loop: (endpoint, model) -> done once the sample deciding its structured mode came back.
 _SAMPLING_SCOUTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], asyncio.Future]] = \
@@ -34,29 +35,20 @@ Missing = list[tuple[int, dict[str, Any], str]]  # (sample index, its sampling p
 
 
 class Samples:
-    """One client's samples through `n`. `llm` is the client: each sample is its `chat` call, which
-    finds the choice left for it (`take`) or the cache."""
+    """One client's samples through `n`: the choices an `n` request brought are left with the
+    client's `sender`, where each sample's own call (`structured.chat`) takes its one."""
 
-    def __init__(self, llm: ChatLLM, cfg: LLMConfig, cache: CallCache | None, transport: Transport,
-                 accounts: Accounting, refused: RefusedParams, structured: StructuredCalls,
-                 stale: StaleMisses) -> None:
-        self.llm = llm
+    def __init__(self, cfg: LLMConfig, sender: Sender, structured: StructuredCalls) -> None:
         self.cfg = cfg
-        self.cache = cache
-        self.transport = transport
-        self.accounts = accounts
-        self.refused = refused
+        self.sender = sender
+        self.cache = sender.cache
+        self.transport = sender.transport
+        self.accounts = sender.accounts
+        self.refused = sender.refused
         self.structured = structured
-        self.endpoint = transport.endpoint
-        # Cache key -> a sample's reply that came as one choice of an `n` request, already
-        # accounted, until its own chat call takes it (works with the cache off too).
-        self._preloaded: dict[str, Reply] = {}
+        self.endpoint = sender.endpoint
         self._prefetching: dict[str, asyncio.Future] = {}  # cache key -> its `n` request's completion
-        self._stale = stale  # the client's: misses another call's store may have overtaken
-
-    def take(self, key: str) -> Reply | None:
-        """The reply an `n` request brought for this exact request, once."""
-        return self._preloaded.pop(key, None)
+        self._stale = sender.stale  # misses another call's store may have overtaken
 
     async def ask(self, messages: Messages, samples: int | Sequence[int], schema: type[BaseModel] | None,
                   validate: Callable[[Any], None] | None, params: dict[str, Any]) -> list[LLMResult | LLMError]:
@@ -89,7 +81,7 @@ class Samples:
 
     async def _each(self, messages: Messages, indexes: list[int], schema: type[BaseModel] | None,
                     validate: Callable[[Any], None] | None, params: dict[str, Any]) -> list[LLMResult | LLMError]:
-        return await gather_samples(self.llm, messages, indexes, schema=schema, validate=validate, **params)
+        return await gather_samples(self.structured, messages, indexes, schema=schema, validate=validate, **params)
 
     def _asks_n(self) -> bool:
         """Whether this role sends a prompt's samples as one request with `n`: the config allows it,
@@ -127,7 +119,7 @@ class Samples:
             theirs = {id(f): f for *_, key in keyed if (f := self._prefetching.get(key)) is not None}
             # (Stored by another call since this lookup read: each sample's own call finds it.)
             missing = [(i, sampling, key) for (i, sampling, key), hit in zip(keyed, hits)
-                       if hit is None and key not in self._preloaded and key not in self._prefetching
+                       if hit is None and not self.sender.preloaded(key) and key not in self._prefetching
                        and key not in self._stale]
             try:
                 if len(missing) >= 2:  # else nothing shares a request
@@ -195,7 +187,7 @@ class Samples:
                                finish_reason=answer.finish_reasons[j] if j < len(answer.finish_reasons) else None,
                                latency_s=time.monotonic() - sent))
                    for j, ((_, _, key), text) in enumerate(zip(missing, got))]
-        self._preloaded.update(replies)
+        self.sender.preload(replies)
         if self.cache is not None:
             await store_many(self.cache, [(key, reply.value()) for key, reply in replies])
             self._stale.stored(key for key, _ in replies)

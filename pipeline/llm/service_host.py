@@ -6,8 +6,9 @@ to start (Python, Ray and our modules imported again), four or five per run. The
 once per driver (its owner: it ends with the driver) on the driver's node, and a run's services
 come and go as objects inside it.
 
-A service is a plain object. How the host calls its methods keeps what each one relied on as an
-actor of its own:
+A service is a plain object, hosted as it is (the cache's `DiskCallCache`, the limiter's
+`PacingSchedule`, the ledger's `LedgerBook`): no wrapper class restates its methods. How the host
+calls them keeps what each one relied on as an actor of its own:
 - `async def` methods are awaited on the host's event loop (the slot pool's long polls);
 - a service whose class sets `THREADED = True` (the cache: SQLite reads overlap writes) has its
   methods run on the host's thread pool, `HOST_THREADS` at once;
@@ -15,7 +16,8 @@ actor of its own:
   limiter's schedule, the ledger's book), in the order each caller sent them.
 
 `ServiceRef` looks like an actor handle to its callers: `ref.method.remote(*args)` returns an
-ObjectRef, so code written against the service actors did not change.
+ObjectRef, so code written against the service actors did not change. `InProcess` is the same
+for a service in the caller's own process (inline runs, tests), so a client is written once.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import asyncio
 import inspect
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, Generator
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -98,12 +100,59 @@ class ServiceRef:
             raise AttributeError(method)
         return _Method(self.host, self.name, method)
 
+    def sync(self, method: str, *args: Any) -> Any:
+        """The method's result, waited for (the driver's reads, outside an event loop)."""
+        return ray.get(self.host.call.remote(self.name, method, args))
+
     def stop(self) -> None:
         """Close and drop the service (end of its run). Safe to call twice, and after Ray ended."""
         try:
             ray.get(self.host.stop.remote(self.name))
         except (ray.exceptions.RayError, AttributeError):  # the host (or Ray) is already gone
             pass
+
+
+class _Done:
+    """A result already there, awaited like the ObjectRef of a hosted call (or left unawaited)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.value
+        yield  # a generator that returns at once: nothing to wait for
+
+
+@dataclass(frozen=True)
+class _LocalMethod:
+    fn: Callable[..., Any]
+
+    def remote(self, *args: Any) -> Awaitable[Any]:
+        out = self.fn(*args)  # run now: a fire-and-forget call is done too
+        return out if inspect.isawaitable(out) else _Done(out)
+
+
+class InProcess:
+    """A service in this process, called like a `ServiceRef`: `ref.method.remote(*args)` runs the
+    method now and returns an awaitable of its result; `ref.sync(method, *args)` the result."""
+
+    name = None  # not one of the host's services
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    def __getattr__(self, method: str) -> _LocalMethod:
+        if method.startswith("__"):
+            raise AttributeError(method)
+        return _LocalMethod(getattr(self.service, method))
+
+    def sync(self, method: str, *args: Any) -> Any:
+        return getattr(self.service, method)(*args)
+
+    def stop(self) -> None:
+        """Nothing to stop: the service ends with its last reference."""
 
 
 # The driver keeps its host's handle: Ray ends an actor (named or not) once no handle to it is left,

@@ -1,6 +1,8 @@
-"""What the workers of one Ray job share: the call cache, the rate limiter, the endpoint's
-concurrency slots (pipeline.llm.slots) and the run's ledger, as named services in the job's host
-actor (pipeline.llm.service_host), on the node of the driver that starts them.
+"""What the workers of one Ray job share: the call cache (`DiskCallCache`), the rate limiter
+(`PacingSchedule`) and the endpoint's concurrency slots (pipeline.llm.slots), each hosted as it is
+in the job's host actor (pipeline.llm.service_host), on the node of the driver that starts them;
+the run's ledger is hosted there too (pipeline.llm.ledger.RunLedger). This module holds what a
+worker's client uses of them: batched cache calls, the shared limiter, and `make_client`.
 
 The host is the only process that opens the cache's SQLite file, so a multi-node cluster never has
 two nodes (or NFS) writing it; the limiter hands out send times so the job's rpm / tpm hold across
@@ -29,8 +31,7 @@ from pipeline.hashing import canonical_json
 from pipeline.llm.cache import DB_FILE, DiskCallCache
 from pipeline.llm.client import LLMClient
 from pipeline.llm.identity import endpoint_identity
-from pipeline.llm.breaker import Admission
-from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook
+from pipeline.llm.ledger import Tally
 from pipeline.llm.ratelimit import LocalRateLimiter, PacingSchedule
 from pipeline.llm.service_host import ServiceRef, start_service
 from pipeline.llm.slots import EndpointSlots, SlotsHandle, start_slot_pool
@@ -45,148 +46,6 @@ _BATCH_WINDOW_S = 0.02
 _BATCH_MAX = 256
 
 
-class CallCacheService:
-    """The job's call cache, one SQLite file behind it."""
-
-    THREADED = True  # on the host's threads: reads overlap SQLite writes (diskcache: a connection per thread)
-
-    def __init__(self, directory: str) -> None:
-        self._cache = DiskCallCache(directory)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self._cache.get_sync(key)
-
-    def set(self, key: str, value: dict[str, Any]) -> None:
-        self._cache.set_sync(key, value)
-
-    def get_many(self, keys: list[str]) -> list[str | None]:
-        return self._cache.get_many_raw(keys)
-
-    def set_many(self, items: list[tuple[str, str]]) -> None:
-        self._cache.set_many_raw(items)
-
-    def ops(self, sets: list[tuple[str, str]], gets: list[str]) -> tuple[list[str | None], Exception | None]:
-        """A worker's writes and lookups of the same few milliseconds as one call: the writes first
-        (one transaction), then the lookups. A write that fails fails the writes only: returned, so
-        the lookups still answer."""
-        failed: Exception | None = None
-        if sets:
-            try:
-                self._cache.set_many_raw(sets)
-            except Exception as e:  # CacheWriteError: for the writers, not the readers
-                failed = e
-        return (self._cache.get_many_raw(gets) if gets else []), failed
-
-    def close(self) -> None:
-        self._cache.close()
-
-
-class RateLimiterService:
-    # Not threaded: its calls run one at a time on the host's loop, which is what the schedule needs.
-    def __init__(self, rpm: int | None, tpm: int | None) -> None:
-        self._clock = time.monotonic
-        self._schedule = PacingSchedule(rpm, tpm)
-
-    def reserve(self, tokens: int) -> tuple[float, float]:
-        """(delay, the same slot as wall-clock time); see ActorRateLimiter.acquire."""
-        delay = self._schedule.reserve(tokens, self._clock())
-        return delay, time.time() + delay
-
-    def pause(self, seconds: float) -> None:
-        self._schedule.pause(seconds, self._clock())
-
-    def paused_for(self) -> float:
-        return self._schedule.paused_for(self._clock())
-
-
-class LedgerService:
-    """The run's spend ledger (pipeline.llm.ledger) for every worker of a job; calls one at a time."""
-
-    def __init__(self, budget: Budget, spent_before: dict[str, float]) -> None:
-        self._book = LedgerBook(budget, spent_before)
-
-    def reserve(self, role: str, worst_usd: float) -> tuple | None:
-        return self._book.reserve(role, worst_usd)
-
-    def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
-        self._book.settle(role, worst_usd, cost_usd)
-
-    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
-        self._book.record(deltas)
-
-    def admit(self, endpoint: str) -> Admission:
-        return self._book.admit(endpoint)
-
-    def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
-        return self._book.report(endpoint, ok, probe)
-
-    def is_down(self, endpoint: str) -> bool:
-        return self._book.is_down(endpoint)
-
-    def claim_mode(self, key: str) -> tuple[str, str, str]:
-        return self._book.claim_mode(key)
-
-    def publish_mode(self, key: str, mode: str, why: str) -> None:
-        self._book.publish_mode(key, mode, why)
-
-    def release_mode(self, key: str) -> None:
-        self._book.release_mode(key)
-
-    def snapshot(self) -> dict[str, Any]:
-        return self._book.snapshot()
-
-
-class ActorLedger:
-    """What a worker's clients hold of the job's `LedgerService` (picklable: its ref and the caps)."""
-
-    def __init__(self, handle: Any, budget: Budget) -> None:
-        self.handle = handle
-        self.budget = budget
-
-    async def reserve(self, role: str, worst_usd: float) -> None:
-        refusal = await self.handle.reserve.remote(role, worst_usd)
-        if refusal:
-            raise BudgetExceeded(*refusal)
-
-    async def settle(self, role: str, worst_usd: float, cost_usd: float) -> None:
-        await self.handle.settle.remote(role, worst_usd, cost_usd)
-
-    def record(self, deltas: list[tuple[str, str, dict[str, float]]]) -> None:
-        self.handle.record.remote(deltas)  # fire and forget: counts for the progress line
-
-    async def admit(self, endpoint: str) -> Admission:
-        return await self.handle.admit.remote(endpoint)
-
-    async def report(self, endpoint: str, ok: bool, probe: bool = False) -> bool:
-        return await self.handle.report.remote(endpoint, ok, probe)
-
-    async def is_down(self, endpoint: str) -> bool:
-        return await self.handle.is_down.remote(endpoint)
-
-    async def claim_mode(self, key: str) -> tuple[str, str, str]:
-        return tuple(await self.handle.claim_mode.remote(key))  # type: ignore[return-value]
-
-    async def publish_mode(self, key: str, mode: str, why: str) -> None:
-        await self.handle.publish_mode.remote(key, mode, why)
-
-    def release_mode(self, key: str) -> None:
-        self.handle.release_mode.remote(key)  # fire and forget: also called while being cancelled
-
-    def snapshot(self) -> dict[str, Any]:
-        return ray.get(self.handle.snapshot.remote())
-
-    def applies_to(self, role: str) -> bool:
-        return self.budget.applies_to(role)
-
-    @classmethod
-    def start(cls, book: LedgerBook, job_key: str) -> ActorLedger:
-        handle = start_service(f"mempipe-ledger-{job_key}", LedgerService, book.budget, book.spent_before)
-        return cls(handle, book.budget)
-
-    def close(self) -> None:
-        self.handle.stop()
-
-
 class _Batcher:
     """Coalesces a worker's cache writes and lookups of the same few milliseconds into one actor call.
 
@@ -194,7 +53,7 @@ class _Batcher:
     caller's and the host's: Ray's serialisation, its threads and event loops) than the SQLite
     work it carries: one round trip per item made them a large share of a 2-core machine at a few
     hundred requests per second, and one per kind (lookups, writes) still near one per item.
-    Writes and lookups share one window and one call (`CallCacheService.ops`: the writes first),
+    Writes and lookups share one window and one call (`DiskCallCache.ops`: the writes first),
     so a request's write and another's lookup go together. Each caller still awaits its own
     result, so a write is on disk before the caller goes on.
     """
@@ -247,7 +106,7 @@ class _Batcher:
 
 
 class ActorCallCache:
-    """`CallCache` proxy to the job's `CallCacheService`: lookups and writes batched per few milliseconds,
+    """`CallCache` proxy to the job's hosted `DiskCallCache`: lookups and writes batched per few milliseconds,
     values (de)serialised here so the one actor only moves text.
 
     A worker on the host's node (`node`, with the cache's `directory`) opens the SQLite file itself
@@ -285,11 +144,11 @@ class ActorCallCache:
 
 # This process's own connections to the caches of its node, by directory: (the database file's
 # identity when opened, the service). A directory removed and made again is opened again.
-_LOCAL_CACHES: dict[str, tuple[tuple[int, int], CallCacheService]] = {}
+_LOCAL_CACHES: dict[str, tuple[tuple[int, int], DiskCallCache]] = {}
 _LOCAL_LOCK = threading.Lock()
 
 
-def _same_node_cache(directory: str | None, node: str | None) -> CallCacheService | None:
+def _same_node_cache(directory: str | None, node: str | None) -> DiskCallCache | None:
     """This process's connection to the cache in `directory` when it runs on `node` (the host's);
     None elsewhere, or when the file cannot be opened here (then the host serves it)."""
     if not directory or not node or not ray.is_initialized():
@@ -305,7 +164,7 @@ def _same_node_cache(directory: str | None, node: str | None) -> CallCacheServic
             st = os.stat(Path(directory) / DB_FILE)
             if known is not None and known[0] == (st.st_dev, st.st_ino):
                 return known[1]
-            service = CallCacheService(directory)
+            service = DiskCallCache(directory)
         except Exception as e:  # noqa: BLE001 - the host's connection still works
             log.warning("LLM cache %s: this worker cannot open it (%s); its host serves it", directory, e)
             return None
@@ -316,14 +175,14 @@ def _same_node_cache(directory: str | None, node: str | None) -> CallCacheServic
 
 
 class ActorRateLimiter:
-    """`RateLimiter` proxy to the `RateLimiterService` shared by every worker of a job."""
+    """`RateLimiter` proxy to the `PacingSchedule` the job's host keeps for every worker of a job."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
     async def acquire(self, tokens: int) -> None:
         while True:
-            delay, slot = await self.handle.reserve.remote(tokens)
+            delay, slot = await self.handle.reserve_shared.remote(tokens)
             # Time spent getting the answer back already counts towards the wait: on one node the
             # wall clocks agree, so the slot time absorbs it (a busy worker would otherwise send
             # late and bunch up with later slots). Across nodes, trust it only within 1 s of skew.
@@ -343,7 +202,7 @@ class ActorRateLimiter:
         return "ActorRateLimiter()"
 
 
-def _digest(*parts: Any) -> str:
+def _digest(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
 
 
@@ -351,10 +210,10 @@ def _digest(*parts: Any) -> str:
 class SharedLLMHandles:
     """Service refs for one (job, LLM config). Picklable: pass it to Ray tasks with the config."""
 
-    cache: ServiceRef | None = None  # the CallCacheService, None when the cache is disabled
+    cache: ServiceRef | None = None  # the hosted DiskCallCache, None when the cache is disabled
     cache_dir: str | None = None  # its directory, and the host's node: workers there open it themselves
     cache_node: str | None = None
-    limiter: ServiceRef | None = None  # the RateLimiterService, None when neither rpm nor tpm is set
+    limiter: ServiceRef | None = None  # the hosted PacingSchedule, None when neither rpm nor tpm is set
     slots: SlotsHandle | None = None  # the endpoint's `max_concurrency` slots for every worker of the job
 
     @classmethod
@@ -371,11 +230,11 @@ class SharedLLMHandles:
         if cfg.cache_enabled:
             # Resolved on the driver: the host's working directory may differ from ours.
             directory = str(Path(cfg.cache_dir).expanduser().resolve())
-            cache = start_service(f"mempipe-llm-cache-{job_key}-{_digest(directory)}", CallCacheService, directory)
+            cache = start_service(f"mempipe-llm-cache-{job_key}-{_digest(directory)}", DiskCallCache, directory)
         if cfg.rpm or cfg.tpm:
             limiter = start_service(
                 f"mempipe-llm-limiter-{job_key}-{_digest(endpoint_identity(cfg), cfg.model, cfg.rpm, cfg.tpm)}",
-                RateLimiterService, cfg.rpm, cfg.tpm)
+                PacingSchedule, cfg.rpm, cfg.tpm)
         node = ray.get_runtime_context().get_node_id()  # the host's: it starts on the driver's node
         return cls(cache=cache, cache_dir=directory if cache is not None else None, cache_node=node,
                    limiter=limiter, slots=start_slot_pool(cfg, job_key))
@@ -389,8 +248,12 @@ class SharedLLMHandles:
             self.slots.close()
 
 
+# A run's shared services per LLM role ({} for inline runs: each client keeps its own).
+RoleHandles = dict[str, SharedLLMHandles]
+
+
 def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, section: str = "llm",
-                retry_samples: int = 0, tally: Any | None = None) -> LLMClient:
+                retry_samples: int = 0, tally: Tally | None = None) -> LLMClient:
     """Build a client in this process.
 
     With handles: the job's shared cache and limiter. Without (inline runs, tests): the cache

@@ -1,5 +1,5 @@
 """Structured outputs: how a schema is asked for in each mode, parsing and validating the answer,
-and a client's structured calls (`StructuredCalls`).
+and a client's chat calls (`StructuredCalls`), structured or not, over its `Sender`.
 
 Parsing and validation sit above the call cache: every request is cached with its raw answer,
 including the invalid ones that led to a re-ask, so a rerun replays the same conversation and never
@@ -13,9 +13,9 @@ stepping down when the endpoint rejects the response_format. A rejection is reco
 server says, whatever the status (a 400 or 422 naming the parameter, or llama-cpp-python's 500
 validation error): it is never retried as sent and never counts as an outage. In auto mode the
 first structured request of an (endpoint, model) is the scout: the others, in this process and in
-every worker of the run (through the run's ledger), wait for its answer and then use the mode it
-decided, so an endpoint sees at most one rejected request per mode. The mode decided is remembered
-in the call cache for (endpoint, model), so later clients start there.
+every worker of the run (through the run's `ModeRegistry`, pipeline.llm.modes), wait for its answer
+and then use the mode it decided, so an endpoint sees at most one rejected request per mode. The
+mode decided is remembered in the call cache for (endpoint, model), so later runs start there.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel, ValidationError
 
 from pipeline.config import LLMConfig
-from pipeline.llm.cache import CallCache, Reply, mode_cache_key
-from pipeline.llm.ledger import MODE_POLL_S
+from pipeline.llm.cache import mode_cache_key
+from pipeline.llm.modes import ModeClaims
 from pipeline.llm.params import sampling_params
+from pipeline.llm.sender import Sender
 from pipeline.llm.transport import RequestRejected, rejected_param
 from pipeline.llm.types import InvalidAnswer, LLMError, LLMResult, Messages, short
-from pipeline.llm.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +162,6 @@ def describe_error(err: Exception) -> str:
 REASK = ("Your previous answer was invalid: {error}\n"
          "Answer again with only a JSON object that matches the required schema.")
 
-# One exact request of the client (pipeline.llm.client): (model, messages, sampling, response_format,
-# sample) -> its reply, from the cache or sent and then cached.
-Request = Callable[[str, Messages, dict[str, Any], dict[str, Any] | None, int], Awaitable[Reply]]
-
-
 @dataclass(frozen=True)
 class StructuredAsk:
     """One structured call as asked: the same in whichever mode it goes."""
@@ -182,7 +177,7 @@ class StructuredAsk:
 @dataclass
 class _ModeDecision:
     """The structured mode of one (endpoint, model) on one loop: `lock` is held by the scout (the
-    request that decides it) and by whoever is asking the run's ledger; `mode` once decided."""
+    request that decides it) and by whoever is asking the run's registry; `mode` once decided."""
 
     lock: asyncio.Lock
     mode: str | None = None
@@ -196,11 +191,11 @@ _MODE_DECISIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple
 
 class _Scout:
     """The request deciding an (endpoint, model)'s structured mode: holds the decision's lock (and
-    the ledger's claim) until it publishes the mode or gives up (a transport failure: another
+    the run's claim, `run`) until it publishes the mode or gives up (a transport failure: another
     request becomes the scout)."""
 
-    def __init__(self, calls: StructuredCalls, model: str, decision: _ModeDecision, claimed: bool) -> None:
-        self.calls, self.model, self.decision, self.claimed = calls, model, decision, claimed
+    def __init__(self, calls: StructuredCalls, model: str, decision: _ModeDecision, run: ModeClaims | None) -> None:
+        self.calls, self.model, self.decision, self.run = calls, model, decision, run
         self.done = False
 
     async def publish(self, mode: str, why: str) -> None:
@@ -210,8 +205,8 @@ class _Scout:
         try:
             self.decision.mode, self.decision.why = mode, why
             await self.calls.remember_mode(self.model, mode, why)
-            if self.claimed:
-                await self.calls.tally.ledger.publish_mode(self.calls.mode_key(self.model), mode, why)
+            if self.run is not None:
+                await self.run.publish(self.calls.mode_key(self.model), mode, why)
         finally:
             self.decision.lock.release()
 
@@ -219,25 +214,44 @@ class _Scout:
         if self.done:
             return
         self.done = True
-        if self.claimed:
-            self.calls.tally.ledger.release_mode(self.calls.mode_key(self.model))
+        if self.run is not None:
+            self.run.release(self.calls.mode_key(self.model))
         self.decision.lock.release()
 
 
 class StructuredCalls:
-    """One client's structured calls, and the mode its (endpoint, model)s take them in. `request`
-    is the client's exact request; `tally` the run ledger's StageTally (None outside a run)."""
+    """One client's chat calls over its exact requests (`sender`), and the structured mode its
+    (endpoint, model)s take them in; `modes`: the run's decisions across workers (None outside a
+    run)."""
 
-    def __init__(self, cfg: LLMConfig, endpoint: str, cache: CallCache | None, usage: Usage, tally: Any | None,
-                 request: Request, retry_samples: int = 0) -> None:
+    def __init__(self, cfg: LLMConfig, sender: Sender, modes: ModeClaims | None, retry_samples: int = 0) -> None:
         self.cfg = cfg
-        self.endpoint = endpoint
-        self.cache = cache
-        self.usage = usage
-        self.tally = tally
-        self.request = request
+        self.sender = sender
+        self.endpoint = sender.endpoint
+        self.cache = sender.cache
+        self.usage = sender.usage
+        self.modes = modes
         self.retry_samples = retry_samples
         self._modes: dict[str, str] = {}  # model -> structured mode found in auto mode
+
+    async def chat(self, messages: Messages, *, schema: type[BaseModel] | None = None,
+                   validate: Callable[[Any], None] | None = None, sample: int = 0, **params: Any) -> LLMResult:
+        """`ChatLLM.chat`: without a schema one exact request, else the structured call; counted in
+        the client's accounts either way."""
+        try:
+            if schema is None:
+                model, sampling = sampling_params(self.cfg, sample, params)
+                reply = await self.sender.request(model, messages, sampling, None, sample)
+                result = LLMResult(text=reply.text, prompt_tokens=reply.prompt_tokens,
+                                   completion_tokens=reply.completion_tokens, model=reply.model, cached=reply.cached,
+                                   finish_reason=reply.finish_reason, latency_s=reply.latency_s)
+            else:
+                result = await self.call(messages, schema, validate, sample, params)
+        except LLMError:
+            self.sender.accounts.count_call(None)
+            raise
+        self.sender.accounts.count_call(result)
+        return result
 
     async def call(self, messages: Messages, schema: type[BaseModel], validate: Callable[[Any], None] | None,
                    sample: int, params: dict[str, Any]) -> LLMResult:
@@ -304,7 +318,7 @@ class StructuredCalls:
         for i in range(attempts):
             if i:
                 self.usage.reasks += 1
-            reply = await self.request(ask.model, conversation, ask.sampling, response_format, ask.sample)
+            reply = await self.sender.request(ask.model, conversation, ask.sampling, response_format, ask.sample)
             if answered is not None:
                 await answered()
                 answered = None
@@ -339,7 +353,7 @@ class StructuredCalls:
         return self._learn_mode(model, decision.mode, decision.why) if decision and decision.mode else None
 
     def mode_key(self, model: str) -> str:
-        """The ledger's name for this (endpoint, model)'s structured-mode decision."""
+        """The run's name for this (endpoint, model)'s structured-mode decision (pipeline.llm.modes)."""
         return f"{self.endpoint} {model}"
 
     def _learn_mode(self, model: str, mode: str, why: str) -> str:
@@ -352,7 +366,7 @@ class StructuredCalls:
         """The mode for this request, and the scout token when this request is the one deciding it
         (auto mode, nothing decided yet): it sends json_schema and publishes what the endpoint took.
         Every other request waits here until the mode is decided, in this process on the
-        decision's lock, across workers through the run's ledger."""
+        decision's lock, across workers through the run's registry."""
         if self.cfg.structured_mode != "auto":
             return self.cfg.structured_mode, None
         if model in self._modes:
@@ -371,9 +385,13 @@ class StructuredCalls:
                 # A Batch API request answers in minutes to hours: no one waits for a scout there;
                 # each queued request learns from its own rejection.
                 decision.mode = "json_schema"
-            claimed = False
-            if decision.mode is None and self.tally is not None:
-                claimed = await self._claim(model, decision)
+            claimed: ModeClaims | None = None
+            if decision.mode is None and self.modes is not None:
+                found_run = await self.modes.decided(self.mode_key(model))  # None: this request is the run's scout
+                if found_run is not None:
+                    decision.mode, decision.why = found_run
+                else:
+                    claimed = self.modes
             if decision.mode is None:
                 return "json_schema", _Scout(self, model, decision, claimed)  # the lock stays held
         except BaseException:
@@ -381,20 +399,6 @@ class StructuredCalls:
             raise
         decision.lock.release()
         return self._learn_mode(model, decision.mode, decision.why), None
-
-    async def _claim(self, model: str, decision: _ModeDecision) -> bool:
-        """Ask the run's ledger until another worker's scout decided the mode (into `decision`), or
-        this request is the run's scout (True)."""
-        ledger, key, pause = self.tally.ledger, self.mode_key(model), MODE_POLL_S[0]
-        while True:
-            state, mode, why = await ledger.claim_mode(key)
-            if state == "decided":
-                decision.mode, decision.why = mode, why
-                return False
-            if state == "scout":
-                return True
-            await asyncio.sleep(pause)  # another worker's scout is out: ask again soon
-            pause = min(pause * 2, MODE_POLL_S[1])
 
     async def remember_mode(self, model: str, mode: str, why: str) -> None:
         self._modes[model] = mode
