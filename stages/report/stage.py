@@ -49,6 +49,12 @@ def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
     return pl.from_arrow(inputs[key]) if key in inputs else pl.DataFrame()  # type: ignore[return-value]
 
 
+def memory_tables(method: Method, inputs: dict[str, pa.Table]) -> dict[str, list[dict]]:
+    """A method's memory tables (`Method.memory`) as rows, those its memory stage wrote in this run."""
+    stage = memory_stage_name(method.name)
+    return {t: inputs[f"{stage}.{t}"].to_pylist() for t in method.memory if f"{stage}.{t}" in inputs}
+
+
 def stage_usage(manifests: dict[str, Manifest], stages: list[str]) -> dict[str, float]:
     """LLM usage (tables.USAGE_KEYS) summed over the roles of the given stages' manifests."""
     out: dict[str, float] = {k: 0 for k in tables.USAGE_KEYS}  # counts stay integers
@@ -135,6 +141,7 @@ class ReportStage(GlobalStage):
         answers_raw = tables.run_key_rows(both_keys)  # each item once, under the run's answer key
         answers = tables.judge_runs(answers_raw)  # one row per item, its judge runs averaged
         metrics_raw = _frame(inputs, "response_metrics.response_metrics")
+        memory = {m.name: memory_tables(m, inputs) for m in self.method_objects}
         memory_raw = _frame(inputs, "judge_memory.memory_judgments")
         summaries = {
             "segmentation_summary": tables.segmentation_summary(_frame(inputs, "score.segmentation_scores")),
@@ -152,13 +159,13 @@ class ReportStage(GlobalStage):
                                                        memory_raw),
             "cost_breakdown": self.cost_breakdown(ctx),
             "stage_spans": tables.stage_spans(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests)),
-            "memory_accuracy_summary": self.memory_accuracy(ctx, inputs),
+            "memory_accuracy_summary": self.memory_accuracy(ctx, inputs, memory),
         }
         summaries["question_costs"] = tables.question_costs(responses, summaries["cost_breakdown"], answers_raw,
                                                             self.build_per_episode(ctx))
         buckets = _frame(inputs, "diagnose.buckets")
         summaries["diagnosis"] = tables.diagnosis_summary(buckets)
-        panels = self.method_panels(inputs, responses)
+        panels = self.method_panels(memory, responses)
         for name, schema in self.outputs.items():
             if name not in summaries and name != "reproduction_summary":  # a panel's table: the rows of every method that shows one
                 summaries[name] = pl.from_arrow(pa.Table.from_pylist(
@@ -189,25 +196,22 @@ class ReportStage(GlobalStage):
                 out[m] = per_episode
         return out
 
-    def memory_accuracy(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> pl.DataFrame:
+    def memory_accuracy(self, ctx: StageContext, inputs: dict[str, pa.Table],
+                        memory: dict[str, dict[str, list[dict]]]) -> pl.DataFrame:
         """RSum Table 2: every memory method's memory after each session against the corpus's gold
         persona summaries (the report reads `ingest` only in runs whose corpus has them: MSC)."""
         if "ingest.episodes" not in inputs:
             return memory_accuracy.memory_accuracy_summary([])
         chosen = [(m, getattr(ctx.cfg.method, m.name)) for m in self.method_objects if m.memory]
-        memory = {m.name: {t: inputs[f"{memory_stage_name(m.name)}.{t}"].to_pylist() for t in m.memory
-                           if f"{memory_stage_name(m.name)}.{t}" in inputs} for m, _ in chosen}
         return memory_accuracy.memory_accuracy_summary(memory_accuracy.memory_accuracy_rows(
-            chosen, inputs["ingest.episodes"].to_pylist(), memory))
+            chosen, inputs["ingest.episodes"].to_pylist(), {m.name: memory[m.name] for m, _ in chosen}))
 
-    def method_panels(self, inputs: dict[str, pa.Table], responses: pl.DataFrame
+    def method_panels(self, memory: dict[str, dict[str, list[dict]]], responses: pl.DataFrame
                       ) -> list[tuple[Method, ReportPanel]]:
         """Each method's own report section, from its memory tables and responses (`Method.report_panel`)."""
         panels = []
         for m in self.method_objects:
-            memory = {t: inputs[f"{memory_stage_name(m.name)}.{t}"].to_pylist() for t in m.memory
-                      if f"{memory_stage_name(m.name)}.{t}" in inputs}
-            panel = m.report_panel(memory, responses.filter(pl.col("method") == m.name).to_dicts())
+            panel = m.report_panel(memory[m.name], responses.filter(pl.col("method") == m.name).to_dicts())
             if panel is not None:
                 panels.append((m, panel))
         return panels
