@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 
 def fingerprint_inputs(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str]) -> dict[str, Any]:
-    settings = stage.settings_of(cfg)
+    try:
+        settings = stage.settings_of(cfg)
+    except KeyError:  # a stage without settings
+        settings = None
     inputs: dict[str, Any] = {
         "stage": stage.name,
         "version": stage.version,

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Iterator, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Generic, Iterator, TypeVar, get_args, get_origin
 
 import pyarrow as pa
 from pydantic import BaseModel
-from typing_extensions import TypeVar
 
 from pipeline.config import Section
 
@@ -44,13 +43,9 @@ EmbedderFactory = Callable[["EmbeddingConfig"], "Embedder | None"]
 EMBEDDER_ROLE = "embedder"
 
 
-class NoSettings(BaseModel):
-    """The settings of a stage that has none (a bare `EpisodeStage` / `GlobalStage`): nothing to read."""
-
-
-# A stage's settings model; a stage declared without one has `NoSettings`, so reading any setting of
-# it is a type error.
-S = TypeVar("S", bound=BaseModel, default=NoSettings)
+# A stage's settings model. A stage without settings subclasses `EpisodeStage` / `GlobalStage` bare (no
+# `section`); a helper that reads no settings takes a bare `StageContext`, any stage's.
+S = TypeVar("S", bound=BaseModel)
 
 
 @dataclass
@@ -73,14 +68,7 @@ class StageContext(Generic[S]):
     @property
     def settings(self) -> S:
         """This stage's settings (its config section, or its method's settings)."""
-        settings = self.stage.settings_of(self.cfg)
-        if settings is None:
-            raise KeyError(f"stage {self.stage.name} has no settings section")
-        return settings
-
-    @property
-    def section(self) -> S:  # TRANSITION: the old name, until every stage reads `settings`
-        return self.settings
+        return self.stage.settings_of(self.cfg)
 
     @property
     def llm(self) -> "ChatLLM":
@@ -146,8 +134,9 @@ class Stage(Generic[S]):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        if "settings" in cls.__dict__:  # TRANSITION: the old spelling, until every stage is converted
-            cls.Settings = cls.__dict__["settings"]
+        if "settings" in cls.__dict__:  # the old spelling: ignored, it would leave the section unknown
+            raise TypeError(f"{cls.__name__}: name its settings model as the parameter "
+                            f"(`EpisodeStage[{getattr(cls.__dict__['settings'], '__name__', '...')}]`), not `settings =`")
         if "Settings" not in cls.__dict__:
             model = settings_parameter(cls, Stage, Section)
             if model is not None:
@@ -165,9 +154,11 @@ class Stage(Generic[S]):
             return (*self.roles, EMBEDDER_ROLE)
         return self.roles
 
-    def settings_of(self, cfg: "RunConfig") -> S | None:
-        """Its settings in `cfg` (its section's values), None when it has no section."""
-        return getattr(cfg, self.section) if self.section else None
+    def settings_of(self, cfg: "RunConfig") -> S:
+        """Its settings in `cfg` (its section's values); KeyError for a stage that has none."""
+        if self.section is None:
+            raise KeyError(f"stage {self.name} has no settings section")
+        return getattr(cfg, self.section)
 
     def models(self, cfg: "RunConfig") -> list["ModelNeed"]:
         """The models it loads with these settings (`mempipe models`, and the preflight that finds

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.config import CorpusSource, RunConfig, under_cwd
+from pipeline.config import CorpusConfig, CorpusSource, RunConfig, under_cwd
 from pipeline.corpus import Corpus, corpus_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.corpus.locomo_audit import add_counts, audit_files, audited_rows, fetch_hint, read_corrections
@@ -18,10 +18,10 @@ from pipeline.schemas import EPISODES, QA, TURNS
 from pipeline.stage import PART_STATS, GlobalStage, StageContext
 
 
-class IngestStage(GlobalStage):
+class IngestStage(GlobalStage[CorpusConfig]):
     name = "ingest"
     outputs = {"episodes": EPISODES, "turns": TURNS, "qa": QA}
-    section = "corpus"
+    section = "corpus"  # run-level: the stage reads it, RunConfig owns it
 
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
         # The corpus content, so an edited input file re-runs ingest and everything after it.
@@ -45,11 +45,11 @@ class IngestStage(GlobalStage):
         for source in cfg.corpus.sources():
             _require_source(source)
 
-    def run_parts(self, ctx: StageContext, inputs: dict[str, pa.Table],
+    def run_parts(self, ctx: StageContext[CorpusConfig], inputs: dict[str, pa.Table],
                   episodes_per_part: int) -> Iterator[dict[str, Any]]:
         seen: dict[str, str] = {}  # episode_id -> the source it came from
         part, stats = Corpus(), {}  # stats: what the audited answer key did, for the manifest
-        for source in ctx.cfg.corpus.sources():
+        for source in ctx.settings.sources():
             _require_source(source)  # again where it runs: a worker may not see what the driver saw
             corrections = read_corrections(source.audit_path) if source.answer_key == "audited" else None
             for rows in iter_episodes(source.format, source.path, source.limit, source.episode_ids, source.captions):

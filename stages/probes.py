@@ -154,17 +154,17 @@ def sample(rows: Rows, n: int | None, seed: int, episode_id: str) -> Rows:
     return [rows[i] for i in picked]
 
 
-class ProbesStage(EpisodeStage):
+class ProbesStage(EpisodeStage[ProbesConfig]):
     name = "probes"
     outputs = {"probes": PROBES}
     section = "probes"
-    settings = ProbesConfig
 
     def __init__(self, teafarm: bool = False) -> None:
         self.inputs = ("ingest", "teabag") if teafarm else ("ingest",)
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        cfg = ctx.section
+    async def process_episode(self, ctx: StageContext[ProbesConfig], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        cfg = ctx.settings
         episode = inputs["ingest.episodes"][0]
         rows: Rows = []
         if cfg.next_response:

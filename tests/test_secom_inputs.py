@@ -80,14 +80,14 @@ def test_a_guidance_path_that_does_not_exist_stops_the_run_when_it_is_planned(tm
 
 
 def test_reflection_without_its_guidance_file_is_an_error_not_a_zero_shot_run(tmp_path: Path) -> None:
-    ctx = SimpleNamespace(section=SegmentConfig(mode="reflection"), upstream_dirs={"guidance": tmp_path})
+    ctx = SimpleNamespace(settings=SegmentConfig(mode="reflection"), upstream_dirs={"guidance": tmp_path})
     with pytest.raises(PipelineError, match="left no guidance.json"):
         load_guidance(ctx)  # type: ignore[arg-type]
     (tmp_path / GUIDANCE_FILE).write_text(json.dumps({"rubric": "1. split at topic changes"}))
     assert load_guidance(ctx).rubric == "1. split at topic changes"  # type: ignore[arg-type, union-attr]
     stored = tmp_path / "stored.json"
     stored.write_text(json.dumps({"rubric": "1. stored"}))
-    ctx.section = SegmentConfig(mode="reflection", guidance_path=str(stored))
+    ctx.settings = SegmentConfig(mode="reflection", guidance_path=str(stored))
     assert load_guidance(ctx).rubric == "1. stored"  # type: ignore[arg-type, union-attr]
-    ctx.section = SegmentConfig(mode="zero_shot")
+    ctx.settings = SegmentConfig(mode="zero_shot")
     assert load_guidance(ctx) is None  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ judge re-runs only judging and the report."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from pydantic import Field
 
@@ -31,8 +31,12 @@ class JudgeSettings(Section):
     run_requests: RunRequests = "samples"
 
 
-class JudgeStage(EpisodeStage):
-    """Base of the judge stages over the responses of `methods` (in the order `methods` lists)."""
+JS = TypeVar("JS", bound=JudgeSettings)
+
+
+class JudgeStage(EpisodeStage[JS]):
+    """Base of the judge stages over the responses of `methods` (in the order `methods` lists); `JS`
+    is its settings model."""
 
     roles = (JUDGE_ROLE,)
     module_prompts: dict[str, str] = {}

@@ -132,9 +132,8 @@ def is_unanswerable(probe: dict[str, Any]) -> bool:
     return str(probe.get("category")) in UNANSWERABLE_CATEGORIES or bool(probe.get("abstention"))
 
 
-class DiagnoseStage(JudgeStage):
+class DiagnoseStage(JudgeStage[DiagnoseSettings]):
     name = section = "diagnose"
-    settings = DiagnoseSettings
     outputs = {"buckets": DIAGNOSIS}
     module_prompts = written.PROMPTS
     judged_kinds = ("qa",)
@@ -158,8 +157,9 @@ class DiagnoseStage(JudgeStage):
         # the methods' memory_items / memory_evidence decide the buckets
         return (type(self).__module__, *dict.fromkeys(type(m).__module__ for m in self.method_objects))
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        settings: DiagnoseSettings = ctx.section
+    async def process_episode(self, ctx: StageContext[DiagnoseSettings], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        settings = ctx.settings
         if not settings.enabled:
             return {"buckets": []}
         episode = inputs["ingest.episodes"][0]
@@ -215,8 +215,8 @@ class DiagnoseStage(JudgeStage):
     def _method(self, name: str) -> Method:
         return next(m for m in self.method_objects if m.name == name)
 
-    async def checked(self, ctx: StageContext, probe: dict[str, Any], method: Method, resp: dict[str, Any],
-                      evidence: Rows, inputs: dict[str, Rows]) -> tuple[list[list[str]], list[bool], dict[str, Any]]:
+    async def checked(self, ctx: StageContext[DiagnoseSettings], probe: dict[str, Any], method: Method,
+                      resp: dict[str, Any], evidence: Rows, inputs: dict[str, Rows]) -> tuple[list[list[str]], list[bool], dict[str, Any]]:
         """(per evidence turn: what states it; per evidence turn: whether it entered the answer's
         context; the row's other columns) for one answer."""
         shown = context_turns(resp)
@@ -228,7 +228,7 @@ class DiagnoseStage(JudgeStage):
             held = before if method.evidence_check == "every_turn" else shown
             stated = [[t["source_turn_id"]] if k in held else [] for t, k in zip(evidence, keys)]
             return stated, [k in shown for k in keys], {"written_by": "provenance"}
-        settings = ctx.section
+        settings = ctx.settings
         method_settings = getattr(ctx.cfg.method, method.name)
         stage = memory_stage_name(method.name)
         tables = {t: visible_memory(inputs.get(f"{stage}.{t}", []), probe["session_idx"], probe.get("turn_idx"),

@@ -206,14 +206,14 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
                                 false_premise=probe.get("false_premise")), ("score", "reason"), None)
 
 
-class JudgeAnswersStage(JudgeStage):
+class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
     name = section = "judge_answers"
-    settings = JudgeAnswersSettings
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
     module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS}
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        settings: JudgeAnswersSettings = ctx.section
+    async def process_episode(self, ctx: StageContext[JudgeAnswersSettings], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        settings = ctx.settings
         if not settings.enabled:
             return {"answer_judgments": []}
         episode = inputs["ingest.episodes"][0]

@@ -141,10 +141,9 @@ def probe_of(qa: dict[str, Any], dataset: str, judge: PanelJudge) -> dict[str, A
             "false_premise": None}
 
 
-class JudgeCalibrationStage(GlobalStage):
+class JudgeCalibrationStage(GlobalStage[JudgesSettings]):
     name = "judge_calibration"
     section = "judges"
-    settings = JudgesSettings
     inputs = ("ingest",)
     outputs = {"calibration": CALIBRATION, "calibration_items": CALIBRATION_ITEMS}
     roles = (JUDGE_ROLE, PARAPHRASER_ROLE)
@@ -171,8 +170,8 @@ class JudgeCalibrationStage(GlobalStage):
                 **ja.model_dump(include={"runs", "run_requests", "explain", "temperature", "max_tokens",
                                          "gpt4score_mode", "memochat_max_tokens", "memochat_dates"})}
 
-    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        settings: CalibrationSettings = ctx.section.calibration
+    async def run(self, ctx: StageContext[JudgesSettings], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        settings = ctx.settings.calibration
         questions = calibration.draw(inputs["ingest.qa"].to_pylist(), settings.max_items, settings.seed)
         wanted = pa.array(sorted({q["episode_id"] for q in questions}), pa.string())
         episodes = {e["episode_id"]: e for e in inputs["ingest.episodes"].filter(
@@ -190,10 +189,10 @@ class JudgeCalibrationStage(GlobalStage):
         return {"calibration": pa.Table.from_pylist(summary, CALIBRATION),
                 "calibration_items": pa.Table.from_pylist(rows, CALIBRATION_ITEMS)}
 
-    async def question(self, ctx: StageContext, qa: dict[str, Any], episode: dict[str, Any],
+    async def question(self, ctx: StageContext[JudgesSettings], qa: dict[str, Any], episode: dict[str, Any],
                        turns: list[dict[str, Any]], pool: list[str], stamp: str) -> list[dict[str, Any]]:
         """The rows of one question: each kind built (the paraphrase by the LLM), then judged by every judge."""
-        settings: CalibrationSettings = ctx.section.calibration
+        settings = ctx.settings.calibration
         judges = ctx.cfg.judge_answers.judges()
         base = {"episode_id": qa["episode_id"], "dataset": episode.get("dataset"), "qa_id": qa["qa_id"],
                 "category": qa.get("category"), "question": qa["question"], "gold": qa.get("answer"),
@@ -227,10 +226,10 @@ class JudgeCalibrationStage(GlobalStage):
         return {**row, "judge": judge.name, "judge_kind": judge.prompt, "runs": None, "score": None, "accepted": None,
                 "reason": None, "judge_prompt": None, "judge_model": None, **failed}
 
-    async def paraphrase(self, ctx: StageContext, qa: dict[str, Any]) -> dict[str, Any]:
+    async def paraphrase(self, ctx: StageContext[JudgesSettings], qa: dict[str, Any]) -> dict[str, Any]:
         """The paraphrase and its two checks: the paraphraser asked again whether both mean the same,
         and the rule; `skipped` says why one not kept was not."""
-        settings: CalibrationSettings = ctx.section.calibration
+        settings = ctx.settings.calibration
         llm = ctx.role(settings.paraphraser)
         gold = str(qa["answer"]).strip()
         written = await llm.chat(calibration.paraphrase_messages(qa["question"], gold), schema=calibration.Paraphrase,
@@ -242,17 +241,17 @@ class JudgeCalibrationStage(GlobalStage):
         return {"answer": text, "rule": calibration.RULE, "rule_ok": rule_ok, "verified": checked.parsed.same,
                 "paraphraser_model": written.model or llm.cfg.model, "skipped": None if kept else why}
 
-    async def judged(self, ctx: StageContext, row: dict[str, Any], qa: dict[str, Any], judge: PanelJudge,
-                     turns: list[dict[str, Any]]) -> dict[str, Any]:
+    async def judged(self, ctx: StageContext[JudgesSettings], row: dict[str, Any], qa: dict[str, Any],
+                     judge: PanelJudge, turns: list[dict[str, Any]]) -> dict[str, Any]:
         out = self.blank(row, judge, NO_FAILURE)
         fields, failed = await guarded(self.verdict(ctx, row, qa, judge, turns),
                                        f"{self.name} {judge.name} on {row['kind']} of {qa['qa_id']}")
         return {**out, **failed, **(fields or {})}
 
-    async def verdict(self, ctx: StageContext, row: dict[str, Any], qa: dict[str, Any], judge: PanelJudge,
-                      turns: list[dict[str, Any]]) -> dict[str, Any]:
+    async def verdict(self, ctx: StageContext[JudgesSettings], row: dict[str, Any], qa: dict[str, Any],
+                      judge: PanelJudge, turns: list[dict[str, Any]]) -> dict[str, Any]:
         """One judge's verdict on one constructed answer: its runs' mean score and the verdict it gives."""
-        settings: CalibrationSettings = ctx.section.calibration
+        settings = ctx.settings.calibration
         ja: JudgeAnswersSettings = ctx.cfg.judge_answers
         dataset = row["dataset"] or ""
         if judge.prompt == F1:

@@ -103,9 +103,8 @@ def dialogue_within(sessions: dict[int, Rows], budget: int | None) -> Dialogue:
     return Dialogue(f"[Session {last}, its last turns]\n" + "\n".join(tail) if tail else "", 0, True)
 
 
-class JudgeMemoryStage(JudgeStage):
+class JudgeMemoryStage(JudgeStage[JudgeMemorySettings]):
     name = section = "judge_memory"
-    settings = JudgeMemorySettings
     outputs = {"memory_judgments": MEMORY_JUDGMENTS}
     module_prompts = memory_quality.PROMPTS
 
@@ -118,8 +117,9 @@ class JudgeMemoryStage(JudgeStage):
             return None
         return "rates the methods' memories (judge_memory.enabled)"
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        settings: JudgeMemorySettings = ctx.section
+    async def process_episode(self, ctx: StageContext[JudgeMemorySettings], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        settings = ctx.settings
         episode = inputs["ingest.episodes"][0]
         if not settings.enabled or (settings.episodes is not None and episode_id not in settings.episodes):
             return {"memory_judgments": []}

@@ -249,9 +249,8 @@ class _EpisodePairs:
         return [r for part in parts for r in part]
 
 
-class JudgePairwiseStage(JudgeStage):
+class JudgePairwiseStage(JudgeStage[JudgePairwiseSettings]):
     name = section = "judge_pairwise"
-    settings = JudgePairwiseSettings
     outputs = {"pairwise_judgments": PAIRWISE_JUDGMENTS}
     module_prompts = pairwise.PROMPTS
 
@@ -261,8 +260,9 @@ class JudgePairwiseStage(JudgeStage):
             raise ConfigError(f"judge_pairwise.reference: {reference!r} is not one of methods {list(self.methods)}")
         return reference, [m for m in self.methods if m != reference]
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        settings: JudgePairwiseSettings = ctx.section
+    async def process_episode(self, ctx: StageContext[JudgePairwiseSettings], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        settings = ctx.settings
         reference, others = self.pairing(settings)
         if not settings.enabled or not others:
             return {"pairwise_judgments": []}

@@ -92,11 +92,10 @@ def run_manifests(run_dir: Location, given: dict[str, Manifest]) -> dict[str, Ma
         place(name)
     return out
 
-class ReportStage(GlobalStage):
+class ReportStage(GlobalStage[ReportSettings]):
     """Reads the scores, the judges, and every per-method stage of the run."""
 
     name = section = "report"
-    settings = ReportSettings
     roles = ()
     config_keys = ("paper",)  # the run's own reproduction sheet
 
@@ -133,8 +132,8 @@ class ReportStage(GlobalStage):
         owners = {stage(m): m for m in self.methods for stage in (memory_stage_name, respond_stage_name)}
         return tables.cost_breakdown(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests), owners)
 
-    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        settings: ReportSettings = ctx.section
+    async def run(self, ctx: StageContext[ReportSettings], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        settings = ctx.settings
         responses = pl.from_arrow(pa.concat_tables(
             [inputs[f"{respond_stage_name(m)}.responses"] for m in self.methods] or [RESPONSES.empty_table()]))
         both_keys = _frame(inputs, "judge_answers.answer_judgments")

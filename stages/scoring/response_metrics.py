@@ -355,9 +355,8 @@ def raw_reply(response: dict[str, Any]) -> str | None:
     return details.get(RAW_REPLY) if isinstance(details, dict) else None
 
 
-class ResponseMetricsStage(GlobalStage):
+class ResponseMetricsStage(GlobalStage[ResponseMetricsSettings]):
     name = section = "response_metrics"
-    settings = ResponseMetricsSettings
     outputs = {"response_metrics": RESPONSE_METRICS, "corpus_metrics": CORPUS_METRICS,
                "metric_implementations": METRIC_IMPLEMENTATIONS}
 
@@ -375,11 +374,11 @@ class ResponseMetricsStage(GlobalStage):
         """BERTScore's model (a hub name or a folder) when BERTScore is on."""
         from pipeline.models_needed import ModelNeed
 
-        s: ResponseMetricsSettings = self.settings_of(cfg)
+        s = self.settings_of(cfg)
         return [ModelNeed("hf", s.bertscore_model, "response_metrics.bertscore_model")] if s.bertscore else []
 
-    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        settings: ResponseMetricsSettings = ctx.section
+    async def run(self, ctx: StageContext[ResponseMetricsSettings], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        settings = ctx.settings
         datasets = dict(zip(*inputs["ingest.episodes"].select(["episode_id", "dataset"]).to_pydict().values()))
         probes = {(p["episode_id"], p["probe_id"]): p for p in inputs["probes.probes"].to_pylist()}
         rows = []

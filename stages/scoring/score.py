@@ -124,29 +124,31 @@ def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: An
     return rows
 
 
-class ScoreStage(EpisodeStage):
+class ScoreStage(EpisodeStage[ScoreConfig]):
     name = "score"
     inputs = ("ingest", "segment", "banks")
     outputs = {"segmentation_scores": SEGMENTATION_SCORES, "retrieval_scores": RETRIEVAL_SCORES}
     section = "score"
-    settings = ScoreConfig
     uses_embedder = True
 
     def selected_by(self, cfg: Any, present: set[str]) -> str | None:
-        enabled = cfg.score.enabled
+        enabled = self.settings_of(cfg).enabled
         if enabled:
             return "scores segmentation and retrieval (score.enabled)"
         if enabled is None and {"segment", "banks"} <= present:
             return "scores the segmentation and retrieval the run's methods build"
         return None
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
+    async def process_episode(self, ctx: StageContext[ScoreConfig], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        settings = ctx.settings
         dataset = inputs["ingest.episodes"][0]["dataset"]
         questions = scored_questions(inputs["ingest.qa"]) if inputs["banks.memory_units"] else []
-        dense = bool(set(ctx.section.retrievers) - {"bm25"}) and questions
+        dense = bool(set(settings.retrievers) - {"bm25"}) and questions
         qvecs = await ctx.lazy_embed()([q["question"] for q in questions]) if dense else None
         return {
             "segmentation_scores": segmentation_rows(episode_id, dataset, sessions_of(inputs["ingest.turns"]),
-                                                     inputs["segment.segments"], ctx.section.segmentation_convention),
-            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"], ctx.section, qvecs),
+                                                     inputs["segment.segments"], settings.segmentation_convention),
+            "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"],
+                                               settings, qvecs),
         }

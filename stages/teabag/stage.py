@@ -286,17 +286,17 @@ class _Questions:
                                  for i, t in enumerate(used.turns)]
 
 
-class TeabagStage(EpisodeStage):
+class TeabagStage(EpisodeStage[TeabagConfig]):
     name = section = "teabag"
-    settings = TeabagConfig
     inputs = ("ingest",)
     outputs = {"summaries": SUMMARIES, "questions": QUESTIONS, "rejects": REJECTS, "sessions": SESSIONS,
                "session_rejects": SESSION_REJECTS}
     roles = (GENERATOR_ROLE, SUMMARY_ROLE)
     prompts = PROMPTS
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        cfg: TeabagConfig = ctx.section
+    async def process_episode(self, ctx: StageContext[TeabagConfig], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        cfg = ctx.settings
         summ_role = summary_role(ctx.cfg)
         gen, summ = ctx.role(GENERATOR_ROLE), ctx.role(summ_role)
         _record_settings(ctx.out_dir, cfg, gen, summ, summ_role)

@@ -48,16 +48,16 @@ def retrieval_key(unit: dict[str, Any]) -> str:
     return unit.get("compressed_text") or unit["text"]
 
 
-class BanksStage(EpisodeStage):
+class BanksStage(EpisodeStage[BanksConfig]):
     name = "banks"
     inputs = ("compress",)
     outputs = {"memory_units": MEMORY_UNITS}
     section = "banks"
-    settings = BanksConfig
     uses_embedder = True
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        wanted = set(ctx.section.granularities)
+    async def process_episode(self, ctx: StageContext[BanksConfig], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        wanted = set(ctx.settings.granularities)
         units = [u for u in inputs["compress.units"] if u["granularity"] in wanted]
         if not units:
             return {"memory_units": []}

@@ -81,19 +81,18 @@ def compress_units(compressor: Compressor, sessions: dict[int, Rows], segments: 
     return rows
 
 
-class CompressStage(EpisodeStage):
+class CompressStage(EpisodeStage[CompressConfig]):
     name = "compress"
     inputs = ("ingest", "segment")
     outputs = {"units": UNITS}
     section = "compress"
-    settings = CompressConfig
 
     def models(self, cfg: Any) -> list["ModelNeed"]:
         """LLMLingua-2's token classifier, or LLMLingua's causal LM when one is named; the default
         LLMLingua scorer is the packaged SmolLM2 (no download)."""
         from pipeline.models_needed import ModelNeed
 
-        s: CompressConfig = self.settings_of(cfg)
+        s = self.settings_of(cfg)
         if s.method == "llmlingua2":
             return [ModelNeed("hf", s.model or LLMLINGUA2_DEFAULT, "compress.model")]
         if s.method == "llmlingua":
@@ -103,8 +102,9 @@ class CompressStage(EpisodeStage):
             return [ModelNeed("hf", s.model, "compress.model")]
         return []
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        cfg = ctx.section
+    async def process_episode(self, ctx: StageContext[CompressConfig], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        cfg = ctx.settings
         compressor = compressor_for(cfg, ctx.cfg.embedding.cache_dir)
         label = "none" if cfg.method == "none" else f"{cfg.method}@{cfg.rate}"
         return {"units": compress_units(compressor, sessions_of(inputs["ingest.turns"]), inputs["segment.segments"],

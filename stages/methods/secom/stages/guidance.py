@@ -51,30 +51,30 @@ def annotated_sessions(turns: list[dict[str, Any]], limit: int | None) -> list[l
     return sessions[:limit] if limit else sessions
 
 
-class GuidanceStage(GlobalStage):
+class GuidanceStage(GlobalStage[SegmentConfig]):
     name = "guidance"
     inputs = ("ingest",)
     outputs = {"guidance": GUIDANCE}
     section = "segment"
-    settings = SegmentConfig
     roles = ("segmenter",)
 
     def active(self, cfg: RunConfig) -> bool:
-        return cfg.segment.mode == "reflection" and not cfg.segment.guidance_path
+        settings = self.settings_of(cfg)
+        return settings.mode == "reflection" and not settings.guidance_path
 
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
         return {"active": self.active(cfg), "convention": scoring_convention(cfg)}
 
     def check_inputs(self, cfg: RunConfig) -> None:
         if self.active(cfg):
-            rcfg = cfg.segment.reflection
+            rcfg = self.settings_of(cfg).reflection
             if rcfg.corpus_path:
                 rcfg.require_file(rcfg.corpus_path)
 
-    async def run(self, ctx: StageContext, inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    async def run(self, ctx: StageContext[SegmentConfig], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         if not self.active(ctx.cfg):
             return {"guidance": GUIDANCE.empty_table()}
-        rcfg = ctx.section.reflection
+        rcfg = ctx.settings.reflection
         if rcfg.corpus_path:
             rcfg.require_file(rcfg.corpus_path)
             turns = load_corpus(rcfg.corpus_format, rcfg.corpus_path).turns
@@ -84,7 +84,7 @@ class GuidanceStage(GlobalStage):
         if not sessions:
             raise PipelineError("segment.mode=reflection needs sessions with gold topic boundaries "
                                 "(set segment.reflection.corpus_path to an annotated corpus)")
-        options = ctx.section.options()
+        options = ctx.settings.options()
         learned = await reflection.learn_guidance(
             ctx.llm, sessions, rounds=rcfg.rounds, hard_k=rcfg.hard_k, mini_batches=rcfg.mini_batches,
             max_rubric_items=rcfg.max_rubric_items, unit=options.pop("unit"), segment_options=options,

@@ -36,20 +36,20 @@ SEGMENTS = pa.schema(
 )
 
 
-class SegmentStage(EpisodeStage):
+class SegmentStage(EpisodeStage[SegmentConfig]):
     name = "segment"
     inputs = ("ingest", "guidance")
     outputs = {"segments": SEGMENTS}
     section = "segment"
-    settings = SegmentConfig
     roles = ("segmenter",)
 
     def extra_fingerprint(self, cfg: Any) -> dict[str, Any]:
         path = stored_guidance(cfg.segment)  # checked when the run is planned, before any call
         return {"guidance": path.read_text() if path else None, "segment_units": segment_units(cfg)}
 
-    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict[str, Rows]) -> dict[str, Rows]:
-        cfg = ctx.section
+    async def process_episode(self, ctx: StageContext[SegmentConfig], episode_id: str,
+                              inputs: dict[str, Rows]) -> dict[str, Rows]:
+        cfg = ctx.settings
         sessions = sessions_of(inputs["ingest.turns"])
         if not segment_units(ctx.cfg):
             # Segments feed segment-level units and the scores against gold topic boundaries; with
@@ -108,10 +108,10 @@ def stored_guidance(cfg: SegmentConfig) -> Path | None:
     return path
 
 
-def load_guidance(ctx: StageContext) -> SegmentationGuidance | None:
+def load_guidance(ctx: StageContext[SegmentConfig]) -> SegmentationGuidance | None:
     """Reflection guidance: a stored file, or the one the guidance stage learned; None in zero-shot
     mode. A file that should be there and is not is an error, never a silent zero-shot run."""
-    cfg = ctx.section
+    cfg = ctx.settings
     if cfg.mode != "reflection":
         return None
     path = stored_guidance(cfg) or join(ctx.upstream_dirs.get("guidance", Path("-")), GUIDANCE_FILE)
