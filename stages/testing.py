@@ -1,7 +1,8 @@
 """A test kit for method authors: run one method on the sample corpus against a scripted
-OpenAI-compatible server and read back every table it wrote, in a few lines.
+OpenAI-compatible server and read back every table it wrote, in a few lines. Authors import it from
+`stages.api`, as everything else of ours:
 
-    from stages.testing import run_method
+    from stages.api import run_method
 
     def test_my_method(fake_llm, tmp_path):            # `fake_llm`: pytest fixture of this kit
         fake_llm.responder = lambda body: "a scripted reply"
@@ -10,8 +11,7 @@ OpenAI-compatible server and read back every table it wrote, in a few lines.
 
 The fixtures (`fake_llm`, `sample_corpus`) come with the package as a pytest plug-in (the `pytest11`
 entry point `mempipe`: `pipeline.testing.plugin`): installed, they are there in any project's tests.
-The server and a scripted in-process client are `pipeline.testing.fake_openai.FakeOpenAI` and
-`pipeline.testing.fake_chat.FakeChat`.
+The server and a scripted in-process client are `FakeOpenAI` and `FakeChat` in `stages.api`.
 """
 
 from __future__ import annotations

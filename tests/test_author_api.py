@@ -180,8 +180,8 @@ def test_an_unknown_key_names_the_keys_its_section_takes_in_a_config_and_in_a_pa
     assert next(ln for ln in lines if ln.startswith("  roles.judge.modle: unknown key; valid: ")).count("model") == 1
     assert any(ln.startswith("  llm.local.ctx: unknown key; valid: ") for ln in lines)
     sheet = tmp_path / "sheet.yaml"
-    sheet.write_text(yaml.safe_dump({"paper": {"title": "t", "seed": "s", "reproduces": "r",
-                                               "protocol": {"llm.model": {"value": "x", "source": "S", "sorce": "T"}}}}))
+    protocol = {"llm.model": {"value": "x", "source": "S", "sorce": "T"}}
+    sheet.write_text(yaml.safe_dump({"paper": {"title": "t", "seed": "s", "reproduces": "r", "protocol": protocol}}))
     with pytest.raises(ConfigError, match=r"paper.protocol.llm.model.sorce: unknown key; valid: source, value"):
         load_sheet(sheet)
 

@@ -75,8 +75,9 @@ def render(plan: Plan) -> str:
                  _fmt_int(t["completion_tokens"]), f"{t['cost_usd']:.4f}", ""])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     lines = [f"plan for run {plan.run_name} at {plan.run_dir}"]
-    for r in [header, *rows]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + ("  " + r[-1] if r[-1] else ""))
+    for cells in [header, *rows]:
+        last = "  " + cells[-1] if cells[-1] else ""
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths)) + last)
     lines += render_views(plan)
     graph = [[f"  {s.name}", s.in_graph] for s in plan.stages if s.in_graph]
     if graph:
