@@ -219,7 +219,6 @@ class AMemLibrary(Method[AMemSettings]):
     library = PACKAGE
     library_modules = (MODULE,)
     library_extra = "a_mem"
-    Settings = AMemSettings
     memory = {"notes": NOTES}
     memory_kind = "snapshots"
 

@@ -213,7 +213,6 @@ class GraphitiLibrary(Method[GraphitiSettings]):
     library = PACKAGE
     library_modules = ("graphiti_core", "kuzu")
     library_extra = EXTRA
-    Settings = GraphitiSettings
     memory = {"graph": GRAPH}
     memory_kind = "snapshots"
     uses_embedder = True

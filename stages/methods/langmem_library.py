@@ -161,7 +161,6 @@ class LangMemLibrary(Method[LangMemSettings]):
     library = PACKAGE
     library_modules = ("langmem",)
     library_extra = EXTRA
-    Settings = LangMemSettings
     memory = {"memories": MEMORIES}
     memory_kind = "snapshots"
     uses_embedder = True

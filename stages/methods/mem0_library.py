@@ -148,7 +148,6 @@ class Mem0Library(Method[Mem0LibrarySettings]):
     library = PACKAGE
     library_modules = ("mem0",)
     library_extra = EXTRA
-    Settings = Mem0LibrarySettings
     memory = {"memories": MEMORIES}
     memory_kind = "snapshots"
     uses_embedder = True

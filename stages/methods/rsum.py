@@ -117,7 +117,6 @@ def select_messages(memory: str, dialogue: str) -> Messages:
 
 class RSum(Method[RSumSettings]):
     name = "rsum"
-    Settings = RSumSettings
     memory = {"summary": SUMMARY}
     memory_kind = "snapshots"
     whole_memory_in_context = True  # every response reads the whole running summary

@@ -71,7 +71,6 @@ def raw_reply_details(raw: str, reply: str) -> dict[str, str]:
 
 class LDAgentBase(Method[LDAgentBaseSettings]):
     name = "ld_agent_base"
-    Settings = LDAgentBaseSettings
     prompts = PROMPTS
 
     async def answer(self, ctx: MethodContext[LDAgentBaseSettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:

@@ -162,7 +162,6 @@ def latest_memory(memory: dict[str, list[dict]]) -> dict | None:
 
 class Comedy(Method[ComedySettings]):
     name = "comedy"
-    Settings = ComedySettings
     memory = {"summaries": SUMMARIES, "compressed": COMPRESSED}
     memory_kind = "log"
     whole_memory_in_context = True  # every response reads the latest compressed memory whole

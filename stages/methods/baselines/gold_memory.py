@@ -65,7 +65,6 @@ def gold_memory(episode: dict[str, Any], before_session: int, kinds: list[str]) 
 
 class GoldMemory(Method[GoldMemorySettings]):
     name = "gold_memory"
-    Settings = GoldMemorySettings
     shows_memory = True  # the gold summaries, rated like a built memory
 
     async def answer(self, ctx: MethodContext[GoldMemorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:

@@ -119,7 +119,6 @@ class PartContextSettings(ZeroHistorySettings):
 
 class FullHistory(Method[FullHistorySettings]):
     name = "full_history"
-    Settings = FullHistorySettings
 
     async def answer(self, ctx: MethodContext[FullHistorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
         llm, settings = ctx.llm, ctx.settings
@@ -142,7 +141,6 @@ class FullHistory(Method[FullHistorySettings]):
 
 class ZeroHistory(Method[ZeroHistorySettings]):
     name = "zero_history"
-    Settings = ZeroHistorySettings
 
     async def answer(self, ctx: MethodContext[ZeroHistorySettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
         llm, settings = ctx.llm, ctx.settings
@@ -156,7 +154,7 @@ class AllContext(FullHistory):
     RSum's (`response_style`)."""
 
     name = "all_context"
-    Settings = AllContextSettings  # type: ignore[assignment]
+    Settings = AllContextSettings
 
 
 class PartContext(ZeroHistory):
@@ -164,4 +162,4 @@ class PartContext(ZeroHistory):
     SeCom's frame or RSum's (`response_style`)."""
 
     name = "part_context"
-    Settings = PartContextSettings  # type: ignore[assignment]
+    Settings = PartContextSettings

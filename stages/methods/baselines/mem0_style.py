@@ -278,7 +278,6 @@ async def read_memories(llm: ChatLLM, probe: ProbeInput, groups: list[tuple[str,
 
 class Mem0Style(Method[Mem0Settings]):
     name = "mem0_style"
-    Settings = Mem0Settings
     memory = {"facts": FACTS, "operations": OPERATIONS, "extractions": EXTRACTIONS}
     memory_kind = "snapshots"
     uses_embedder = True

@@ -235,7 +235,6 @@ def in_order(memos: list[dict]) -> list[dict]:
 
 class MemoChat(Method[MemoChatSettings]):
     name = "memochat"
-    Settings = MemoChatSettings
     memory = {"memos": MEMOS, "writes": WRITES}
     memory_kind = "log"
 

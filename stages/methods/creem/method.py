@@ -256,7 +256,6 @@ def step_speaker(turns: list[dict], i: int, speakers: list[str], about: StepAbou
 
 class Creem(Method[CreemSettings]):
     name = "creem"
-    Settings = CreemSettings
     memory = {"memories": MEMORIES, "evolution": EVOLUTION}
     memory_kind = "log"
     uses_embedder = True

@@ -307,7 +307,6 @@ def cleaned(text: str) -> str:
 
 class LDAgent(Method[LDAgentSettings]):
     name = "ld_agent"
-    Settings = LDAgentSettings
     memory = {"events": EVENTS, "personas": PERSONAS}
     memory_kind = "log"
     uses_embedder = True

@@ -64,7 +64,6 @@ class TurnSettings(RetrievalSettings):
 class RetrievalMethod(Method[RetrievalSettings]):
     """Retrieve the top-k units of one granularity with the request, answer from them."""
 
-    Settings = RetrievalSettings
     needs = ("banks",)
     uses_embedder = True
     shows_memory = True  # its bank units, rated like a built memory
