@@ -315,3 +315,23 @@ def test_longmemeval_gets_a_task_average_row_the_mean_of_the_per_type_accuracies
     # Other datasets get no such row.
     other = tables.answer_summary(pl.DataFrame(answer_rows(values, episodes, "a", categories=types)))
     assert "task_average" not in other["category"].to_list()
+
+
+def test_a_failed_answer_shows_in_every_leaderboard_column_and_a_blank_judge_cell_names_the_failures():
+    """author_try F11: after an LLMError in `answer`, gpt4score (which has no "wrong") was a bare blank
+    while strict correctness and token F1 counted the failed answer as a wrong / empty one."""
+    rows = answer_rows([80.0], ["e1"], "a", "gpt4score") + answer_rows([1.0], ["e1"], "a", "strict")
+    for judge in ("gpt4score", "strict"):
+        rows.append({**answer_rows([0.0], ["e1"], "b", judge)[0], "score": None, "error": "no response from b"})
+    answers = tables.answer_summary(pl.DataFrame(rows))
+    metrics = tables.metric_summary(pl.from_arrow(pa.Table.from_pylist(  # the other scores null
+        [{"episode_id": "e1", "dataset": "locomo", "probe_id": "q0", "kind": "qa", "category": None, "method": m,
+          "session_idx": 1, "failed": failed, "token_f1": f1} for m, failed, f1 in (("a", False, 1.0), ("b", True, 0.0))],
+        RESPONSE_METRICS)))
+    board = render.leaderboard(pl.DataFrame({"method": ["a", "b"]}), answers, tables.empty(tables.TEAFARM_SUMMARY),
+                               metrics, tables.empty(tables.PAIRWISE_SUMMARY)).to_dicts()
+    a, b = board
+    assert b["gpt4score (0-100)"] == "failed=1"  # left out of the 0-100 mean, and said so
+    assert b["strict correct"] == "0% n=1 ep=1 failed=1"  # inside n, scored wrong
+    assert b["token_f1 (qa)"].startswith("0.000 n=1") and b["token_f1 (qa)"].endswith(" failed=1")
+    assert "failed" not in " ".join(v for k, v in a.items() if k != "method")

@@ -99,6 +99,15 @@ def _get(r: dict[str, Any], col: str) -> Any:
     return r.get(col)  # a column an older table lacks reads as missing
 
 
+def _with_failed(cell: str, r: dict[str, Any]) -> str:
+    """A leaderboard cell with the row's failed items named ("0% n=3 ep=1 failed=1"); a cell with no
+    value left for its failures says only that ("failed=1"), never a bare blank."""
+    failed = _get(r, "failed")
+    if not failed:
+        return cell
+    return f"{cell} failed={failed}" if cell else f"failed={failed}"
+
+
 def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFrame, metrics: pl.DataFrame,
                 pairwise: pl.DataFrame, wins: pl.DataFrame | None = None,
                 robust: pl.DataFrame | None = None, calibration: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -111,8 +120,11 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
     and with a judge panel (`robust`: tables.robust_pairs) the methods each one beats under every judge,
     and with the judges calibrated (`calibration`: judge_calibration's table) each judge's false
     accepts on one wrong kind (`calibration_column`), the same on every row: it qualifies every
-    judged column beside it. A column no table fills is left out; methods in `method_summary` order (each once: that table has
-    a row per dataset and probe kind)."""
+    judged column beside it. A cell whose row has failed items names them (`failed=k`: a failed answer
+    is inside n, scored 0, under strict correctness, TeaFarm and token F1, and left out of the gpt4score
+    mean, which has no "wrong"; a cell with no value says only `failed=k`). A column no table fills is
+    left out; methods in `method_summary` order (each once: that table has a row per dataset and probe
+    kind)."""
     names = list(dict.fromkeys(methods["method"].to_list())) if not methods.is_empty() else []
     cols: dict[str, dict[str, str]] = {}
     ds = _overall(answers)
@@ -120,14 +132,14 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
         rows = answers.filter((pl.col("dataset") == ds) & pl.col("category").is_null() & (pl.col("judge") == judge)) \
             if ds else pl.DataFrame()
         if not rows.is_empty():
-            cols[label] = {r["method"]: _share(r["score"], r["ci_low"], r["ci_high"], r["judged"], _get(r, "episodes"))
-                           if share else _mean(r["score"], r["ci_low"], r["ci_high"], r["judged"], ".1f",
-                                               _get(r, "episodes"))
-                           for r in rows.iter_rows(named=True)}
+            cols[label] = {r["method"]: _with_failed(
+                _share(r["score"], r["ci_low"], r["ci_high"], r["judged"], _get(r, "episodes")) if share
+                else _mean(r["score"], r["ci_low"], r["ci_high"], r["judged"], ".1f", _get(r, "episodes")), r)
+                for r in rows.iter_rows(named=True)}
     ds = _overall(teafarm)
     if ds:
-        cols["teafarm correct"] = {r["method"]: _share(r["correctness"], r["ci_low"], r["ci_high"], r["total"],
-                                                       _get(r, "episodes"))
+        cols["teafarm correct"] = {r["method"]: _with_failed(_share(r["correctness"], r["ci_low"], r["ci_high"],
+                                                                    r["total"], _get(r, "episodes")), r)
                                    for r in teafarm.filter(pl.col("dataset") == ds).iter_rows(named=True)}
     ds = _overall(metrics)
     if ds and "token_f1" in metrics.columns:
@@ -135,9 +147,9 @@ def leaderboard(methods: pl.DataFrame, answers: pl.DataFrame, teafarm: pl.DataFr
         kind = "qa" if "qa" in rows["kind"].to_list() else (rows["kind"][0] if rows.height else None)
         rows = rows.filter(pl.col("kind") == kind)
         if rows.height:
-            cols[f"token_f1 ({kind})"] = {r["method"]: _mean(r["token_f1"], r["token_f1_low"], r["token_f1_high"],
-                                                             r["responses"], ".3f", _get(r, "episodes"))
-                                          for r in rows.iter_rows(named=True)}
+            cols[f"token_f1 ({kind})"] = {r["method"]: _with_failed(_mean(
+                r["token_f1"], r["token_f1_low"], r["token_f1_high"], r["responses"], ".3f", _get(r, "episodes")), r)
+                for r in rows.iter_rows(named=True)}
     if wins is not None and not wins.is_empty():
         ds = _overall(wins)
         rows = wins.filter(pl.col("dataset") == ds) if ds else wins.clear()

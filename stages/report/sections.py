@@ -84,7 +84,10 @@ def headline_sections(t: dict[str, pl.DataFrame], cfg: Any, wins: pl.DataFrame |
                        "Each method's headline numbers over the whole run (`all` when datasets are pooled): "
                        "value [95% interval] n=items ep=episodes. gpt4score 0-100 and strict correctness from the "
                        "answer judges, TeaFarm correctness, token F1 against the gold, and the method's share of "
-                       "decided head-to-head pairs against the reference, pooled over criteria. " + INTERVALS
+                       "decided head-to-head pairs against the reference, pooled over criteria. `failed=k`: k items "
+                       "whose answer (or its judgment) failed; a failed answer is inside n and scored 0 (wrong) in "
+                       "strict correctness, TeaFarm and token F1, and left out of the gpt4score mean (a 0-100 score "
+                       "has no wrong), so a blank gpt4score reads `failed=k`. " + INTERVALS
                        + calibrated + " Details in the sections below.", [("", board)],
                        table_class="leaderboard"),
         *[s for s in [reproduction_section(
