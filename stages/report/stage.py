@@ -69,7 +69,14 @@ def run_manifests(run_dir: Location, given: dict[str, Manifest]) -> dict[str, Ma
     """`given` (the report's inputs') and those of every stage upstream of them, transitively, read
     from the run directory where the manifest is the one that fed them (its fingerprint as recorded
     downstream): the segmenter, TeaBag or the embedder cost money though the report reads none of
-    their rows. In pipeline order: each stage after those it read."""
+    their rows. In pipeline order: each stage after those it read.
+
+    The one place a stage reads other stages' manifests itself (pipeline/stage.py: stages get what
+    they read from `StageContext`): `ctx.upstream_manifests` holds the report's inputs only, and
+    declaring every stage of the run an input would load all their tables (segments, compressed
+    text, vectors) into the report to read a few counts. Only manifests are read, each checked
+    against the fingerprint its reader recorded; the way out is the framework handing a stage the
+    manifests of its whole upstream."""
     found = dict(given)
     todo = [kv for m in given.values() for kv in m.upstream.items()]
     while todo:
