@@ -145,6 +145,8 @@ class StageProgress:
         self.bar.update(1)
 
     def _snapshot(self) -> dict[str, Any]:
+        if self.ledger is None:
+            return {}
         try:
             return self.ledger.snapshot()
         except Exception:  # noqa: BLE001 - a missed redraw must never stop the run

@@ -4,8 +4,9 @@ tally (the live progress line)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
+from pipeline.llm.ledger import Tally
 from pipeline.llm.prices import BATCH_DISCOUNT
 from pipeline.llm.types import LLMResult
 from pipeline.llm.usage import BILLED_METHOD, Usage, call_cost
@@ -15,7 +16,7 @@ class Accounting:
     """Costs and counts for one client. `tally`: the run ledger's StageTally (progress, budget);
     None outside a run."""
 
-    def __init__(self, prices: Mapping[str, Mapping[str, float]], usage: Usage, tally: Any | None) -> None:
+    def __init__(self, prices: Mapping[str, Mapping[str, float]], usage: Usage, tally: Tally | None) -> None:
         self.prices = prices
         self.usage = usage
         self.tally = tally
@@ -66,23 +67,21 @@ class Accounting:
     def count_failed_texts(self, n: int) -> None:
         self.usage.failed_calls += n
 
-    def budgeted(self) -> bool:
-        return self.tally is not None and self.tally.budgeted
-
     async def reserve(self, model: str, est_prompt_tokens: int, max_completion: int, batch: bool = False) -> float:
         """Hold a fresh call's worst-case cost in the run's budget (BudgetExceeded when it does not
         fit); returns the amount held, for `settle`."""
-        if not self.budgeted():
+        tally = self.tally
+        if tally is None or not tally.budgeted:
             return 0.0
         worst = self.cost(model, est_prompt_tokens, max_completion, batch)
-        await self.tally.ledger.reserve(self.tally.role, worst)
+        await tally.ledger.reserve(tally.role, worst)
         return worst
 
     async def settle(self, held: float, model: str, prompt: int, completion: int, batch: bool = False,
                      cached_prompt: int = 0) -> None:
-        if self.budgeted():
-            await self.tally.ledger.settle(self.tally.role, held,
-                                           self.cost(model, prompt, completion, batch, cached_prompt))
+        tally = self.tally
+        if tally is not None and tally.budgeted:
+            await tally.ledger.settle(tally.role, held, self.cost(model, prompt, completion, batch, cached_prompt))
 
 
 def split_tokens(total: int, weights: list[int]) -> list[int]:

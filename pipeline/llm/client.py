@@ -71,7 +71,7 @@ class LLMClient:
         # The role's clients on one loop share HTTP clients (`section`: the role).
         self.transport = Transport(cfg, api_key if api_key is not None else resolve_api_key(cfg, section),
                                    section=section, endpoint=self.endpoint, slots=self.slots, limiter=limiter,
-                                   usage=self.usage, tally=tally)
+                                   usage=self.usage, ledger=tally.ledger if tally is not None else None)
         self.accounts = Accounting(self.prices, self.usage, tally)
         sender = Sender(cfg, cache, self.transport, self.accounts, RefusedParams(self.endpoint, cache, self.usage))
         self.rejected_params = sender.rejected_params  # parameter -> the refusal, for ones nothing drops (n)

@@ -168,7 +168,7 @@ def job_host() -> Any:
     if name not in _HOSTS:
         _HOSTS.clear()  # an earlier Ray instance's host is gone with it
         here = NodeAffinitySchedulingStrategy(node_id=ctx.get_node_id(), soft=False)
-        _HOSTS[name] = _HostActor.options(  # type: ignore[attr-defined]
+        _HOSTS[name] = _HostActor.options(
             name=name, get_if_exists=True, scheduling_strategy=here, max_concurrency=1000).remote()
     return _HOSTS[name]
 

@@ -28,7 +28,7 @@ import ray
 
 from pipeline.config import LLMConfig
 from pipeline.hashing import canonical_json
-from pipeline.llm.cache import DB_FILE, DiskCallCache
+from pipeline.llm.cache import DB_FILE, CallCache, DiskCallCache
 from pipeline.llm.client import LLMClient
 from pipeline.llm.identity import endpoint_identity
 from pipeline.llm.ledger import Tally
@@ -260,6 +260,7 @@ def make_client(cfg: LLMConfig, handles: SharedLLMHandles | None = None, *, sect
     directory opened here, and a limiter local to this process. tally: the run ledger's
     `StageTally` for this stage and role (progress, budget), when the runner keeps one.
     """
+    cache: CallCache | None
     if handles is None:
         cache = DiskCallCache(cfg.cache_dir) if cfg.cache_enabled else None
         return LLMClient(cfg, cache=cache, limiter=LocalRateLimiter(cfg.rpm, cfg.tpm), section=section,

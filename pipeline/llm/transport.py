@@ -36,6 +36,7 @@ from pipeline.errors import ConfigError
 from pipeline.llm.answers import ChatAnswer, MalformedResponse, read_chat, read_embeddings
 from pipeline.llm.breaker import DECIDE_S, OPEN_AFTER_S, EndpointDown
 from pipeline.llm.identity import OPENAI_BASE_URL
+from pipeline.llm.ledger import Ledger
 from pipeline.llm.ratelimit import RateLimiter
 from pipeline.llm.slots import EndpointSlots
 from pipeline.llm.types import LLMError, short
@@ -295,16 +296,16 @@ _QUIET = object()  # a try that did not go out: the endpoint was seen failing wh
 
 class Transport:
     """One client's way to its endpoint: its `max_concurrency` slots, its pace (`limiter`), the
-    run's breaker (through `tally`'s ledger; None outside a run), and its retries (`usage`)."""
+    run's breaker (in the run's `ledger`; None outside a run), and its retries (`usage`)."""
 
     def __init__(self, cfg: LLMConfig, api_key: str, *, section: str, endpoint: str, slots: EndpointSlots,
-                 limiter: RateLimiter | None, usage: Usage, tally: Any | None) -> None:
+                 limiter: RateLimiter | None, usage: Usage, ledger: Ledger | None) -> None:
         self.cfg = cfg
         self.endpoint = endpoint
         self.slots = slots
         self.limiter = limiter
         self.usage = usage
-        self.tally = tally
+        self.ledger = ledger
         self.__key = api_key
         self._section = section  # the role: its clients on one loop share HTTP clients (see _state)
         self._rng = random.Random()
@@ -472,10 +473,10 @@ class Transport:
         """Wait while the run's breaker says this endpoint is down; True when this request is
         the probe. Raises EndpointDown after `llm.max_outage_s`. Free while it is up: no ledger
         call until this client has seen a failure."""
-        if not self._breaker_watched():
+        if self.ledger is None or not self._breaker_watched():
             return False
         while True:
-            admission = await self.tally.ledger.admit(self.endpoint)
+            admission = await self.ledger.admit(self.endpoint)
             down_for = admission.down_for_s
             if down_for is None:
                 _DOWN_ENDPOINTS.discard(self.endpoint)  # up again (another worker's probe was answered)
@@ -488,24 +489,24 @@ class Transport:
     def _breaker_watched(self) -> bool:
         """Whether a request must ask the breaker before it goes: this client or another of the
         process saw the endpoint fail, and no answer came since."""
-        return self.tally is not None and (self._endpoint_failing or self.endpoint in _FAILING_ENDPOINTS)
+        return self.ledger is not None and (self._endpoint_failing or self.endpoint in _FAILING_ENDPOINTS)
 
     def _went_quiet(self, asked: bool) -> bool:
         """A request that holds its slot now, past the breaker check: the endpoint was seen down
         since (or failing, where the breaker was not asked), so it must not go out. Without this
         the requests queued for slots before an instant outage all go out into it."""
-        return self.tally is not None and (self.endpoint in _DOWN_ENDPOINTS or (not asked and self._breaker_watched()))
+        return self.ledger is not None and (self.endpoint in _DOWN_ENDPOINTS or (not asked and self._breaker_watched()))
 
     async def _went_down_since(self, first_failure: float) -> bool:
         """Retries ran out on outage-like failures: give the breaker until DECIDE_S after the first
         of them, and at least OPEN_AFTER_S from now (a busy machine stretches the failures other
         rows report), to call it an outage; then the request waits instead of failing. Not when a
         request this process sent after that first failure was answered: the endpoint is up."""
-        if self.tally is None:
+        if self.ledger is None:
             return False
         deadline = max(first_failure + DECIDE_S, time.monotonic() + OPEN_AFTER_S)
         while True:
-            if await self.tally.ledger.is_down(self.endpoint):
+            if await self.ledger.is_down(self.endpoint):
                 return True
             if _ANSWERED_SENT_AT.get(self.endpoint, first_failure) > first_failure:
                 return False
@@ -517,10 +518,10 @@ class Transport:
     async def _endpoint_answered(self, ok: bool, probe: bool) -> bool:
         """Tell the breaker how a request went (failures, and the first answer after them);
         True when the endpoint is down now."""
-        if self.tally is None or (ok and not self._endpoint_failing and not probe
+        if self.ledger is None or (ok and not self._endpoint_failing and not probe
                                   and self.endpoint not in _FAILING_ENDPOINTS):
             return False
-        down = await self.tally.ledger.report(self.endpoint, ok, probe)
+        down = await self.ledger.report(self.endpoint, ok, probe)
         if down and not self._endpoint_down:
             log.warning("endpoint %s is not answering: calls wait and one probe at a time checks it", self.endpoint)
         self._endpoint_down = down
