@@ -185,7 +185,8 @@ def make_executor(cfg: RunConfig) -> Executor:
     return {"inline": InlineExecutor, "ray": RayExecutor}[cfg.ray.executor](cfg)
 
 
-def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: RoleHandles, ledger: Ledger | None = None) -> dict[str, Any]:
+def _run_or_explain(task: ShardTask, cfg: RunConfig, handles: RoleHandles,
+                    ledger: Ledger | None = None) -> dict[str, Any]:
     """One shard in a Ray task; its marker's JSON also names the node it ran on. (Ray lists the task
     under this function's name; bench/cluster.py looks for it.)"""
     import ray

@@ -3,11 +3,11 @@ each endpoint is answering (the shared circuit breaker of pipeline.llm.breaker).
 
 One ledger per `mempipe run`: `LedgerBook` is its state, in the driver's process for inline runs,
 hosted in the job's service host for every worker otherwise (like the rate limiter); `RunLedger` is
-what a client holds of it, either way, with the run's structured modes (pipeline.llm.modes). Clients report each answered call (fresh or cached)
-so the driver can draw progress while shards run, and, when a budget applies, reserve a fresh
-call's worst-case cost (prompt estimate + max_tokens) before sending it: a reservation that would
-take the spend past the budget raises `BudgetExceeded`, so the run stops before the call, never
-after. Spend is of fresh calls only (cached answers are free); `spent_before` is what earlier
+what a client holds of it, either way, with the run's structured modes (pipeline.llm.modes).
+Clients report each answered call (fresh or cached) so the driver can draw progress while shards
+run, and, when a budget applies, reserve a fresh call's worst-case cost (prompt estimate +
+max_tokens) before sending it: a reservation that would take the spend past the budget raises
+`BudgetExceeded`, so the run stops before the call, never after. Spend is of fresh calls only (cached answers are free); `spent_before` is what earlier
 invocations on the run directory paid (the runner keeps it: pipeline.spend), so a rerun with a
 higher budget continues from what was spent.
 """
