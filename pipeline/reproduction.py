@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.errors import ConfigError
 from pipeline.yamlio import read_yaml
+from pipeline.settings_keys import unknown_key
 
 
 class _Strict(BaseModel):
@@ -180,8 +181,6 @@ def _parsed_sheet(path: str, text: str) -> PaperSheet | None:
     try:
         return PaperSheet.model_validate(block)
     except ValidationError as e:
-        from pipeline.config import unknown_key  # (the config module holds a sheet: imported here, not above)
-
         problems = "; ".join(f"paper.{'.'.join(map(str, err['loc']))}: "
                              f"{unknown_key(PaperSheet, err['loc']) if err['type'] == 'extra_forbidden' else err['msg']}"
                              for err in e.errors())
