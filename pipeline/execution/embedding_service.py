@@ -150,7 +150,7 @@ class EmbeddingServices:
             service = ray.remote(EmbeddingService).options(
                 name=name, get_if_exists=True, num_cpus=0, max_restarts=retries, max_task_retries=retries,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(cfg.embedding, cpus)
-            ray.get(service.__ray_ready__.remote())
+            ray.get(getattr(service, "__ray_ready__").remote())  # Ray's readiness call, not in its type hints
             cls._started[name] = service
 
 

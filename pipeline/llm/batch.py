@@ -159,7 +159,7 @@ class BatchQueue:
             _read_id)
         batch = await self._call(
             lambda c: c.batches.create(input_file_id=uploaded, endpoint=ENDPOINT,
-                                       completion_window=self.cfg.batch_window),  # type: ignore[arg-type]
+                                       completion_window=self.cfg.batch_window),
             _read_batch)
         log.info("batch %s: %d requests sent (%d bytes)", batch.id, len(items), len(data))
         delay = self.cfg.batch_poll_s
@@ -172,7 +172,7 @@ class BatchQueue:
         found: dict[str, _Outcome] = {}
         results = [f for f in (getattr(batch, "output_file_id", None), getattr(batch, "error_file_id", None)) if f]
         for file_id in results:
-            text = await self._call(lambda c, f=file_id: c.files.content(f), _read_text)
+            text = await self._call(lambda c: c.files.content(file_id), _read_text)  # awaited before the next id
             found.update(self._read_results(text))
         await self._delete_files([uploaded, *results])
         missing = _missing_reason(batch)
@@ -183,7 +183,7 @@ class BatchQueue:
         count against the account's storage. Best effort: the answers are already in hand."""
         for file_id in file_ids:
             try:
-                await self._call(lambda c, f=file_id: c.files.delete(f), lambda resp: resp)
+                await self._call(lambda c: c.files.delete(file_id), lambda resp: resp)  # awaited before the next id
             except Exception as e:  # noqa: BLE001 - a file left behind costs storage, not answers
                 log.warning("batch file %s was not deleted (%s); delete it from the account's files", file_id,
                             self._scrub(str(e))[:200])

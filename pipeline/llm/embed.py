@@ -27,7 +27,7 @@ class Embedder:
         keys = [embed_cache_key(self.endpoint, model, t) for t in texts]
         out: list[list[float] | None] = [None] * len(texts)
         if self.cache is not None:
-            await self._from_cache(model, keys, out)
+            await self._from_cache(self.cache, model, keys, out)
         key_of = dict(zip(texts, keys))
         todo: dict[str, list[int]] = {}  # text -> positions, so duplicates are sent once
         for i, t in enumerate(texts):
@@ -42,9 +42,9 @@ class Embedder:
             raise failed[0]
         return out  # type: ignore[return-value]
 
-    async def _from_cache(self, model: str, keys: list[str], out: list[list[float] | None]) -> None:
+    async def _from_cache(self, cache: CallCache, model: str, keys: list[str], out: list[list[float] | None]) -> None:
         """Fill `out` with the cached vectors, counted once for the lot."""
-        hits = await lookup_many(self.cache, keys)
+        hits = await lookup_many(cache, keys)
         found = tokens_found = 0
         for i, hit in enumerate(hits):
             if hit is not None:

@@ -106,4 +106,4 @@ def sample_grammar_last() -> None:
         return chain
 
     init_sampler.grammar_last = True  # type: ignore[attr-defined]
-    llama_cpp.Llama._init_sampler = init_sampler
+    setattr(llama_cpp.Llama, "_init_sampler", init_sampler)  # the library's private hook, replaced

@@ -76,7 +76,8 @@ class Usage:
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
         # Unknown keys are ignored so manifests written by older versions still load.
         known = {f.name for f in fields(cls)}
-        return cls(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items() if k in known})
+        values: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items() if k in known}
+        return cls(**values)
 
 
 def call_cost(prices: Mapping[str, Mapping[str, float]], model: str, prompt_tokens: int,

@@ -118,9 +118,8 @@ class SchemaInstance:
             hi = node.get("maximum", node.get("exclusiveMaximum", lo + 10) - 1)
             return int(max(lo, min(hi, lo + 1)))
         if t == "number":
-            lo = float(node.get("minimum", 0.0))
-            hi = float(node.get("maximum", lo + 1.0))
-            return (lo + hi) / 2
+            low = float(node.get("minimum", 0.0))
+            return (low + float(node.get("maximum", low + 1.0))) / 2
         if t == "boolean":
             return True
         if t == "null":
@@ -159,7 +158,7 @@ def chat_prompt_ids(messages: list[dict[str, Any]]) -> list[Hashable]:
             content = " ".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
         ids += [_FRAME[0], *cl100k_ids(str(m.get("role") or ""))]
         if m.get("name"):
-            ids += [_NAME_MARK] * TOKENS_PER_NAME + cl100k_ids(str(m["name"]))
+            ids += [*[_NAME_MARK] * TOKENS_PER_NAME, *cl100k_ids(str(m["name"]))]
         ids += [_FRAME[1], *cl100k_ids(str(content or "")), *_FRAME[2:]]
     return ids + list(_PRIMING)
 
