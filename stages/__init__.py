@@ -152,17 +152,18 @@ def config_model(methods: Mapping[str, Method] = METHODS) -> type[RunConfig]:
     """Run-level sections + each stage's settings section + `method.<name>` per method."""
     sections: dict[str, type[Section]] = {}
     roles: set[str] = set()
-    for stage in (*BEFORE_METHODS, *AFTER_METHODS, *method_stages(methods).values()):
+    every: tuple[Stage | type[Stage], ...] = (*BEFORE_METHODS, *AFTER_METHODS, *method_stages(methods).values())
+    for stage in every:
         roles.update(stage.roles)
-        if stage.Settings is None or stage.section is None:
+        settings, section = stage.Settings, stage.section
+        if settings is None or section is None:
             continue
         # A run-level section (ingest's `corpus`) is RunConfig's own: the stage only reads it.
-        own = RunConfig.model_fields.get(stage.section)
-        model = own.annotation if own is not None else sections.get(stage.section, stage.Settings)
-        if model is not stage.Settings:
-            raise TypeError(f"stages disagree on the settings model of section {stage.section!r}")
+        own = RunConfig.model_fields.get(section)
+        if (own.annotation if own is not None else sections.get(section, settings)) is not settings:
+            raise TypeError(f"stages disagree on the settings model of section {section!r}")
         if own is None:
-            sections[stage.section] = stage.Settings
+            sections[section] = settings
     for m in methods.values():
         roles.update((m.build_role, m.answer_role) if m.memory else (m.answer_role,))
     roles.add(EMBEDDER_ROLE)  # stages that embed, when embedding.provider is openai
