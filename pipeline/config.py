@@ -12,10 +12,11 @@ import copy
 import functools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, TypeVar, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, model_validator
+from pydantic.json_schema import JsonDict
 
 from pipeline.corpus import FORMATS
 from pipeline.errors import ConfigError, InputError
@@ -51,7 +52,7 @@ def PathField(default: Any = None, *, lookup: bool = False, **kwargs: Any) -> An
     workers agree on it. `lookup`: an input the run reads (a corpus, a sheet, a stored file): a
     relative path missing from the working directory is also looked for beside the config and in its
     project (see resolve_paths)."""
-    extra = {"is_path": True, "lookup": lookup}
+    extra: JsonDict = {"is_path": True, "lookup": lookup}
     if "default_factory" in kwargs:
         return Field(json_schema_extra=extra, **kwargs)
     return Field(default, json_schema_extra=extra, **kwargs)
@@ -413,7 +414,7 @@ class RunConfig(Section):
             self._local_urls[local_server_key(cfg)] = (url,) if isinstance(url, str) else tuple(url)
 
 
-def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, type[Section]],
+def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, type[BaseModel]],
                    roles: Iterable[str], unavailable: Mapping[str, str] | None = None) -> type[RunConfig]:
     """The full config model: run-level sections + one section per stage settings model +
     `method.<name>` per method settings model. `roles` are the role names stages ask for;
@@ -424,7 +425,7 @@ def compose_config(sections: Mapping[str, type[Section]], methods: Mapping[str, 
 
 
 @functools.lru_cache(maxsize=32)
-def _composed(section_items: tuple[tuple[str, type[Section]], ...], method_items: tuple[tuple[str, type[Section]], ...],
+def _composed(section_items: tuple[tuple[str, type[Section]], ...], method_items: tuple[tuple[str, type[BaseModel]], ...],
               roles: frozenset[str], unavailable: tuple[tuple[str, str], ...]) -> type[RunConfig]:
     sections, methods = dict(section_items), dict(method_items)
     method_model = create_model(  # type: ignore[call-overload]
@@ -435,11 +436,13 @@ def _composed(section_items: tuple[tuple[str, type[Section]], ...], method_items
     if clash:
         raise ValueError(f"stage sections {sorted(clash)} clash with run-level config keys")
     fields["method"] = (method_model, Field(default_factory=method_model))
-    model = create_model("RunConfig", __base__=RunConfig, **fields)  # type: ignore[call-overload]
+    model = create_model("RunConfig", __base__=RunConfig, **fields)
     model.known_roles = frozenset(roles)
     model.known_methods = frozenset(methods)
     model.unavailable_methods = dict(unavailable)
-    model._composition = method_model._composition = (section_items, method_items, roles, unavailable)
+    # How it was composed, on the composed classes themselves (read from their own __dict__ when pickled).
+    setattr(model, "_composition", (section_items, method_items, roles, unavailable))
+    setattr(method_model, "_composition", (section_items, method_items, roles, unavailable))
     return model
 
 
@@ -456,7 +459,7 @@ class _MethodSettings(Section):
 def _rebuild_composed(composition: tuple, method_section: bool, state: dict[str, Any]) -> BaseModel:
     """A pickled composed config (or its `method` section), its model built here once per process."""
     model = _composed(*composition)
-    cls = model.model_fields["method"].annotation if method_section else model
+    cls = cast(type[BaseModel], model.model_fields["method"].annotation) if method_section else model
     obj = cls.__new__(cls)
     obj.__setstate__(state)
     return obj

@@ -243,7 +243,8 @@ class Runner:
                 yield stage.name
             return
         names = {s.name for s in todo}
-        waiting, finished, stops = list(todo), set(), []
+        waiting, finished = list(todo), set()
+        stops: list[BaseException] = []
         running: dict[Future, Stage] = {}
         pool = ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="mempipe-stage")
         try:
@@ -264,11 +265,12 @@ class Runner:
                 done, _ = wait(running, timeout=_STREAM_LOOK_S, return_when=FIRST_COMPLETED)
                 for future in done:
                     stage = running.pop(future)
-                    if future.exception() is None:
+                    error = future.exception()
+                    if error is None:
                         finished.add(stage.name)
                         yield stage.name
                     else:
-                        stops.append(future.exception())
+                        stops.append(error)
         finally:
             # Ctrl-C or a stop: start nothing more; the backend's shutdown ends what still runs.
             pool.shutdown(wait=not running, cancel_futures=True)
@@ -378,13 +380,13 @@ class Runner:
                 progress.shard_done()
         markers = [done[i] for i in sorted(done)]
         rows: dict[str, int] = {}
-        parts: dict[str, list[str]] | None = {}
+        layout: dict[str, list[str]] = {}
         for m in markers:
             for t, n in m.rows.items():
                 rows[t] = rows.get(t, 0) + n
-            parts.update(m.parts or {})
-        if any(m.parts is None for m in markers):
-            parts = None  # shards resumed from an older run did not say: readers take every part
+            layout.update(m.parts or {})
+        # Shards resumed from an older run did not say where their rows are: readers take every part.
+        parts = None if any(m.parts is None for m in markers) else layout
         fps = self.fingerprints()
         manifest = Manifest(
             stage=stage.name,

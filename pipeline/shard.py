@@ -93,7 +93,7 @@ def _make_clients(cfg: RunConfig, task: ShardTask, handles: RoleHandles, ledger:
 
 # The tasks each running shard started (episodes, and whatever they spawn), so that a shard that
 # fails waits for its own stragglers, not for other shards sharing the worker's event loop.
-_SHARD_TASKS: contextvars.ContextVar["weakref.WeakSet[asyncio.Task] | None"] = \
+_SHARD_TASKS: contextvars.ContextVar["weakref.WeakSet[asyncio.Future] | None"] = \
     contextvars.ContextVar("mempipe_shard_tasks", default=None)
 
 

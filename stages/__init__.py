@@ -24,6 +24,7 @@ from stages.judging.judge_answers import JudgeAnswersStage
 from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.judging.judge_memory import JudgeMemoryStage
 from stages.judging.judge_pairwise import JudgePairwiseStage
+from stages.method_stages import MethodStage
 from stages.method_stages.memory import MemoryStage
 from stages.methods import BROKEN_PLUGINS, METHODS
 from stages.methods.base import Method
@@ -59,15 +60,15 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     read, transitively (a method's own stages included); nothing nobody reads. Each stage carries
     `why` it is in the graph. `stages:` in the config then restricts this graph (the runner)."""
     chosen = [methods[name] for name in cfg.methods]
-    teafarm = cfg.teabag.enabled
+    teafarm = TeabagStage().settings_of(cfg).enabled
     readable: dict[str, Stage] = {IngestStage.name: IngestStage(), **method_stages(methods)}
     if teafarm:
         readable[TeabagStage.name] = TeabagStage()
     readable[ProbesStage.name] = ProbesStage(teafarm)
     wanted: dict[str, str] = {IngestStage.name: "the run's corpus (`mempipe export ingest` reads it)"}
-    per_method: list[Stage] = [*(MemoryStage(m) for m in chosen if m.has_memory_stage), *(RespondStage(m) for m in chosen)]
-    for stage in per_method:
-        wanted[stage.name] = f"method {stage.method.name}"  # type: ignore[attr-defined]
+    own: list[MethodStage] = [*(MemoryStage(m) for m in chosen if m.has_memory_stage), *(RespondStage(m) for m in chosen)]
+    wanted.update((s.name, f"method {s.method.name}") for s in own)
+    per_method: list[Stage] = list(own)
     names = tuple(cfg.methods)
     scoring: list[Stage] = [ScoreStage(), ResponseMetricsStage(names), JudgePairwiseStage(names),
                             JudgeAnswersStage(names), JudgeCalibrationStage(),

@@ -48,7 +48,8 @@ class IngestStage(GlobalStage[CorpusConfig]):
     def run_parts(self, ctx: StageContext[CorpusConfig], inputs: dict[str, pa.Table],
                   episodes_per_part: int) -> Iterator[dict[str, Any]]:
         seen: dict[str, str] = {}  # episode_id -> the source it came from
-        part, stats = Corpus(), {}  # stats: what the audited answer key did, for the manifest
+        part = Corpus()
+        stats: dict[str, Any] = {}  # what the audited answer key did, for the manifest (nested counts)
         for source in ctx.settings.sources():
             _require_source(source)  # again where it runs: a worker may not see what the driver saw
             corrections = read_corrections(source.audit_path) if source.answer_key == "audited" else None

@@ -41,7 +41,7 @@ def working_dir_warnings(cfg: RunConfig, working_dir: Path) -> list[str]:
         out.append(f"artifacts_dir {cfg.artifacts_dir} is inside this job's uploaded working directory, "
                    "a temporary copy on the head that Ray deletes when it needs the space, and that no "
                    "other node sees; set --set artifacts_dir=/shared/artifacts (storage every node mounts)")
-    caches = {cfg.llm.cache_dir} | {r.cache_dir for r in cfg.roles.values() if getattr(r, "cache_dir", None)}
+    caches = {cfg.llm.cache_dir} | {c for r in cfg.roles.values() if (c := getattr(r, "cache_dir", None))}
     for cache in sorted(caches):
         if cfg.llm.cache_enabled and Path(cache).is_relative_to(working_dir):
             out.append(f"llm.cache_dir {cache} is inside this job's uploaded working directory: a submission "

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from pipeline.config import LLMConfig
 
 Messages = list[dict[str, str]]
 
@@ -58,6 +61,8 @@ class LLMResult:
 
 
 class ChatLLM(Protocol):
+    cfg: LLMConfig  # the role's settings (its model names the rows a stage writes)
+
     async def chat(
         self,
         messages: Messages,

@@ -104,7 +104,7 @@ def _library() -> Any:
     except ImportError as e:
         raise ConfigError(f"method mem0 needs the {PACKAGE} package: pip install -e '.[{EXTRA}]'") from e
     main.MEM0_TELEMETRY = telemetry.MEM0_TELEMETRY = False  # also where mem0 was imported before us
-    prompts.datetime = _SessionClock  # type: ignore[attr-defined]
+    prompts.datetime = _SessionClock
     if spacy_models._nlp_full is None:
         spacy_models._nlp_full = spacy_model(full=True)
         spacy_models._nlp_lemma = spacy_model(full=False)

@@ -289,16 +289,16 @@ def _bleu_intervals(with_gold: list[dict[str, Any]], predictions: list[str], gol
                     ) -> dict[str, float | None]:
     """Cluster bootstrap intervals of evaluate's BLEU-n and precisions: each episode's summed
     sacrebleu counts resampled whole."""
-    per_episode: dict[Any, Any] = {}
+    per_episode: dict[str, list[int]] = {}
     for r, stats in zip(with_gold, evaluate_bleu.segment_stats(predictions, golds)):
         before = per_episode.get(r["episode_id"], [0] * len(stats))
         per_episode[r["episode_id"]] = [a + b for a, b in zip(before, stats)]
-    stats = list(per_episode.values())
+    episode_stats = list(per_episode.values())
     out: dict[str, float | None] = {}
     for name, statistic in [*((f"evaluate_bleu{n}", partial(evaluate_bleu.bleu_from_stats, n=n)) for n in ORDERS),
                             *((f"evaluate_precision{n}", partial(evaluate_bleu.precision_from_stats, n=n))
                               for n in PRECISION_ORDERS)]:
-        out[f"{name}_low"], out[f"{name}_high"] = cluster_bootstrap_statistic(stats, statistic)
+        out[f"{name}_low"], out[f"{name}_high"] = cluster_bootstrap_statistic(episode_stats, statistic)
     return out
 
 

@@ -57,7 +57,7 @@ class ScoreConfig(Section):
     # the between-turn slots of Pevzner & Hearst (see stages/metrics/segmentation.py).
     segmentation_convention: Literal["superdialseg", "slots"] = "superdialseg"
     retrieval_k: list[int] = Field(default_factory=lambda: [1, 3, 5])
-    retrievers: list[Literal["bm25", "dense", "hybrid"]] = Field(default_factory=lambda: ["bm25", "dense"])
+    retrievers: list[Literal["bm25", "dense", "hybrid"]] = ["bm25", "dense"]  # (pydantic copies a list default)
     # Dense scoring of the retrieval rows: set it as the methods' `similarity` (SeCom configs: l2).
     similarity: Similarity = "cosine"
 

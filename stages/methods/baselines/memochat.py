@@ -153,7 +153,7 @@ def topic_spans(topics: list[Topic], n: int) -> list[tuple[Topic, int, int]]:
 def choice_schema(options: int) -> type[BaseModel]:
     """The retrieval answer: memo numbers among 1..`options` (an endpoint that enforces the schema
     cannot name another); an empty list chooses none."""
-    index: Any = Literal[tuple(range(1, options + 1))]  # type: ignore[misc]
+    index: Any = Literal[tuple(range(1, options + 1))]
     return create_model("MemoChoice", chosen=(list[index], Field(default_factory=list)))
 
 

@@ -161,13 +161,12 @@ def blend_refine_schema(retrieved: int) -> type[BaseModel]:
     """The blend-and-refine answer, where `removes` can only name the retrieved past memories shown
     (M1..Mn): on an endpoint that enforces the schema the answer cannot point anywhere else. With
     no memory retrieved (only utterances) there is nothing to remove, and no `removes` field."""
-    if not retrieved:
-        insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...))
-    else:
-        index: Any = Literal[tuple(range(1, retrieved + 1))]  # type: ignore[misc]
-        insight = create_model("RefinedInsight", text=(str, ...), label=(Label, ...),
-                               removes=(list[index], Field(default_factory=list, max_length=retrieved)))
-    return create_model("BlendedAndRefined", insights=(list[insight], ...))  # type: ignore[valid-type]
+    fields: dict[str, Any] = {"text": (str, ...), "label": (Label, ...)}
+    if retrieved:
+        index: Any = Literal[tuple(range(1, retrieved + 1))]
+        fields["removes"] = (list[index], Field(default_factory=list, max_length=retrieved))
+    insight = create_model("RefinedInsight", **fields)
+    return create_model("BlendedAndRefined", insights=(list[insight], ...))
 
 
 # ------------------------------------------------------------------------------- the memory log
@@ -421,8 +420,10 @@ class Creem(Method[CreemSettings]):
             step = TurnStep(about, session, last["turn_idx"], source="first_session_once")
         else:
             reuse = probe.probe.get("context") is None and not asked
-            step = self.built_step(memory, session, last, about) if reuse else None
-            if step is None:  # Algorithm 1's step for this turn, on the visible memory (not kept)
+            built = self.built_step(memory, session, last, about) if reuse else None
+            if built is not None:
+                step = built
+            else:  # Algorithm 1's step for this turn, on the visible memory (not kept)
                 step = await self.step(llm, ctx.embed, settings, replay(log), about, session, turns,
                                        first=not probe.history, ids=(f"a{n}" for n in itertools.count(1)))
                 step.source = "answer"
@@ -497,11 +498,11 @@ def label_shares(method: str, evolution: list[dict]) -> list[dict]:
 
 
 class CreemNoRefineSettings(CreemSettings):
-    refine: Literal[False] = False  # type: ignore[assignment]
+    refine: Literal[False] = False
 
 
 class CreemNoPreblendSettings(CreemSettings):
-    preblend: Literal[False] = False  # type: ignore[assignment]
+    preblend: Literal[False] = False
 
 
 class CreemNoRefine(Creem):

@@ -154,7 +154,7 @@ def starts_answer_model(n_units: int) -> type[BaseModel]:
         prop["items"] = {"type": "integer", "enum": list(range(1, n_units + 1))}
         prop["maxItems"] = n_units
 
-    return create_model(  # type: ignore[call-overload]
+    return create_model(
         "SegmentStarts", __config__=ConfigDict(json_schema_extra=constrain),
         starts=(list[int], Field(description="numbers of the exchanges where a new segment starts, ascending")))
 

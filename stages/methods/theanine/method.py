@@ -52,6 +52,7 @@ from stages.methods.shared.session_memories import (
 )
 from stages.methods.theanine import figure, prompts
 from stages.methods.theanine import graph as g
+from stages.methods.theanine.prompts import RelationLabel  # (the class's `prompts` hides the module in its body)
 
 MEMORIES = pa.schema([*MEMORY_FIELDS, pa.field("vector", pa.list_(pa.float32()))])
 EDGES = pa.schema([
@@ -108,15 +109,15 @@ class TheanineSettings(MethodSettings):
 
 
 class TheanineAllSettings(TheanineSettings):
-    link_mode: Literal["all_labelled", "all_candidates"] = "all_labelled"  # type: ignore[assignment]
+    link_mode: Literal["all_labelled", "all_candidates"] = "all_labelled"
 
 
 class TheanineNoRelationSettings(TheanineSettings):
-    relation_aware: Literal[False] = False  # type: ignore[assignment]
+    relation_aware: Literal[False] = False
 
 
 class TheanineNoRefineSettings(TheanineSettings):
-    refine: Literal[False] = False  # type: ignore[assignment]
+    refine: Literal[False] = False
 
 
 def origin_dialogue(turns: list[dict], budget: int | None) -> str:
@@ -145,7 +146,7 @@ class Theanine(Method[TheanineSettings]):
     # ---------------------------------------------------------------- Phase I
 
     async def label(self, llm: ChatLLM, older: dict, newer: dict, sessions: dict[int, list[dict]],
-                    settings: TheanineSettings) -> prompts.RelationLabel:
+                    settings: TheanineSettings) -> RelationLabel:
         msgs = prompts.relation_messages(
             older, newer, origin_dialogue(sessions[older["session_idx"]], settings.origin_tokens),
             origin_dialogue(sessions[newer["session_idx"]], settings.origin_tokens))
@@ -158,7 +159,8 @@ class Theanine(Method[TheanineSettings]):
 
     async def build(self, ctx: MethodContext[TheanineSettings], episode: EpisodeInput) -> dict[str, list[dict]]:
         settings = ctx.settings
-        if ctx.embed is None:
+        embed = ctx.embed
+        if embed is None:
             raise ConfigError(f"{self.name} links memories by embedding similarity: configure `embedding:`")
         graph = g.Graph()
         by_id: dict[str, dict] = {}
@@ -168,7 +170,7 @@ class Theanine(Method[TheanineSettings]):
         # session's are asked at once; only the linking waits for the graph the sessions before it built.
         async def summarized(s: int, turns: list[dict]) -> tuple[list[str] | None, dict[str, Any], np.ndarray]:
             events, failed = await attempt(summarize_session(ctx.llm, turns, s, settings.max_memories))
-            vectors = np.asarray(await ctx.embed(events), dtype=np.float32) if events else np.zeros((0, 1))
+            vectors = np.asarray(await embed(events), dtype=np.float32) if events else np.zeros((0, 1))
             return events, failed, vectors
 
         summaries = {s: asyncio.ensure_future(summarized(s, turns)) for s, turns in episode.sessions.items()}

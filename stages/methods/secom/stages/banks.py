@@ -36,7 +36,7 @@ MEMORY_UNITS = pa.schema(
 
 
 class BanksConfig(Section):
-    granularities: list[Granularity] = Field(default_factory=lambda: ["turn", "session", "segment"])
+    granularities: list[Granularity] = ["turn", "session", "segment"]  # (pydantic copies a list default)
 
 
 def bank_name(episode_id: str, granularity: str) -> str:

@@ -40,7 +40,7 @@ class CompressConfig(Section):
     # llmlingua2: a token-classification model name/folder; llmlingua: a causal LM; None = default
     model: str | None = None
     rate: float = Field(default=0.75, gt=0, le=1)  # kept share: 0.75 (paper); the official code's default is 0.9
-    granularities: list[Granularity] = Field(default_factory=lambda: ["turn", "session", "segment"])
+    granularities: list[Granularity] = ["turn", "session", "segment"]  # (pydantic copies a list default)
     # LLMLingua-2: a kept exchange's lines pruned to punctuation get their original text back (ours),
     # or false: the compressed exchanges are the key exactly as returned (SeCom's official code)
     restore_pruned_lines: bool = True
