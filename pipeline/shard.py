@@ -203,7 +203,8 @@ async def wait_for_streamed(run_dir: storage.Location, task: ShardTask) -> None:
 
 def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, Manifest]:
     """The manifests of the shard's finished input stages (the runner checked they are done; a
-    streamed one may still be running, and has none yet). Read here, beside the upstream tables,
+    streamed one may still be running, and has none yet), and for a stage that asks
+    (`whole_upstream`) those of every stage upstream of them. Read here, beside the upstream tables,
     rather than shipped in the task: a manifest grows with the episodes (parts, per-episode stats)
     and every task's arguments are pickled."""
     out: dict[str, Manifest] = {}
@@ -214,6 +215,37 @@ def upstream_manifests(run_dir: storage.Location, task: ShardTask) -> dict[str, 
         if manifest is None:
             raise PipelineError(f"stage {task.stage.name}: input stage {name!r} has no manifest under {run_dir}")
         out[name] = manifest
+    return in_pipeline_order(with_their_upstream(run_dir, out)) if task.stage.whole_upstream else out
+
+
+def with_their_upstream(run_dir: storage.Location, given: dict[str, Manifest]) -> dict[str, Manifest]:
+    """`given` and the manifests of every stage upstream of them, transitively, each the one that fed
+    its reader (the fingerprint the reader recorded; a stage rebuilt since is left out)."""
+    found = dict(given)
+    todo = [kv for m in given.values() for kv in m.upstream.items()]
+    while todo:
+        name, fingerprint = todo.pop()
+        if name in found:
+            continue
+        m = StageDir(run_dir, name).manifest()
+        if m is not None and m.fingerprint == fingerprint:
+            found[name] = m
+            todo += m.upstream.items()
+    return found
+
+
+def in_pipeline_order(manifests: dict[str, Manifest]) -> dict[str, Manifest]:
+    """The same manifests, each after the stages it read (ties by when they finished)."""
+    out: dict[str, Manifest] = {}
+
+    def place(name: str) -> None:
+        if name in manifests and name not in out:
+            for up in manifests[name].upstream:
+                place(up)
+            out[name] = manifests[name]
+
+    for name in sorted(manifests, key=lambda n: manifests[n].timings.finished_at):
+        place(name)
     return out
 
 

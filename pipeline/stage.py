@@ -56,7 +56,8 @@ class StageContext(Generic[S]):
     # object store, uploaded) atomically with the stage.
     out_dir: Path
     upstream_dirs: dict[str, "Location"] = field(default_factory=dict)  # a folder, or a URI on an object store
-    # Finished input stage -> its manifest (counts, LLM usage), so a stage never reads another's files.
+    # Finished input stage -> its manifest (counts, LLM usage), so a stage never reads another's files;
+    # with `Stage.whole_upstream`, every stage upstream of its inputs too, in pipeline order.
     upstream_manifests: dict[str, "Manifest"] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)  # role -> ChatLLM, one per stage.roles
     # Set by the executor that shares one local embedding model among its workers (Ray: one per
@@ -131,6 +132,9 @@ class Stage(Generic[S]):
     # False: its calls are a third-party library's own, which plan's dry run does not model; plan
     # estimates them only from a calibration (--calibrate K, --like RUN_DIR)
     dry_run_estimates: bool = True
+    # True: its context holds the manifests of every stage upstream of its inputs, transitively (the
+    # report prices stages whose rows it never reads: the segmenter, TeaBag), without their tables.
+    whole_upstream: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

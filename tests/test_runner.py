@@ -182,6 +182,18 @@ def test_a_stage_context_carries_its_finished_upstream_manifests(toy):
     assert all(s["upstream"] == {"count": count.to_json()} for s in seen)  # its inputs only, as published
 
 
+def test_a_stage_that_asks_gets_its_whole_upstreams_manifests_in_pipeline_order(toy):
+    runner = toy()
+    Runner(runner.cfg, {**toy_stages.registry(), "whole": toy_stages.WholeUpstream()}).run()
+    seen = [s for s in toy_stages.read_upstream_log() if s["stage"] == "whole"]
+    assert len(seen) == 5
+    published = {n: StageDir(toy.run_dir, n).manifest().to_json() for n in ("ingest", "count", "double")}
+    for s in seen:
+        assert list(s["upstream"]) == ["ingest", "count", "double"]  # each after the stages it read
+        assert s["upstream"] == published
+    assert "other" not in seen[0]["upstream"]  # in the run, but not upstream of it
+
+
 @pytest.mark.heavy(seconds=5)
 def test_resume_after_killed_run(toy, toy_dir, tmp_path):
     toy().run(only=["ingest"])

@@ -130,6 +130,19 @@ class Unrelated(EpisodeStage[OtherSettings]):
         return {"sizes": [{"episode_id": episode_id, "value": len(inputs["ingest.turns"])}]}
 
 
+class WholeUpstream(EpisodeStage):
+    """Reads `double` and asks for the manifests of its whole upstream (not in `registry()`: a test adds it)."""
+
+    name = "whole"
+    inputs = ("double",)
+    outputs = {"seen": DOUBLED}
+    whole_upstream = True
+
+    async def process_episode(self, ctx: StageContext, episode_id: str, inputs: dict) -> dict:
+        log_upstream(ctx)
+        return {"seen": [{"episode_id": episode_id, "value": len(ctx.upstream_manifests)}]}
+
+
 def registry() -> dict:
     return {s.name: s for s in [ToyIngest(), CountTurns(), Double(), Unrelated()]}
 
