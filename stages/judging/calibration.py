@@ -41,11 +41,11 @@ from pydantic import BaseModel, Field
 from pipeline.llm.types import Messages
 from stages.metrics.significance import wilson_interval
 
-ACCEPT_KINDS = ("gold", "gold_in_longer", "paraphrase")
-REJECT_KINDS = ("shifted_date", "swapped_entity", "changed_number", "vague", "not_mentioned", "negation")
-KINDS = (*ACCEPT_KINDS, *REJECT_KINDS)
 Kind = Literal["gold", "gold_in_longer", "paraphrase", "shifted_date", "swapped_entity", "changed_number",
                "vague", "not_mentioned", "negation"]
+ACCEPT_KINDS: tuple[Kind, ...] = ("gold", "gold_in_longer", "paraphrase")
+REJECT_KINDS: tuple[Kind, ...] = ("shifted_date", "swapped_entity", "changed_number", "vague", "not_mentioned", "negation")
+KINDS = (*ACCEPT_KINDS, *REJECT_KINDS)
 RULE = "keeps_content"  # the rule a paraphrase must pass besides the paraphraser's own check
 
 SKIP_UNANSWERABLE = "unanswerable or abstention question (no gold answer to build from)"
@@ -493,7 +493,7 @@ def summarize(items: list[dict[str, Any]], max_false_accept: float) -> list[dict
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in items:
         groups.setdefault((r["judge"], r["kind"]), []).append(r)
-    order = {k: i for i, k in enumerate(KINDS)}
+    order: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
     out = []
     for (judge, kind), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99))):
         judged = [r for r in rows if r["skipped"] is None and r["error"] is None and r["accepted"] is not None]

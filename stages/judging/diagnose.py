@@ -102,8 +102,8 @@ def uses_judge_verdicts(cfg: Any) -> bool:
 def majority(rows: Rows, prompt: str) -> bool | None:
     """The verdict over a judge's runs on one answer: correct when at least half of the judged runs
     accept it (the panel's rule); None when no run gave a verdict."""
-    votes = [accepted(r["score"], prompt) for r in rows if r.get("error") is None and r.get("skipped") is None]
-    votes = [v for v in votes if v is not None]
+    given = [accepted(r["score"], prompt) for r in rows if r.get("error") is None and r.get("skipped") is None]
+    votes = [v for v in given if v is not None]
     return None if not votes else sum(votes) * 2 >= len(votes)
 
 
@@ -226,10 +226,10 @@ class DiagnoseStage(JudgeStage[DiagnoseSettings]):
             before = {(t["session_idx"], t["turn_idx"]) for t in inputs["ingest.turns"]
                       if (t["session_idx"], t["turn_idx"]) < at}
             held = before if method.evidence_check == "every_turn" else shown
-            stated = [[t["source_turn_id"]] if k in held else [] for t, k in zip(evidence, keys)]
+            stated: list[list[str]] = [[t["source_turn_id"]] if k in held else [] for t, k in zip(evidence, keys)]
             return stated, [k in shown for k in keys], {"written_by": "provenance"}
         settings = ctx.settings
-        method_settings = getattr(ctx.cfg.method, method.name)
+        method_settings = getattr(getattr(ctx.cfg, "method"), method.name)  # its `method.<name>` section
         stage = memory_stage_name(method.name)
         tables = {t: visible_memory(inputs.get(f"{stage}.{t}", []), probe["session_idx"], probe.get("turn_idx"),
                                     method.memory_kind) for t in method.memory}
@@ -239,7 +239,7 @@ class DiagnoseStage(JudgeStage[DiagnoseSettings]):
         extra = {"written_by": "judge", "memory_entries": len(shown_items),
                  "memory_truncated": len(shown_items) < len(items)}
         if not shown_items:  # an empty memory states nothing: no call
-            stated: list[list[str]] = [[] for _ in evidence]
+            stated = [[] for _ in evidence]
         else:
             call = written.written_call(probe["request"], probe["gold"], [evidence_line(t) for t in evidence],
                                         shown_items)

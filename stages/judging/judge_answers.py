@@ -184,6 +184,12 @@ def reference_or_skip(probe: dict[str, Any], memochat: bool,
     return "not_mentioned", None
 
 
+def _asked(probe: dict[str, Any], questions: dict[str, str]) -> str:
+    """The probe's question as its qa item words it (`questions`: qa id -> question), else its request."""
+    qa_id = probe.get("qa_id")
+    return probe["request"] if qa_id is None else questions.get(qa_id, probe["request"])
+
+
 def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict[str, str], turns: Rows,
                memochat: bool, explain: bool, memochat_dates: bool = True) -> tuple[Any, tuple[str, ...], str | None]:
     """(the judge's call, the fields it fills, the history source) for one probe's response."""
@@ -193,10 +199,10 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
         # "not mentioned"; an `_abs` question's reference is its explanation.
         kind = longmemeval.prompt_kind(probe["category"], bool(probe.get("abstention")) or gold is None)
         reference = gold if gold is not None else answers.NOT_MENTIONED
-        question = questions.get(probe.get("qa_id"), probe["request"])
+        question = _asked(probe, questions)
         return longmemeval.judge_call(kind, question, reference, response), ("score", "judge_prompt", "reason"), None
     if judge == answers.LOCOMO_J:
-        question = questions.get(probe.get("qa_id"), probe["request"])
+        question = _asked(probe, questions)
         expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
         return answers.locomo_j_call(question, expected, response), ("score", "reason"), None
     if memochat:
@@ -260,7 +266,8 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
             return sampled_rows([{**row, "run": r} for r in range(settings.runs)], fields, judgments)
 
         # TeaFarm's questions get TeaFarm's own judge (not a panel prompt: built, not validated).
-        teafarm = [PanelJudge.model_construct(name="teafarm", prompt="teafarm", role=JUDGE_ROLE, accept_at=0.5)]
+        teafarm = [PanelJudge.model_construct(name="teafarm", prompt="teafarm",  # type: ignore[arg-type]
+                                              role=JUDGE_ROLE, accept_at=0.5)]
         key = ctx.cfg.corpus.answer_key
         keyed = [(p, key) for p in probes] + [({**p, "gold": p["gold_original"]}, "original") for p in probes
                                                if key != "original" and p.get("gold_original") is not None]

@@ -34,7 +34,7 @@ from pipeline.stage import GlobalStage, StageContext
 from stages.judging import answers, calibration, longmemeval
 from stages.judging.base import JUDGE_ROLE, judge_params
 from stages.judging.calibration import KINDS, Kind
-from stages.judging.judge_answers import JudgeAnswersSettings, judge_call
+from stages.judging.judge_answers import JudgeAnswersSettings, JudgeAnswersStage, judge_call
 from stages.judging.panel import F1, PanelJudge, accepted, f1_score, panel_roles, shown_category
 
 PARAPHRASER_ROLE = "paraphraser"
@@ -193,7 +193,7 @@ class JudgeCalibrationStage(GlobalStage[JudgesSettings]):
                        turns: list[dict[str, Any]], pool: list[str], stamp: str) -> list[dict[str, Any]]:
         """The rows of one question: each kind built (the paraphrase by the LLM), then judged by every judge."""
         settings = ctx.settings.calibration
-        judges = ctx.cfg.judge_answers.judges()
+        judges = JudgeAnswersStage().settings_of(ctx.cfg).judges()
         base = {"episode_id": qa["episode_id"], "dataset": episode.get("dataset"), "qa_id": qa["qa_id"],
                 "category": qa.get("category"), "question": qa["question"], "gold": qa.get("answer"),
                 "rule": None, "rule_ok": None, "verified": None, "paraphraser_model": None,
@@ -252,7 +252,7 @@ class JudgeCalibrationStage(GlobalStage[JudgesSettings]):
                       judge: PanelJudge, turns: list[dict[str, Any]]) -> dict[str, Any]:
         """One judge's verdict on one constructed answer: its runs' mean score and the verdict it gives."""
         settings = ctx.settings.calibration
-        ja: JudgeAnswersSettings = ctx.cfg.judge_answers
+        ja = JudgeAnswersStage().settings_of(ctx.cfg)
         dataset = row["dataset"] or ""
         if judge.prompt == F1:
             score = f1_score(dataset, qa.get("category"), row["answer"], qa["answer"])

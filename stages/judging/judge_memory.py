@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, cast
 
 import pyarrow as pa
 from pydantic import Field
@@ -59,7 +59,7 @@ MEMORY_JUDGMENTS = pa.schema(
 
 
 class JudgeMemorySettings(JudgeSettings):
-    criteria: list[MemoryCriterion] = list(memory_quality.CRITERIA)  # type: ignore[assignment]
+    criteria: list[MemoryCriterion] = cast("list[MemoryCriterion]", list(memory_quality.CRITERIA))  # its keys
     samples: int = Field(default=20, ge=1)  # ratings per (memory, speaker, criterion), averaged
     temperature: float | None = Field(default=1.0, ge=0)  # samples differ only above 0
     max_tokens: int = Field(default=24, ge=8)

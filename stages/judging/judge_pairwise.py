@@ -129,7 +129,7 @@ class _EpisodePairs:
     settings: JudgePairwiseSettings
     episode_id: str
     reference: str
-    criteria: list[str]
+    criteria: list[Criterion]
     samples: int
     runs: int
     stamp: dict[str, Any]
@@ -163,6 +163,7 @@ class _EpisodePairs:
         missing = [m for m, r in ((reference, ref), (other, oth)) if r is None or r["error"] is not None]
         if missing:
             return f"no response from {', '.join(missing)}"
+        assert ref is not None and oth is not None  # neither is missing
         current, past = self.views[probe["probe_id"]]
         dialogue = transcript(current) if current else f"(question) {probe['request']}"
         return dialogue, ref["response"], oth["response"], past.text if past else None

@@ -164,7 +164,7 @@ Score = Literal[1, 2, 3, 4, 5]  # an enum, which a grammar-constrained endpoint 
 
 def ratings_schema(n: int) -> type[BaseModel]:
     """Exactly `n` scores of 1-5."""
-    return create_model("Ratings", scores=(list[Score], Field(min_length=n, max_length=n)))  # type: ignore[call-overload]
+    return create_model("Ratings", scores=(list[Score], Field(min_length=n, max_length=n)))
 
 
 Judgment = tuple[Any, str]  # (score or {criterion: score}, the judge model)

@@ -224,7 +224,7 @@ def all_verdicts_schema(n: int, explain: bool, reason_first: bool = False) -> ty
     fields["better"] = (list[Verdict], Field(min_length=n, max_length=n))
     if explain and not reason_first:
         fields["reason"] = (str, Field(default="", max_length=400))
-    return create_model("PairVerdicts", **fields)  # type: ignore[call-overload]
+    return create_model("PairVerdicts", **fields)
 
 
 def build_all_messages(criteria: list[str], shown: PairShown, how: PairProtocol = PairProtocol()) -> Messages:

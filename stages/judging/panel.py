@@ -9,7 +9,7 @@ named by its prompt, on the `judge` role.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import Field
 
@@ -39,7 +39,7 @@ class PanelJudge(Section):
     accept_at: float = Field(default=0.5, gt=0, le=1)
 
 
-def default_panel(correctness: list[str], score_0_100: bool) -> list[PanelJudge]:
+def default_panel(correctness: Sequence[str], score_0_100: bool) -> list[PanelJudge]:
     """The judges of a run without `panel`: GPT4Score when `score_0_100`, then `correctness`."""
     return [PanelJudge(name=p, prompt=p) for p in (["gpt4score"] if score_0_100 else []) + list(correctness)]
 

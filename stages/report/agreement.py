@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from stages.metrics.significance import cluster_bootstrap_interval
 from stages.report.answers import _HAS_VERDICT, NOT_SHARES, _judgment_columns, judge_runs
-from stages.report.frames import empty
+from stages.report.frames import as_float, empty, from_table
 
 PANEL_SCORES = pa.schema([
     pa.field("dataset", pa.string()),  # a dataset, or "all" (pooled) when the run has several
@@ -99,11 +99,11 @@ def panel_scores(judgments: pl.DataFrame) -> pl.DataFrame:
     rows: list[dict[str, Any]] = []
     for dataset, part in _scopes(items):
         for (judge, kind), sub in part.group_by(["judge", "judge_kind"], maintain_order=True):
-            means = {m: float(g["score"].mean()) for (m,), g in sub.group_by(["method"], maintain_order=True)}
+            means = {m: as_float(g["score"].mean()) for (m,), g in sub.group_by(["method"], maintain_order=True)}
             ranks = _ranked(means)
             rows += [{"dataset": dataset, "method": m, "judge": judge, "judge_kind": kind, "score": v,
                       "rank": ranks[m], "judged": sub.filter(pl.col("method") == m).height} for m, v in means.items()]
-    return pl.from_arrow(pa.Table.from_pylist(rows, PANEL_SCORES))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, PANEL_SCORES))
 
 
 def _verdict_matrix(part: pl.DataFrame) -> tuple[list[str], np.ndarray]:
@@ -168,7 +168,7 @@ def judge_agreement(judgments: pl.DataFrame) -> pl.DataFrame:
         judges = part["judge"].unique(maintain_order=True).to_list()
         if len(judges) < 2:
             continue
-        means = {j: {m: float(g["score"].mean()) for (m,), g in part.filter(pl.col("judge") == j)
+        means = {j: {m: as_float(g["score"].mean()) for (m,), g in part.filter(pl.col("judge") == j)
                      .group_by(["method"], maintain_order=True)} for j in judges}
         with_verdicts, matrix = _verdict_matrix(part)
         for a, b in itertools.combinations(judges, 2):
@@ -184,7 +184,7 @@ def judge_agreement(judgments: pl.DataFrame) -> pl.DataFrame:
             rows.append({"dataset": dataset, "judge_a": PANEL, "judge_b": None, "kappa": None, "tau": None,
                          "alpha": _alpha(matrix), "n": int(several.sum()),
                          "split_share": sum(split) / len(split) if split else None})
-    return pl.from_arrow(pa.Table.from_pylist(rows, JUDGE_AGREEMENT))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, JUDGE_AGREEMENT))
 
 
 def _values(part: pl.DataFrame, judge: str, method: str) -> dict[tuple, float]:
@@ -234,4 +234,4 @@ def robust_pairs(judgments: pl.DataFrame, level: float = 0.95) -> pl.DataFrame:
             rows.append({"dataset": dataset, "method_a": a, "method_b": b, "verdict": robust_verdict(intervals),
                          "judges": len(intervals), "paired": min(paired) if paired else 0, "comparisons": len(pairs),
                          "intervals": "; ".join(shown) or None})
-    return pl.from_arrow(pa.Table.from_pylist(rows, ROBUST_PAIRS))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, ROBUST_PAIRS))

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pipeline.corpus.longmemeval import DATASET as LONGMEMEVAL
 from stages.metrics.significance import (bootstrap_mean_interval, cluster_bootstrap_interval, mcnemar_exact,
                                          paired_cluster_test, wilson_interval)
-from stages.report.frames import empty
+from stages.report.frames import as_float, empty, from_table
 
 # Answers judged alone, per dataset ("all": every dataset pooled), category (null: every category;
 # "abstention": LongMemEval's abstention questions, also counted in their type; "task_average":
@@ -145,7 +145,7 @@ def _run_spread(rows: pl.DataFrame) -> tuple[int, float | None]:
         return 1, None
     per_run = rows.filter(_HAS_VERDICT).group_by("run").agg(pl.col("score").cast(pl.Float64).mean())
     runs = max(rows["run"].n_unique(), 1)
-    return runs, (float(per_run["score"].std()) if per_run.height > 1 else None)
+    return runs, (as_float(per_run["score"].std()) if per_run.height > 1 else None)
 
 
 def _binary(values: Sequence[float]) -> bool:
@@ -299,7 +299,7 @@ def answer_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.
                     rows.append(_task_average_row(row, sub, share))
     rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["category"] is not None, r["category"] or "",
                              r["method"], r["judge"]))
-    return pl.from_arrow(pa.Table.from_pylist(rows, ANSWER_SUMMARY))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, ANSWER_SUMMARY))
 
 
 def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl.DataFrame:
@@ -333,7 +333,7 @@ def teafarm_summary(judgments: pl.DataFrame, reference: str | None = None) -> pl
                          "judge_model": next(iter(sub["judge_model"].drop_nulls().to_list()), None),
                          "prompt_fingerprint": next(iter(sub["prompt_fingerprint"].drop_nulls().to_list()), None)})
     rows.sort(key=lambda r: (r["dataset"] == "all", r["dataset"], r["method"]))
-    return pl.from_arrow(pa.Table.from_pylist(rows, TEAFARM_SUMMARY))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, TEAFARM_SUMMARY))
 
 
 ANSWER_KEYS = pa.schema([
@@ -373,5 +373,5 @@ def answer_keys(judgments: pl.DataFrame) -> pl.DataFrame:
         rows.append({"dataset": dataset, "method": method, "judge": judge, "judged": sub.height,
                      "changed": original.filter((pl.col("dataset") == dataset) & (pl.col("method") == method)
                                                 & (pl.col("judge") == judge)).height,
-                     "audited": float(sub["score"].mean()), "original": float(mine["score"].mean())})
-    return pl.from_arrow(pa.Table.from_pylist(rows, ANSWER_KEYS))  # type: ignore[return-value]
+                     "audited": as_float(sub["score"].mean()), "original": as_float(mine["score"].mean())})
+    return from_table(pa.Table.from_pylist(rows, ANSWER_KEYS))

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from stages.judging.diagnose import BUCKETS, DiagnoseStage
 from stages.report import render
-from stages.report.frames import ALL, empty
+from stages.report.frames import ALL, empty, from_table
 
 STAGE = DiagnoseStage.name  # the report shows the section when the run has this stage
 TITLE = "Why answers fail: write, retrieval, read"
@@ -96,7 +96,7 @@ def diagnosis_summary(buckets: pl.DataFrame) -> pl.DataFrame:
         if len(datasets) > 1:  # categories differ between datasets: only the whole run is pooled
             groups[(ALL, method, ALL)] = mine
     out = [_row(*key, part) for key, part in groups.items()]
-    return pl.from_arrow(pa.Table.from_pylist(out, DIAGNOSIS_SUMMARY))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(out, DIAGNOSIS_SUMMARY))
 
 
 def whole_run(summary: pl.DataFrame) -> pl.DataFrame:

@@ -40,6 +40,7 @@ from stages.metrics.evaluate_bleu import ngram_precisions
 from stages.metrics.rsum_eval import f1_parts
 from stages.metrics.significance import bootstrap_mean_interval
 from stages.metrics.text import bleu
+from stages.report.frames import as_float, from_table
 
 PRECISION_ORDERS = (1, 2)  # Table 2's BLEU-1/2
 
@@ -134,17 +135,18 @@ def memory_accuracy_summary(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     """MEMORY_ACCURACY: per dataset, method and session, the means over episodes (a 95% bootstrap
     interval on RSum's Mem_F1) and evaluate's n-gram precisions over the episodes' memories."""
     if not rows:
-        return pl.from_arrow(MEMORY_ACCURACY.empty_table())  # type: ignore[return-value]
+        return from_table(MEMORY_ACCURACY.empty_table())
     out = []
     df = pl.DataFrame(list(rows))
     means = ("rsum_precision", "rsum_recall", "rsum_mem_f1", "bleu1", "bleu2", "memory_tokens", "gold_tokens")
     for (dataset, method, session), g in df.group_by(["dataset", "method", "session_idx"], maintain_order=True):
         low, high = bootstrap_mean_interval(g["rsum_mem_f1"].to_list())
-        precisions = ngram_precisions(g["memory"].to_list(), g["gold"].to_list()) or [None] * len(PRECISION_ORDERS)
+        precisions: Sequence[float | None] = (ngram_precisions(g["memory"].to_list(), g["gold"].to_list())
+                                              or [None] * len(PRECISION_ORDERS))
         out.append({"dataset": dataset, "method": method, "session_idx": session,
                     "memory_after_session": session - 1, "episodes": g.height,
-                    **{c: float(g[c].mean()) for c in means},  # type: ignore[arg-type]
+                    **{c: as_float(g[c].mean()) for c in means},
                     "rsum_mem_f1_low": low, "rsum_mem_f1_high": high,
                     **{f"evaluate_precision{n}": precisions[n - 1] for n in PRECISION_ORDERS}})
     table = pa.Table.from_pylist(out, MEMORY_ACCURACY)
-    return pl.from_arrow(table).sort(["dataset", "method", "session_idx"])  # type: ignore[union-attr]
+    return from_table(table).sort(["dataset", "method", "session_idx"])

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from pipeline.llm.usage import SHARED, method_shares, stage_kind
 from pipeline.manifest import USAGE_TOTAL_KEYS, Manifest
-from stages.report.frames import ALL, empty
+from stages.report.frames import ALL, empty, from_table
 
 # Cost beside quality per dataset, probe kind and method: what it spent (LLM calls and tokens of its
 # memory and respond stages, memory in the context, response length) and how it scored. Rows labelled
@@ -97,10 +97,10 @@ _COST_COLUMNS = ("llm_calls", "cached_calls", "prompt_tokens", "cached_prompt_to
 USAGE_KEYS = (*USAGE_TOTAL_KEYS, "cached_prompt_tokens")
 
 
-def whole_run_scope(frame: pl.DataFrame) -> dict[str, Any]:
+def whole_run_scope(frame: pl.DataFrame) -> dict[str, str | None]:
     """{"dataset": ..., "kind": ...} of the rows standing for the whole run: the value labelled `all`
     when the run pooled several, else the run's only one (None when there is no single one)."""
-    scope = {}
+    scope: dict[str, str | None] = {}
     for col in ("dataset", "kind"):
         if col in frame.columns:
             values = set(frame[col].to_list())
@@ -276,7 +276,7 @@ def cost_breakdown(manifests: Mapping[str, Manifest], owners: Mapping[str, str])
                              "cached_prompt_tokens": u.cached_prompt_tokens * share,
                              "completion_tokens": u.completion_tokens * share, "cost_usd": cost,
                              "spent_usd": cost - u.cached_cost_usd * cached.get(method, 0.0)})
-    return pl.from_arrow(pa.Table.from_pylist(rows, COST_BREAKDOWN))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, COST_BREAKDOWN))
 
 
 def stage_spans(manifests: Mapping[str, Manifest]) -> pl.DataFrame:
@@ -285,7 +285,7 @@ def stage_spans(manifests: Mapping[str, Manifest]) -> pl.DataFrame:
              "wall_s": m.timings.wall_s, "shards": m.shards, "resumed_shards": m.timings.resumed_shards}
             for stage, m in manifests.items()]
     rows.sort(key=lambda r: (r["started_at"] or r["finished_at"], r["finished_at"]))
-    return pl.from_arrow(pa.Table.from_pylist(rows, STAGE_SPANS))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, STAGE_SPANS))
 
 
 def cost_views(breakdown: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:

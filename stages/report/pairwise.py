@@ -5,14 +5,14 @@ win shares."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 import pyarrow as pa
 
 from stages.metrics.significance import (cluster_bootstrap_interval, majority, pair_outcome, paired_cluster_test,
                                          wilson_interval, win_rates, win_share)
-from stages.report.frames import empty
+from stages.report.frames import empty, from_table
 
 # Head-to-head per dataset (and "all": every dataset pooled, as Theanine's Table 1 pools MSC and CC),
 # criterion, opponent and session (null: every session). Pairs are clustered by episode: the interval
@@ -146,7 +146,8 @@ def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
         scored = [p for p in part if p["outcome"] is not None]
         rates = win_rates([p["outcome"] for p in scored])
         low, high = _share_interval(scored, "reference")
-        iid_low, iid_high = wilson_interval(rates["wins"], rates["wins"] + rates["losses"])
+        wins, losses = cast(int, rates["wins"]), cast(int, rates["losses"])  # counts (win_rates)
+        iid_low, iid_high = wilson_interval(wins, wins + losses)
         # Per pair: did the reference win, did the other; a tie is 0 for both and moves nothing.
         test = paired_cluster_test([float(p["outcome"] == "reference") for p in scored],
                                    [float(p["outcome"] == "other") for p in scored], [p["episode"] for p in scored])
@@ -155,7 +156,7 @@ def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
                      "other": other, "protocol": protocol, **rates, "sign_p": rates["p_value"], "p_value": test,
                      "runs": runs, "run_sd": run_sd,
                      "episodes": len({p["episode"] for p in scored}),
-                     "win_share": win_share(rates["wins"], rates["losses"]), "win_share_low": low,
+                     "win_share": win_share(wins, losses), "win_share_low": low,
                      "win_share_high": high, "win_share_iid_low": iid_low, "win_share_iid_high": iid_high,
                      "incomplete": len(part) - len(scored),
                      "past_shown": any(p["past_shown"] for p in part),
@@ -163,7 +164,7 @@ def pairwise_summary(judgments: pl.DataFrame) -> pl.DataFrame:
                      "judge_model": next((p["stamp"]["judge_model"] for p in part if p["stamp"]["judge_model"]), None),
                      "prompt_fingerprint": next((p["stamp"]["prompt_fingerprint"] for p in part
                                                  if p["stamp"]["prompt_fingerprint"]), None)})
-    out = pl.from_arrow(pa.Table.from_pylist(rows, PAIRWISE_SUMMARY))
+    out = from_table(pa.Table.from_pylist(rows, PAIRWISE_SUMMARY))
     pooled_last = pl.when(pl.col("dataset") == "all").then(1).otherwise(0)
     return out.sort([pooled_last, "dataset", "criterion", "other", "session_idx"], nulls_last=False)
 
@@ -213,5 +214,5 @@ def pooled_win_shares(judgments: pl.DataFrame) -> pl.DataFrame:
         rows.append({"dataset": dataset, "reference": reference, "other": other, "pairs": len(scored),
                      "episodes": len({p["episode"] for p in scored}), "won": won, "lost": lost,
                      "share": won / (won + lost) if won + lost else None, "share_low": low, "share_high": high})
-    return pl.from_arrow(pa.Table.from_pylist(rows, POOLED_WIN_SHARES)).sort(  # type: ignore[union-attr]
+    return from_table(pa.Table.from_pylist(rows, POOLED_WIN_SHARES)).sort(
         ["dataset", "reference", "other"])

@@ -77,7 +77,7 @@ def probe_browser_data(probes: pl.DataFrame, responses: pl.DataFrame, answers: p
     diagnosed = diagnosis.by_response(buckets if buckets is not None else pl.DataFrame())
     no_bucket = {"bucket": None, "evidence_written": None, "evidence_retrieved": None}
     datasets = {r["episode_id"]: r["dataset"] for rows in (*judged.values(), *paired.values()) for r in rows}
-    records = []
+    records: list[dict[str, object]] = []
     for p in probes.sort(keys).iter_rows(named=True):
         key = (p["episode_id"], p["probe_id"])
         if key not in answered:

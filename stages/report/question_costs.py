@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow as pa
 
 from stages.report.answers import NOT_SHARES, _HAS_VERDICT, _judgment_columns, judge_runs
-from stages.report.frames import empty
+from stages.report.frames import as_float, empty, from_table
 
 QUESTION_COSTS = pa.schema([
     pa.field("method", pa.string()),
@@ -73,19 +73,19 @@ def question_costs(responses: pl.DataFrame, costs: pl.DataFrame, answers: pl.Dat
         usd = float(build["usd"].sum()) + spent["respond"][1]
         rows.append({
             "method": method, "probes": probes,
-            "build_tokens_per_probe": float(build["tokens"].mean()), "build_usd_per_probe": float(build["usd"].mean()),
+            "build_tokens_per_probe": as_float(build["tokens"].mean()), "build_usd_per_probe": as_float(build["usd"].mean()),
             "build_spread": spread if spread == "episode" or spent["memory"] != (0.0, 0.0) else None,
-            "answer_tokens_per_probe": float((answered["prompt_tokens"].cast(pl.Float64)
+            "answer_tokens_per_probe": as_float((answered["prompt_tokens"].cast(pl.Float64)
                                               + answered["completion_tokens"].cast(pl.Float64)).mean() or 0.0)
             if answered.height else None,
             "answer_usd_per_probe": spent["respond"][1] / probes,
-            "latency_p50_s": float(latency.quantile(0.5, "linear")) if latency.len() else None,
-            "latency_p95_s": float(latency.quantile(0.95, "linear")) if latency.len() else None,
+            "latency_p50_s": as_float(latency.quantile(0.5, "linear")) if latency.len() else None,
+            "latency_p95_s": as_float(latency.quantile(0.95, "linear")) if latency.len() else None,
             "judge": judge, "correct": correct, "judged": mine.height if judge is not None else 0,
             "accuracy": correct / mine.height if correct is not None and mine.height else None,
             "usd_per_correct": usd / correct if correct else None,
         })
-    return pl.from_arrow(pa.Table.from_pylist(rows, QUESTION_COSTS))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, QUESTION_COSTS))
 
 
 def _build_per_probe(responses: pl.DataFrame, tokens: float, usd: float,

@@ -8,7 +8,7 @@ import html
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import polars as pl
 
@@ -69,8 +69,9 @@ def _overall(df: pl.DataFrame) -> str | None:
     return "all" if "all" in names else next(iter(names)) if len(names) == 1 else None
 
 
-def _missing(v: float | None) -> bool:
-    return v is None or math.isnan(v)
+def _present(v: float | None) -> TypeGuard[float]:
+    """A value a cell shows: neither null nor NaN."""
+    return v is not None and not math.isnan(v)
 
 
 def _counts(n: int | None, episodes: int | None) -> str:
@@ -80,18 +81,18 @@ def _counts(n: int | None, episodes: int | None) -> str:
 def _share(v: float | None, low: float | None, high: float | None, n: int | None,
            episodes: int | None = None) -> str:
     """A share's cell: "62% [41–80] n=200 ep=10" (no interval with one episode)."""
-    if _missing(v):
+    if not _present(v):
         return ""
-    ci = f" [{low * 100:.0f}–{high * 100:.0f}]" if not (_missing(low) or _missing(high)) else ""
+    ci = f" [{low * 100:.0f}–{high * 100:.0f}]" if _present(low) and _present(high) else ""
     return f"{v * 100:.0f}%{ci}" + _counts(n, episodes)
 
 
 def _mean(v: float | None, low: float | None, high: float | None, n: int | None, fmt: str,
           episodes: int | None = None) -> str:
     """A mean's cell: "70.0 [60.0–80.0] n=40 ep=10"."""
-    if _missing(v):
+    if not _present(v):
         return ""
-    ci = f" [{low:{fmt}}–{high:{fmt}}]" if not (_missing(low) or _missing(high)) else ""
+    ci = f" [{low:{fmt}}–{high:{fmt}}]" if _present(low) and _present(high) else ""
     return f"{v:{fmt}}{ci}" + _counts(n, episodes)
 
 
@@ -226,7 +227,7 @@ def win_cell(share: float | None, p: float | None, n: int | None, episodes: int 
     pv = "" if p is None else "p<0.001" if p < 0.001 else f"p={p:.2g}"
     inner = ", ".join(x for x in (pv, f"n={n}" if n is not None else "",
                                   f"ep={episodes}" if episodes is not None else "") if x)
-    return ("no decided pair" if _missing(share) else f"{share * 100:.0f}%") + (f" ({inner})" if inner else "")
+    return (f"{share * 100:.0f}%" if _present(share) else "no decided pair") + (f" ({inner})" if inner else "")
 
 
 def win_matrices(pairwise: pl.DataFrame) -> list[tuple[str, pl.DataFrame, pl.DataFrame]]:
@@ -254,7 +255,7 @@ def win_matrices(pairwise: pl.DataFrame) -> list[tuple[str, pl.DataFrame, pl.Dat
 
 def _heat(share: float | None) -> str:
     """Green where the reference wins, red where it loses, white at a draw."""
-    if _missing(share):
+    if not _present(share):
         return "#eee"
     d = max(-1.0, min(1.0, (share - 0.5) * 2))
     return f"hsl({120 if d >= 0 else 0},60%,{100 - abs(d) * 40:.0f}%)"

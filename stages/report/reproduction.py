@@ -17,6 +17,7 @@ from pipeline.config import under_cwd
 from pipeline.errors import ConfigError
 from pipeline.reproduction import PaperSheet, load_sheet, run_value, sheet_deviations
 from stages.report import render
+from stages.report.frames import from_table
 from stages.report.method_costs import whole_run_scope
 from stages.report.scorers import scorer
 
@@ -58,7 +59,7 @@ def _whole_run_where(table: Any, result: Any) -> Any:
     Any other result: as is."""
     if result.table != "method_summary":
         return result
-    frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+    frame = table if isinstance(table, pl.DataFrame) else from_table(table)
     where = {**result.where, **{k: v for k, v in whole_run_scope(frame).items() if k not in result.where}}
     return result.model_copy(update={"where": where})
 
@@ -85,7 +86,7 @@ def reproduction_summary(cfg: Any, sheets: Sequence[tuple[str, PaperSheet]],
             rows.append({**base, "kind": "deviation", "name": d.path, "source": d.source,
                          "paper_setting": json.dumps(d.paper, default=str),
                          "run_setting": json.dumps(d.run, default=str)})
-    return pl.from_arrow(pa.Table.from_pylist(rows, REPRODUCTION_SUMMARY))  # type: ignore[return-value]
+    return from_table(pa.Table.from_pylist(rows, REPRODUCTION_SUMMARY))
 
 
 def compared_sheets(cfg: Any) -> list[tuple[str, PaperSheet | None]]:

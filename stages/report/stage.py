@@ -24,6 +24,7 @@ from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.method_stages.respond import RESPONSES
 from stages.methods.base import Method, ReportPanel
 from stages.report import diagnosis, memory_accuracy, render, tables
+from stages.report.frames import from_table
 from stages.report.per_probe import probe_browser_data, probe_rows, teabag_rows
 from stages.report.reproduction import compared_sheets, run_sheets
 from stages.report.sections import (answer_sections, cost_sections, draw_figures, headline_sections, quality_column,
@@ -31,6 +32,7 @@ from stages.report.sections import (answer_sections, cost_sections, draw_figures
 
 if TYPE_CHECKING:
     from pipeline.storage import Location
+    from stages.judging.judge_pairwise import JudgePairwiseSettings
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -46,7 +48,7 @@ class ReportSettings(Section):
 
 
 def _frame(inputs: dict[str, pa.Table], key: str) -> pl.DataFrame:
-    return pl.from_arrow(inputs[key]) if key in inputs else pl.DataFrame()  # type: ignore[return-value]
+    return from_table(inputs[key]) if key in inputs else pl.DataFrame()
 
 
 def memory_tables(method: Method, inputs: dict[str, pa.Table]) -> dict[str, list[dict]]:
@@ -128,7 +130,8 @@ class ReportStage(GlobalStage[ReportSettings]):
 
     def reference(self, ctx: StageContext) -> str | None:
         """The method the paired tests compare every other with: the head-to-head reference."""
-        return ctx.cfg.judge_pairwise.reference or (self.methods[0] if self.methods else None)
+        pairwise: JudgePairwiseSettings = getattr(ctx.cfg, "judge_pairwise")  # the section compose_config adds
+        return pairwise.reference or (self.methods[0] if self.methods else None)
 
     def usage(self, ctx: StageContext) -> dict[str, dict[str, float]]:
         return {m: stage_usage(ctx.upstream_manifests, [respond_stage_name(m), memory_stage_name(m)])
@@ -141,7 +144,7 @@ class ReportStage(GlobalStage[ReportSettings]):
 
     async def run(self, ctx: StageContext[ReportSettings], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         settings = ctx.settings
-        responses = pl.from_arrow(pa.concat_tables(
+        responses = from_table(pa.concat_tables(
             [inputs[f"{respond_stage_name(m)}.responses"] for m in self.methods] or [RESPONSES.empty_table()]))
         both_keys = _frame(inputs, "judge_answers.answer_judgments")
         answers_raw = tables.run_key_rows(both_keys)  # each item once, under the run's answer key
@@ -174,7 +177,7 @@ class ReportStage(GlobalStage[ReportSettings]):
         panels = self.method_panels(memory, responses)
         for name, schema in self.outputs.items():
             if name not in summaries and name != "reproduction_summary":  # a panel's table: the rows of every method that shows one
-                summaries[name] = pl.from_arrow(pa.Table.from_pylist(
+                summaries[name] = from_table(pa.Table.from_pylist(
                     [r for m, p in panels if m.report_table and m.report_table[0] == name for r in p.rows], schema))
         written = {name: tables.to_arrow(df, self.outputs[name]) for name, df in summaries.items()}
         summaries["reproduction_summary"] = tables.reproduction_summary(ctx.cfg, run_sheets(ctx.cfg), written)
@@ -208,7 +211,8 @@ class ReportStage(GlobalStage[ReportSettings]):
         persona summaries (the report reads `ingest` only in runs whose corpus has them: MSC)."""
         if "ingest.episodes" not in inputs:
             return memory_accuracy.memory_accuracy_summary([])
-        chosen = [(m, getattr(ctx.cfg.method, m.name)) for m in self.method_objects if m.memory]
+        methods = getattr(ctx.cfg, "method")  # the `method` section compose_config adds: method.<name>
+        chosen = [(m, getattr(methods, m.name)) for m in self.method_objects if m.memory]
         return memory_accuracy.memory_accuracy_summary(memory_accuracy.memory_accuracy_rows(
             chosen, inputs["ingest.episodes"].to_pylist(), {m.name: memory[m.name] for m, _ in chosen}))
 

@@ -114,7 +114,7 @@ class LeakVerdict(BaseModel):
 
 def question_schema(n_sessions: int) -> type[BaseModel]:
     """A question whose evidence can only name sessions that exist (1..n_sessions)."""
-    session: Any = Literal[tuple(range(1, n_sessions + 1))]  # type: ignore[misc]
+    session: Any = Literal[tuple(range(1, n_sessions + 1))]
     return create_model("CounterfactualQuestion", question=(str, Field(min_length=1)),
                         false_premise=(str, ...), answer=(str, Field(min_length=1)),
                         evidence_sessions=(list[session], Field(default_factory=list, max_length=n_sessions)))
@@ -124,7 +124,7 @@ def session_schema(max_exchanges: int) -> type[BaseModel]:
     """Session N+1 as exchanges, the asker speaking and then the answerer: the turns alternate and the
     answerer speaks last before the asker's question, by construction."""
     exchange = create_model("Exchange", asker=(str, Field(min_length=1)), answerer=(str, Field(min_length=1)))
-    return create_model("NewSession", exchanges=(list[exchange], Field(min_length=1, max_length=max_exchanges)))  # type: ignore[valid-type]
+    return create_model("NewSession", exchanges=(list[exchange], Field(min_length=1, max_length=max_exchanges)))
 
 
 def summary_messages(turns: Sequence[dict], session_idx: int, time: str | None, max_notes: int) -> Messages:
