@@ -14,7 +14,8 @@ from pipeline.manifest import Manifest, Timings
 from pipeline.llm.usage import SHARED
 from pipeline.plan import DryRun, Plan, StageEstimate, _estimate_stage, render
 from stages import load_config
-from stages.report import run_manifests, stage_usage, tables
+from pipeline.shard import in_pipeline_order, with_their_upstream
+from stages.report import ReportStage, stage_usage, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,10 +83,11 @@ def test_the_report_also_counts_the_stages_upstream_of_its_inputs_that_fed_it(tm
     atomic_write_json(tmp_path / "segment" / MANIFEST, seg.to_json())
     # (finished "before" segment, as a clock may say: still listed after the stage it read)
     memory = _manifest("memory_secom", "memory", Usage(calls=1), "2026-01-01T00:00:00", {"segment": "seg1"})
-    got = run_manifests(tmp_path, {"memory_secom": memory})
+    assert ReportStage.whole_upstream  # the runner hands the report these (tests/test_runner.py)
+    got = in_pipeline_order(with_their_upstream(tmp_path, {"memory_secom": memory}))
     assert list(got) == ["segment", "memory_secom"] and got["segment"].llm_usage["segmenter"].cost_usd == 0.1
     stale = _manifest("memory_secom", "memory", Usage(calls=1), "", {"segment": "seg0"})
-    assert list(run_manifests(tmp_path, {"memory_secom": stale})) == ["memory_secom"]
+    assert list(in_pipeline_order(with_their_upstream(tmp_path, {"memory_secom": stale}))) == ["memory_secom"]
 
 
 def test_the_report_has_a_where_the_money_goes_section(tmp_path):

@@ -9,7 +9,7 @@ and the summary tables in `tables.py` (which names the module of each)."""
 
 from stages.report.per_probe import probe_browser_data, probe_rows, teabag_rows
 from stages.report.reproduction import compared_sheets, reproduction_section, run_sheets
-from stages.report.stage import REPORT_HTML, REPORT_MD, ReportSettings, ReportStage, run_manifests, stage_usage
+from stages.report.stage import REPORT_HTML, REPORT_MD, ReportSettings, ReportStage, stage_usage
 
 __all__ = ["REPORT_HTML", "REPORT_MD", "ReportSettings", "ReportStage", "compared_sheets", "probe_browser_data",
-           "probe_rows", "reproduction_section", "run_manifests", "run_sheets", "stage_usage", "teabag_rows"]
+           "probe_rows", "reproduction_section", "run_sheets", "stage_usage", "teabag_rows"]

@@ -51,7 +51,7 @@ METHOD_SUMMARY = pa.schema(
 )
 
 # Where the money goes: one row per (stage, role, method) of every stage that fed the report (its
-# inputs and, transitively, theirs: the report's `run_manifests`).
+# inputs and, transitively, theirs: `Stage.whole_upstream`).
 # `method` is the method the calls were made for (memory and respond: the stage's; a judge: the
 # judged row's, head-to-head the non-reference one), SHARED for calls made for no one method. Where
 # the manifest splits the role's cost by method (`Usage.cost_by_method`), each method gets its cost

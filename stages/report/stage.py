@@ -16,7 +16,6 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.artifacts import StageDir
 from pipeline.config import PathField, Section
 from pipeline.manifest import Manifest
 from pipeline.stage import GlobalStage, StageContext
@@ -31,7 +30,6 @@ from stages.report.sections import (answer_sections, cost_sections, draw_figures
                                     report_header, score_sections)
 
 if TYPE_CHECKING:
-    from pipeline.storage import Location
     from stages.judging.judge_pairwise import JudgePairwiseSettings
 
 REPORT_MD = "report.md"
@@ -67,46 +65,15 @@ def stage_usage(manifests: dict[str, Manifest], stages: list[str]) -> dict[str, 
     return out
 
 
-def run_manifests(run_dir: Location, given: dict[str, Manifest]) -> dict[str, Manifest]:
-    """`given` (the report's inputs') and those of every stage upstream of them, transitively, read
-    from the run directory where the manifest is the one that fed them (its fingerprint as recorded
-    downstream): the segmenter, TeaBag or the embedder cost money though the report reads none of
-    their rows. In pipeline order: each stage after those it read.
-
-    The one place a stage reads other stages' manifests itself (pipeline/stage.py: stages get what
-    they read from `StageContext`): `ctx.upstream_manifests` holds the report's inputs only, and
-    declaring every stage of the run an input would load all their tables (segments, compressed
-    text, vectors) into the report to read a few counts. Only manifests are read, each checked
-    against the fingerprint its reader recorded; the way out is the framework handing a stage the
-    manifests of its whole upstream."""
-    found = dict(given)
-    todo = [kv for m in given.values() for kv in m.upstream.items()]
-    while todo:
-        name, fingerprint = todo.pop()
-        if name in found:
-            continue
-        m = StageDir(run_dir, name).manifest()
-        if m is not None and m.fingerprint == fingerprint:
-            found[name] = m
-            todo += m.upstream.items()
-    out: dict[str, Manifest] = {}
-
-    def place(name: str) -> None:
-        if name in found and name not in out:
-            for up in found[name].upstream:
-                place(up)
-            out[name] = found[name]
-
-    for name in sorted(found, key=lambda n: found[n].timings.finished_at):
-        place(name)
-    return out
-
 class ReportStage(GlobalStage[ReportSettings]):
     """Reads the scores, the judges, and every per-method stage of the run."""
 
     name = section = "report"
     roles = ()
     config_keys = ("paper",)  # the run's own reproduction sheet
+    # The cost and span tables count every stage that fed the report, also those whose rows it never
+    # reads (the segmenter, TeaBag, the embedder): their manifests, not their tables.
+    whole_upstream = True
 
     def __init__(self, methods: Sequence[Method] = (),
                  scoring: tuple[str, ...] = ("probes", "score", "response_metrics", "judge_pairwise",
@@ -140,7 +107,7 @@ class ReportStage(GlobalStage[ReportSettings]):
     def cost_breakdown(self, ctx: StageContext) -> pl.DataFrame:
         """tables.COST_BREAKDOWN over every finished stage that fed the report."""
         owners = {stage(m): m for m in self.methods for stage in (memory_stage_name, respond_stage_name)}
-        return tables.cost_breakdown(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests), owners)
+        return tables.cost_breakdown(ctx.upstream_manifests, owners)
 
     async def run(self, ctx: StageContext[ReportSettings], inputs: dict[str, pa.Table]) -> dict[str, pa.Table]:
         settings = ctx.settings
@@ -167,7 +134,7 @@ class ReportStage(GlobalStage[ReportSettings]):
             "method_summary": tables.method_summary(responses, self.usage(ctx), answers, metrics_raw,
                                                        memory_raw),
             "cost_breakdown": self.cost_breakdown(ctx),
-            "stage_spans": tables.stage_spans(run_manifests(ctx.cfg.run_dir, ctx.upstream_manifests)),
+            "stage_spans": tables.stage_spans(ctx.upstream_manifests),
             "memory_accuracy_summary": self.memory_accuracy(ctx, inputs, memory),
         }
         summaries["question_costs"] = tables.question_costs(responses, summaries["cost_breakdown"], answers_raw,
