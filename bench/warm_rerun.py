@@ -61,7 +61,7 @@ def run(srv: FakeServer, workdir: Path, sets: list[str], args: list[str]) -> dic
 
 def import_seconds() -> float:
     """Seconds a fresh interpreter takes to import the runner and every stage (a shard task's needs)."""
-    code = ("import time; t = time.perf_counter(); import pipeline.runner, stages; "
+    code = ("import time; t = time.perf_counter(); import pipeline.engine.runner, stages; "
             "print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          check=True)
@@ -215,7 +215,7 @@ def profile_text(forced: dict[str, Any], prof: dict[str, Any]) -> str:
         ["forced rerun, inline (no Ray): stage wall", f"{inline['stage_wall_s']:.2f}",
          f"shards one after another, cache opened in-process; {inline['requests']} requests; "
          f"command {inline['command_wall_s']:.1f} s"],
-        ["import of pipeline.runner + stages in a fresh interpreter", f"{prof['import_s']:.2f}",
+        ["import of pipeline.engine.runner + stages in a fresh interpreter", f"{prof['import_s']:.2f}",
          "paid by every new Ray worker before its first shard"],
     ]
     for r in prof["actor_reads"]:

@@ -25,14 +25,14 @@ from pipeline.corpus.fetch import add_data_command
 from pipeline.model_fetch import add_models_command
 from pipeline.models_needed import ModelsMissing, preflight
 from pipeline.errors import PipelineError, RunStopped
-from pipeline.selection import Selection
+from pipeline.engine.selection import Selection
 from pipeline.storage import Location, is_remote
 from pipeline.llm.ledger import BudgetExceeded
 
 if TYPE_CHECKING:
     from pipeline.llm.usage import Usage
     from pipeline.reproduction import PaperSheet
-    from pipeline.stage import Stage
+    from pipeline.engine.stage import Stage
 
 
 class App(Protocol):
@@ -72,7 +72,7 @@ def _selection(args: argparse.Namespace) -> Selection:
 
 
 def _runner(args: argparse.Namespace, cfg: RunConfig) -> Any:
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
 
     return Runner(cfg, args.app.registry(cfg), fail_fast=getattr(args, "fail_fast", False))
 

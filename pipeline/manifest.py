@@ -113,7 +113,7 @@ _JSON_FIELDS = frozenset(f.name for f in fields(Manifest)) - {"stats"}
 
 @dataclass
 class ShardMarker:
-    """What one finished shard wrote (pipeline.shard); the runner sums its shards' markers into the
+    """What one finished shard wrote (pipeline.engine.shard); the runner sums its shards' markers into the
     stage's manifest. Written after the shard's parts, so a marker makes the shard skippable."""
 
     rows: dict[str, int] = field(default_factory=dict)  # table -> rows

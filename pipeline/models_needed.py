@@ -47,7 +47,7 @@ class ModelNeed:
 
 
 class NeedsModels(Protocol):
-    """What this module asks of a stage (`pipeline.stage.Stage`, which imports this module)."""
+    """What this module asks of a stage (`pipeline.engine.stage.Stage`, which imports this module)."""
 
     name: str
 

@@ -15,8 +15,8 @@ from typing import Callable, Mapping
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.errors import ConfigError
 from pipeline.config import load_config as _load_config
-from pipeline.fingerprint import stage_fingerprints
-from pipeline.stage import EMBEDDER_ROLE, Stage
+from pipeline.engine.fingerprint import stage_fingerprints
+from pipeline.engine.stage import EMBEDDER_ROLE, Stage
 from pipeline.storage import Location, join
 from stages.ingest import IngestStage
 from stages.judging.diagnose import DiagnoseStage, uses_judge_verdicts

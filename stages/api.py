@@ -24,7 +24,7 @@ from pipeline.failures import attempt
 from pipeline.llm.types import ChatLLM, LLMError, LLMResult, Messages
 from pipeline.retrieval import (bm25_scores, count_tokens, dense_scores, hybrid_scores, minmax, tokenize, top_k,
                                 within_budget, within_tokens)
-from pipeline.stage import EpisodeStage, GlobalStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, GlobalStage, Rows, StageContext
 from stages.dialogue import build_exchanges, format_unit, in_time_order, last_turns, sessions_of
 from stages.methods.base import (SNAPSHOT_FIELDS, Answer, Embed, EpisodeInput, MemoryItem, Method, MethodContext,
                                  MethodSettings, ProbeInput, ReportPanel, after_session, visible_memory)

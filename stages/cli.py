@@ -13,7 +13,7 @@ from pipeline import cli
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.reproduction import PaperSheet
-from pipeline.stage import Stage
+from pipeline.engine.stage import Stage
 from pipeline.storage import Location
 from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.predictions import export_predictions

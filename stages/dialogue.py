@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from pipeline.stage import Rows
+from pipeline.engine.stage import Rows
 
 
 def sessions_of(turns: Rows) -> dict[int, Rows]:

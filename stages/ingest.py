@@ -15,7 +15,7 @@ from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.corpus.locomo_audit import add_counts, audit_files, audited_rows, fetch_hint, read_corrections
 from pipeline.errors import ConfigError
 from pipeline.schemas import EPISODES, QA, TURNS
-from pipeline.stage import PART_STATS, GlobalStage, StageContext
+from pipeline.engine.stage import PART_STATS, GlobalStage, StageContext
 
 
 class IngestStage(GlobalStage[CorpusConfig]):

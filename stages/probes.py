@@ -20,7 +20,7 @@ import pyarrow as pa
 from pydantic import Field, NonNegativeInt
 
 from pipeline.config import Section
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.dialogue import sessions_of
 
 def probe_view(probe: dict[str, Any], sessions: dict[int, Rows]) -> Rows:

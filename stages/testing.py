@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from pipeline.artifacts import StageDir
 from pipeline.config import resolve_paths
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from pipeline.testing.plugin import SAMPLE_CORPUS
 from stages import load_config, registry
 from stages.method_stages import respond_stage_name

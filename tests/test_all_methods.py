@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import StageDir
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from conftest import segmenting_responder
 from stages.methods import METHODS

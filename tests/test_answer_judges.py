@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from pipeline.corpus import load_corpus
 
 from pipeline.llm.types import LLMError
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from stages.judging import answers
 from stages.judging.judge_answers import SKIP_UNANSWERABLE, JudgeAnswersSettings, JudgeAnswersStage, related_history
 from stages.methods.shared import response

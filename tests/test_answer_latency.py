@@ -11,7 +11,7 @@ from conftest import llm_config
 from pipeline.artifacts import StageDir
 from pipeline.llm.cache import DiskCallCache
 from pipeline.llm.client import LLMClient
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 
 

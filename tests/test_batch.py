@@ -16,7 +16,7 @@ from pipeline.llm import DiskCallCache, LLMClient, LLMError, LLMResult
 from pipeline.llm.cache import chat_cache_key
 from pipeline.llm.params import sampling_params
 from pipeline.llm.prices import BATCH_DISCOUNT
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 
 SECRET = "sk-test-SECRET-batch-5e8d1c"

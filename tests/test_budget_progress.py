@@ -12,8 +12,8 @@ import pytest
 
 from conftest import segmenting_responder, session_ray
 from pipeline.llm.ledger import Budget, BudgetExceeded, LedgerBook, StageTally
-from pipeline.spend import load_spend
-from pipeline.progress import end_text, live_text, planned_calls
+from pipeline.engine.spend import load_spend
+from pipeline.engine.progress import end_text, live_text, planned_calls
 from pipeline.llm.usage import Usage
 from stages.cli import main
 

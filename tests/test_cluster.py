@@ -15,12 +15,12 @@ import pytest
 
 import toy_stages
 from pipeline.artifacts import StageDir, atomic_write_parquet, part_name
-from pipeline.execution.cluster import not_shared_message, require_visible, working_dir_warnings
+from pipeline.engine.execution.cluster import not_shared_message, require_visible, working_dir_warnings
 from pipeline.config import load_config
 from pipeline.errors import InputError, PipelineError
-from pipeline.execution.executors import task_error
-from pipeline.runner import Runner
-from pipeline.stage import EpisodeStage, StageContext
+from pipeline.engine.execution.executors import task_error
+from pipeline.engine.runner import Runner
+from pipeline.engine.stage import EpisodeStage, StageContext
 from toy_stages import COUNTS, ToyIngest, log_work, read_work_log
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +234,7 @@ def test_not_shared_storage_message_names_nodes_and_the_fix(tmp_path, monkeypatc
     assert "10.0.0.7 (node 1a2b3c4d)" in msg and "--set artifacts_dir=/shared/artifacts" in msg
 
     marker = tmp_path / "_shards" / "00003.json"
-    monkeypatch.setattr("pipeline.execution.cluster.MARKER_GRACE_S", 0.2)
+    monkeypatch.setattr("pipeline.engine.execution.cluster.MARKER_GRACE_S", 0.2)
     with pytest.raises(PipelineError, match="not shared storage: Ray node"):
         require_visible(marker, "ffffeeee0000", str(tmp_path))  # the other node wrote to its own disk
     marker.parent.mkdir()
@@ -257,7 +257,7 @@ def test_paths_inside_a_submitted_jobs_working_dir_are_flagged(tmp_path):
 
 def test_single_node_run_passes_the_storage_check(runner):
     """One node: nothing to probe; the check must not slow down or break ordinary runs."""
-    from pipeline.execution.cluster import check_cluster_paths
+    from pipeline.engine.execution.cluster import check_cluster_paths
 
     check_cluster_paths(runner().cfg)
 
@@ -267,7 +267,7 @@ def test_storage_probe_runs_on_the_given_nodes(runner, tmp_path):
     the file, and the probe file is removed afterwards."""
     import ray
 
-    from pipeline.execution.cluster import nodes_not_seeing
+    from pipeline.engine.execution.cluster import nodes_not_seeing
 
     node = [n for n in ray.nodes() if n["NodeID"] == ray.get_runtime_context().get_node_id()]
     assert nodes_not_seeing(tmp_path / "artifacts", node) == []
@@ -334,7 +334,7 @@ def test_a_local_ray_instance_gives_its_workers_one_malloc_arena_and_this_checko
     script = (
         "import os, ray\n"
         "from pipeline.config import load_config\n"
-        "from pipeline.execution.executors import ray_session\n"
+        "from pipeline.engine.execution.executors import ray_session\n"
         f"cfg = load_config(None, ['artifacts_dir={tmp_path}', 'ray.num_cpus=1'])\n"
         "with ray_session(cfg):\n"
         "    env = ray.get(ray.remote(lambda: (os.environ.get('MALLOC_ARENA_MAX'), os.environ.get('PYTHONPATH', ''))).remote())\n"
@@ -352,7 +352,7 @@ def test_workers_embed_through_their_nodes_one_model(ray_local, run_cfg, tmp_pat
     uses (the vectors of a model of its own) without importing sentence-transformers itself."""
     import ray
 
-    from pipeline.execution.embedding_service import EmbeddingServices, service_name
+    from pipeline.engine.execution.embedding_service import EmbeddingServices, service_name
     from pipeline.embeddings import LocalEmbedder
 
     # The tests' embedding settings: the session's other Ray runs may have started this service
@@ -366,10 +366,10 @@ def test_workers_embed_through_their_nodes_one_model(ray_local, run_cfg, tmp_pat
         import asyncio
         import sys
 
-        from pipeline.execution.embedding_service import node_embedder
+        from pipeline.engine.execution.embedding_service import node_embedder
         from stages.methods.secom.stages.banks import BanksStage
 
-        # What the Ray executor hands its shards' contexts (pipeline.execution.executors).
+        # What the Ray executor hands its shards' contexts (pipeline.engine.execution.executors).
         ctx = StageContext(cfg=cfg, stage=BanksStage(), out_dir=Path("."), embedder_factory=node_embedder)
         vectors = asyncio.run(ctx.lazy_embed()(texts))
         return type(ctx.embedder).__name__, vectors, "sentence_transformers" in sys.modules

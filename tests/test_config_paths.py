@@ -56,7 +56,7 @@ def test_mempipe_names_the_places_it_looked_for_a_missing_corpus_and_the_fetch_c
 
 def test_a_missing_reflection_corpus_is_named_before_any_stage_runs(tmp_path) -> None:
     from pipeline.errors import InputError
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
 
     missing = tmp_path / "annotated.json"
     cfg = resolve_paths(app.load_config(ROOT / "configs" / "default.yaml", [

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import stages
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages.teabag import TeabagStage
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))

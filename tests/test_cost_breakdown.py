@@ -14,7 +14,7 @@ from pipeline.manifest import Manifest, Timings
 from pipeline.llm.usage import SHARED
 from pipeline.plan import DryRun, Plan, StageEstimate, _estimate_stage, render
 from stages import load_config
-from pipeline.shard import in_pipeline_order, with_their_upstream
+from pipeline.engine.shard import in_pipeline_order, with_their_upstream
 from stages.report import ReportStage, stage_usage, tables
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -351,7 +351,7 @@ def test_label_shares_are_over_new_redundant_and_updated_with_blended_reported_a
 
 def test_on_the_sample_corpus_creem_answers_every_probe_and_logs_its_evolution(run_cfg, fake_llm):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     methods = ["creem", "creem_no_refine", "creem_no_preblend"]

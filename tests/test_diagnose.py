@@ -14,7 +14,7 @@ import pytest
 from pipeline.artifacts import StageDir
 from pipeline.config import ConfigError
 from pipeline.plan import make_plan
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from stages.judging.diagnose import BUCKETS, F1_VERDICT, bucket_of, majority
 from stages.judging.written import SYSTEM as WRITTEN_SYSTEM

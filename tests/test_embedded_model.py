@@ -14,7 +14,7 @@ import pytest
 from pipeline.artifacts import StageDir
 from pipeline.config import resolve_paths
 from stages import load_config, registry
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = Path(__file__).resolve().parent / "fixtures" / "corpora" / "tiny"

@@ -253,7 +253,7 @@ def test_freed_heap_memory_goes_back_to_the_system() -> None:
     stay in the heap (the heap's top is in use, so malloc never shrinks it) until trimmed."""
     import psutil
 
-    from pipeline.execution.embedding_service import release_free_memory
+    from pipeline.engine.execution.embedding_service import release_free_memory
 
     me = psutil.Process()
     blocks = [bytes(64 * 1024) for _ in range(1024)]  # under glibc's mmap threshold: on the heap

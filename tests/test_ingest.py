@@ -14,9 +14,9 @@ from pipeline.artifacts import StageDir
 from pipeline.config import resolve_paths
 from pipeline.corpus import load_corpus
 from pipeline.errors import PipelineError
-from pipeline.runner import Runner
-from pipeline.shard import _write_global_parts
-from pipeline.stage import StageContext
+from pipeline.engine.runner import Runner
+from pipeline.engine.shard import _write_global_parts
+from pipeline.engine.stage import StageContext
 from stages import load_config, registry
 from stages.ingest import IngestStage
 

@@ -17,7 +17,7 @@ from statsmodels.stats.inter_rater import cohens_kappa
 from pipeline.artifacts import StageDir
 from pipeline.config import ConfigError, resolve_paths
 from stages import load_config
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from stages.judging.judge_answers import JudgeAnswersSettings
 from stages.judging.panel import PanelJudge, accepted, f1_score

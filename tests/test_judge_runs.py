@@ -19,7 +19,7 @@ from conftest import llm_config
 from pipeline.llm import DiskCallCache, LLMClient, LocalRateLimiter
 from pipeline.llm.types import InvalidAnswer, LLMResult, Messages
 from pipeline.plan import make_plan
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from pipeline.testing.fake_openai import FakeOpenAI
 from stages.judging.calls import RunSamples, ask_runs, run_samples
 from stages.judging.judge_memory import JudgeMemoryStage

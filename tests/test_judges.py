@@ -16,7 +16,7 @@ from pipeline.testing.fake_chat import FakeChat
 from pipeline.failures import row_or_failure
 from pipeline.llm.types import LLMError
 from pipeline.retrieval import count_tokens
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from stages.judging import judge_memory, judge_pairwise, pairwise
 from stages.judging.judge_memory import JudgeMemoryStage, dialogue_within, speaker_lines
 from stages.judging.judge_pairwise import JudgePairwiseStage

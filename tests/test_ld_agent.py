@@ -417,7 +417,7 @@ def test_spacy_nouns_are_lemmas_of_noun_tokens():
 
 def test_the_ldagent_config_runs_table_1_chatgpt_rows():
     import stages
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
 
     cfg = stages.load_config(Path(__file__).resolve().parent.parent / "configs" / "ldagent_msc.yaml")
     assert cfg.methods == ["ld_agent", "ld_agent_base"]
@@ -440,7 +440,7 @@ def test_the_ldagent_config_runs_table_1_chatgpt_rows():
 
 def test_on_the_sample_corpus_ld_agent_and_its_baseline_answer_every_probe(run_cfg, fake_llm):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=1", "methods=[ld_agent,ld_agent_base]", "judge_memory.enabled=false",

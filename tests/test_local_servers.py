@@ -86,7 +86,7 @@ def test_cache_keys_and_fingerprints_do_not_change_with_the_servers(fakes: list[
     assert ask(two, prompts, at_once=True, cache=DiskCallCache(tmp_path / "cache")) == first
     assert [f.count() for f in fakes] == [0, 0]
 
-    from pipeline.fingerprint import stage_fingerprints
+    from pipeline.engine.fingerprint import stage_fingerprints
     from stages import load_config, registry
 
     cfg = load_config(ROOT / "configs" / "default.yaml")

@@ -35,9 +35,9 @@ from pipeline.corpus.locomo_audit import (
 )
 from pipeline.corpus.reader import iter_records
 from pipeline.errors import InputError, PipelineError
-from pipeline.fingerprint import compute_fingerprint
+from pipeline.engine.fingerprint import compute_fingerprint
 from pipeline.reproduction import deviations
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from sheets import PAPER_CONFIGS, sheet_config
 from stages import load_config, registry
 from stages.ingest import IngestStage

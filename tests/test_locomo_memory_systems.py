@@ -23,8 +23,8 @@ from sheets import CONFIGS, described, sheet_config
 import stages
 from pipeline.llm.types import LLMError
 from pipeline.reproduction import deviations
-from pipeline.runner import Runner
-from pipeline.stage import StageContext
+from pipeline.engine.runner import Runner
+from pipeline.engine.stage import StageContext
 from stages.cli import main
 from stages.judging import answers
 from stages.judging.judge_answers import SKIP_UNANSWERABLE, JudgeAnswersStage

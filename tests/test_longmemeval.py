@@ -20,8 +20,8 @@ from pipeline.artifacts import StageDir
 from pipeline.corpus import load_corpus
 from pipeline.corpus.longmemeval import parse_date
 from pipeline.errors import InputError
-from pipeline.runner import Runner
-from pipeline.stage import StageContext
+from pipeline.engine.runner import Runner
+from pipeline.engine.stage import StageContext
 from stages import registry
 from stages.judging import longmemeval as lme
 from stages.judging.judge_answers import JudgeAnswersSettings, JudgeAnswersStage

@@ -84,7 +84,7 @@ def test_publish_writes_the_json_layout(tmp_path: Path):
     assert isinstance(sd.manifest().llm_usage["judge"], Usage)  # type: ignore[union-attr]
 
 
-# A shard marker as pipeline/shard.py wrote it before ShardMarker (an interrupted run resumes from it).
+# A shard marker as pipeline/engine/shard.py wrote it before ShardMarker (an interrupted run resumes from it).
 MARKER = {
     "rows": {"segments": 3}, "errors": 1, "episodes": 2,
     "parts": {"part-00004.parquet": ["sample-01", "sample-02"]},

@@ -211,7 +211,7 @@ def test_a_failed_compression_leaves_the_previous_memory_in_force():
 
 def test_on_the_sample_corpus_memochat_and_comedy_answer_every_probe(run_cfg, fake_llm):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=1", "methods=[memochat,comedy]", "method.memochat.write_every=6",

@@ -94,7 +94,7 @@ def msc_record() -> dict:
 
 def test_an_msc_run_reports_memory_accuracy_for_rsum_and_mem0_style(run_cfg, fake_llm, tmp_path):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
     from stages.metrics.rsum_eval import f1_parts
 

@@ -321,7 +321,7 @@ BASELINES = ["rsum", "all_memories", "memory_retrieval", "all_memories_update", 
 
 def test_on_the_sample_corpus_every_baseline_answers_every_probe(run_cfg, fake_llm):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=1", "compress.method=none", f"methods=[{','.join(BASELINES)}]",
@@ -342,7 +342,7 @@ def test_on_the_sample_corpus_every_baseline_answers_every_probe(run_cfg, fake_l
 
 def test_manifests_report_llm_calls_and_tokens_per_episode(run_cfg, fake_llm):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=2", "methods=[rsum]", "stages=[ingest,probes,memory_rsum,respond_rsum]")
@@ -358,7 +358,7 @@ def test_manifests_report_llm_calls_and_tokens_per_episode(run_cfg, fake_llm):
 
 def test_every_response_records_after_which_session_its_memory_was_built(run_cfg, fake_llm):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=1", "methods=[rsum,zero_history]", "probes.max_per_episode=3",

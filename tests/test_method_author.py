@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import code_closure
+from pipeline.engine import code_closure
 from pipeline.artifacts import StageDir
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from stages.methods import BUILT_IN, METHODS, installed_methods
 from stages.scaffold import method_files

@@ -9,7 +9,7 @@ import pytest
 from pipeline.testing.fake_openai import FakeOpenAI
 from pipeline.artifacts import StageDir
 from pipeline.errors import ConfigError
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import load_config, registry
 from stages.methods import METHODS
 from stages.methods.base import visible_memory

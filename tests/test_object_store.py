@@ -20,7 +20,7 @@ from conftest import driver_on_session_ray
 from pipeline import storage
 from pipeline.artifacts import StageDir
 from pipeline.config import load_config
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -137,7 +137,7 @@ def test_a_killed_run_on_s3_resumes_from_its_finished_shards(toy_s3, toy_dir, tm
     proc = driver_on_session_ray(tmp_path, f"""
         import toy_stages
         from pipeline.config import load_config
-        from pipeline.runner import Runner
+        from pipeline.engine.runner import Runner
         cfg = load_config(None, ["artifacts_dir={toy_s3.artifacts}", "corpus.path={toy_s3.corpus}",
                                  "ray.episodes_per_shard=2"], toy_stages.config_model())
         Runner(cfg, toy_stages.registry()).run(only=["count"])

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from pipeline.retrieval import count_tokens
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from pipeline.testing.fake_chat import FakeChat
 from sheets import sheet_config
 from stages.judging import answers

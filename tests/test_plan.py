@@ -12,8 +12,8 @@ from pipeline.artifacts import StageDir
 from pipeline.config import LLMConfig
 from pipeline.llm.prices import BATCH_DISCOUNT, DEFAULT_PRICES, prices_for, role_prices
 from pipeline.plan import make_plan
-from pipeline.progress import PLAN_FILE, planned_calls
-from pipeline.runner import Runner
+from pipeline.engine.progress import PLAN_FILE, planned_calls
+from pipeline.engine.runner import Runner
 
 RSUM = ("methods=[rsum]", "stages=[ingest,probes,memory_rsum,respond_rsum,judge_answers]")
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipeline.plan import EpisodeSize, _best_measure, _take_within, make_plan
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 
 LLMLINGUA2_HUB = "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
 MPNET_HUB = "sentence-transformers/multi-qa-mpnet-base-dot-v1"

@@ -8,8 +8,8 @@ import io
 import re
 import time
 
-from pipeline import progress
-from pipeline.progress import StageProgress, log_line
+from pipeline.engine import progress
+from pipeline.engine.progress import StageProgress, log_line
 
 LINE = re.compile(r"^(\w+): \d+:\d\d in, shards (\d+)/(\d+)")
 

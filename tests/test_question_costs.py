@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from pipeline.artifacts import StageDir
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from stages.report.question_costs import question_costs, verdict_judge
 

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.artifacts import StageDir
 from stages.cli import main
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from stages.judging.pairwise import reference_shown_first
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.errors import RunStopped
-from pipeline.stage import Rows
+from pipeline.engine.stage import Rows
 from stages.cli import main
 from stages.methods import METHODS
 from stages.methods.base import SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput

@@ -16,8 +16,8 @@ from pipeline.artifacts import StageDir
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.manifest import Manifest
-from pipeline.runner import Runner
-from pipeline.selection import Selection
+from pipeline.engine.runner import Runner
+from pipeline.engine.selection import Selection
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -201,7 +201,7 @@ def test_resume_after_killed_run(toy, toy_dir, tmp_path):
     proc = driver_on_session_ray(tmp_path, f"""
         import toy_stages
         from pipeline.config import load_config
-        from pipeline.runner import Runner
+        from pipeline.engine.runner import Runner
         cfg = load_config(None, ["artifacts_dir={tmp_path / 'artifacts'}", "corpus.path={toy.corpus}",
                                  "ray.episodes_per_shard=2"], toy_stages.config_model())
         Runner(cfg, toy_stages.registry()).run(only=["count"])

@@ -12,7 +12,7 @@ import pytest
 import stages
 from pipeline.corpus import load_corpus
 from pipeline.errors import ConfigError, InputError, PipelineError
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages.methods.secom.stages.guidance import GUIDANCE_FILE
 from stages.methods.secom.stages.segment import load_guidance, stored_guidance
 from stages.methods.secom.stages.segment_settings import SegmentConfig

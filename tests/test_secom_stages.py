@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pipeline.artifacts import StageDir
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import registry
 from conftest import segmenting_responder
 

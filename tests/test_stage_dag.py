@@ -13,8 +13,8 @@ import pytest
 from pipeline.artifacts import StageDir
 from pipeline.errors import PipelineError
 from pipeline.llm.ledger import BudgetExceeded
-from pipeline.runner import Runner
-from pipeline.stage import Rows
+from pipeline.engine.runner import Runner
+from pipeline.engine.stage import Rows
 from stages import registry
 from stages.methods import METHODS
 from stages.methods.base import EpisodeInput, MethodSettings

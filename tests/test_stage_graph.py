@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.runner import Runner
+from pipeline.engine.runner import Runner
 from stages import load_config, registry
 from stages.cli import main
 from stages.methods import METHODS

@@ -12,7 +12,7 @@ from conftest import ROOT
 from pipeline.testing.fake_chat import FakeChat
 from pipeline.errors import PipelineError
 from pipeline.llm.types import LLMError
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from stages.teabag import TeabagStage, generate
 from stages.teabag.generate import Attempt, Summary
 
@@ -313,7 +313,7 @@ def test_teafarm_correctness_is_correct_over_total_per_method_and_dataset():
 
 @pytest.fixture
 def teafarm_run(run_cfg):
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=1", "teabag.enabled=true", "teabag.questions_per_episode=2",  # both speakers ask
@@ -326,7 +326,7 @@ def teafarm_run(run_cfg):
 def test_on_the_sample_corpus_every_method_answers_every_teafarm_question_and_is_judged(teafarm_run, tmp_path,
                                                                                         monkeypatch):
     from pipeline.artifacts import StageDir
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry, teabag_fingerprint
     from stages.teabag.export import export_teabag
 

@@ -255,7 +255,7 @@ def test_on_the_sample_corpus_every_probe_gets_timelines_refinements_rationale_a
                                                                                              tmp_path):
     from pipeline.artifacts import StageDir
     from stages.cli import main
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
     from stages import registry
 
     cfg = run_cfg("corpus.limit=1", "compress.method=none", "methods=[theanine,full_history]",

@@ -25,7 +25,7 @@ from pipeline.corpus import iter_episodes, load_corpus, read_episode_ids
 from pipeline.errors import ConfigError
 from pipeline.plan import _count_episodes
 from pipeline.llm.structured import strict_json_schema
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from stages.ingest import IngestStage
 from stages.judging import pairwise
 from stages.judging.judge_pairwise import JudgePairwiseStage

@@ -24,7 +24,7 @@ from pipeline.llm.answers import read_chat
 from pipeline.llm.types import LLMError, LLMResult
 from pipeline.llm.usage import Usage
 from pipeline.reproduction import deviations
-from pipeline.stage import StageContext
+from pipeline.engine.stage import StageContext
 from pipeline.testing.fake_chat import FakeChat
 from stages.judging import pairwise
 from stages.judging.judge_pairwise import JudgePairwiseSettings, JudgePairwiseStage

@@ -12,7 +12,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import Section
-from pipeline.stage import EpisodeStage, Rows, Stage, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, Stage, StageContext
 from stages.methods.base import SNAPSHOT_FIELDS, Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
 
 TURN_LOG = pa.schema([*SNAPSHOT_FIELDS, pa.field("turn_ref", pa.string())])

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from pipeline.config import RunConfig, Section, compose_config
 from pipeline.schemas import EPISODES, TURNS
-from pipeline.stage import EpisodeStage, GlobalStage, StageContext
+from pipeline.engine.stage import EpisodeStage, GlobalStage, StageContext
 
 COUNTS = pa.schema([("episode_id", pa.string()), ("n_turns", pa.int64()), ("error", pa.string())])
 DOUBLED = pa.schema([("episode_id", pa.string()), ("value", pa.int64())])

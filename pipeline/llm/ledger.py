@@ -8,7 +8,7 @@ Clients report each answered call (fresh or cached) so the driver can draw progr
 run, and, when a budget applies, reserve a fresh call's worst-case cost (prompt estimate +
 max_tokens) before sending it: a reservation that would take the spend past the budget raises
 `BudgetExceeded`, so the run stops before the call, never after. Spend is of fresh calls only (cached answers are free); `spent_before` is what earlier
-invocations on the run directory paid (the runner keeps it: pipeline.spend), so a rerun with a
+invocations on the run directory paid (the runner keeps it: pipeline.engine.spend), so a rerun with a
 higher budget continues from what was spent.
 """
 

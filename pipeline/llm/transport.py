@@ -325,7 +325,7 @@ class Transport:
 
     async def _state(self) -> _LoopState:
         """This loop's HTTP clients. Shared by every client of one role and endpoint on the loop: a
-        worker running several shards at once (pipeline.execution.executors) sends their requests on one
+        worker running several shards at once (pipeline.engine.execution.executors) sends their requests on one
         connection pool."""
         loop = asyncio.get_running_loop()
         shared = _LOOP_STATES.setdefault(loop, {})

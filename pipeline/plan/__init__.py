@@ -55,7 +55,7 @@ How much (per stage that would run and has LLM roles):
    method (`memory_<m>`, `respond_<m>`) is wholly that method's and any other stage is `(shared)`.
 
 The estimate is also written to `<run_dir>/_plan.json`, which the live progress line of `mempipe run`
-reads (calls done / expected, `pipeline.progress.planned_calls`) when a stage's fingerprint matches:
+reads (calls done / expected, `pipeline.engine.progress.planned_calls`) when a stage's fingerprint matches:
 
     {"created_at": ISO time, "run_dir": str, "method": {...},
      "stages": {name: {"fingerprint": str, "calls": int, "prompt_tokens": int, "cached_prompt_tokens": int,

@@ -17,7 +17,7 @@ from pipeline.manifest import Manifest
 from pipeline.plan.configs import calibration_config
 from pipeline.plan.estimates import PlanOptions, Registry
 from pipeline.plan.sampling import _per_episode, _take
-from pipeline.stage import GlobalStage, Stage
+from pipeline.engine.stage import GlobalStage, Stage
 from pipeline.storage import Location
 
 
@@ -127,7 +127,7 @@ def calibration_source(cfg: RunConfig, registry_of: Registry, opts: PlanOptions,
                        say: Callable[[str], None]) -> tuple[CalibrationSource, dict[str, Any] | None]:
     """Where completions come from: --like's run directory, --calibrate's run (made here, on the dry
     run's episodes at most; its cost is the second value), else this run's own manifests."""
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
 
     if opts.like is not None:
         like_dir = Path(opts.like)

@@ -11,7 +11,7 @@ from pipeline.plan.calibration import Calibration, CalibrationSource, _sent, cal
 from pipeline.plan.dryrun import DryRun
 from pipeline.plan.estimates import RoleEstimate
 from pipeline.plan.sampling import Scaling, _probe_share
-from pipeline.stage import EMBEDDER_ROLE, GlobalStage, Stage
+from pipeline.engine.stage import EMBEDDER_ROLE, GlobalStage, Stage
 
 
 def _estimate_stage(cfg: RunConfig, stage: Stage, dry: DryRun, scaling: Scaling | float,

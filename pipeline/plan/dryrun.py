@@ -86,7 +86,7 @@ def dry_run(cfg: RunConfig, registry_of: Registry, needed: list[str], reuse: set
     from pipeline.compression import simulated_units
     from pipeline.embeddings import simulated_texts
     from pipeline.plan.simulated import SimulatedEndpoint
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
 
     os.environ.setdefault(SIM_KEY_ENV, "simulated-no-key")
     with _no_models(), SimulatedEndpoint(completion_fraction=completion_fraction) as sim:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.llm.usage import SHARED, stage_kind
-from pipeline.stage import Stage
+from pipeline.engine.stage import Stage
 
 DEFAULT_SAMPLE = 20
 # The dry run's work bounds (a plan answers in seconds): episodes sampled up to this many turns in

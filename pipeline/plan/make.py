@@ -21,11 +21,11 @@ from pipeline.plan.costing import _estimate_stage
 from pipeline.plan.dryrun import DryRun, dry_run
 from pipeline.plan.estimates import CACHED_PROMPT_RULE, Plan, PlanOptions, Registry, RoleEstimate, StageEstimate
 from pipeline.plan.sampling import EpisodeSize, Scaling, _episode_sizes, _scales, _take, _take_within
-from pipeline.progress import PLAN_FILE
-from pipeline.selection import Selection
+from pipeline.engine.progress import PLAN_FILE
+from pipeline.engine.selection import Selection
 
 NOT_ESTIMATED = "not estimated: run plan --calibrate 1 (a library's calls are its own, not ours to model)"
-from pipeline.stage import GlobalStage, Stage
+from pipeline.engine.stage import GlobalStage, Stage
 from pipeline.storage import Location, join
 
 log = logging.getLogger("mempipe")
@@ -61,7 +61,7 @@ class _Scope:
 
     cfg: RunConfig
     registry_of: Registry
-    runner: Any  # pipeline.runner.Runner, imported when plan runs (it brings the executors)
+    runner: Any  # pipeline.engine.runner.Runner, imported when plan runs (it brings the executors)
     picked: dict[str, str]  # stage -> why it would run (Runner.select's reason)
     fps: dict[str, str]
     manifests: dict[str, Manifest | None]
@@ -96,7 +96,7 @@ def make_plan(cfg: RunConfig, registry_of: Registry, selection: Selection | None
     and PlanOptions' fields by name (`only=`, `sample=`, `probe_cap=`, ...), for a caller that makes
     neither. Writes `_plan.json` into the run directory unless `write` is False. `say` gets progress
     lines (default: nothing)."""
-    from pipeline.runner import Runner
+    from pipeline.engine.runner import Runner
 
     selectors = {k: fields.pop(k) for k in _SELECTORS if k in fields}
     if options is not None and fields:

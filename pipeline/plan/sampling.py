@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Mapping
 from pipeline.config import RunConfig
 from pipeline.manifest import Manifest
 from pipeline.plan.estimates import DRY_RUN_PROBES
-from pipeline.stage import Stage
+from pipeline.engine.stage import Stage
 
 if TYPE_CHECKING:
     from pipeline.plan.dryrun import DryRun

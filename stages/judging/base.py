@@ -11,7 +11,7 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.failures import failure, guarded
 from pipeline.hashing import prompt_fingerprint
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.judging.calls import RunRequests
 from stages.method_stages import respond_stage_name
 

@@ -35,7 +35,7 @@ from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, failure
 from pipeline.hashing import prompt_fingerprint
 from pipeline.llm.usage import billed_to
 from pipeline.retrieval import within_tokens
-from pipeline.stage import Rows, StageContext
+from pipeline.engine.stage import Rows, StageContext
 from stages.judging import written
 from stages.judging.base import JudgeSettings, JudgeStage, run_probe_kinds
 from stages.judging.judge_answers import UNANSWERABLE_CATEGORIES, evidence_ids

@@ -30,7 +30,7 @@ import pyarrow as pa
 from pydantic import Field, field_validator
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
-from pipeline.stage import Rows, StageContext
+from pipeline.engine.stage import Rows, StageContext
 from stages.judging import answers, longmemeval
 from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows

@@ -30,7 +30,7 @@ from pipeline.config import Section
 from pipeline.errors import ConfigError
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, guarded, row_failure
 from pipeline.hashing import prompt_fingerprint
-from pipeline.stage import GlobalStage, StageContext
+from pipeline.engine.stage import GlobalStage, StageContext
 from stages.judging import answers, calibration, longmemeval
 from stages.judging.base import JUDGE_ROLE, judge_params
 from stages.judging.calibration import KINDS, Kind

@@ -23,7 +23,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.retrieval import within_tokens
-from pipeline.stage import Rows, StageContext
+from pipeline.engine.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.judging import memory_quality
 from pipeline.llm.usage import billed_to

@@ -36,7 +36,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from pipeline.errors import ConfigError
-from pipeline.stage import Rows, StageContext
+from pipeline.engine.stage import Rows, StageContext
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from stages.dialogue import last_turns, sessions_of
 from stages.judging import pairwise

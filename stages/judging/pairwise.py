@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, create_model
 
 from pipeline.llm.types import ChatLLM, LLMError, Messages
 from pipeline.retrieval import count_tokens, within_tokens
-from pipeline.stage import Rows
+from pipeline.engine.stage import Rows
 from stages.judging.calls import RunSamples, ask_runs
 from stages.dialogue import format_unit
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.stage import EpisodeStage, StageContext
+from pipeline.engine.stage import EpisodeStage, StageContext
 from stages.methods.base import Method, MethodContext, S
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from pipeline.errors import RunStopped
 from pipeline.failures import failing_fast, row_failure
 from pipeline.retrieval import count_tokens
-from pipeline.stage import Rows, StageContext
+from pipeline.engine.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name
 from stages.methods.base import EpisodeInput, Method, S, visible_memory
 from stages.dialogue import sessions_of

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.failures import FAILURE_FIELDS, row_or_failure
-from pipeline.shard import EpisodeUsage
-from pipeline.stage import Rows, StageContext
+from pipeline.engine.shard import EpisodeUsage
+from pipeline.engine.stage import Rows, StageContext
 from stages.method_stages import MethodStage, memory_stage_name, respond_stage_name
 from stages.methods.base import Method, ProbeInput, S, point, visible_memory
 from stages.dialogue import sessions_of

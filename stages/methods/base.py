@@ -45,11 +45,11 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.errors import ConfigError
 from pipeline.llm.types import ChatLLM
-from pipeline.stage import Rows, settings_parameter
+from pipeline.engine.stage import Rows, settings_parameter
 
 if TYPE_CHECKING:
     from pipeline.models_needed import ModelNeed
-    from pipeline.stage import Stage
+    from pipeline.engine.stage import Stage
 
 # Awaited: the pipeline's runs off the event loop (on Ray, in the node's embedding service).
 Embed = Callable[[list[str]], Awaitable[np.ndarray]]
@@ -211,7 +211,7 @@ class Method(Generic[S]):
                 cls.Settings = model
 
     def stages(self) -> tuple["Stage", ...]:
-        """The stages this method brings (pipeline.stage's `EpisodeStage` / `GlobalStage`), in
+        """The stages this method brings (pipeline.engine.stage's `EpisodeStage` / `GlobalStage`), in
         pipeline order; `needs` names those it reads. A stage two methods bring, by the same name,
         runs once. None by default."""
         return ()

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from pipeline.config import PathField, Section
 from pipeline.manifest import Manifest
-from pipeline.stage import GlobalStage, StageContext
+from pipeline.engine.stage import GlobalStage, StageContext
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.method_stages.respond import RESPONSES
 from stages.methods.base import Method, ReportPanel

@@ -33,7 +33,7 @@ from pydantic import Field
 from pipeline.config import Section
 from pipeline.errors import ConfigError
 from pipeline.failures import row_failure
-from pipeline.stage import GlobalStage, StageContext
+from pipeline.engine.stage import GlobalStage, StageContext
 from stages.metrics import evaluate_bleu, locomo_qa, mem0_qa, nlgeval, rsum_eval, text
 from stages.metrics.significance import cluster_bootstrap_interval, cluster_bootstrap_statistic
 from stages.method_stages import respond_stage_name

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from pipeline.config import Section
 from pipeline.retrieval import Similarity, top_k
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.dialogue import sessions_of
 from stages.metrics import retrieval as rmetrics
 from stages.metrics import segmentation as smetrics

@@ -30,7 +30,7 @@ from pipeline.artifacts import atomic_write_json
 from pipeline.config import Section
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, attempt
 from pipeline.hashing import prompt_fingerprint
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.dialogue import sessions_of
 from stages.methods.shared.session_memories import session_time
 from stages.teabag import generate

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.retrieval import Retriever, count_tokens
-from pipeline.stage import Rows
+from pipeline.engine.stage import Rows
 from stages.dialogue import Span, build_exchanges, format_unit, unit_id
 
 UNIT_FIELDS = [

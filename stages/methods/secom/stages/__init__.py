@@ -5,7 +5,7 @@ into Lance tables. The units themselves are defined in `stages/methods/secom/uni
 
 from __future__ import annotations
 
-from pipeline.stage import Stage
+from pipeline.engine.stage import Stage
 
 
 def secom_stages() -> tuple[Stage, ...]:

@@ -16,7 +16,7 @@ from pipeline.config import Section
 from pipeline.embeddings import aencode
 from pipeline.lance_store import write_bank
 from pipeline.retrieval import count_tokens
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.methods.secom.stages.compress import Granularity
 from stages.methods.secom.units import UNIT_FIELDS, bank_schema
 

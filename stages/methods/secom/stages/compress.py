@@ -15,7 +15,7 @@ from pydantic import Field
 
 from pipeline.compression import LLMLINGUA2_DEFAULT, CompressMethod, Compressor
 from pipeline.config import Section
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from pipeline.failures import failure_reason
 from stages.dialogue import sessions_of
 from stages.methods.secom.units import UNIT_FIELDS, build_units, unit_exchanges

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pipeline.config import RunConfig
 from pipeline.corpus import load_corpus
 from pipeline.errors import PipelineError
-from pipeline.stage import GlobalStage, StageContext
+from pipeline.engine.stage import GlobalStage, StageContext
 from stages.dialogue import sessions_of
 from stages.methods.secom import reflection
 from stages.methods.secom.stages.segment_settings import SegmentConfig

@@ -12,7 +12,7 @@ import pyarrow as pa
 from pipeline.artifacts import read_text
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.storage import join
-from pipeline.stage import EpisodeStage, Rows, StageContext
+from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.dialogue import sessions_of
 from stages.methods.secom import segmentation
 from stages.methods.secom.stages.guidance import GUIDANCE_FILE

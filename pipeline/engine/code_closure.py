@@ -6,9 +6,10 @@ read off the code: the stage's module (and its method's), then every project mod
 transitively, walking each module's AST. Project modules are those of the root's own top-level
 package (`stages`, or `tests` for the test suite's toy stages) and of `pipeline`.
 
-Framework modules of `pipeline` that run a stage without deciding its rows (the runner, artifacts,
-config, the LLM transport and cache) are left out and not walked: editing the retry loop must not
-invalidate every stage. A new `pipeline` module enters by default, the safe side.
+Framework modules of `pipeline` that run a stage without deciding its rows (pipeline.engine and
+pipeline.llm whole, artifacts, config) are left out and not walked: editing the retry loop must not
+invalidate every stage. A new `pipeline` module outside those two packages enters by default, the
+safe side.
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ import importlib.util
 from pipeline.hashing import sha256
 
 FRAMEWORK = "pipeline"
-# Modules that run stages but do not shape what they write (their effects enter elsewhere: the
-# LLM's identity through the role's answer identity, settings through the config section).
+# What runs stages but does not shape what they write (its effects enter elsewhere: the LLM's
+# identity through the role's answer identity, settings through the config section): the engine and
+# the LLM layer whole, and these modules beside them.
+RUNS_NOT_SHAPES_PACKAGES = ("pipeline.engine", "pipeline.llm")
 RUNS_NOT_SHAPES = frozenset({
-    "pipeline", "pipeline.artifacts", "pipeline.cli", "pipeline.code_closure", "pipeline.config",
-    "pipeline.errors", "pipeline.execution", "pipeline.execution.cluster", "pipeline.execution.embedding_service",
-    "pipeline.execution.executors", "pipeline.execution.llm_workers", "pipeline.export", "pipeline.fingerprint",
-    "pipeline.hashing", "pipeline.manifest", "pipeline.runner", "pipeline.shard", "pipeline.stage",
-    "pipeline.llm", "pipeline.llm.accounting", "pipeline.llm.cache", "pipeline.llm.client", "pipeline.llm.embed",
-    "pipeline.llm.identity", "pipeline.llm.local_server", "pipeline.llm.params", "pipeline.llm.ratelimit",
-    "pipeline.llm.samples", "pipeline.llm.shared", "pipeline.llm.transport", "pipeline.llm.types",
-    "pipeline.llm.usage", "pipeline.models_needed", "pipeline.model_fetch", "pipeline.simulation",
+    "pipeline", "pipeline.artifacts", "pipeline.cli", "pipeline.config", "pipeline.errors", "pipeline.export",
+    "pipeline.hashing", "pipeline.manifest", "pipeline.models_needed", "pipeline.model_fetch", "pipeline.simulation",
 })
+
+
+def runs_not_shapes(module: str) -> bool:
+    """Whether a framework module only runs stages (never in a fingerprint)."""
+    return module in RUNS_NOT_SHAPES or any(module == p or module.startswith(p + ".") for p in RUNS_NOT_SHAPES_PACKAGES)
 
 
 def read_source(module: str) -> str:
@@ -109,7 +111,7 @@ def imports_of(module: str, projects: frozenset[str] = frozenset()) -> frozenset
 def in_scope(module: str, projects: frozenset[str]) -> bool:
     top = module.partition(".")[0]
     if top == FRAMEWORK:
-        return module not in RUNS_NOT_SHAPES
+        return not runs_not_shapes(module)
     return top in projects
 
 

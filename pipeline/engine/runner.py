@@ -1,4 +1,4 @@
-"""The stage runner: plans, fingerprints, skips, executes shards (pipeline.execution), publishes manifests."""
+"""The stage runner: plans, fingerprints, skips, executes shards (pipeline.engine.execution), publishes manifests."""
 
 from __future__ import annotations
 
@@ -16,18 +16,18 @@ from pipeline import __version__
 from pipeline.artifacts import StageDir, make_dirs, part_name
 from pipeline.config import RunConfig, local_server_key
 from pipeline.errors import PipelineError, RunStopped
-from pipeline.execution.executors import make_executor
-from pipeline.fingerprint import stage_fingerprints
+from pipeline.engine.execution.executors import make_executor
+from pipeline.engine.fingerprint import stage_fingerprints
 from pipeline.llm.ledger import Budget, LedgerBook
 from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest, ShardMarker, Timings
-from pipeline.progress import StageProgress, end_text, planned_calls
+from pipeline.engine.progress import StageProgress, end_text, planned_calls
 from pipeline.schemas import EPISODES
-from pipeline.selection import Selection
-from pipeline.shard import ShardTask, add_stats
-from pipeline.spend import load_spend, save_spend
+from pipeline.engine.selection import Selection
+from pipeline.engine.shard import ShardTask, add_stats
+from pipeline.engine.spend import load_spend, save_spend
 from pipeline.storage import Location, is_remote, local_scratch
-from pipeline.stage import EpisodeStage, GlobalStage, Stage
+from pipeline.engine.stage import EpisodeStage, GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
 _STREAM_LOOK_S = 0.5  # how often the DAG looks for stages that may start streaming from a running one

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 Rows = list[dict[str, Any]]
 # The executor's shared local embedder for these embedding settings, or None where it has none (the
-# Ray executor: the node's embedding service, pipeline.execution.embedding_service.node_embedder).
+# Ray executor: the node's embedding service, pipeline.engine.execution.embedding_service.node_embedder).
 EmbedderFactory = Callable[["EmbeddingConfig"], "Embedder | None"]
 
 # The LLM role of embedding requests when `embedding.provider` is openai: shared cache, limiter
@@ -183,7 +183,7 @@ class Stage(Generic[S]):
 
     def code_roots(self) -> tuple[str, ...]:
         """Modules whose source, with every project module they import, enters the fingerprint
-        (`pipeline.code_closure`): the stage's own module; a stage made per method adds the method's."""
+        (`pipeline.engine.code_closure`): the stage's own module; a stage made per method adds the method's."""
         return (type(self).__module__,)
 
 

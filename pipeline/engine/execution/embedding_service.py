@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from pipeline.config import EmbeddingConfig, RunConfig
-from pipeline.execution.cluster import live_nodes
+from pipeline.engine.execution.cluster import live_nodes
 
 MAX_COPIES = 4  # model copies per node's service
 TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most

@@ -1,5 +1,5 @@
 """The Ray executor's LLM workers: async actors that run LLM stages' shards, several at once each,
-so that requests keep flowing across shard boundaries (pipeline.execution.executors)."""
+so that requests keep flowing across shard boundaries (pipeline.engine.execution.executors)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 
 from pipeline.config import RunConfig
-from pipeline.execution.cluster import live_nodes
-from pipeline.execution.embedding_service import node_embedder
-from pipeline.shard import ShardTask, run_shard_async
+from pipeline.engine.execution.cluster import live_nodes
+from pipeline.engine.execution.embedding_service import node_embedder
+from pipeline.engine.shard import ShardTask, run_shard_async
 
 if TYPE_CHECKING:
     from pipeline.llm.ledger import Ledger

@@ -26,7 +26,7 @@ from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.failures import fail_fast
 from pipeline.manifest import Manifest, ShardMarker
-from pipeline.stage import PART_STATS, EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
+from pipeline.engine.stage import PART_STATS, EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
 from pipeline.llm.usage import costed_to
 

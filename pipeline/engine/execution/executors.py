@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.errors import InputError, PipelineError, RunStopped
-from pipeline.execution.cluster import check_cluster_paths, require_visible
-from pipeline.execution.embedding_service import EmbeddingServices, node_embedder
-from pipeline.execution.llm_workers import LLMWorkers
+from pipeline.engine.execution.cluster import check_cluster_paths, require_visible
+from pipeline.engine.execution.embedding_service import EmbeddingServices, node_embedder
+from pipeline.engine.execution.llm_workers import LLMWorkers
 from pipeline.llm.ledger import Ledger, LedgerBook, RunLedger
 from pipeline.manifest import ShardMarker
-from pipeline.shard import ShardTask, run_shard
-from pipeline.stage import Stage
+from pipeline.engine.shard import ShardTask, run_shard
+from pipeline.engine.stage import Stage
 
 if TYPE_CHECKING:
     from pipeline.llm.shared import RoleHandles
@@ -238,7 +238,7 @@ LEAN_WORKERS = {"MALLOC_ARENA_MAX": "1"}
 @contextlib.contextmanager
 def ray_session(cfg: RunConfig) -> Iterator[None]:
     """Ray for one run: the cluster at ray.address / $RAY_ADDRESS (what `ray job submit` sets for
-    its driver), else a new local instance; then the cluster path checks (pipeline.execution.cluster)."""
+    its driver), else a new local instance; then the cluster path checks (pipeline.engine.execution.cluster)."""
     import ray
 
     if ray.is_initialized():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.code_closure import code_hashes
+from pipeline.engine.code_closure import code_hashes
 from pipeline.hashing import canonical_json, sha256
 from pipeline.llm.identity import answer_identity
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pipeline.config import RunConfig
     from collections.abc import Iterable
 
-    from pipeline.stage import Stage
+    from pipeline.engine.stage import Stage
 
 
 def fingerprint_inputs(stage: "Stage", cfg: "RunConfig", upstream: dict[str, str]) -> dict[str, Any]:
