@@ -121,7 +121,7 @@ def _stage_inputs(gold: str, reply: str) -> dict[str, pa.Table]:
 @pytest.mark.parametrize("postprocess, rouge1", [("clean", 1.0), ("secom_official", 0.0)])
 def test_response_metrics_score_the_texts_the_postprocess_setting_names(postprocess, rouge1):
     stage = rm.ResponseMetricsStage(methods=("secom",))
-    ctx = SimpleNamespace(section=rm.ResponseMetricsSettings(postprocess=postprocess))
+    ctx = SimpleNamespace(settings=rm.ResponseMetricsSettings(postprocess=postprocess))
     # "sunset" -> "unset" (gold) but "sunset" survives get_answer's strips: official scoring misses it
     out = run(stage.run(ctx, _stage_inputs("sunset", "sunset")))
     assert out["response_metrics"].to_pylist()[0]["rouge1"] == pytest.approx(rouge1)
