@@ -236,9 +236,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{own} has no paper: block and compares with no paper config: nothing to check")
     selected = list(cfg.methods)
     plan = _runner(args, cfg).plan
-    # Stage sections (the config's keys beyond the run-level ones and `method`) of stages this run does not hold.
-    absent = (set(type(cfg).model_fields) - set(RunConfig.model_fields) - {"method"}
-              - {getattr(s, "section", None) for s in plan})
+    # Stage sections (the config's keys beyond the run-level ones and `method`) of stages this run does
+    # not hold, and the roles none of its stages calls: their settings are not this run's to check.
+    sections = set(type(cfg).model_fields) - set(RunConfig.model_fields) - {"method"}
+    absent = sections - {getattr(s, "section", None) for s in plan}
+    absent |= {f"roles.{r}" for r in {*type(cfg).known_roles, *cfg.roles}} - {f"roles.{r}" for s in plan for r in s.llm_roles(cfg)}
     covered: set[str] = set()
     for how, path, whole in sheets:
         if whole is None:
@@ -248,6 +250,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         covered |= about
         if about and not about & set(selected):
             print(f"{whole.title} ({how} {path}): about {', '.join(sorted(about))}, none of which this run selects")
+            continue
+        stages_about = {p for p in map(_section_or_role, whole.protocol) if p in sections or p.startswith("roles.")}
+        if not about and stages_about and stages_about <= absent:  # e.g. SeCom's segmentation, run without it
+            print(f"{whole.title} ({how} {path}): about {', '.join(sorted(stages_about))}, which this run does not hold")
             continue
         sheet = for_run(whole, selected, absent)
         found = sheet_deviations(cfg, sheet, path)
@@ -266,6 +272,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     print()
     _print_graph(plan)
     return 0
+
+
+def _section_or_role(path: str) -> str:
+    """`segment` for `segment.k`; `roles.segmenter` for `roles.segmenter.model`."""
+    parts = path.split(".")
+    return ".".join(parts[:2]) if parts[0] == "roles" else parts[0]
 
 
 def _print_scorers(app: Any, cfg: RunConfig, sheet: PaperSheet) -> None:

@@ -135,12 +135,13 @@ def sheet_methods(sheet: PaperSheet) -> set[str]:
 def for_run(sheet: PaperSheet, methods: Iterable[str], absent: Iterable[str] = ()) -> PaperSheet:
     """The sheet narrowed to what a run holds: the protocol settings and results of methods other
     than `methods` left out (those of no method kept), and the settings of the `absent` sections
-    (stages the run does not hold, e.g. SeCom's `segment` when no selected method reads it)."""
+    (stages the run does not hold, e.g. SeCom's `segment` when no selected method reads it) and
+    roles (`roles.segmenter`, when no stage of the run calls it)."""
     keep, gone = set(methods), set(absent)
 
     def kept(path: str) -> bool:
-        method = setting_method(path)
-        return (method is None or method in keep) and path.split(".")[0] not in gone
+        method, parts = setting_method(path), path.split(".")
+        return (method is None or method in keep) and parts[0] not in gone and ".".join(parts[:2]) not in gone
 
     results = [r for r in sheet.results if r.where.get("method") is None or r.where["method"] in keep]
     return sheet.model_copy(update={"protocol": {p: s for p, s in sheet.protocol.items() if kept(p)},

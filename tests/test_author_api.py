@@ -201,7 +201,10 @@ def test_check_speaks_of_the_selected_methods_only_and_names_one_without_a_sheet
     out = capsys.readouterr().out.split("\n\nstages of this run")[0].splitlines()
     # settings of methods the run does not select, and of stages it does not hold, are not listed
     assert not [ln for ln in out if ln.startswith(("  method.secom.", "  method.turn.", "  method.theanine.",
-                                                    "  segment.", "  compress."))]
+                                                    "  segment.", "  compress.", "  roles.segmenter."))]
+    # a sheet about stages and roles the run does not hold (SeCom's segmentation) is one line too
+    assert any("(compared with configs/secom_dialseg.yaml): about roles.segmenter, score, segment, which this run "
+               "does not hold" in ln for ln in out)
     assert any(ln.startswith("Recursively Summarizing") and "(compared with configs/rsum_msc.yaml): " in ln
                for ln in out)  # rsum's paper, checked
     # a sheet about none of the selected methods is one line; so is the method no sheet names
