@@ -77,7 +77,8 @@ _MISSING = object()
 def effective(cfg: Any, path: str) -> Any:
     """The value a run uses for a dotted config path, after defaults: `roles.<role>.<field>` goes
     through the role's fallback to `llm` (`cfg.role`), anything else walks the validated config
-    (attributes, then dict keys). A path that names nothing raises KeyError naming it."""
+    (attributes, dict keys, list indexes; an index past the list's end reads as None). A path that
+    names nothing raises KeyError naming it."""
     parts = path.split(".")
     if parts[0] == "roles" and len(parts) >= 3:
         value: Any = cfg.role(parts[1])
@@ -87,7 +88,12 @@ def effective(cfg: Any, path: str) -> Any:
     walked = []
     for part in parts:
         walked.append(part)
-        nxt = value.get(part, _MISSING) if isinstance(value, dict) else getattr(value, part, _MISSING)
+        if isinstance(value, list) and part.isdigit():  # `corpus.extra.0.limit`: a list's item by its index
+            if int(part) >= len(value):
+                return None  # the run has no such item (e.g. no second corpus)
+            nxt = value[int(part)]
+        else:
+            nxt = value.get(part, _MISSING) if isinstance(value, dict) else getattr(value, part, _MISSING)
         if nxt is _MISSING:
             raise KeyError(f"paper.protocol: {path!r} names no setting (no {'.'.join(walked)!r})")
         value = nxt
