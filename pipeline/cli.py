@@ -173,7 +173,8 @@ def _spend_line(snapshot: dict[str, Any] | None) -> str | None:
 
 
 def _usage_cell(u: Usage) -> str:
-    return f"{u.calls - u.cached_calls}/{u.cached_calls}/{u.failed_calls}"
+    cut = f" ({u.truncated_calls} cut at max_tokens)" if u.truncated_calls else ""
+    return f"{u.calls - u.cached_calls}/{u.cached_calls}/{u.failed_calls}{cut}"
 
 
 def _roles_cell(per_role: dict[str, Usage] | None) -> str:

@@ -103,6 +103,9 @@ def end_text(stage: str, wall_s: float, llm_usage: dict[str, Usage] | None, erro
     text += (f"; {total.calls} calls ({fresh} fresh, {total.cached_calls} cached, {total.failed_calls} failed), "
              f"{_tokens(total.prompt_tokens + total.completion_tokens)} tokens, "
              f"${total.cost_usd - total.cached_cost_usd:.4f} spent")
+    cut = [f"{role} {u.truncated_calls}" for role, u in llm_usage.items() if u.truncated_calls]
+    if cut:
+        text += "; outputs cut at max_tokens: " + ", ".join(cut)
     modes = [f"{role} {m}" for role, u in llm_usage.items() if (m := describe_structured(u))]
     if modes:
         text += "; structured: " + "; ".join(modes)

@@ -315,6 +315,7 @@ class StructuredCalls:
         latency: float | None = None
         cached = True
         last_text, last_error = "", ""
+        last_cut = False
         for i in range(attempts):
             if i:
                 self.usage.reasks += 1
@@ -332,6 +333,10 @@ class StructuredCalls:
                 if ask.validate is not None:
                     ask.validate(parsed)
             except ValueError as e:
+                # A cut answer left invalid is re-asked as any invalid one; the answer taken is
+                # counted by count_call, so this counts the others.
+                last_cut = reply.finish_reason == "length"
+                self.usage.truncated_calls += int(last_cut)
                 last_text, last_error = reply.text, describe_error(e)
                 conversation = conversation + [{"role": "assistant", "content": reply.text},
                                                {"role": "user", "content": REASK.format(error=last_error)}]
@@ -339,7 +344,9 @@ class StructuredCalls:
             return LLMResult(text=reply.text, parsed=parsed, prompt_tokens=prompt_tokens,
                              completion_tokens=completion_tokens, model=reply.model, cached=cached,
                              finish_reason=reply.finish_reason, latency_s=latency)
-        raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}", raw=last_text)
+        cut_note = " (the last answer was cut at max_tokens)" if last_cut else ""
+        raise InvalidAnswer(f"invalid structured output after {attempts} attempts: {last_error}{cut_note}",
+                            raw=last_text)
 
     # ------------------------------------------------------------ the mode of an (endpoint, model)
 

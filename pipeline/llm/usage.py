@@ -22,8 +22,9 @@ class Usage:
     calls: int = 0  # answered calls, live or cached (one per text for embeddings)
     cached_calls: int = 0  # of `calls`, served from the cache
     failed_calls: int = 0  # calls that ended in LLMError
-    # of `calls`, answers the endpoint cut at max_tokens (finish_reason "length"): a memory or a
-    # rationale taken as it stands, so a manifest shows how many outputs were truncated
+    # Outputs the endpoint cut at max_tokens (finish_reason "length"), live or cached, never sent
+    # again for being cut: a plain answer is taken as it stands; a structured one counts too when
+    # the cut left it invalid and it was re-asked (`reasks`), as any invalid answer is.
     truncated_calls: int = 0
     retries: int = 0  # transport retries (429, 5xx, timeouts, connection errors)
     reasks: int = 0  # structured-output re-asks after an invalid answer

@@ -56,7 +56,10 @@ llama-cpp-python's 500 validation error) are counted per parameter in `rejected`
 Faults: 429 (with Retry-After), 500, 400, timeout (answers after timeout_sleep_s), malformed (an
 invalid structured answer inside a valid response), and three broken 200 bodies a misbehaving proxy
 sends: html (text/html page), badjson (application/json that is not JSON), nochoices (JSON without
-`choices` / `data`).
+`choices` / `data`). And length: every choice cut short with `finish_reason: "length"` (text or tool
+arguments cut at `max_tokens` words, or to half its characters when it is within them), as
+`cut_at_max_tokens = True` cuts every answer longer than the request's `max_tokens` words; the
+Responses API then answers `status: "incomplete"` (`max_output_tokens`).
     ... base_url=server.base_url ...
     server.stop()
 
@@ -94,7 +97,7 @@ from aiohttp import web
 from pipeline.plan.prompt_cache import PrefixCache
 from pipeline.plan.simulated import LoopbackServer, SchemaInstance, hashed_vector  # shared with `mempipe plan`'s dry run
 
-FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices")
+FAULT_ORDER = ("429", "500", "400", "timeout", "malformed", "html", "badjson", "nochoices", "length")
 # What answers a request the fault logic let through: (body, outcome, its entry in `requests`).
 Answer = Callable[[dict[str, Any], str | None, dict[str, Any] | None], web.Response]
 _HTML_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1></body></html>"
@@ -184,6 +187,7 @@ class FakeOpenAI(LoopbackServer):
         self.outage_instant = False  # an outage answers at once, without `latency_s` (a load balancer's 503)
         self.force: list[str | None] = []  # outcomes for the next requests, before `faults`
         self.outage_until = 0.0  # wall time: until then every chat / embeddings request gets a 500
+        self.cut_at_max_tokens = False  # answers over the request's max_tokens (in words) are cut there
         self.echo_auth = False  # error bodies repeat the request's Authorization header (a careless proxy)
         # Batch API knobs (see the module docstring).
         self.batch_polls = 2  # retrieves before a batch completes
@@ -500,6 +504,9 @@ class FakeOpenAI(LoopbackServer):
         h = _answer_hash(body)
         n = 1 if self.ignore_n else _asked_n(body) or 1
         answers = [self._chat_message(choice_body(body, j), outcome, j) for j in range(n)]
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        cutting = outcome == "length" or self.cut_at_max_tokens
+        cut = [cutting and _cut(a, limit if isinstance(limit, int) else None, outcome == "length") for a in answers]
         prompt = sum(_words(str(m.get("content") or "")) for m in messages)  # once, whatever n is
         completion = sum(max(1, _message_words(a)) for a in answers)
         cached = self._prefix_cache().observe(str(body.get("model")), _prompt_words(messages)) \
@@ -508,8 +515,8 @@ class FakeOpenAI(LoopbackServer):
         for j, a in enumerate(answers):
             seed = _choice_hash(choice_body(body, j), j)
             logprobs = _logprobs(a["content"], seed, body.get("top_logprobs") or 0) if body.get("logprobs") else None
-            choices.append({"index": j, "message": a, "logprobs": logprobs,
-                            "finish_reason": "tool_calls" if a.get("tool_calls") else "stop"})
+            finish = "length" if cut[j] else "tool_calls" if a.get("tool_calls") else "stop"
+            choices.append({"index": j, "message": a, "logprobs": logprobs, "finish_reason": finish})
         return {
             "id": f"chatcmpl-fake-{h[:12]}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fake-model"), "choices": choices,
@@ -537,10 +544,11 @@ class FakeOpenAI(LoopbackServer):
                        "content": [{"type": "output_text", "text": message["content"], "annotations": []}]}]
         usage = out["usage"]
         tool_choice = body.get("tool_choice", "auto")
+        cut = out["choices"][0]["finish_reason"] == "length"
         return web.json_response({
             "id": f"resp_{h[:24]}", "object": "response", "created_at": int(time.time()),
-            "model": body.get("model", "fake-model"), "status": "completed", "error": None,
-            "incomplete_details": None, "instructions": body.get("instructions"), "output": output,
+            "model": body.get("model", "fake-model"), "status": "incomplete" if cut else "completed",
+            "error": None, "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "instructions": body.get("instructions"), "output": output,
             "max_output_tokens": body.get("max_output_tokens"), "metadata": body.get("metadata") or {},
             "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": tool_choice,
             "tools": body.get("tools") or [], "temperature": body.get("temperature"), "top_p": body.get("top_p"),
@@ -781,6 +789,26 @@ def _message_words(message: dict[str, Any]) -> int:
     return _words(message.get("content") or "") + sum(_words(c["function"]["arguments"]) for c in calls)
 
 
+def _cut_text(text: str, limit: int | None, always: bool) -> str | None:
+    """`text` cut after its `limit`-th word when it has more; else, when `always`, to half its
+    characters; None when it stays whole."""
+    words = list(re.finditer(r"\S+", text))
+    if limit is not None and 0 < limit < len(words):
+        return text[:words[limit - 1].end()]
+    return text[:len(text) // 2] if always else None
+
+
+def _cut(message: dict[str, Any], limit: int | None, always: bool) -> bool:
+    """Cut an assistant message (in place) as an endpoint does at max_tokens: its text, or each tool
+    call's arguments, after `limit` words; `always` (the "length" fault): to half when within them.
+    Returns whether anything was cut."""
+    cut = False
+    for part, key in [(c["function"], "arguments") for c in message.get("tool_calls") or []] + [(message, "content")]:
+        if isinstance(part.get(key), str) and (short := _cut_text(part[key], limit, always)) is not None:
+            part[key], cut = short, True
+    return cut
+
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's upper bound on `top_logprobs`
 
 
@@ -800,7 +828,7 @@ def _logprobs(content: str | None, seed: str, k: int) -> dict[str, Any]:
     return {"content": entries, "refusal": None}
 
 
-def _input_text(content: Any) -> str:
+def _input_text(content: object) -> str:
     """A Responses input item's content as text: a string, or its text parts joined by newlines."""
     if isinstance(content, list):
         return "\n".join(str(p.get("text") or "") for p in content if isinstance(p, dict) and "text" in p)

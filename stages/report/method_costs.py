@@ -67,6 +67,7 @@ COST_BREAKDOWN = pa.schema(
         pa.field("model", pa.string()),
         pa.field("method", pa.string()),
         pa.field("calls", pa.float64()),  # answered calls, live or cached (one per text for embeddings)
+        pa.field("truncated_calls", pa.float64()),  # outputs cut at max_tokens (Usage.truncated_calls)
         pa.field("requests", pa.float64()),  # chat requests sent fresh to the endpoint
         pa.field("prompt_tokens", pa.float64()),
         pa.field("cached_prompt_tokens", pa.float64()),  # of prompt_tokens, served from the prompt cache
@@ -272,7 +273,7 @@ def cost_breakdown(manifests: Mapping[str, Manifest], owners: Mapping[str, str])
                 cost = u.cost_usd * share
                 rows.append({"stage": stage, "stage_kind": stage_kind(stage, owner), "role": role,
                              "model": m.roles.get(role), "method": method, "calls": u.calls * share,
-                             "requests": u.requests * share, "prompt_tokens": u.prompt_tokens * share,
+                             "truncated_calls": u.truncated_calls * share, "requests": u.requests * share, "prompt_tokens": u.prompt_tokens * share,
                              "cached_prompt_tokens": u.cached_prompt_tokens * share,
                              "completion_tokens": u.completion_tokens * share, "cost_usd": cost,
                              "spent_usd": cost - u.cached_cost_usd * cached.get(method, 0.0)})
@@ -300,6 +301,10 @@ def cost_views(breakdown: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
                   .rename({"judge_usd": "judges_usd"})
                   .sort([pl.col("method") == SHARED, "method"]))
     counts = ["calls", "requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens"]
+    if breakdown["truncated_calls"].sum() > 0:  # outputs cut at max_tokens: shown where there are any
+        counts.insert(1, "truncated_calls")
+    else:
+        breakdown = breakdown.drop("truncated_calls")
     whole = [pl.col(c).round(0).cast(pl.Int64) for c in counts]  # shares of calls and tokens, shown whole
     sums = [pl.col(c).sum() for c in (*counts, "cost_usd", "spent_usd")]
     per_stage = breakdown.group_by("stage", maintain_order=True).agg(*sums).with_columns(whole)

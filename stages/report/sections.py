@@ -115,7 +115,9 @@ def cost_sections(t: dict[str, pl.DataFrame], quality: str, fig: Figure) -> list
                           f"other stages; `{tables.SHARED}`: calls made for no one method (segmentation, TeaBag, "
                           "or a stage whose manifest predates the split). Then per stage and per LLM role. "
                           "`cost_usd` counts every call, cache replays included; `spent_usd` is what this run "
-                          "paid. Every (stage, role, method) row is in `cost_breakdown`.",
+                          "paid. `truncated_calls`, shown when any: outputs the endpoint cut at max_tokens, "
+                          "taken as they stand (a structured one the cut left invalid was re-asked). Every "
+                          "(stage, role, method) row is in `cost_breakdown`.",
                           tables.cost_views(t["cost_breakdown"]))]
           if "cost_breakdown" in t and not t["cost_breakdown"].is_empty() else []),
         *([render.Section("Cost and latency per question",
