@@ -84,7 +84,7 @@ class RSumSettings(MethodSettings):
 
 def update_messages(previous: str, turns: list[dict], session_idx: int, settings: RSumSettings) -> Messages:
     """RSum's memory update (Sec. 3 Memory Management; its prompt's elements in our words): the memory
-    keeps the key personality information of both speakers; the update takes the traits the latest
+    holds what matters about each speaker's personality; the update takes the traits the latest
     session reveals, weighs how relevant and important each is, and keeps the memory one coherent
     whole of at most `max_sentences` sentences (RSum's 20), a reference for replying consistently."""
     limit = f" Keep it under {settings.max_words} words." if settings.max_words else ""
