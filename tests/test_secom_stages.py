@@ -4,14 +4,17 @@ Kept as integration tests (round-3 review, row 21): they hold what only a whole 
 invariant a bug breaks: segments tile every session, every turn is in exactly one unit of each
 granularity, an invalid segmentation falls back to chunks of 3 exchanges, recall only grows with k,
 an identical rerun sends no request and reruns nothing, the API key is written nowhere, every
-response under injected faults is answered or failed with a reason, and guidance learned once is
-reused from its file. The protocol's behaviour (what each prompt shows, how each score is computed)
-is held by the hand-worked cases of test_secom_protocol_r2.py, test_paper_protocols_secom.py,
+response under injected faults is answered or failed with a reason, guidance learned once is
+reused from its file, and the scores a DialSeg711 run writes are SuperDialseg's Pk / WD / F1 and
+SeCom's segment score of what the segmenter answered, worked by hand (and perfect for the gold).
+The protocol's behaviour (what each prompt shows, how each score is computed) is held by the
+hand-worked cases of test_secom_protocol_r2.py, test_paper_protocols_secom.py,
 test_protocol_statistics.py and test_secom_r3.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import lancedb
@@ -132,14 +135,36 @@ def test_locomo_banks_and_retrieval_scores(run_cfg):
     assert summary.tables["retrieval_scores"] == len(scores)
 
 
-def test_dialseg_segmentation_scores(run_cfg):
+def _dialseg_scores(run_cfg, *sets: str) -> dict[str, tuple[float, float, float, float]]:
     cfg = run_cfg("corpus.format=dialseg", "corpus.limit=null", f"corpus.path={FIXTURES / 'dialseg' / 'dialseg711_mini.json'}",
-                  "compress.method=none", "stages=[ingest,guidance,segment,compress,banks,score]")
+                  "compress.method=none", "stages=[ingest,guidance,segment,compress,banks,score]", "segment.unit=turn",
+                  "score.segmentation_convention=superdialseg", *sets)
     Runner(cfg, registry(cfg)).run()
     rows = StageDir(cfg.run_dir, "score").read_table("segmentation_scores").to_pylist()
-    assert len(rows) == 2 and {r["dataset"] for r in rows} == {"dialseg"}
-    for r in rows:
-        assert 0 <= r["pk"] <= 1 and 0 <= r["window_diff"] <= 1 and 0 <= r["f1"] <= 1
+    assert {r["dataset"] for r in rows} == {"dialseg"} and not any(r["fallback"] for r in rows)
+    return {r["episode_id"]: tuple(round(r[c], 6) for c in ("pk", "window_diff", "f1", "segment_score")) for r in rows}
+
+
+def test_dialseg_scores_are_superdialsegs_pk_wd_f1_of_the_segmenters_answer(run_cfg, fake_llm):
+    # The fake segmenter opens a segment at every other utterance: 711-1 (gold 4 + 2 utterances) gets
+    # end labels 010100 against the gold's 000100, 711-2 (gold 2 + 3 + 2) 0101010 against 0100100 (the
+    # last label zeroed on both sides). k = max(2, round(n / (gold boundaries + 1) / 2)) = 2 for both.
+    # 711-1: windows 00|01, 00|10 disagree of 5 -> Pk = WD = 0.4; boundaries {3} against {1, 3}: F1 2/3.
+    # 711-2: windows 00|01, 00|10 disagree of 6 -> Pk = WD = 1/3; {1, 4} against {1, 3, 5}: F1 0.4.
+    # Segment score (SeCom Eq. 3) = (2 F1 + 2 - Pk - WD) / 4.
+    assert _dialseg_scores(run_cfg) == {
+        "dialseg-711-1": (0.4, 0.4, round(2 / 3, 6), round((4 / 3 + 2 - 0.8) / 4, 6)),
+        "dialseg-711-2": (round(1 / 3, 6), round(1 / 3, 6), 0.4, round((0.8 + 2 - 2 / 3) / 4, 6))}
+    # A segmenter that answers the gold segments scores perfectly.
+    gold_starts = {6: [1, 5], 7: [1, 3, 6]}  # 1-based first utterances of 4 + 2 and of 2 + 3 + 2
+
+    def gold(body: dict) -> str | None:
+        m = re.search(r"Conversation \((\d+) turns", body["messages"][-1]["content"])
+        return json.dumps({"starts": gold_starts[int(m.group(1))]}) if m and "response_format" in body else None
+
+    fake_llm.responder = gold
+    # (another seed: the first run's answers are in the call cache)
+    assert set(_dialseg_scores(run_cfg, "run_name=gold", "segment.seed=43").values()) == {(0.0, 0.0, 1.0, 1.0)}
 
 
 def test_reflection_guidance_is_learned_stored_and_used(run_cfg, fake_llm):
