@@ -164,3 +164,9 @@ def test_the_reproducing_page_states_the_caps_the_sheets_hold():
         assert cap.source.startswith("ours:")
         assert f"`llm.max_tokens` {cap.value}" in " ".join(page.split()), name
     assert "61.15%, for both baselines" in " ".join(page.split())
+
+
+def test_the_ldagent_sheet_says_what_of_its_scorer_is_unverified():
+    text = " ".join((CONFIGS / "ldagent_msc.yaml").read_text().replace("#", " ").split())
+    assert "does not ship the `metric/` folder" in text and "is inferred" in text
+    assert "nltk 3.8.1" in text and "not compared" in text
