@@ -9,6 +9,7 @@ shipped config already differs on (LongMemEval's release) is asserted in the pla
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # config -> key -> (the kind of source the sheet gives it, a value away from the sheet for `--set`);
 # the review's item ids beside the keys it names; the others are the "every choice of ours".
-KEYS: dict[str, dict[str, tuple[str, str]]] = {
+KEYS: dict[str, dict[str, tuple[str, str | None]]] = {
     "teafarm_msc_cc": {
         "teabag.leak_check": ("inferred", "true"),  # N3
         "teabag.counterfactual_check": ("inferred", "true"),
@@ -102,7 +103,7 @@ def kind(source: str) -> str:
     return "ours" if source.startswith("ours:") else "inferred" if source.startswith("inferred:") else "paper"
 
 
-def check_output(capsys, name: str, overrides: list[str] = ()) -> list[str]:
+def check_output(capsys, name: str, overrides: Sequence[str] = ()) -> list[str]:
     args = ["check", "-c", str(ROOT / "configs" / f"{name}.yaml")]
     for o in overrides:
         args += ["--set", o]
@@ -200,3 +201,8 @@ def test_the_token_rows_name_the_format_they_count():  # F7
 def test_the_mem0_style_sheet_says_it_has_no_running_summary():  # P10
     protocol = sheet_config("locomo_memory_systems").paper.protocol
     assert "no running conversation summary S" in protocol["method.mem0_style.extract_every"].source
+
+
+def test_the_teafarm_sheet_says_our_comedy_profiles_both_speakers():  # P13
+    source = sheet_config("teafarm_msc_cc").paper.protocol["method.comedy.memory_words"].source
+    assert source.startswith("ours:") and "profiles both speakers" in source
