@@ -109,6 +109,7 @@ def _yaml(value: Any) -> str:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_key_the_review_names_is_on_the_sheet_with_its_source_kind(name):
     cfg = stages.load_config(ROOT / "configs" / f"{name}.yaml")
+    assert cfg.paper is not None
     protocol = cfg.paper.protocol
     # As the configs stand, check prints none of these keys: each equals its sheet value.
     assert deviations(cfg) == []
@@ -128,6 +129,7 @@ def test_check_prints_each_named_key_with_its_source_once_the_run_departs_from_i
     assert main(["check", "-c", str(ROOT / "configs" / f"{name}.yaml"), *sets]) == 0
     out = capsys.readouterr().out.split("\n\nstages of this run")[0].splitlines()
     sheet = stages.load_config(ROOT / "configs" / f"{name}.yaml").paper
+    assert sheet is not None
     header = [ln for ln in out if f"(paper: block of {ROOT / 'configs' / name}.yaml)" in ln]
     assert len(header) == 1 and header[0].endswith(f"{len(moved)} of {len(sheet.protocol)} settings differ")
     lines = {ln.strip().split(": ", 1)[0]: ln.strip() for ln in out if ln.startswith("  ") and ": " in ln}

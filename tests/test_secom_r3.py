@@ -217,3 +217,32 @@ def test_secoms_locomo_budget_leaves_room_for_table_6s_mean():
     cfg = config("secom_locomo")
     tokens = next(r.paper for r in cfg.paper.results if r.name == "SeCom, # Tokens")
     assert cfg.method.secom.token_budget > tokens and cfg.method.session.token_budget == 3500
+
+
+# ----------------------------------------------------------------------------------- N9 BM25 ties
+
+def test_equal_bm25_scores_go_to_the_earlier_unit_where_rank_bm25s_get_top_n_gives_the_later_one():
+    from rank_bm25 import BM25Okapi
+
+    from pipeline.retrieval import bm25_scores, top_k
+
+    docs = ["the fence is green", "we walked home", "a quiet morning", "lunch at noon", "green fence paint"]
+    query = "green fence"
+    scores = bm25_scores(query, docs, tokens="whitespace", idf="okapi")
+    assert [i for i, s in enumerate(scores) if s > 0] == [0, 4]  # two matches, three zero-score fills
+    ours = top_k(scores, 4)
+    official = BM25Okapi([d.split() for d in docs]).get_top_n(query.split(), list(range(len(docs))), n=4)
+    # The matches rank alike; among the zero-score fills ours takes the earliest units, the official the
+    # latest (reversed argsort): the sheets' bm25_idf rows say so.
+    assert sorted(ours[:2]) == sorted(official[:2]) == [0, 4]
+    assert ours[2:] == [1, 2] and official[2:] == [3, 2]
+    cfg = config("secom_locomo")
+    assert "reversed argsort" in cfg.paper.protocol["method.secom.bm25_idf"].source
+
+
+# ----------------------------------------------------------------------------------- N12 docs
+
+def test_the_methods_page_names_the_counted_answer_format_the_secom_configs_use():
+    assert {config(name).segment.answer_format for name in QA_CONFIGS} == {"counted"}
+    secom_row = next(ln for ln in (ROOT / "docs" / "methods.md").read_text().splitlines() if ln.startswith("| SeCom:"))
+    assert "counted" in secom_row and "spans" in secom_row and "starts" in secom_row
