@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import pyarrow as pa
 import yaml
@@ -28,10 +29,31 @@ class _Strict(BaseModel):
 
 class ProtocolSetting(_Strict):
     """One setting the paper states: its value and where the paper says it ("Sec. 3.1", "Table 6",
-    "App. B.1", "reference code: chat.py", or "inferred: <why>")."""
+    "App. B.1", "reference code: chat.py", or "inferred: <why>"), or "ours: <why>" for a choice of ours."""
 
     value: Any
     source: str
+
+    @property
+    def kind(self) -> SourceKind:
+        return source_kind(self.source)
+
+
+SourceKind = Literal["ours", "inferred", "reference code", "paper", "unsourced"]
+_PAPER_PLACE = re.compile(r"\b(Sec\.|App\.|Table|Algorithm|Figure|Fig\.|footnote)")
+
+
+def source_kind(source: str) -> SourceKind:
+    """Whose a sheet's value is, by how its source starts (the sheets' convention): a choice of ours,
+    inferred, read from the reference code, or the paper's (a place in it: a section, table, appendix,
+    algorithm, figure or footnote); "unsourced" when it says none of these."""
+    if source.startswith("ours"):
+        return "ours"
+    if source.startswith("inferred:"):
+        return "inferred"
+    if source.startswith("reference code"):
+        return "reference code"
+    return "paper" if _PAPER_PLACE.search(source) else "unsourced"
 
 
 class PaperResult(_Strict):

@@ -9,13 +9,12 @@ at once with `--set` and asserts check prints each one as `path: run (paper: val
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 import stages
-from pipeline.reproduction import ProtocolSetting
+from pipeline.reproduction import ProtocolSetting, source_kind
 from stages.cli import main
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -93,24 +92,12 @@ CREEM = {
 }
 
 CASES = {"ldagent_msc": LDAGENT, "creem_msc": CREEM}
-# A paper source names where the paper says it (or, for a stand-in, the paper's baseline it stands for).
-PAPER_SOURCE = re.compile(r"(Sec\.|App\.|Table|Algorithm)")
 
 
 def protocol(name: str) -> dict[str, ProtocolSetting]:
     sheet = stages.load_config(CONFIGS / f"{name}.yaml").paper
     assert sheet is not None, name
     return sheet.protocol
-
-
-def source_kind(source: str) -> str:
-    if source.startswith("ours"):
-        return "ours"
-    if source.startswith("inferred:"):
-        return "inferred"
-    if source.startswith("reference code"):
-        return "reference code"
-    return "paper" if PAPER_SOURCE.search(source) else "unsourced"
 
 
 def sheet_lines(out: str) -> list[str]:

@@ -12,7 +12,6 @@ more per config with every named key moved off its sheet value (`--set`) and ass
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 
 import stages
 from stages.cli import main
-from pipeline.reproduction import deviations
+from pipeline.reproduction import deviations, source_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 QA = ("secom", "turn", "session")
@@ -88,18 +87,6 @@ ALSO = {"judge_answers.gpt4score_mode": ["first [[rating]]"],
         "llm.structured_retries": ["falls back less often"],
         "compress.rate": ["0.9"]}
 ALSO_BY_CONFIG = {("secom_longmtbench", "judge_answers.gpt4score_mode"): ["history_source full_past"]}
-PAPER_PLACE = re.compile(r"^(Sec\.|App\.|Table|Figure|Fig\.)")
-
-
-def source_kind(source: str) -> str:
-    """Where a sheet's source says the value comes from, by how it starts (the sheets' convention)."""
-    if source.startswith("ours"):
-        return "ours"
-    if source.startswith("inferred:"):
-        return "inferred"
-    if source.startswith("reference code"):
-        return "reference code"
-    return "paper" if PAPER_PLACE.match(source) else "unknown"
 
 
 def _yaml(value: Any) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.reproduction import source_kind
 from stages.cli import main
 from sheets import sheet_config
 from stages.probes import teafarm_probes
@@ -54,15 +55,15 @@ KEYS: dict[str, dict[str, tuple[str, str | None]]] = {
     },
     "longmemeval": {
         "judge_answers.correctness": ("paper", "[strict]"),  # F9, P3, P4
-        "judge_answers.max_tokens": ("paper", "20"),
+        "judge_answers.max_tokens": ("reference code", "20"),
         "roles.judge.model": ("paper", "gpt-4o-mini"),
-        "roles.judge.temperature": ("paper", "0.5"),
+        "roles.judge.temperature": ("reference code", "0.5"),
         "roles.generator.temperature": ("paper", "0.5"),
         "method.full_history.qa_prompt": ("paper", "ours"),  # P1
-        "method.full_history.token_budget": ("paper", "100000"),  # P14
-        "method.full_history.keep": ("paper", "newest"),  # P14
-        "method.full_history.budget_tokenizer": ("paper", "cl100k"),  # P14
-        "method.turn.key_side": ("paper", "both"),  # P12
+        "method.full_history.token_budget": ("reference code", "100000"),  # P14
+        "method.full_history.keep": ("reference code", "newest"),  # P14
+        "method.full_history.budget_tokenizer": ("reference code", "cl100k"),  # P14
+        "method.turn.key_side": ("reference code", "both"),  # P12
         "method.turn.use_compression": ("paper", "true"),
         "method.turn.retriever": ("ours", "dense"),
         "method.turn.top_k": ("ours", "5"),
@@ -71,18 +72,18 @@ KEYS: dict[str, dict[str, tuple[str, str | None]]] = {
         "probes.max_qa_per_episode": ("paper", "1"),
     },
     "locomo_memory_systems": {
-        "method.full_history.qa_prompt": ("paper", "ours"),  # F1
-        "method.turn.qa_prompt": ("paper", "ours"),  # F1
+        "method.full_history.qa_prompt": ("reference code", "ours"),  # F1
+        "method.turn.qa_prompt": ("reference code", "ours"),  # F1
         "method.mem0_style.show_work": ("paper", "false"),  # F2, P11
         "method.mem0.show_work": ("paper", "false"),  # F2
         "method.mem0_style.extract_every": ("paper", "session"),  # P8, P10 (its source names the missing summary)
         "method.mem0_style.recent_turns": ("paper", "5"),  # P8
-        "method.mem0_style.per_speaker": ("paper", "false"),  # P5
+        "method.mem0_style.per_speaker": ("reference code", "false"),  # P5
         "judge_answers.unanswerable": ("paper", "not_mentioned"),  # F6
         "judge_answers.correctness": ("paper", "[strict]"),  # F8: mem0's J
         "judge_answers.runs": ("paper", "1"),
-        "roles.judge.model": ("paper", "gpt-4o"),
-        "roles.judge.temperature": ("paper", "0.5"),
+        "roles.judge.model": ("reference code", "gpt-4o"),
+        "roles.judge.temperature": ("reference code", "0.5"),
         "llm.max_tokens": ("ours", "1024"),
         "judge_answers.max_tokens": ("ours", "300"),
         "method.turn.token_budget": ("inferred", "256"),
@@ -97,10 +98,6 @@ KEYS: dict[str, dict[str, tuple[str, str | None]]] = {
 LISTED_AS_SHIPPED: dict[str, dict[str, str]] = {
     "longmemeval": {"corpus.path": "paper"},  # F4: the cleaned release against Figure 3b's 2024 file
 }
-
-
-def kind(source: str) -> str:
-    return "ours" if source.startswith("ours:") else "inferred" if source.startswith("inferred:") else "paper"
 
 
 def check_output(capsys, name: str, overrides: Sequence[str] = ()) -> list[str]:
@@ -122,7 +119,7 @@ def test_every_named_key_is_on_the_sheet_with_a_source_of_its_kind(name):
     wanted = {**{k: v[0] for k, v in KEYS[name].items()}, **LISTED_AS_SHIPPED.get(name, {})}
     missing = [k for k in wanted if k not in protocol]
     assert not missing, f"{name}: not on the sheet: {missing}"
-    wrong = {k: protocol[k].source[:60] for k, want in wanted.items() if kind(protocol[k].source) != want}
+    wrong = {k: protocol[k].source[:60] for k, want in wanted.items() if source_kind(protocol[k].source) != want}
     assert not wrong, f"{name}: source of another kind than the test expects: {wrong}"
 
 
@@ -144,7 +141,7 @@ def test_check_lists_each_named_key_with_its_source_once_the_run_differs(name, c
     for key in overrides:
         line = next(ln for ln in moved if ln.startswith(f"  {key}: "))
         src = protocol[key].source
-        assert f"(paper: {protocol[key].value!r}, " in line and (kind(src) == "paper" or f", {kind(src)}:" in line)
+        assert f"(paper: {protocol[key].value!r}, " in line and (source_kind(src) == "paper" or f", {source_kind(src)}:" in line)
 
 
 def test_teafarm_questions_are_answered_by_the_speaker_who_did_not_ask_so_agent_speaker_is_off_the_sheet():

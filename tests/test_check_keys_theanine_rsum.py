@@ -16,7 +16,7 @@ import pytest
 
 import stages
 from stages.cli import main
-from pipeline.reproduction import effective
+from pipeline.reproduction import effective, source_kind
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 ABLATIONS = ("theanine_no_relation", "theanine_no_refine", "theanine_all")
@@ -79,16 +79,6 @@ KEYS: dict[str, dict[str, tuple[str, str | None]]] = {
     "theanine_msc_cc": {**THEANINE, **POOLED},
     "rsum_msc": RSUM,
 }
-PAPER_PLACES = ("Sec.", "Table", "App.", "footnote", "Fig.")
-
-
-def source_kind(source: str) -> str:
-    """ours / inferred / reference code / paper (a section, table, appendix, footnote or figure)."""
-    for kind, prefix in (("ours", "ours"), ("inferred", "inferred:"), ("reference code", "reference code:")):
-        if source.startswith(prefix):
-            return kind
-    assert source.startswith(PAPER_PLACES), f"a source names its kind first: {source!r}"
-    return "paper"
 
 
 @pytest.mark.parametrize("name", sorted(KEYS))
