@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus import cc, dialseg, locomo, longmemeval, longmtbench, msc, sample
+from pipeline.corpus import cc, dialseg, locomo, locomo_plus, longmemeval, longmtbench, msc, sample
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
 from pipeline.corpus.records import Checker, Episode, Rows, build_rows, shown
 from pipeline.errors import ConfigError, InputError
@@ -29,6 +29,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "longmtbench": longmtbench.parse,
     "dialseg": dialseg.parse,
     "longmemeval": longmemeval.parse,
+    "locomo_plus": locomo_plus.parse,
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
@@ -113,7 +114,10 @@ def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
     if limit == 0:
         corpus_files(path)  # still report a missing path
         return
-    records = iter_records(path)
+    if fmt == "locomo_plus":  # two files read together: a cue item is stitched into a LoCoMo conversation
+        records, parse = locomo_plus.reader(path, captions)
+    else:
+        records = iter_records(path)
     count = 0
     try:
         for rec in records:
