@@ -271,3 +271,9 @@ def test_the_pipeline_judges_each_type_with_its_prompt_and_reports_accuracy_per_
     scores = StageDir(run, "score").read_table("retrieval_scores").to_pylist()
     assert {r["qa_id"] for r in scores} == set(expected) - {"ms_0006_abs", "ssa_0002"}
     assert all(0.0 <= r["recall"] <= 1.0 for r in scores)
+    # What each method's answer read, against the same evidence: the rounds `turn` put in its context
+    # (its memory_ids); zero_history reads nothing, so it has no row.
+    answered = StageDir(run, "score").read_table("answer_retrieval_scores").to_pylist()
+    assert {(r["method"], r["qa_id"]) for r in answered} == {("turn", q) for q in set(expected) - {"ms_0006_abs", "ssa_0002"}}
+    assert {r["k"] for r in answered} == set(cfg.score.retrieval_k)
+    assert all(0.0 <= r["session_recall_any"] <= 1.0 and 0 < r["context_units"] <= 10 for r in answered)

@@ -1,6 +1,7 @@
 """score: per-item metrics. Segmentation against gold boundaries (Pk, WindowDiff, F1, segment
 score) and retrieval against gold evidence (recall@k, DCG) for every granularity, with and
-without compression as the retrieval key."""
+without compression as the retrieval key; and LongMemEval's retrieval measures of what each
+method's answers read (`answer_retrieval_scores`, stages/scoring/answer_retrieval.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pipeline.engine.stage import EpisodeStage, Rows, StageContext
 from stages.dialogue import sessions_of
 from stages.metrics import retrieval as rmetrics
 from stages.metrics import segmentation as smetrics
+from stages.method_stages import respond_stage_name
 from stages.methods.secom.units import unit_retriever
+from stages.scoring.answer_retrieval import ANSWER_RETRIEVAL_SCORES, answer_retrieval_rows
 
 SEGMENTATION_SCORES = pa.schema(
     [
@@ -126,10 +129,15 @@ def retrieval_rows(episode_id: str, dataset: str, qa: Rows, units: Rows, cfg: An
 
 class ScoreStage(EpisodeStage[ScoreConfig]):
     name = "score"
-    inputs = ("ingest", "segment", "banks")
-    outputs = {"segmentation_scores": SEGMENTATION_SCORES, "retrieval_scores": RETRIEVAL_SCORES}
+    outputs = {"segmentation_scores": SEGMENTATION_SCORES, "retrieval_scores": RETRIEVAL_SCORES,
+               "answer_retrieval_scores": ANSWER_RETRIEVAL_SCORES}
     section = "score"
     uses_embedder = True
+
+    def __init__(self, methods: tuple[str, ...] = ()) -> None:
+        self.methods = methods  # whose answers' context is scored
+        self.inputs = ("ingest", "segment", "banks", *(["probes"] if methods else []),
+                       *(respond_stage_name(m) for m in methods))
 
     def selected_by(self, cfg: Any, present: set[str]) -> str | None:
         enabled = self.settings_of(cfg).enabled
@@ -151,4 +159,20 @@ class ScoreStage(EpisodeStage[ScoreConfig]):
                                                      inputs["segment.segments"], settings.segmentation_convention),
             "retrieval_scores": retrieval_rows(episode_id, dataset, inputs["ingest.qa"], inputs["banks.memory_units"],
                                                settings, qvecs),
+            "answer_retrieval_scores": self.answer_rows(episode_id, dataset, inputs, settings.retrieval_k),
         }
+
+    def answer_rows(self, episode_id: str, dataset: str, inputs: dict[str, Rows], ks: list[int]) -> Rows:
+        """Each method's answers' context against the evidence of the questions `score` scores."""
+        if not self.methods:
+            return []
+        gold = {q["qa_id"]: q for q in scored_questions(inputs["ingest.qa"])}
+        questions = {p["probe_id"]: gold[p["qa_id"]] for p in inputs["probes.probes"] if p.get("qa_id") in gold}
+        if not questions:
+            return []
+        sources = {u["unit_id"]: u["source_turn_ids"] for u in inputs["banks.memory_units"] if u.get("source_turn_ids")}
+        turn_ids = {(t["session_idx"], t["turn_idx"]): t["source_turn_id"] for t in inputs["ingest.turns"]
+                    if t.get("source_turn_id") is not None}
+        return [row for m in self.methods
+                for row in answer_retrieval_rows(episode_id, dataset, m, inputs[f"{respond_stage_name(m)}.responses"],
+                                                 questions, sources, turn_ids, ks)]
