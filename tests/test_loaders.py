@@ -22,6 +22,7 @@ FIXTURES = {
     "longmtbench": CORPORA / "longmtbench" / "longmt_mini.json",
     "dialseg": CORPORA / "dialseg" / "dialseg711_mini.json",
     "longmemeval": CORPORA / "longmemeval" / "longmemeval_mini.json",
+    "memoryagentbench": CORPORA / "memoryagentbench",
     "locomo_plus": CORPORA / "locomo_plus",
 }
 

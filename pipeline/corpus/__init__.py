@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus import cc, dialseg, locomo, locomo_plus, longmemeval, longmtbench, msc, sample
+from pipeline.corpus import cc, dialseg, locomo, locomo_plus, longmemeval, longmtbench, memoryagentbench, msc, sample
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
 from pipeline.corpus.records import Checker, Episode, Rows, build_rows, shown
 from pipeline.errors import ConfigError, InputError
@@ -29,6 +29,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "longmtbench": longmtbench.parse,
     "dialseg": dialseg.parse,
     "longmemeval": longmemeval.parse,
+    "memoryagentbench": memoryagentbench.parse,
     "locomo_plus": locomo_plus.parse,
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts

@@ -70,6 +70,13 @@ _AUDIT_SHA256 = (
 _LME_NOTE = ("The cleaned release (2025/09) the LongMemEval README links; the first release "
              "(xiaowu0162/longmemeval) reads the same way.")
 
+# xjtuleeyf/Locomo-Plus's data files at one commit (read from the commit's tree).
+_LOCOMO_PLUS_COMMIT = "059f4e3d38f7f1f96765e8e2cb7de3097551bffb"
+_LOCOMO_PLUS_SHA256 = (
+    ("locomo_plus.json", "af2fc6e5e0e88735e28d8dd1ef474b718861a73beb21779809e3b9e1a4fe3d23"),
+    ("locomo10.json", "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"),
+)
+
 SOURCES: tuple[CorpusSource, ...] = (
     CorpusSource(
         name="locomo",
@@ -100,6 +107,23 @@ SOURCES: tuple[CorpusSource, ...] = (
               "non-commercial use only. Pinned at the commit named in the URLs (2026-04-02; the files are "
               "unchanged since the audit's first commit ded8d0f).",
         use="corpus.answer_key=audited corpus.audit_path={dir}/locomo-audit",
+    ),
+    CorpusSource(
+        name="locomo-plus",
+        description="LoCoMo-Plus (Li et al. 2026): 401 cue/trigger items of a sixth, cognitive category, and "
+                    "the LoCoMo conversations they are stitched into",
+        homepage="https://github.com/xjtuleeyf/Locomo-Plus",
+        corpus_format="locomo_plus",
+        corpus_path="locomo-plus",
+        files=tuple(RemoteFile(
+            f"https://raw.githubusercontent.com/xjtuleeyf/Locomo-Plus/{_LOCOMO_PLUS_COMMIT}/data/{name}",
+            f"locomo-plus/{name}", sha,
+            sha256_source=f"the file at xjtuleeyf/Locomo-Plus commit {_LOCOMO_PLUS_COMMIT[:12]}")
+            for name, sha in _LOCOMO_PLUS_SHA256),
+        notes="Both files from the release's data/ at the commit in the URLs (2026-02-13): the loader reads the "
+              "directory and stitches cue item i into conversation i mod 10, as the release's unified_input.py does. "
+              "The release's locomo10.json is used (not `mempipe data fetch locomo`'s) so the pairing reads the "
+              "file the release read.",
     ),
     CorpusSource(
         name="msc",
@@ -230,4 +254,5 @@ FORMAT_SOURCES: dict[str, tuple[str, ...]] = {
     "longmemeval": ("longmemeval-s", "longmemeval-m", "longmemeval-oracle"),
     "dialseg": ("dialseg711", "tiage", "superdialseg"),
     "longmtbench": ("longmtbench",),
+    "locomo_plus": ("locomo-plus",),
 }
