@@ -51,6 +51,7 @@ class CorpusSource:
 
 
 _HF = "https://huggingface.co/datasets"
+_MAB_SPLITS = ("Accurate_Retrieval", "Test_Time_Learning", "Long_Range_Understanding", "Conflict_Resolution")
 _MSC_CONFIGS = ("creem_msc.yaml", "ldagent_msc.yaml", "rsum_msc.yaml", "theanine_msc.yaml",
                 "theanine_msc_cc.yaml", "teafarm_msc_cc.yaml")
 # dial481/locomo-audit's per-conversation errors, at one commit: the files are read from the commit's tree.
@@ -232,6 +233,22 @@ SOURCES: tuple[CorpusSource, ...] = (
               "listing here: if it moves, fetch the split with `datasets` as SeCom does.",
     ),
     CorpusSource(
+        name="memoryagentbench",
+        description="MemoryAgentBench (Hu, Wang and McAuley 2025): its four competency splits, each context "
+                    "with its questions",
+        homepage=f"{_HF}/ai-hyz/MemoryAgentBench",
+        corpus_format="memoryagentbench",
+        corpus_path="memoryagentbench",
+        files=tuple(RemoteFile(
+            f"{_HF}/ai-hyz/MemoryAgentBench/resolve/main/data/{split}-00000-of-00001.parquet",
+            f"memoryagentbench/{split}-00000-of-00001.parquet", None, unpack="parquet_to_jsonl",
+            output=f"memoryagentbench/{split}.jsonl") for split in _MAB_SPLITS),
+        notes="The release's data/ files (one Parquet file per split, as the official loader reads them with "
+              "`datasets`), each written as JSON Lines, one row a line; the loader reads the directory and "
+              "takes each file's competency from its name. The files are read from main, which the authors "
+              "still update: the first fetch pins their sha256, and a later change is refused.",
+    ),
+    CorpusSource(
         name="teabag",
         description="TeaBag (Theanine, Ong et al. 2025): the ids of its 50 MSC + 50 CC episodes",
         homepage=f"{_HF}/LangAGI-Lab/teafarm",
@@ -255,4 +272,5 @@ FORMAT_SOURCES: dict[str, tuple[str, ...]] = {
     "dialseg": ("dialseg711", "tiage", "superdialseg"),
     "longmtbench": ("longmtbench",),
     "locomo_plus": ("locomo-plus",),
+    "memoryagentbench": ("memoryagentbench",),
 }
