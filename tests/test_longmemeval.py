@@ -22,7 +22,7 @@ from pipeline.corpus.longmemeval import parse_date
 from pipeline.errors import InputError
 from pipeline.engine.runner import Runner
 from pipeline.engine.stage import StageContext
-from stages import registry
+from stages import load_config, registry
 from stages.judging import longmemeval as lme
 from stages.judging.judge_answers import JudgeAnswersSettings, JudgeAnswersStage
 from stages.probes import qa_probes
@@ -277,3 +277,56 @@ def test_the_pipeline_judges_each_type_with_its_prompt_and_reports_accuracy_per_
     assert {(r["method"], r["qa_id"]) for r in answered} == {("turn", q) for q in set(expected) - {"ms_0006_abs", "ssa_0002"}}
     assert {r["k"] for r in answered} == set(cfg.score.retrieval_k)
     assert all(0.0 <= r["session_recall_any"] <= 1.0 and 0 < r["context_units"] <= 10 for r in answered)
+
+
+# --- LongMemEval_M: configs/longmemeval_m.yaml on a haystack of many sessions ------------------------
+
+M_SESSIONS = 60  # sessions a question (LongMemEval_M has ~500; the layout is the same)
+
+
+def _many_sessions(records: list[dict], n: int) -> list[dict]:
+    """The fixture's records, each haystack padded to `n` sessions with the other records' sessions,
+    their `has_answer` marks dropped, dated before any question and given ids of their own."""
+    pool = [[{k: v for k, v in turn.items() if k != "has_answer"} for turn in s]
+            for r in records for s in r["haystack_sessions"]]
+    out = []
+    for r in records:
+        r = copy.deepcopy(r)
+        extra = n - len(r["haystack_sessions"])
+        start = datetime(2023, 1, 1, 9, 0)
+        r["haystack_sessions"] = [copy.deepcopy(pool[i % len(pool)]) for i in range(extra)] + r["haystack_sessions"]
+        r["haystack_session_ids"] = [f"filler_{r['question_id']}_{i}" for i in range(extra)] + r["haystack_session_ids"]
+        r["haystack_dates"] = [(start.replace(day=1 + i % 28, month=1 + i // 28)).strftime("%Y/%m/%d (%a) %H:%M")
+                               for i in range(extra)] + r["haystack_dates"]
+        out.append(r)
+    return out
+
+
+@pytest.mark.heavy(seconds=6)
+def test_the_longmemeval_m_config_runs_offline_on_a_haystack_of_many_sessions(tmp_path, fake_llm, models_cache,
+                                                                              monkeypatch):
+    path = tmp_path / "longmemeval_m_cleaned.json"
+    path.write_text(json.dumps(_many_sessions(RECORDS, M_SESSIONS)))
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "configs" / "longmemeval_m.yaml", [
+        f"artifacts_dir={tmp_path / 'artifacts'}", f"llm.base_url={fake_llm.base_url}",
+        "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
+        f"embedding.cache_dir={models_cache}", "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1",
+        "ray.executor=inline", f"corpus.path={path}"])
+    assert cfg.corpus.limit == 5  # the default slice: the first five questions
+    fake_llm.responder = _responder
+    out = Runner(cfg, registry(cfg)).run()
+    assert set(out.values()) == {"ran"}
+    for stage in out:
+        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
+    episodes = StageDir(cfg.run_dir, "ingest").read_table("episodes").to_pylist()
+    turns = StageDir(cfg.run_dir, "ingest").read_table("turns").to_pylist()
+    assert len(episodes) == 5 and len({(t["episode_id"], t["session_idx"]) for t in turns}) == 5 * M_SESSIONS
+    judged = StageDir(cfg.run_dir, "judge_answers").read_table("answer_judgments").to_pylist()
+    assert {r["method"] for r in judged} == set(cfg.methods) and len(judged) == 5 * len(cfg.methods)
+    # Each retrieval method's answers are scored on what they read; the padding holds no evidence.
+    answered = StageDir(cfg.run_dir, "score").read_table("answer_retrieval_scores").to_pylist()
+    assert {r["method"] for r in answered} >= {"turn", "session"}
+    assert all(r["context_units"] <= (10 if r["method"] == "turn" else 5) for r in answered
+               if r["method"] in ("turn", "session"))

@@ -172,7 +172,8 @@ SOURCES: tuple[CorpusSource, ...] = (
         corpus_path="longmemeval_m_cleaned.json",
         files=(RemoteFile(f"{_HF}/xiaowu0162/longmemeval-cleaned/resolve/main/longmemeval_m_cleaned.json",
                           "longmemeval_m_cleaned.json", None),),
-        notes=_LME_NOTE + " No config names it: --set corpus.path=data/longmemeval_m_cleaned.json.",
+        configs=("longmemeval_m.yaml",),
+        notes=_LME_NOTE,
     ),
     CorpusSource(
         name="longmemeval-oracle",
