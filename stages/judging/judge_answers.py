@@ -31,7 +31,7 @@ from pydantic import Field, field_validator
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.engine.stage import Rows, StageContext
-from stages.judging import answers, longmemeval
+from stages.judging import answers, locomo_plus, longmemeval
 from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows
 from stages.judging.panel import (F1, JUDGE_ROLE, PanelJudge, accepted, default_panel, f1_score, panel_roles,
@@ -92,7 +92,8 @@ class JudgeAnswersSettings(JudgeSettings):
     memochat_dates: bool = True
     # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type;
     # locomo_j: the community LoCoMo judge (mem0's J: CORRECT / WRONG against the gold answer)
-    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j"]] = ["strict", "lenient"]
+    # locomo_plus: LoCoMo-Plus's correct / partial / wrong judge, its prompt chosen by category
+    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
     # judge needs no reference), or skipped by every judge (rows with `skipped` set): `skip` leaves out
@@ -201,6 +202,11 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
         reference = gold if gold is not None else answers.NOT_MENTIONED
         question = _asked(probe, questions)
         return longmemeval.judge_call(kind, question, reference, response), ("score", "judge_prompt", "reason"), None
+    if judge == locomo_plus.JUDGE:
+        # No question shown: the release's prompts have none; cognitive items are judged on their cue.
+        evidence = locomo_plus.evidence_text(evidence_ids(probe.get("evidence")), turns)
+        return (locomo_plus.judge_call(locomo_plus.prompt_kind(probe["category"]), response, gold or "", evidence),
+                ("score", "judge_prompt", "reason"), None)
     if judge == answers.LOCOMO_J:
         question = _asked(probe, questions)
         expected = gold if gold is not None else f"{answers.NOT_MENTIONED} {answers.UNANSWERABLE_NOTE}"
@@ -215,7 +221,7 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
 class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
     name = section = "judge_answers"
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
-    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS}
+    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS}
 
     async def process_episode(self, ctx: StageContext[JudgeAnswersSettings], episode_id: str,
                               inputs: dict[str, Rows]) -> dict[str, Rows]:
@@ -247,7 +253,9 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
         async def judged(probe: dict[str, Any], method: str, judge: PanelJudge, row: dict[str, Any],
                          runs: Rows) -> Rows:
             memochat = judge.prompt == "gpt4score" and settings.gpt4score_mode == "memochat"
-            reference_source, skipped = reference_or_skip(probe, memochat, settings.unanswerable)
+            # LoCoMo-Plus's cognitive items have no reference: its judge reads their cue instead
+            cue = judge.prompt == locomo_plus.JUDGE and str(probe["category"]) == locomo_plus.COGNITIVE
+            reference_source, skipped = reference_or_skip(probe, memochat or cue, settings.unanswerable)
             if skipped is not None:
                 return [{**r, "skipped": skipped} for r in runs]
             row["reference_source"] = reference_source

@@ -20,7 +20,7 @@ from stages.metrics import locomo_qa
 
 F1 = "f1"
 # The prompts a panel judge can use; `f1` is LoCoMo's F1 (stages/metrics/locomo_qa.py), no model.
-PanelPrompt = Literal["strict", "lenient", "longmemeval", "locomo_j", "gpt4score", "f1"]
+PanelPrompt = Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus", "gpt4score", "f1"]
 # LoCoMo's categories as LongMemEval's question types, so that LongMemEval's judge picks its
 # per-type prompt on LoCoMo: temporal questions get its temporal prompt; adversarial ones, which
 # have no answer in the conversation, its abstention prompt (by their missing gold); the others its

@@ -20,6 +20,8 @@ _ANSWER_JUDGES = {
     "strict": "ours: strict correctness judge against the reference answer (share judged correct)",
     "lenient": "ours: lenient correctness judge against the reference answer (share judged correct)",
     "longmemeval": "LongMemEval's scorer: evaluate_qa.py's yes/no judge, one prompt per question type (share judged yes)",
+    "locomo_plus": "LoCoMo-Plus's scorer: llm_as_judge.py's judge, one prompt per category (the cognitive one reads the "
+                   "cue, not a reference), correct 1 / partial 0.5 / wrong 0, mean score",
     "teafarm": "Theanine's scorer: TeaFarm correctness judge (Sec. 5.1), correct / total",
 }
 _PAIRWISE = {
