@@ -9,7 +9,7 @@ import asyncio
 import copy
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -296,7 +296,7 @@ def _many_sessions(records: list[dict], n: int) -> list[dict]:
         start = datetime(2023, 1, 1, 9, 0)
         r["haystack_sessions"] = [copy.deepcopy(pool[i % len(pool)]) for i in range(extra)] + r["haystack_sessions"]
         r["haystack_session_ids"] = [f"filler_{r['question_id']}_{i}" for i in range(extra)] + r["haystack_session_ids"]
-        r["haystack_dates"] = [(start.replace(day=1 + i % 28, month=1 + i // 28)).strftime("%Y/%m/%d (%a) %H:%M")
+        r["haystack_dates"] = [(start + timedelta(hours=6 * i)).strftime("%Y/%m/%d (%a) %H:%M")
                                for i in range(extra)] + r["haystack_dates"]
         out.append(r)
     return out
