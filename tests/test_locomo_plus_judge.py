@@ -9,11 +9,17 @@ _parse_judge_response, label_to_score and _compute_summary once (xjtuleeyf/Locom
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from pipeline.testing.fake_chat import FakeChat
 
+from pipeline.artifacts import StageDir
+from pipeline.engine.runner import Runner
+from stages import load_config, registry
 from stages.judging import locomo_plus as lp
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "corpora" / "locomo_plus"
 
 
 @pytest.mark.parametrize(("category", "kind"), [
@@ -77,3 +83,52 @@ def test_evidence_is_shown_as_speaker_lines_of_the_evidence_turns() -> None:
              {"source_turn_id": "C1:2", "speaker": "Dev", "text": "Good for you."},
              {"source_turn_id": "D1:1", "speaker": "Dev", "text": "Hi"}]
     assert lp.evidence_text(["C1:1", "C1:2", "D9:9"], turns) == "Priya：I learnt to say no.\nDev：Good for you."
+
+
+# --- configs/locomo_plus.yaml on the fixture, judged by the fake server -------------------------------
+
+KIND_OF_SYSTEM = {text: kind for kind, text in lp.SYSTEMS.items()}
+REPLY = "You were learning to say no, so maybe step back from that project."
+
+
+def _responder(body: dict) -> str | None:
+    """The judge labels a cognitive reply correct when it mentions the cue's "say no", partial elsewhere;
+    every method gives the same reply."""
+    messages = body["messages"]
+    kind = KIND_OF_SYSTEM.get(messages[0]["content"]) if messages[0]["role"] == "system" else None
+    if kind is None:
+        return None if "response_format" in body else REPLY
+    if kind == "cognitive":
+        cue = messages[1]["content"].split("Model reply:")[0]
+        return '{"label": "%s", "reason": "r"}' % ("correct" if "say 'no'" in cue else "wrong")
+    return '{"label": "partial", "reason": "r"}'
+
+
+@pytest.mark.heavy(seconds=9)
+def test_the_config_runs_offline_judging_cognitive_items_on_their_cue(tmp_path, fake_llm, models_cache,
+                                                                      monkeypatch):
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "configs" / "locomo_plus.yaml", [
+        f"artifacts_dir={tmp_path / 'artifacts'}", f"llm.base_url={fake_llm.base_url}",
+        "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
+        f"embedding.cache_dir={models_cache}", "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1",
+        "ray.executor=inline", f"corpus.path={FIXTURE}"])
+    assert cfg.corpus.limit == 5  # the default slice: the fixture's 3 cognitive items and its 2 conversations
+    fake_llm.responder = _responder
+    out = Runner(cfg, registry(cfg)).run()
+    assert set(out.values()) == {"ran"}
+    for stage in out:
+        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
+    rows = StageDir(cfg.run_dir, "judge_answers").read_table("answer_judgments").to_pylist()
+    cognitive = {(r["probe_id"], r["method"]): r for r in rows if r["category"] == "cognitive"}
+    assert len(cognitive) == 3 * len(cfg.methods)
+    assert all(r["skipped"] is None and r["judge_prompt"] == "cognitive" for r in cognitive.values())
+    # item 0's cue says "say 'no'": correct; items 1 and 2 have other cues: wrong
+    assert {(p.split(":")[-1], r["score"]) for (p, _), r in cognitive.items()} >= {
+        ("locomo_plus-c0-q0", 1.0), ("locomo_plus-c1-q0", 0.0)}
+    summary = StageDir(cfg.run_dir, "report").read_table("answer_summary").to_pylist()
+    by = {(r["category"], r["method"]): r for r in summary if r["dataset"] == "locomo_plus"}
+    assert by[("cognitive", "zero_history")]["score"] == pytest.approx(1 / 3)
+    partial = [r for r in rows if r["category"] not in ("cognitive", "adversarial") and r["skipped"] is None]
+    assert partial and {r["score"] for r in partial} == {0.5}

@@ -121,6 +121,7 @@ SOURCES: tuple[CorpusSource, ...] = (
             f"locomo-plus/{name}", sha,
             sha256_source=f"the file at xjtuleeyf/Locomo-Plus commit {_LOCOMO_PLUS_COMMIT[:12]}")
             for name, sha in _LOCOMO_PLUS_SHA256),
+        configs=("locomo_plus.yaml",),
         notes="Both files from the release's data/ at the commit in the URLs (2026-02-13): the loader reads the "
               "directory and stitches cue item i into conversation i mod 10, as the release's unified_input.py does. "
               "The release's locomo10.json is used (not `mempipe data fetch locomo`'s) so the pairing reads the "
