@@ -8,6 +8,9 @@
   `evaluation.eval_question_answering(qas, "<method>_prediction")` scores, recall included.
 - LongMemEval (`--format longmemeval`): `<out>/<method>.jsonl`, one `{"question_id", "hypothesis"}`
   line per answered question in the input file's order, as `src/evaluation/evaluate_qa.py` reads it.
+- LoCoMo-Plus (`--format locomo_plus`): `<out>/<method>.json`, one record per answered question, the
+  cognitive items then LoCoMo's, in the layout the release's `task_eval/evaluate_qa.py` writes and
+  `llm_as_judge.py` reads (`stages/judging/locomo_plus.py`'s `release_record`).
 
 Where the run has a finished `diagnose` stage, each prediction also carries the bucket it diagnosed
 (why the answer failed: write, retrieval or read; docs/judges-and-metrics.md): LoCoMo's QA item a
@@ -39,11 +42,13 @@ from pipeline.config import RunConfig
 from pipeline.corpus import locomo
 from pipeline.corpus.reader import iter_records
 from pipeline.errors import PipelineError
+from stages.judging import locomo_plus
 from stages.judging.diagnose import BUCKETS, DiagnoseStage
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.methods import METHODS
 
-Format = Literal["locomo", "longmemeval"]
+Format = Literal["locomo", "longmemeval", "locomo_plus"]
+_DATASETS = {"locomo_plus": ("locomo_plus", "locomo")}  # the datasets a format's run ingests (default: its own)
 LOCOMO_FILE = "locomo_predictions.json"
 SUMMARY_FILE = "predictions_summary.json"
 PREDICTION, CONTEXT = "{}_prediction", "{}_prediction_context"  # LoCoMo task_eval's key names
@@ -72,7 +77,7 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
             raise PipelineError(f"export predictions: stage {stage} of {cfg.run_dir} is not finished: "
                                 "run `mempipe run` first")
     ingest = StageDir(cfg.run_dir, "ingest")
-    episodes = [e for e in ingest.read_table("episodes").to_pylist() if e["dataset"] == fmt]
+    episodes = [e for e in ingest.read_table("episodes").to_pylist() if e["dataset"] in _DATASETS.get(fmt, (fmt,))]
     if not episodes:
         raise PipelineError(f"export predictions: the run ingested no {fmt} episodes")
     ids = [e["episode_id"] for e in episodes]
@@ -83,6 +88,11 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "locomo":
         _write_json(out / LOCOMO_FILE, _locomo_samples(episodes, qa, ingest, ids, predictions))
+    elif fmt == "locomo_plus":
+        turns = ingest.read_table("turns", episode_ids=ids).to_pylist()
+        for m, preds in predictions.items():
+            _write_json(out / f"{m}.json", [locomo_plus.release_record(q, preds[q["qa_id"]].text, m, turns)
+                                            for q in qa if q["qa_id"] in preds])
     else:
         for m, preds in predictions.items():
             with (out / f"{m}.jsonl").open("w", encoding="utf-8") as f:

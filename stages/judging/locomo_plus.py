@@ -126,3 +126,22 @@ def evidence_text(evidence: Sequence[str], turns: Sequence[Mapping[str, object]]
     writes "[id] [Missing turn]" there)."""
     by_id = {t.get("source_turn_id"): t for t in turns}
     return "\n".join(f"{by_id[i].get('speaker')}：{by_id[i].get('text')}" for i in evidence if i in by_id)
+
+
+# The release's category names (unified_input.py), where ours differ.
+RELEASE_CATEGORIES = {"open-domain": "common-sense", COGNITIVE: "Cognitive"}
+
+
+def release_record(qa: Mapping[str, object], prediction: str, model: str,
+                   turns: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """One answered question as the release's evaluate_qa.py writes it for llm_as_judge.py: the question
+    (a cognitive item's trigger), the evidence as "Speaker：text" lines of that episode's turns, the
+    release's category name, the reference ("" where none), the prediction and the model (our method)."""
+    evidence = qa.get("evidence")
+    ids = [str(i) for i in evidence] if isinstance(evidence, list) else []
+    own = [t for t in turns if t.get("episode_id") == qa.get("episode_id")]
+    category = str(qa.get("category"))
+    answer = qa.get("answer")
+    return {"question_input": qa.get("question"), "evidence": evidence_text(ids, own),
+            "category": RELEASE_CATEGORIES.get(category, category),
+            "ground_truth": "" if answer is None else str(answer), "prediction": prediction, "model": model}
