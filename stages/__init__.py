@@ -70,7 +70,8 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     wanted.update((s.name, f"method {s.method.name}") for s in own)
     per_method: list[Stage] = list(own)
     names = tuple(cfg.methods)
-    scoring: list[Stage] = [ScoreStage(names), ResponseMetricsStage(names), JudgePairwiseStage(names),
+    scored_answers = names if ScoreStage().settings_of(cfg).answer_retrieval else ()
+    scoring: list[Stage] = [ScoreStage(scored_answers), ResponseMetricsStage(names), JudgePairwiseStage(names),
                             JudgeAnswersStage(names), JudgeCalibrationStage(),
                             JudgeMemoryStage(tuple(m.name for m in chosen if m.has_memory_stage))]
     brought = _reads(per_method, {**readable, **{s.name: s for s in per_method}})

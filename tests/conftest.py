@@ -275,3 +275,13 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     yield
+
+
+@pytest.fixture
+def mirror(no_network: None) -> Iterator[Any]:
+    """A local HTTP mirror of corpus files (tests/file_mirror.py's `Mirror`); the network stays shut."""
+    from file_mirror import Mirror
+
+    m = Mirror()
+    yield m
+    m.close()

@@ -10,9 +10,7 @@ import hashlib
 import json
 import shutil
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 from urllib.parse import urlsplit
 
 import pytest
@@ -109,7 +107,7 @@ def test_a_directory_without_both_files_fails_naming_the_missing_one(tmp_path: P
 
 
 def test_fetch_pins_both_release_files_at_one_commit_into_the_directory_the_loader_reads(tmp_path, monkeypatch,
-                                                                                         no_network):
+                                                                                         mirror):
     source = sources.REGISTRY["locomo-plus"]
     assert missing_corpus_hint("locomo_plus") == "run `mempipe data fetch locomo-plus`"
     assert [f.fname for f in source.files] == ["locomo-plus/locomo_plus.json", "locomo-plus/locomo10.json"]
@@ -117,27 +115,11 @@ def test_fetch_pins_both_release_files_at_one_commit_into_the_directory_the_load
     # The fixture files are not the release's: the same entry with the fixture's hashes.
     bodies = {urlsplit(f.url).path: (FIXTURE / f.fname.split("/")[1]).read_bytes() for f in source.files}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = bodies[urlsplit(self.path).path]
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
+    mirror.files.update(bodies)
     monkeypatch.setitem(sources.REGISTRY, "locomo-plus", sources.CorpusSource(
         source.name, "", "", source.corpus_format, source.corpus_path, files=tuple(
             sources.RemoteFile(f.url, f.fname, hashlib.sha256(bodies[urlsplit(f.url).path]).hexdigest(), "the test")
             for f in source.files)))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        fetch("locomo-plus", tmp_path, progress=False, base_url_override=f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    fetch("locomo-plus", tmp_path, progress=False, base_url_override=mirror.url)
     corpus = load_corpus("locomo_plus", tmp_path / source.corpus_path)
     assert len(corpus.episodes) == 5 and corpus.qa[0]["category"] == "cognitive"

@@ -221,7 +221,7 @@ def _responder(body: dict) -> str | None:
 def test_the_pipeline_judges_each_type_with_its_prompt_and_reports_accuracy_per_type(run_cfg, fake_llm):
     cfg = run_cfg("corpus.format=longmemeval", f"corpus.path={FIXTURE}", "corpus.limit=null",
                   "methods=[zero_history,turn]", "compress.method=none", "compress.granularities=[turn,session]",
-                  "banks.granularities=[turn,session]", "score.retrievers=[bm25]", "probes.next_response=false",
+                  "banks.granularities=[turn,session]", "score.retrievers=[bm25]", "score.answer_retrieval=true", "probes.next_response=false",
                   "probes.max_qa_per_episode=null", "judge_answers.score_0_100=false",
                   "judge_answers.correctness=[longmemeval]", "judge_pairwise.enabled=false",
                   "judge_memory.enabled=false", "response_metrics.bertscore=false")

@@ -8,10 +8,7 @@ from __future__ import annotations
 import copy
 import io
 import json
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -164,41 +161,15 @@ def test_the_hub_parquet_as_fetch_writes_it_loads_like_the_fixture(tmp_path):
 
 # --- mempipe data fetch -----------------------------------------------------------------------------
 
-class _Served(BaseHTTPRequestHandler):
-    files: dict[str, bytes] = {}
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = self.files.get(urlsplit(self.path).path)
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def test_fetch_writes_each_split_as_json_lines_in_the_directory_the_loader_reads(no_network, tmp_path):
+def test_fetch_writes_each_split_as_json_lines_in_the_directory_the_loader_reads(mirror, tmp_path):
     source = sources.REGISTRY["memoryagentbench"]
     assert source.corpus_format == "memoryagentbench" and len(source.files) == 4
-    served: dict[str, bytes] = {}
     for remote in source.files:
         split = Path(remote.fname).name.split("-", 1)[0]
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(_rows(FIXTURE / f"{split}-00000-of-00001.jsonl")), buf)
-        served[urlsplit(remote.url).path] = buf.getvalue()
-    _Served.files = served
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Served)
-    Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        got = fetch("memoryagentbench", tmp_path, progress=False,
-                    base_url_override=f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+        mirror.serve(remote.url, buf.getvalue())
+    got = fetch("memoryagentbench", tmp_path, progress=False, base_url_override=mirror.url)
     assert sorted(f.path.name for f in got) == sorted(f"{s}.jsonl" for s in (
         "Accurate_Retrieval", "Test_Time_Learning", "Long_Range_Understanding", "Conflict_Resolution"))
     fetched = load_corpus("memoryagentbench", tmp_path / source.corpus_path)

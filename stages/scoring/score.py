@@ -63,6 +63,9 @@ class ScoreConfig(Section):
     retrievers: list[Literal["bm25", "dense", "hybrid"]] = ["bm25", "dense"]  # (pydantic copies a list default)
     # Dense scoring of the retrieval rows: set it as the methods' `similarity` (SeCom configs: l2).
     similarity: Similarity = "cosine"
+    # Also LongMemEval's measures of what each method's answers read (`answer_retrieval_scores`): then
+    # `score` reads the probes and every respond stage, so it waits for the answers.
+    answer_retrieval: bool = False
 
 
 def segmentation_rows(episode_id: str, dataset: str, sessions: dict[int, Rows], segments: Rows,
