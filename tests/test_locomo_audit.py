@@ -41,7 +41,7 @@ from pipeline.engine.runner import Runner
 from sheets import PAPER_CONFIGS, sheet_config
 from stages import load_config, registry
 from stages.ingest import IngestStage
-from test_data_fetch import Mirror, mirror, run_cli, sha  # noqa: F401 (mirror: the fixture)
+from test_data_fetch import run_cli, sha
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "locomo_audit"
