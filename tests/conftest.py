@@ -285,3 +285,10 @@ def mirror(no_network: None) -> Iterator[Any]:
     m = Mirror()
     yield m
     m.close()
+
+
+def shipped_config_offline(tmp_path: Path, base_url: str, models_cache: Path) -> list[str]:
+    """The `--set`s that run a shipped config inline against the fake server (key in MEMPIPE_TEST_KEY)."""
+    return [f"artifacts_dir={tmp_path / 'artifacts'}", f"llm.base_url={base_url}", "llm.api_key_env=MEMPIPE_TEST_KEY",
+            f"llm.cache_dir={tmp_path / 'llm-cache'}", f"embedding.cache_dir={models_cache}", "llm.backoff_base_s=0.01",
+            "ray.episodes_per_shard=1", "ray.executor=inline"]

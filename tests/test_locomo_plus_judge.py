@@ -12,6 +12,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
+from conftest import shipped_config_offline
 from pipeline.testing.fake_chat import FakeChat
 
 from pipeline.artifacts import StageDir
@@ -110,10 +112,7 @@ def test_the_config_runs_offline_judging_cognitive_items_on_their_cue(tmp_path, 
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "configs" / "locomo_plus.yaml", [
-        f"artifacts_dir={tmp_path / 'artifacts'}", f"llm.base_url={fake_llm.base_url}",
-        "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
-        f"embedding.cache_dir={models_cache}", "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1",
-        "ray.executor=inline", f"corpus.path={FIXTURE}"])
+        *shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), f"corpus.path={FIXTURE}"])
     assert cfg.corpus.limit == 5  # the default slice: the fixture's 3 cognitive items and its 2 conversations
     fake_llm.responder = _responder
     out = Runner(cfg, registry(cfg)).run()

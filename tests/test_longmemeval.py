@@ -14,6 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from conftest import shipped_config_offline
 from pipeline.testing.fake_chat import FakeChat
 
 from pipeline.artifacts import StageDir
@@ -310,10 +312,7 @@ def test_the_longmemeval_m_config_runs_offline_on_a_haystack_of_many_sessions(tm
     monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "configs" / "longmemeval_m.yaml", [
-        f"artifacts_dir={tmp_path / 'artifacts'}", f"llm.base_url={fake_llm.base_url}",
-        "llm.api_key_env=MEMPIPE_TEST_KEY", f"llm.cache_dir={tmp_path / 'llm-cache'}",
-        f"embedding.cache_dir={models_cache}", "llm.backoff_base_s=0.01", "ray.episodes_per_shard=1",
-        "ray.executor=inline", f"corpus.path={path}"])
+        *shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), f"corpus.path={path}"])
     assert cfg.corpus.limit == 5  # the default slice: the first five questions
     fake_llm.responder = _responder
     out = Runner(cfg, registry(cfg)).run()
