@@ -49,3 +49,12 @@ def unit_id(granularity: str, session_idx: int, turn_start: int) -> str:
 def in_time_order(units: Sequence[dict]) -> list[dict]:
     """Units by session, then first turn: the order they enter a context (SeCom Sec. 2.1)."""
     return sorted(units, key=lambda u: (int(u["session_idx"]), int(u.get("turn_start") or 0)))
+
+
+def unit_turns(unit: dict, history: dict[int, list[dict]] | None) -> list[dict]:
+    """The turns a unit spans, from the probe's history (none when its session or span is not there)."""
+    turns = (history or {}).get(int(unit["session_idx"])) or []
+    lo, hi = unit.get("turn_start"), unit.get("turn_end")
+    if lo is None or hi is None:
+        return []
+    return [t for t in turns if int(lo) <= int(t["turn_idx"]) <= int(hi)]

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from pipeline.llm.types import Messages
+from stages.dialogue import unit_turns
 
 MEM0_RAG_SAMPLING: dict[str, Any] = {"temperature": 0.0}
 MEM0_RAG_SYSTEM = ("Answer the question from the context you are given. When it asks about time, take the dates "
@@ -38,18 +39,10 @@ def locomo_date(when: Any) -> str:
     return f"{hour}:{when:%M} {'am' if when.hour < 12 else 'pm'} on {when.day} {when:%B}, {when.year}"
 
 
-def _turns(unit: dict, history: dict[int, list[dict]] | None) -> list[dict]:
-    turns = (history or {}).get(int(unit["session_idx"])) or []
-    lo, hi = unit.get("turn_start"), unit.get("turn_end")
-    if lo is None or hi is None:
-        return []
-    return [t for t in turns if int(lo) <= int(t["turn_idx"]) <= int(hi)]
-
-
 def unit_lines(unit: dict, history: dict[int, list[dict]] | None) -> str:
     """A unit as `timestamp | speaker: text` lines: its turns from the history, else its text's lines."""
     date = locomo_date(unit.get("session_time"))
-    turns = _turns(unit, history)
+    turns = unit_turns(unit, history)
     if turns:
         return "\n".join(f"{locomo_date(t.get('session_time')) or date} | {t['speaker']}: {t['text']}" for t in turns)
     return "\n".join(f"{date} | {line}" for line in str(unit["text"]).splitlines() if line.strip())

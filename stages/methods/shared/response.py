@@ -5,7 +5,8 @@ prompt, as LoCoMo's task_eval asks it (`qa_prompt: locomo_official`), or as Long
 asks it (`qa_prompt: longmemeval`, with Chain-of-Note: `longmemeval_con`), or in SeCom's official
 chat frame (`qa_prompt: secom_chat`: no headers; the units in time order as Sec. 2.1 says, or as
 ranked as experiment/chat.py shows them: `secom_chat_order`), or in mem0's rag.py frame
-(`qa_prompt: mem0_rag`, stages/methods/shared/mem0_rag.py). LoCoMo's protocol shows the units
+(`qa_prompt: mem0_rag`, stages/methods/shared/mem0_rag.py), or as LoCoMo-Plus's reader asks it
+(`qa_prompt: locomo_plus`, stages/methods/shared/locomo_plus_reader.py). LoCoMo's protocol shows the units
 newest first, as its get_input_context builds the conversation.
 
 Its own module so that editing these prompts re-runs only the respond stages of the methods
@@ -26,8 +27,8 @@ from pipeline.corpus.locomo import CATEGORIES as LOCOMO_CATEGORIES
 from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
-from stages.methods.shared import mem0_rag
-from stages.dialogue import build_exchanges, format_unit, in_time_order
+from stages.methods.shared import locomo_plus_reader, mem0_rag
+from stages.dialogue import build_exchanges, format_unit, in_time_order, unit_turns
 
 # How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned"),
 # `locomo_official` (LoCoMo's task_eval/gpt_utils.py protocol; see `build_locomo_qa_messages`), or
@@ -35,7 +36,9 @@ from stages.dialogue import build_exchanges, format_unit, in_time_order
 # `build_longmemeval_messages`).
 # `secom_chat`: SeCom's experiment/chat.py frame (see `build_secom_chat_messages`).
 # `mem0_rag`: mem0's evaluation/src/rag.py frame for its full-context and RAG rows (stages/methods/shared/mem0_rag.py).
-QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat", "mem0_rag"]
+# `locomo_plus`: LoCoMo-Plus's reader, a cognitive item's trigger as the dialogue's last turn
+# (stages/methods/shared/locomo_plus_reader.py).
+QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat", "mem0_rag", "locomo_plus"]
 # The order of the units in the `secom_chat` frame: `time` (session, then first turn: SeCom Sec. 2.1,
 # "the retrieved memory units in time order") or `rank` (as retrieval ranked them: experiment/chat.py
 # joins the retrieved texts as retrieve.py returns them).
@@ -240,15 +243,6 @@ def longmemeval_content(turns: Sequence[dict]) -> str:
     return json.dumps([{"role": t["speaker"], "content": t["text"]} for t in turns])
 
 
-def unit_turns(unit: dict, history: dict[int, list[dict]] | None) -> list[dict]:
-    """The turns a unit spans, from the probe's history (none when its session or span is not there)."""
-    turns = (history or {}).get(int(unit["session_idx"])) or []
-    lo, hi = unit.get("turn_start"), unit.get("turn_end")
-    if lo is None or hi is None:
-        return []
-    return [t for t in turns if int(lo) <= int(t["turn_idx"]) <= int(hi)]
-
-
 def by_date(units: Sequence[dict]) -> list[dict]:
     """Units sorted by their session's date, stable (undated ones last), then in time order."""
     def key(u: dict) -> tuple:
@@ -401,7 +395,7 @@ def context_turn_pairs(units: list[dict], history: dict[int, list[dict]] | None 
 
 
 # QA frames whose reply is the raw completion, stripped, as their official code stores it.
-RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag"})
+RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag", "locomo_plus"})
 # Datasets whose questions are user requests with full reference answers, not short-fact QA.
 CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
@@ -454,6 +448,14 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
             details["sampling"] = dict(mem0_rag.MEM0_RAG_SAMPLING)
             result = await llm.chat(mem0_rag.build_messages(units, probe.request, probe.history),
                                     **mem0_rag.MEM0_RAG_SAMPLING)
+        elif qa_prompt == "locomo_plus" and not chat:  # oldest first; a cognitive trigger as the last turn
+            details["qa_prompt"] = qa_prompt
+            details["sampling"] = dict(locomo_plus_reader.LOCOMO_PLUS_SAMPLING)
+            # the release shows no date: a cognitive trigger's "[Current date: ...]" is dropped
+            question = split_dated(probe.request)[1]
+            result = await llm.chat(locomo_plus_reader.build_messages(ordered, question, probe.probe.get("category"),
+                                                                      speakers, probe.history),
+                                    **locomo_plus_reader.LOCOMO_PLUS_SAMPLING)
         else:
             result = await answer_question(llm, ordered, probe.request, chat=chat)
     else:
@@ -461,6 +463,8 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
     raw = cut_secom_chat(result.text) if details.get("qa_prompt") == "secom_chat" else result.text
     # LongMemEval's reader and mem0's rag.py keep the completion as written (stripped): no turn cut.
     text = raw.strip() if details.get("qa_prompt") in RAW_REPLY else one_turn(raw, speakers)
+    if details.get("qa_prompt") == "locomo_plus":
+        text = locomo_plus_reader.reply_text(text)
     if options is not None:
         details["raw_answer"] = text
         text = cat5_answer(text, options)
