@@ -339,3 +339,30 @@ def test_the_progress_bar_starts_at_the_bytes_already_there(mirror, tmp_path, mo
     first = bar.replace("\r", "\n").strip().splitlines()[0]
     assert first.startswith("big.json:  50%"), first  # tqdm's first draw: already half there
     assert "100%" in bar
+
+
+def test_memoryagentbench_fetches_its_splits_and_entity2id_beside_the_directory_the_loader_reads(mirror, tmp_path):
+    source = sources.REGISTRY["memoryagentbench"]
+    fixture = ROOT / "tests" / "fixtures" / "corpora" / "memoryagentbench"
+    entities = json.dumps({"http://dbpedia.org/resource/Inception": 7001}).encode()
+    for f in source.files:
+        if f.unpack == "parquet_to_jsonl":
+            rows = [json.loads(line) for line in (fixture / f"{Path(f.fname).stem}.jsonl").read_text().splitlines()]
+            buf = io.BytesIO()
+            pq.write_table(pa.Table.from_pylist(rows), buf)
+            mirror.serve(f.url, buf.getvalue())
+        else:
+            mirror.serve(f.url, entities)
+    got = fetch("memoryagentbench", tmp_path, progress=False, base_url_override=mirror.url)
+    [entity_file] = [g for g in got if g.path.name == "entity2id.json"]
+    assert entity_file.path == tmp_path / "memoryagentbench_entities" / "entity2id.json"
+    assert entity_file.path.read_bytes() == entities  # as published
+    assert entity_file.check == "pinned now" and entity_file.remote.url.endswith(
+        "/MemoryAgentBench/resolve/main/entity2id.json")
+    pins = json.loads((tmp_path / PINS_FILE).read_text())
+    assert pins["memoryagentbench_entities/entity2id.json"]["sha256"] == sha(entities)
+    # the corpus directory holds only the splits: every episode of the fixture loads
+    corpus = load_corpus("memoryagentbench", tmp_path / source.corpus_path)
+    assert len(corpus.episodes) == 6
+    assert fetch("memoryagentbench", tmp_path, progress=False, base_url_override=mirror.url)
+    assert sum(mirror.requests.values()) == 5  # nothing asked twice

@@ -363,7 +363,8 @@ def test_every_summary_column_names_its_scorer_and_the_stage_table_is_the_regist
     score_columns = {f.name for f in RESPONSE_METRICS} | {f.name for f in CORPUS_METRICS}
     assert set(COLUMN_SCORERS) <= score_columns and set(BOUNDED_SCORES) <= set(RESPONSE_SCORES)
     assert not any(c.startswith("corpus_bleu") for c in score_columns)
-    assert all(v.startswith(("ours", "SeCom's", "RSum's", "LD-Agent's", "LoCoMo's", "Mem0's")) for v in COLUMN_SCORERS.values())
+    assert all(v.startswith(("ours", "SeCom's", "RSum's", "LD-Agent's", "LoCoMo's", "Mem0's", "MemoryAgentBench's"))
+               for v in COLUMN_SCORERS.values())
     assert "sacrebleu 2." in COLUMN_SCORERS["evaluate_bleu4"] and "pycocoevalcap" in COLUMN_SCORERS["ldagent_bleu2"]
 
 

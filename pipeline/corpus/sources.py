@@ -52,6 +52,8 @@ class CorpusSource:
 
 _HF = "https://huggingface.co/datasets"
 _MAB_SPLITS = ("Accurate_Retrieval", "Test_Time_Learning", "Long_Range_Understanding", "Conflict_Resolution")
+# MemoryAgentBench's movie entities (recsys), relative to the data directory
+MAB_ENTITIES = "memoryagentbench_entities/entity2id.json"
 _MSC_CONFIGS = ("creem_msc.yaml", "ldagent_msc.yaml", "rsum_msc.yaml", "theanine_msc.yaml",
                 "theanine_msc_cc.yaml", "teafarm_msc_cc.yaml")
 # dial481/locomo-audit's per-conversation errors, at one commit: the files are read from the commit's tree.
@@ -241,14 +243,19 @@ SOURCES: tuple[CorpusSource, ...] = (
         homepage=f"{_HF}/ai-hyz/MemoryAgentBench",
         corpus_format="memoryagentbench",
         corpus_path="memoryagentbench",
-        files=tuple(RemoteFile(
+        files=(*(RemoteFile(
             f"{_HF}/ai-hyz/MemoryAgentBench/resolve/main/data/{split}-00000-of-00001.parquet",
             f"memoryagentbench/{split}-00000-of-00001.parquet", None, unpack="parquet_to_jsonl",
             output=f"memoryagentbench/{split}.jsonl") for split in _MAB_SPLITS),
+            # Beside the corpus directory, not in it: the loader reads every .json file there as a corpus file.
+            RemoteFile(f"{_HF}/ai-hyz/MemoryAgentBench/resolve/main/entity2id.json", MAB_ENTITIES, None)),
         notes="The release's data/ files (one Parquet file per split, as the official loader reads them with "
               "`datasets`), each written as JSON Lines, one row a line; the loader reads the directory and "
-              "takes each file's competency from its name. The files are read from main, which the authors "
-              "still update: the first fetch pins their sha256, and a later change is refused.",
+              "takes each file's competency from its name. entity2id.json (the movie entities the recsys "
+              "task's scorer maps gold ids and recommendations to titles with) is kept as published, beside "
+              "the directory. The files are read from main, which the authors still update: the first fetch "
+              "pins their sha256, and a later change is refused.",
+        use="response_metrics.memoryagentbench_entities={dir}/" + MAB_ENTITIES,
     ),
     CorpusSource(
         name="teabag",

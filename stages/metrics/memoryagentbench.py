@@ -12,7 +12,9 @@
 - RULER NIAH's recall: the share of gold strings inside the lowercased reply;
 - movie recommendation (recsys): the reply's list (after the first "1.", one item a line, or comma
   separated without it) cleaned of parentheses and numbering, each item mapped to the nearest known
-  title by edit distance, and recall@1 / @5 / @10 of the gold titles among the first 1 / 5 / 10.
+  title by edit distance (editdistance.eval, as the official), and recall@1 / @5 / @10 of the gold
+  titles among the first 1 / 5 / 10; the titles and the gold ids' titles come from the release's
+  entity2id.json (`entity_titles`, `recsys_metrics`).
 
 The judged tasks (LongMemEval's and InfBench summarisation's GPT-4o judges) and ROUGE are not here.
 """
@@ -22,7 +24,9 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+import editdistance
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -121,26 +125,13 @@ def movie_title(entity: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\([^()]*\)", "", name)).strip()
 
 
-def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions each 1)."""
-    if len(a) < len(b):
-        a, b = b, a
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, start=1):
-        current = [i]
-        for j, cb in enumerate(b, start=1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
-
-
 def nearest_title(item: str, titles: Sequence[str]) -> str:
     """The title at the least edit distance from the item (case ignored); ties go to the first in
     `titles` order (the official code's order is that of a Python set, which varies between runs)."""
     unique = list(dict.fromkeys(titles))
     if not unique:
         raise ValueError("no candidate titles")
-    distances = [edit_distance(item.lower(), title.lower()) for title in unique]
+    distances = [editdistance.eval(item.lower(), title.lower()) for title in unique]
     return unique[distances.index(min(distances))]
 
 
@@ -154,6 +145,26 @@ def recsys_recall(reply: str, gold_titles: Sequence[str], titles: Sequence[str],
     return {f"recsys_recall@{k}": sum(gold in predicted[:k] for gold in gold_titles) / len(gold_titles) for k in ks}
 
 
+def entity_titles(name_to_id: Mapping[str, int]) -> dict[int, str]:
+    """The id -> title map the official recsys scorer builds from entity2id.json ({entity: id}): each
+    entity's `movie_title`; where two entities share an id, the later one's title."""
+    return {int(entity_id): movie_title(name) for name, entity_id in name_to_id.items()}
+
+
+def recsys_gold_ids(golds: Sequence[str]) -> list[int]:
+    """The gold movie ids of a recsys question: each gold string an integer id."""
+    return [int(gold.strip()) for gold in golds]
+
+
+def recsys_metrics(reply: str, gold_ids: Sequence[int], titles: Mapping[int, str]) -> dict[str, float]:
+    """recsys_recall@1 / @5 / @10 of a reply, the gold ids named by their titles in `titles`
+    (`entity_titles`) and every title a candidate (ValueError for an id it does not hold)."""
+    missing = [i for i in gold_ids if i not in titles]
+    if missing:
+        raise ValueError(f"gold movie id(s) {missing} not in entity2id.json")
+    return recsys_recall(reply, [titles[i] for i in gold_ids], list(titles.values()))
+
+
 def task_metrics(source: str, reply: str, golds: Sequence[str]) -> dict[str, float]:
     """The official post_process's metrics for a task (`metadata.source`), recsys excepted (it needs
     the title list: `recsys_recall`): ICL scores the parsed answer; EventQA adds eventqa_recall on the
@@ -165,5 +176,5 @@ def task_metrics(source: str, reply: str, golds: Sequence[str]) -> dict[str, flo
     if "ruler_niah" in source:
         return {"ruler_recall": niah_recall(reply, golds)}
     if "recsys" in source:
-        raise ValueError("recsys is scored by recsys_recall, with the titles of entity2id.json")
+        raise ValueError("recsys is scored by recsys_metrics, with the titles of entity2id.json")
     return reply_metrics(reply, golds)

@@ -7,9 +7,12 @@ reports it, through the library that scorer used (`COLUMN_SCORERS` says which fo
   BLEU-1..4 and ROUGE-L of the one reply (`nlgeval_*`, on the generator's raw reply where the method
   kept one); LoCoMo's own QA F1 per official category; Mem0's F1 and BLEU-1 of LoCoMo questions of
   categories 1-4 (`mem0_f1`, `mem0_bleu1`, the mem0 paper's Table 1); BERTScore when asked for (SeCom's
-  scorer). A failed response (no text) keeps its row, `failed` set: it scores 0.0 on our metrics, ROUGE
-  and BERTScore, is scored as an empty response by RSum's, LD-Agent's and Mem0's scorers, and has no
-  words or distinct-n.
+  scorer); on MemoryAgentBench questions its official per-task scores (`mab_*`: exact match, F1 and
+  substring exact match, EventQA's and RULER NIAH's recall, the movie recommendations' recall@1/5/10,
+  each where the task's post_process computes it; the recommendations' titles from the release's
+  entity2id.json, `memoryagentbench_entities`). A failed response (no text) keeps its row, `failed`
+  set: it scores 0.0 on our metrics, ROUGE and BERTScore, is scored as an empty response by RSum's,
+  LD-Agent's, Mem0's and MemoryAgentBench's scorers, and has no words or distinct-n.
 - `corpus_metrics`, one row per (dataset, kind, method) and per category and, for next-response
   probes, per session (LD-Agent's and RSum's Table 1 are per session): the statistics that exist
   only over a set of responses: HF evaluate's corpus BLEU-1..4 (`evaluate_bleu*`, SeCom's scorer) and
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from functools import partial
+from collections.abc import Callable, Mapping
+from functools import cache, partial
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,10 +35,14 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import Section
+from pipeline.corpus.memoryagentbench import DATASET as MAB_DATASET
+from pipeline.corpus.memoryagentbench import gold_answers
+from pipeline.corpus.sources import MAB_ENTITIES
 from pipeline.errors import ConfigError
 from pipeline.failures import row_failure
 from pipeline.engine.stage import GlobalStage, StageContext
 from stages.metrics import evaluate_bleu, locomo_qa, mem0_qa, nlgeval, rsum_eval, text
+from stages.metrics import memoryagentbench as mab
 from stages.metrics.significance import cluster_bootstrap_interval, cluster_bootstrap_statistic
 from stages.method_stages import respond_stage_name
 from stages.probes import PROBE_KEY_FIELDS
@@ -49,10 +57,16 @@ _NLGEVAL = [f"nlgeval_{name}" for name in nlgeval.SCORES]
 _PAPER = ["rsum_f1", *_NLGEVAL]
 _DISTINCT = ["distinct1", "distinct2", "distinct3"]
 _MEM0 = ["mem0_f1", "mem0_bleu1"]  # LoCoMo questions of categories 1-4 only
-_SCORES = [*_REFERENCE, *_PAPER, *_DISTINCT, "locomo_f1", *_MEM0, "bertscore"]
+# MemoryAgentBench's per-task scores (its post_process's metric names, "@k" as "_at_k"), each only on
+# the tasks whose post_process computes it; per category = per task in the summary.
+MAB_RECSYS_KS = (1, 5, 10)
+_MAB_QA = ["exact_match", "f1", "substring_exact_match"]
+MAB_SCORES = [f"mab_{name}" for name in (*_MAB_QA, "eventqa_recall", "ruler_recall",
+                                         *(f"recsys_recall_at_{k}" for k in MAB_RECSYS_KS))]
+_SCORES = [*_REFERENCE, *_PAPER, *_DISTINCT, "locomo_f1", *_MEM0, "bertscore", *MAB_SCORES]
 # What the report averages per group (metric_summary's means, in this order) and which of those it
 # bounds with an interval. nlg-eval's per-reply scores are averaged LD-Agent's way in corpus_metrics.
-RESPONSE_SCORES = [*_REFERENCE, "rsum_f1", "locomo_f1", *_MEM0, "bertscore", *_DISTINCT, "words"]
+RESPONSE_SCORES = [*_REFERENCE, "rsum_f1", "locomo_f1", *_MEM0, "bertscore", *_DISTINCT, "words", *MAB_SCORES]
 BOUNDED_SCORES = RESPONSE_SCORES  # every mean gets its interval
 ORDERS = (1, 2, 3, 4)  # evaluate's corpus BLEU-n
 PRECISION_ORDERS = (1, 2)  # RSum's BLEU-1/2: evaluate's precisions
@@ -71,7 +85,8 @@ RESPONSE_METRICS = pa.schema(
         pa.field("session_idx", pa.int32(), nullable=False),  # the probe's session
         pa.field("failed", pa.bool_(), nullable=False),  # no response: reference scores 0.0, no words / distinct
         pa.field("words", pa.int32()),  # length of the response; null when it failed
-        *[pa.field(name, pa.float64()) for name in _SCORES],  # locomo_f1 / mem0_* only on LoCoMo questions
+        # locomo_f1 / mem0_* only on LoCoMo questions; mab_* only on MemoryAgentBench's, by task
+        *[pa.field(name, pa.float64()) for name in _SCORES],
         pa.field("error", pa.string()),  # a scorer raised on this row: its scores are null, and why
     ]
 )
@@ -122,6 +137,12 @@ _SACREBLEU, _COCO = f"sacrebleu {_v('sacrebleu')}", f"pycocoevalcap {_v('pycocoe
 _WORD_TOKENIZE = f"{_NLTK} word_tokenize (English Punkt parameters from {_PUNKT})"
 _FAILED_ZERO = "a failed response scores 0"
 _FAILED_EMPTY = "a failed response scored as an empty one"
+# MemoryAgentBench's movie entities where `mempipe data fetch memoryagentbench` writes them, and a
+# reader of their titles (id -> title), called when a recsys question is scored.
+ENTITIES_PATH = f"data/{MAB_ENTITIES}"
+TitlesReader = Callable[[], Mapping[int, str]]
+# The official main.py scores whatever output the agent returned; ours had none.
+_MAB_FAILED = "a failed response scored as an empty output"
 
 # Which scorer computes every score column of response_metrics and corpus_metrics (all that
 # metric_summary carries, and nlg-eval's per-reply scores): library and version, convention, and
@@ -174,6 +195,28 @@ COLUMN_SCORERS: dict[str, str] = {
        for name, label in [*((f"bleu{n}", f"BL-{n}") for n in ORDERS), ("rougeL", "R-L")]},
     **{f"corpus_distinct{n}": f"ours: unique / total {n}-grams of lowercased word/punctuation regex tokens over every "
                               "response of the group" for n in DISTINCT_ORDERS},
+    **{f"mab_{name}": f"MemoryAgentBench's scorer: utils/eval_other_utils.py post_process {label} (text lowercased, "
+                      "string.punctuation removed, then a/an/the, whitespace collapsed; the best over the gold "
+                      "strings; the better of the raw reply and its parse_output answer, the parsed answer alone "
+                      "for icl_* and eventqa_*); every task but ruler_niah_* and recsys_* "
+                      f"(ours: stages/metrics/memoryagentbench.py); mean over questions per task ({_MAB_FAILED})"
+       for name, label in (("exact_match", "exact_match = drqa_exact_match_score"),
+                           ("f1", "f1 = f1_score (multiset token overlap; 0 when a side is yes/no/noanswer "
+                                  "and they differ)"),
+                           ("substring_exact_match", "substring_exact_match = substring_exact_match_score "
+                                                     "(a normalised gold inside the normalised answer)"))},
+    "mab_eventqa_recall": "MemoryAgentBench's scorer: utils/eval_other_utils.py post_process eventqa_recall (1 when "
+                          "every gold string is inside the lowercased raw reply, else 0); eventqa_* tasks, mean over "
+                          f"questions per task (ours: stages/metrics/memoryagentbench.py; {_MAB_FAILED})",
+    "mab_ruler_recall": "MemoryAgentBench's scorer: utils/eval_other_utils.py post_process ruler_recall (the share of "
+                        "gold strings inside the lowercased raw reply); ruler_niah_* tasks, mean over questions per "
+                        f"task (ours: stages/metrics/memoryagentbench.py; {_MAB_FAILED})",
+    **{f"mab_recsys_recall_at_{k}": f"MemoryAgentBench's scorer: utils/eval_other_utils.py post_process "
+                                    f"recsys_recall@{k} (the reply's list after its first '1.', each item mapped "
+                                    f"to the nearest entity2id.json title by editdistance {_v('editdistance')} "
+                                    f"eval, case ignored; the share of the gold ids' titles among the first {k}); "
+                                    "recsys_* tasks, mean over questions per task (ours: "
+                                    f"stages/metrics/memoryagentbench.py; {_MAB_FAILED})" for k in MAB_RECSYS_KS},
 }
 
 
@@ -220,6 +263,9 @@ class ResponseMetricsSettings(Section):
     bertscore_model: str = "roberta-large"  # bert-score's default for English
     bertscore_layers: int | None = Field(default=None, ge=1)  # required for a model bert-score does not know
     bertscore_batch_size: int = Field(default=16, ge=1)
+    # MemoryAgentBench's movie entities (entity2id.json, `mempipe data fetch memoryagentbench`): the
+    # recsys task's titles; without the file its rows carry an error and no recsys scores
+    memoryagentbench_entities: str = ENTITIES_PATH
 
 
 def _is_locomo_question(r: dict[str, Any]) -> bool:
@@ -240,17 +286,39 @@ def paper_scores(r: dict[str, Any]) -> dict[str, float]:
             **{f"nlgeval_{name}": value for name, value in nlg.items()}}
 
 
-def score_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def entity_titles_reader(path: str) -> TitlesReader:
+    """A reader of MemoryAgentBench's entity2id.json at `path` as the id -> title map (read once, at
+    the first call); FileNotFoundError naming the file and the fetch command when it is missing."""
+    @cache
+    def read() -> Mapping[int, str]:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return mab.entity_titles(json.load(f))
+        except FileNotFoundError:
+            directory = path.removesuffix(MAB_ENTITIES).rstrip("/") if path.endswith(MAB_ENTITIES) else None
+            where = "" if directory in ("data", None) else f" --dir {directory or '.'}"
+            raise FileNotFoundError(
+                f"{path}: no such file (MemoryAgentBench's movie entities, which the recsys task is scored "
+                f"with): run `mempipe data fetch memoryagentbench{where}`, or set "
+                "response_metrics.memoryagentbench_entities to the release's entity2id.json") from None
+    return read
+
+
+def score_rows(rows: list[dict[str, Any]], entities: str = ENTITIES_PATH) -> list[dict[str, Any]]:
     """Metric rows from (probe, response) rows, `response` None for a failed one (`raw_response`,
     when present, the generator's reply before the method cleaned it); reference metrics where there
     is gold text, LoCoMo F1 on LoCoMo questions (adversarial ones have no gold and are scored by
-    abstention), Mem0's F1 and BLEU-1 on those of categories 1-4. A failed response scores 0.0 on our
-    metrics and ROUGE, and as an empty response on the papers' per-reply scorers."""
+    abstention), Mem0's F1 and BLEU-1 on those of categories 1-4, MemoryAgentBench's per-task scores
+    on its questions (the recsys titles from the entity2id.json at `entities`). A failed response
+    scores 0.0 on our metrics and ROUGE, and as an empty response on the papers' per-reply scorers.
+    A scorer that raises (MemoryAgentBench's recsys without its entities) leaves its row's scores null
+    and says why in `error`."""
+    titles = entity_titles_reader(entities)
     out = []
     for r in rows:
         failed = r["response"] is None
         try:
-            scores, error = row_scores(r, failed), None
+            scores, error = row_scores(r, failed, titles), None
         except Exception as e:  # noqa: BLE001 - a scorer library raising on one row fails that row
             scores, error = {}, row_failure(e, f"response_metrics on {r['method']}'s answer to {r['probe_id']}")["error"]
         keys = {k: r[k] for k in ("episode_id", "dataset", "probe_id", "kind", "category", "method", "session_idx")}
@@ -259,8 +327,8 @@ def score_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def row_scores(r: dict[str, Any], failed: bool) -> dict[str, Any]:
-    """One (probe, response) row's scores (`score_rows`)."""
+def row_scores(r: dict[str, Any], failed: bool, titles: TitlesReader | None = None) -> dict[str, Any]:
+    """One (probe, response) row's scores (`score_rows`); `titles`: MemoryAgentBench's recsys titles."""
     scores: dict[str, Any]
     if r["gold"] is None:
         scores = {} if failed else {f"distinct{n}": text.distinct([r["response"]], n) for n in DISTINCT_ORDERS}
@@ -272,7 +340,29 @@ def row_scores(r: dict[str, Any], failed: bool) -> dict[str, Any]:
         scores["locomo_f1"] = 0.0 if failed else locomo_qa.locomo_f1(r["response"], r["gold"], r["category"])
         if locomo_qa.CATEGORY_IDS[r["category"]] in mem0_qa.CATEGORIES:  # evals.py skips category 5
             scores |= mem0_qa.scores(r["response"] or "", r["gold"])
+    if r["dataset"] == MAB_DATASET and r["kind"] == "qa":
+        scores |= mab_scores(r["category"], r["response"], r["gold"], titles)
     return scores
+
+
+def mab_scores(category: str | None, response: str | None, gold: str | None,
+               titles: TitlesReader | None) -> dict[str, float]:
+    """MemoryAgentBench's official scores of a question (`mab_*`), as its post_process computes
+    them for the task the category names ("<competency>/<source>", a question type after it where the
+    release gives one); a failed response scored as an empty output. Recsys reads the titles `titles`
+    returns (it raises when there are none)."""
+    parts = (category or "").split("/")
+    source = parts[1] if len(parts) > 1 else ""
+    if not source:
+        raise ValueError(f"MemoryAgentBench question without a task in its category ({category!r})")
+    golds, reply = gold_answers(gold), response or ""
+    if "recsys" in source:
+        if titles is None:
+            raise ValueError("MemoryAgentBench's recsys task needs the titles of entity2id.json")
+        scores = mab.recsys_metrics(reply, mab.recsys_gold_ids(golds), titles())
+    else:
+        scores = mab.task_metrics(source, reply, golds)
+    return {f"mab_{name.replace('@', '_at_')}": float(value) for name, value in scores.items()}
 
 
 def _scopes(r: dict[str, Any]) -> list[tuple[str | None, int | None]]:
@@ -393,7 +483,7 @@ class ResponseMetricsStage(GlobalStage[ResponseMetricsSettings]):
                 rows.append({**p, "gold": gold, "method": m, "response": response,
                              "raw_response": raw_reply(r) if answered else None,
                              "dataset": datasets[r["episode_id"]]})
-        scored = score_rows(rows)
+        scored = score_rows(rows, settings.memoryagentbench_entities)
         if settings.bertscore:
             with_gold = [i for i, r in enumerate(rows) if r["gold"] is not None and r["response"] is not None]
             try:
