@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypedDict
 
 from pydantic import BaseModel
 
@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from pipeline.config import LLMConfig
 
 Messages = list[dict[str, str]]
+
+
+class Sampling(TypedDict):
+    """A reader's fixed sampling, as a paper's code sends it with every question (`chat(**sampling)`)."""
+
+    temperature: float
+    max_tokens: int
 
 
 class LLMError(Exception):

@@ -25,11 +25,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pipeline.llm.types import Messages
+from pipeline.llm.types import Messages, Sampling
 from stages.dialogue import in_time_order, unit_turns
 from stages.methods.shared.mem0_rag import locomo_date
 
-LOCOMO_PLUS_SAMPLING: dict[str, float | int] = {"temperature": 0.3, "max_tokens": 1024}
+LOCOMO_PLUS_SAMPLING = Sampling(temperature=0.3, max_tokens=1024)
 COGNITIVE = "cognitive"  # pipeline.corpus.locomo_plus.CATEGORY
 EMPTY_REPLY = "(empty)"  # what utils.call_llm keeps for an empty completion
 OPENING = ("What follows is a conversation between two people, {speakers}. It took place over several days, "

@@ -52,9 +52,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Literal, Protocol, TypedDict
+from typing import Literal, Protocol
 
-from pipeline.llm.types import ChatLLM, LLMResult, Messages
+from pipeline.llm.types import ChatLLM, LLMResult, Messages, Sampling
 
 QA_PROMPT = "memoryagentbench"
 Task = Literal["ruler_qa", "in_context_learning", "infbench_sum", "eventqa", "recsys_redial", "longmemeval",
@@ -164,11 +164,6 @@ def task_of(category: str) -> Task:
             return task
     raise ValueError(f"MemoryAgentBench source {source!r} (category {category!r}) names no known task; "
                      f"known: {', '.join(TASKS)}")
-
-
-class Sampling(TypedDict):
-    temperature: float
-    max_tokens: int
 
 
 def sampling(task: Task) -> Sampling:
