@@ -421,7 +421,7 @@ def _add_export_and_cache(sub: argparse._SubParsersAction) -> None:
     _common(export)
     export.add_argument("name", help="stage name, or `predictions`: the answers in LoCoMo's / LongMemEval's scorer files")
     export.add_argument("--out", required=True, help="output folder")
-    export.add_argument("--format", choices=["locomo", "longmemeval", "locomo_plus"], default=None,
+    export.add_argument("--format", choices=["locomo", "longmemeval", "locomo_plus", "memoryagentbench"], default=None,
                         help="predictions: whose official scorer's layout")
     export.add_argument("--method", dest="methods", action="append", default=None, metavar="M",
                         help="predictions: this method's answers (repeatable; default: every method of the run)")

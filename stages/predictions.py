@@ -11,6 +11,19 @@
 - LoCoMo-Plus (`--format locomo_plus`): `<out>/<method>.json`, one record per answered question, the
   cognitive items then LoCoMo's, in the layout the release's `task_eval/evaluate_qa.py` writes and
   `llm_as_judge.py` reads (`stages/judging/locomo_plus.py`'s `release_record`).
+- MemoryAgentBench (`--format memoryagentbench`): `<out>/<method>/<competency>/<task>_results.json`,
+  one file per method and task (`metadata.source`), laid out as the official main.py saves a run's
+  results (`{agent_config, dataset_config, data, metrics, time_cost, averaged_metrics}`), which its
+  llm_based_eval/longmem_qa_evaluate.py and summarization_evaluate.py read from
+  `outputs/<method>/<competency>/`: `data` holds one record per answered question in the input
+  file's order, `output` (the response), `answer` (the release's gold value as the official passes it:
+  the question's entry of `answers`, or the whole list for a context's one question), `query` (our
+  question text; the official's is its prompt template filled in), `query_id` (its place in the file)
+  and `qa_pair_id` (the release's `metadata.qa_pair_ids` entry, null without one); where the run has a
+  finished response_metrics stage, each record also carries the official per-task scores by their
+  official names (exact_match, f1, ..., recsys_recall@5), `metrics` their lists and
+  `averaged_metrics` their means x 100, as main.py writes them. LongMemEval's judge pairs the records
+  with the release's questions by position, so it needs every question of the task answered.
 
 Where the run has a finished `diagnose` stage, each prediction also carries the bucket it diagnosed
 (why the answer failed: write, retrieval or read; docs/judges-and-metrics.md): LoCoMo's QA item a
@@ -31,7 +44,8 @@ that is the raw completion, stripped, as the official code stores it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -40,14 +54,17 @@ from typing import Any, Literal
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.corpus import locomo
+from pipeline.corpus.memoryagentbench import gold_answers
 from pipeline.corpus.reader import iter_records
 from pipeline.errors import PipelineError
 from stages.judging import locomo_plus
 from stages.judging.diagnose import BUCKETS, DiagnoseStage
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.methods import METHODS
+from stages.scoring.response_metrics import MAB_SCORES
 
-Format = Literal["locomo", "longmemeval", "locomo_plus"]
+Format = Literal["locomo", "longmemeval", "locomo_plus", "memoryagentbench"]
+QAKey = tuple[str, str]  # (episode_id, qa_id)
 _DATASETS = {"locomo_plus": ("locomo_plus", "locomo")}  # the datasets a format's run ingests (default: its own)
 LOCOMO_FILE = "locomo_predictions.json"
 SUMMARY_FILE = "predictions_summary.json"
@@ -64,6 +81,7 @@ class Prediction:
     context: list[str] | None  # dia_ids ("D3:7") or session ids ("S3"); None: not recorded
     failed: bool = False
     bucket: str | None = None  # the diagnose stage's bucket; None: the run did not diagnose it
+    probe_id: str | None = None  # the probe that asked it
 
 
 def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, out: Path) -> Path:
@@ -83,7 +101,8 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
     ids = [e["episode_id"] for e in episodes]
     qa = ingest.read_table("qa", episode_ids=ids).to_pylist()  # ingest order: the input file's
     buckets = _buckets(cfg, ids)
-    predictions = {m: _predictions(cfg, m, ids, turns=None if fmt == "longmemeval" else _turn_ids(ingest, ids),
+    with_context = fmt in ("locomo", "locomo_plus")
+    predictions = {m: _predictions(cfg, m, ids, turns=_turn_ids(ingest, ids) if with_context else None,
                                    buckets=buckets) for m in names}
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "locomo":
@@ -91,13 +110,15 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
     elif fmt == "locomo_plus":
         turns = ingest.read_table("turns", episode_ids=ids).to_pylist()
         for m, preds in predictions.items():
-            _write_json(out / f"{m}.json", [locomo_plus.release_record(q, preds[q["qa_id"]].text, m, turns)
-                                            for q in qa if q["qa_id"] in preds])
+            _write_json(out / f"{m}.json", [locomo_plus.release_record(q, preds[_key(q)].text, m, turns)
+                                            for q in qa if _key(q) in preds])
+    elif fmt == "memoryagentbench":
+        _write_memoryagentbench(cfg, out, episodes, qa, ids, predictions)
     else:
         for m, preds in predictions.items():
             with (out / f"{m}.jsonl").open("w", encoding="utf-8") as f:
                 for q in qa:
-                    p = preds.get(q["qa_id"])
+                    p = preds.get(_key(q))
                     if p is not None:
                         line = {"question_id": q["qa_id"], "hypothesis": p.text}
                         if p.bucket is not None:
@@ -111,16 +132,20 @@ def export_predictions(cfg: RunConfig, fmt: Format, methods: list[str] | None, o
     return out
 
 
-def _counts(preds: dict[str, Prediction], qa: list[dict[str, Any]]) -> dict[str, int]:
-    asked = [preds[q["qa_id"]] for q in qa if q["qa_id"] in preds]
+def _key(q: Mapping[str, object]) -> QAKey:
+    return str(q["episode_id"]), str(q["qa_id"])
+
+
+def _counts(preds: dict[QAKey, Prediction], qa: list[dict[str, Any]]) -> dict[str, int]:
+    asked = [preds[_key(q)] for q in qa if _key(q) in preds]
     return {"predicted": sum(not p.failed for p in asked), "failed": sum(p.failed for p in asked),
             "not_probed": len(qa) - len(asked),
             "with_context": sum(not p.failed and bool(p.context) for p in asked)}
 
 
-def _bucket_counts(preds: dict[str, Prediction], qa: list[dict[str, Any]]) -> dict[str, int]:
+def _bucket_counts(preds: dict[QAKey, Prediction], qa: list[dict[str, Any]]) -> dict[str, int]:
     """Questions per diagnose bucket (every bucket named, in the stage's order) among those exported."""
-    asked = [preds[q["qa_id"]].bucket for q in qa if q["qa_id"] in preds]
+    asked = [preds[_key(q)].bucket for q in qa if _key(q) in preds]
     return {b: sum(a == b for a in asked) for b in BUCKETS}
 
 
@@ -149,15 +174,15 @@ def _buckets(cfg: RunConfig, ids: list[str]) -> dict[tuple[str, str, str], str] 
 
 
 def _predictions(cfg: RunConfig, method: str, ids: list[str], turns: dict[tuple[str, int, int], str] | None,
-                 buckets: dict[tuple[str, str, str], str] | None = None) -> dict[str, Prediction]:
-    """qa_id -> the method's prediction; with `turns`, each one's context ids too; with `buckets`
-    (`_buckets`), each one's bucket."""
+                 buckets: dict[tuple[str, str, str], str] | None = None) -> dict[QAKey, Prediction]:
+    """(episode, qa_id) -> the method's prediction (a question id is unique only within its episode);
+    with `turns`, each one's context ids too; with `buckets` (`_buckets`), each one's bucket."""
     probes = {(p["episode_id"], p["probe_id"]): p["qa_id"]
               for p in StageDir(cfg.run_dir, "probes").read_table("probes", episode_ids=ids).to_pylist()
               if p["kind"] == "qa" and p["qa_id"] is not None}
     rows = StageDir(cfg.run_dir, respond_stage_name(method)).read_table("responses", episode_ids=ids).to_pylist()
     sources = _memory_sources(cfg, method, ids, turns) if turns is not None else {}
-    out: dict[str, Prediction] = {}
+    out: dict[QAKey, Prediction] = {}
     for r in rows:
         qa_id = probes.get((r["episode_id"], r["probe_id"]))
         if qa_id is None:
@@ -165,7 +190,8 @@ def _predictions(cfg: RunConfig, method: str, ids: list[str], turns: dict[tuple[
         failed = r.get("error") is not None or r["response"] is None
         context = None if turns is None or failed else _context(r, turns, sources)
         bucket = (buckets or {}).get((r["episode_id"], r["probe_id"], method))
-        out[qa_id] = Prediction("" if failed else r["response"], context, failed, bucket)
+        out[(r["episode_id"], qa_id)] = Prediction("" if failed else r["response"], context, failed, bucket,
+                                                   r["probe_id"])
     return out
 
 
@@ -228,7 +254,7 @@ def _session_of(dia_id: str) -> str:
 # --- LoCoMo's layout -----------------------------------------------------------------------------
 
 def _locomo_samples(episodes: list[dict[str, Any]], qa: list[dict[str, Any]], ingest: StageDir, ids: list[str],
-                    predictions: dict[str, dict[str, Prediction]]) -> list[dict[str, Any]]:
+                    predictions: dict[str, dict[QAKey, Prediction]]) -> list[dict[str, Any]]:
     """The run's samples in LoCoMo's layout, in ingest order, each QA item with its predictions."""
     originals = dict(_original_samples(episodes))
     questions = {q["qa_id"]: q for q in qa}
@@ -243,7 +269,7 @@ def _locomo_samples(episodes: list[dict[str, Any]], qa: list[dict[str, Any]], in
                 raise PipelineError(f"export predictions: {e['source_file']} no longer holds the questions "
                                     f"the run ingested (sample {sample['sample_id']!r}, qa[{i}])")
             for m, preds in predictions.items():
-                p = preds.get(qa_id)
+                p = preds.get((eid, qa_id))
                 if p is None:
                     continue  # not probed: no key, so no score is made up for it
                 item[PREDICTION.format(m)] = p.text
@@ -304,3 +330,95 @@ def _locomo_item(q: dict[str, Any], category_ids: dict[str, int]) -> dict[str, A
 def _locomo_date(when: datetime) -> str:
     hour = when.hour % 12 or 12  # "1:56 pm on 8 May, 2023", as locomo10.json writes a session's date
     return f"{hour}:{when:%M} {'am' if when.hour < 12 else 'pm'} on {when.day} {when:%B}, {when.year}"
+
+
+# --- MemoryAgentBench's layout -------------------------------------------------------------------
+
+MAB_FILE = "{method}/{competency}/{source}_results.json"  # under --out: main.py's outputs/ layout
+# response_metrics' columns -> the official post_process's metric names
+_MAB_METRICS = {column: column.removeprefix("mab_").replace("_at_", "@") for column in MAB_SCORES}
+
+
+def _mab_task(category: object) -> tuple[str, str]:
+    """(competency, task) of a question's category "<competency>/<source>[/<question type>]"."""
+    parts = str(category or "").split("/")
+    if len(parts) < 2 or not parts[1]:
+        raise PipelineError(f"export predictions: a MemoryAgentBench question of category {category!r} names no task")
+    return parts[0], parts[1]
+
+
+def _write_memoryagentbench(cfg: RunConfig, out: Path, episodes: Sequence[Mapping[str, object]],
+                            qa: Sequence[Mapping[str, object]], ids: list[str],
+                            predictions: dict[str, dict[QAKey, Prediction]]) -> None:
+    """Each method's answers, one official results file per task (`MAB_FILE`), questions in ingest order."""
+    originals = _mab_originals(episodes)
+    scores = _mab_scores(cfg, ids)
+    tasks: dict[tuple[str, str], list[Mapping[str, object]]] = defaultdict(list)
+    for q in qa:
+        tasks[_mab_task(q["category"])].append(q)
+    for m, preds in predictions.items():
+        for (competency, source), questions in tasks.items():
+            data: list[dict[str, object]] = []
+            for q in questions:
+                p = preds.get(_key(q))
+                if p is None:
+                    continue  # not probed: no record
+                # the release's own values where its file is still there, else the gold strings we ingested
+                question, answer, pair_id = originals.get(_key(q), (q["question"], gold_answers(str(q["answer"])),
+                                                                    q["qa_id"]))
+                if question != q["question"]:
+                    raise PipelineError(f"export predictions: the file of {q['episode_id']} no longer holds the "
+                                        f"questions the run ingested (question {q['qa_id']})")
+                record: dict[str, object] = {"output": p.text, "answer": answer, "query": q["question"],
+                                             "query_id": len(data), "qa_pair_id": pair_id}
+                record |= scores.get((str(q["episode_id"]), str(p.probe_id), m), {})
+                if p.bucket is not None:
+                    record["bucket"] = p.bucket
+                data.append(record)
+            if not data:
+                continue
+            metrics = {name: [v for r in data if isinstance(v := r.get(name), float)] for name in _MAB_METRICS.values()}
+            metrics = {name: values for name, values in metrics.items() if values}
+            path = out / MAB_FILE.format(method=m, competency=competency, source=source)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_json(path, {"agent_config": {"agent_name": m}, "dataset_config": {"dataset": competency,
+                                                                                     "sub_dataset": source},
+                               "data": data, "metrics": metrics, "time_cost": [],
+                               "averaged_metrics": {name: 100 * sum(v) / len(v) for name, v in metrics.items()}})
+
+
+def _mab_originals(episodes: Sequence[Mapping[str, object]]) -> dict[QAKey, tuple[object, object, object]]:
+    """(episode, qa_id) -> (the question, the gold value the official passes as `answer`, the
+    question's `qa_pair_ids` entry or None), read back from the ingested files that are still there
+    (an episode's id ends in its record's place in its file)."""
+    wanted: dict[str, dict[int, str]] = defaultdict(dict)
+    for e in episodes:
+        eid = str(e["episode_id"])
+        wanted[str(e["source_file"])][int(eid.rsplit("-", 1)[1])] = eid
+    out: dict[QAKey, tuple[object, object, object]] = {}
+    for path, by_index in wanted.items():
+        if not Path(path).is_file():
+            continue
+        for rec in iter_records(path):
+            found = by_index.get(rec.index)
+            if found is None or not isinstance(rec.data, dict):
+                continue
+            questions, answers = rec.data.get("questions") or [], rec.data.get("answers") or []
+            pair_ids = (rec.data.get("metadata") or {}).get("qa_pair_ids")
+            for i in range(len(questions)):
+                qa_id = pair_ids[i] if pair_ids else str(i + 1)  # the loader's qa_id
+                # main.py pairs questions with answers one to one, else gives a context's one question them all
+                answer = answers[i] if len(questions) > 1 and len(answers) > 1 else answers
+                out[(found, qa_id)] = (questions[i], answer, pair_ids[i] if pair_ids else None)
+    return out
+
+
+def _mab_scores(cfg: RunConfig, ids: list[str]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(episode, probe, method) -> the official per-task scores by their official names, from a
+    finished response_metrics stage; {} without one."""
+    stage = StageDir(cfg.run_dir, "response_metrics")
+    if stage.manifest() is None:
+        return {}
+    return {(r["episode_id"], r["probe_id"], r["method"]):
+            {name: r[column] for column, name in _MAB_METRICS.items() if r.get(column) is not None}
+            for r in stage.read_table("response_metrics", episode_ids=ids).to_pylist()}

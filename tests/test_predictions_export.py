@@ -1,4 +1,5 @@
-"""`export_predictions`: a run's answers in the files LoCoMo's and LongMemEval's official scorers read.
+"""`export_predictions`: a run's answers in the files LoCoMo's, LongMemEval's and MemoryAgentBench's
+official scorers read.
 
 The run is built by hand (tables as the stages write them: ingest by the real loaders, probes by
 `qa_probes`, responses in the respond schema), so no pipeline runs. The expected exports are fixtures
@@ -34,7 +35,7 @@ from stages.method_stages.respond import RESPONSES
 from stages.predictions import LOCOMO_FILE, SUMMARY_FILE, export_predictions
 from stages.probes import PROBES, qa_probes
 from stages.report.tables import metric_summary
-from stages.scoring.response_metrics import score_rows
+from stages.scoring.response_metrics import RESPONSE_METRICS, score_rows
 from stages.cli import main
 from stages.judging.diagnose import BUCKETS, DIAGNOSIS
 
@@ -365,3 +366,95 @@ def test_cli_exports_predictions(locomo_run, tmp_path, capsys):
     assert f"exported locomo predictions to {out}" in capsys.readouterr().out
     assert list(json.loads((out / SUMMARY_FILE).read_text())["methods"]) == ["secom"]
     assert main(["export", "predictions", "--out", str(out), *args]) == 1  # --format is required
+
+
+# --- MemoryAgentBench ---------------------------------------------------------------------------
+
+MAB_QUESTIONS = ["eventqa_full_0_q0", "eventqa_full_0_q1", "ruler_qa1_197K_0_q0", "factconsolidation_sh_6k_0_q0",
+                 "factconsolidation_sh_6k_0_q1", "infbench_sum_0_q0", "recsys_redial_full_0_q0",
+                 "icl_banking77_0_q0", "icl_banking77_0_q1"]
+MAB_FAILED = {"all_memories": {"factconsolidation_sh_6k_0_q1"}}
+
+
+@pytest.fixture
+def mab_run(tmp_path: Path) -> tuple[RunConfig, list[dict[str, Any]], Path]:
+    corpus = tmp_path / "memoryagentbench"  # a copy: one test takes it away
+    shutil.copytree(CORPORA / "memoryagentbench", corpus)
+    answers = {m: {qid: (None if qid in MAB_FAILED.get(m, set()) else f"Answer: {m} on {qid}", [])
+                   for qid in MAB_QUESTIONS} for m in METHODS}
+    answers["secom"]["eventqa_full_0_q1"] = ("Answer: Mr. Hale", [])
+    cfg = _config(tmp_path, "memoryagentbench", corpus)
+    return cfg, _build_run(cfg, "memoryagentbench", answers), corpus
+
+
+def test_memoryagentbench_export_is_mains_results_file_per_method_and_task(mab_run, tmp_path):
+    cfg, probes, _ = mab_run
+    out = export_predictions(cfg, "memoryagentbench", None, tmp_path / "outputs")
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*_results.json"))
+    assert files == sorted(f"{m}/{task}_results.json" for m in METHODS for task in (
+        "Accurate_Retrieval/eventqa_full", "Accurate_Retrieval/ruler_qa1_197K", "Conflict_Resolution/factconsolidation_sh_6k",
+        "Long_Range_Understanding/infbench_sum_eng_shots2", "Test_Time_Learning/recsys_redial_full",
+        "Test_Time_Learning/icl_banking77_5900shot_balance"))
+    results = json.loads((out / "secom" / "Accurate_Retrieval" / "eventqa_full_results.json").read_text())
+    assert set(results) == {"agent_config", "dataset_config", "data", "metrics", "time_cost", "averaged_metrics"}
+    assert results["dataset_config"] == {"dataset": "Accurate_Retrieval", "sub_dataset": "eventqa_full"}
+    questions = {p["qa_id"]: p["request"] for p in probes}
+    # the keys the official judges read, per question in the input's order; the gold as main.py passes it
+    assert results["data"] == [
+        {"output": "Answer: secom on eventqa_full_0_q0", "answer": ["the keeper says the lamp failed",
+                                                                    "the lighthouse lamp had failed"],
+         "query": questions["eventqa_full_0_q0"], "query_id": 0, "qa_pair_id": "eventqa_full_0_q0"},
+        {"output": "Answer: Mr. Hale", "answer": ["Mr. Hale"], "query": questions["eventqa_full_0_q1"], "query_id": 1,
+         "qa_pair_id": "eventqa_full_0_q1"}]
+    assert results["metrics"] == {} and results["averaged_metrics"] == {}  # no response_metrics stage in the run
+    # a context's one question gets every answer given, as main.py passes them (summarization_evaluate
+    # reads answer[0] and matches qa_pair_id with the release's)
+    [summary] = json.loads((out / "secom" / "Long_Range_Understanding" /
+                            "infbench_sum_eng_shots2_results.json").read_text())["data"]
+    assert summary["answer"] == [["Mara learns from the keeper that the lighthouse lamp failed."]]
+    assert summary["qa_pair_id"] == "infbench_sum_0_q0"
+    # a failed answer is an empty output
+    facts = json.loads((out / "all_memories" / "Conflict_Resolution" /
+                        "factconsolidation_sh_6k_results.json").read_text())["data"]
+    assert [r["output"] for r in facts] == ["Answer: all_memories on factconsolidation_sh_6k_0_q0", ""]
+    summary_file = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary_file["methods"]["all_memories"]["failed"] == 1
+    assert summary_file["methods"]["secom"]["predicted"] == len(MAB_QUESTIONS)
+
+
+def test_memoryagentbench_export_carries_the_official_scores_of_the_metrics_stage(mab_run, tmp_path):
+    cfg, probes, _ = mab_run
+    responses = pq.read_table(Path(cfg.run_dir) / "respond_secom" / "responses").to_pylist()
+    by_probe = {r["probe_id"]: r["response"] for r in responses}
+    rows = [{**p, "dataset": "memoryagentbench", "method": "secom", "response": by_probe[p["probe_id"]]}
+            for p in probes]
+    _publish(Path(cfg.run_dir), "response_metrics", {"response_metrics": pa.Table.from_pylist(
+        score_rows(rows, entities=str(tmp_path / "no-entities.json")), schema=RESPONSE_METRICS)})
+    out = export_predictions(cfg, "memoryagentbench", ["secom"], tmp_path / "outputs")
+    results = json.loads((out / "secom" / "Accurate_Retrieval" / "eventqa_full_results.json").read_text())
+    second = results["data"][1]
+    assert second["exact_match"] == 1.0 and second["substring_exact_match"] == 1.0 and second["eventqa_recall"] == 1.0
+    assert results["metrics"]["eventqa_recall"] == [0.0, 1.0]
+    assert results["averaged_metrics"]["eventqa_recall"] == pytest.approx(50.0)
+    recsys = json.loads((out / "secom" / "Test_Time_Learning" / "recsys_redial_full_results.json").read_text())
+    assert recsys["metrics"] == {} and "recsys_recall@5" not in recsys["data"][0]  # no entities: no recsys score
+
+
+def test_memoryagentbench_export_without_the_ingested_files_gives_the_gold_strings_and_question_ids(mab_run, tmp_path):
+    cfg, _, corpus = mab_run
+    shutil.rmtree(corpus)
+    out = export_predictions(cfg, "memoryagentbench", ["all_memories"], tmp_path / "outputs")
+    [summary] = json.loads((out / "all_memories" / "Long_Range_Understanding" /
+                            "infbench_sum_eng_shots2_results.json").read_text())["data"]
+    assert summary["answer"] == ["Mara learns from the keeper that the lighthouse lamp failed."]
+    assert summary["qa_pair_id"] == "infbench_sum_0_q0"
+
+
+def test_cli_exports_memoryagentbench_predictions(mab_run, tmp_path, capsys):
+    cfg, _, corpus = mab_run
+    sets = [f"artifacts_dir={tmp_path / 'artifacts'}", "run_name=memoryagentbench", "corpus.format=memoryagentbench",
+            f"corpus.path={corpus}", f"methods=[{','.join(METHODS)}]"]
+    out = tmp_path / "cli"
+    assert main(["export", "predictions", "--format", "memoryagentbench", "--method", "secom", "--out", str(out),
+                 *(a for s in sets for a in ("--set", s))]) == 0
+    assert (out / "secom" / "Test_Time_Learning" / "recsys_redial_full_results.json").is_file()
