@@ -193,3 +193,47 @@ def test_answer_sends_the_frame_with_the_tasks_sampling_to_the_endpoint(fake_llm
     user = body["messages"][1]["content"]
     assert user.index(UNITS[0]["text"]) < user.index(UNITS[1]["text"]) < user.index("card lost")
     assert ("Memory 1:" in user) == (frame == "rag")
+
+
+# --- the reader inside the methods (`qa_prompt: memoryagentbench`) -------------------------------------
+
+def _probe(category: str = CATEGORIES["factconsolidation"], question: str = "Who leads Acme?") -> "ProbeInput":
+    from stages.methods.base import ProbeInput
+
+    return ProbeInput(probe={"probe_id": "qa:q1", "kind": "qa", "category": category, "session_idx": 9,
+                             "request": question, "respondent": "user"},
+                      episode={"dataset": "memoryagentbench", "speakers": ["user"]}, history={}, current=[])
+
+
+def _bank_unit(i: int) -> dict:
+    return {**unit(i), "text": f"user: chunk number {i} says lorem{i}."}  # a bank unit: its turn as a line
+
+
+@pytest.mark.parametrize("retrieved", [False, True])
+def test_generate_asks_with_the_long_context_frame_for_a_history_and_the_rag_frame_for_retrieved_units(retrieved):
+    from pipeline.testing.fake_chat import FakeChat
+    from stages.methods.shared.response import generate
+
+    chat = FakeChat(["Bob\nuser: and more"])
+    ranked = [_bank_unit(2), _bank_unit(0)]  # a retrieval's rank order; a history's would be sorted
+    answer = asyncio.run(generate(chat, _probe(), ranked, qa_prompt="memoryagentbench", retrieved=retrieved))
+    [call] = chat.calls
+    system, user = call["messages"]
+    assert system["content"] == mab.SYSTEM and call["params"] == {"temperature": 0.7, "max_tokens": 10}
+    shown = user["content"]
+    assert "user: chunk" not in shown  # the chunk as the context held it, not the bank's "user:" line
+    first, second = shown.index("lorem2"), shown.index("lorem0")
+    assert (first < second) == retrieved  # rank order for the RAG agent, time order for the long-context one
+    assert ("Memory 1:" in shown) == retrieved
+    assert answer.details["frame"] == ("rag" if retrieved else "long_context")
+    assert answer.text == "Bob\nuser: and more"  # kept whole: the official scorers parse the raw reply
+
+
+def test_a_retrieval_method_searches_with_what_the_official_bm25_agent_searches_with():
+    from stages.methods.secom.retrieval import search_query
+
+    probe = _probe()
+    assert search_query(probe, "memoryagentbench") == mab.retrieval_query("Who leads Acme?", "factconsolidation")
+    searched = search_query(probe, "memoryagentbench")
+    assert "Who leads Acme?" in searched and "knowledge management system" not in searched  # the question part only
+    assert search_query(probe, "ours") == "Who leads Acme?"

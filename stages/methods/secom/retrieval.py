@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from pipeline.retrieval import BM25Idf, BM25Tokens, Similarity
 from stages.methods.shared import response
 from stages.methods.base import Answer, EpisodeInput, Method, MethodContext, MethodSettings, ProbeInput
+from stages.methods.shared import memoryagentbench_reader
 from stages.methods.shared.response import QAPrompt, SecomChatOrder, generate
 from stages.methods.secom.units import unit_retriever
 
@@ -61,6 +62,14 @@ class TurnSettings(RetrievalSettings):
     top_k: int | None = Field(default=3, ge=1)
 
 
+def search_query(probe: ProbeInput, qa_prompt: QAPrompt) -> str:
+    """What a probe searches the bank with: its request; under MemoryAgentBench's reader, what the
+    official BM25 agent searches with (the task's RAG query, or its question part)."""
+    if qa_prompt == "memoryagentbench" and probe.probe["kind"] == "qa":
+        return memoryagentbench_reader.search_query(probe.request, probe.probe.get("category"))
+    return probe.request
+
+
 class RetrievalMethod(Method[RetrievalSettings]):
     """Retrieve the top-k units of one granularity with the request, answer from them."""
 
@@ -83,8 +92,9 @@ class RetrievalMethod(Method[RetrievalSettings]):
         dense = settings.retriever != "bm25" and ctx.embed is not None and pool
         if dense and settings.key_side == "user" and retriever.vectors is None:
             retriever.vectors = np.asarray(await ctx.embed(retriever.texts), dtype=np.float32)  # type: ignore[misc]
-        qvec = (await ctx.embed([probe.request]))[0] if dense else None  # type: ignore[misc]
-        hits = retriever.search(probe.request, settings.top_k, method=settings.retriever, qvec=qvec,
+        query = search_query(probe, settings.qa_prompt)
+        qvec = (await ctx.embed([query]))[0] if dense else None  # type: ignore[misc]
+        hits = retriever.search(query, settings.top_k, method=settings.retriever, qvec=qvec,
                                 budget=settings.token_budget, hybrid_weight=settings.hybrid_weight)
         by_id = {u["unit_id"]: u for u in pool}
         return [by_id[unit_id] for unit_id, _ in hits]
@@ -115,7 +125,8 @@ class RetrievalMethod(Method[RetrievalSettings]):
 
     async def answer(self, ctx: MethodContext[RetrievalSettings], probe: ProbeInput, memory: dict[str, Any]) -> Answer:
         llm, settings = ctx.llm, ctx.settings
-        return await generate(llm, probe, await self.rank(ctx, probe), settings.qa_prompt, settings.secom_chat_order)
+        return await generate(llm, probe, await self.rank(ctx, probe), settings.qa_prompt, settings.secom_chat_order,
+                              retrieved=True)
 
     def memory_view(self, episode: EpisodeInput, memory: dict[str, Any], settings: RetrievalSettings) -> str | None:
         units = [u for u in episode.upstream.get(BANK, []) if u["granularity"] == self.granularity]

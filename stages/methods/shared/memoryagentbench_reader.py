@@ -54,9 +54,11 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Literal, Protocol
 
+from pipeline.corpus.memoryagentbench import SPEAKER
 from pipeline.llm.types import ChatLLM, LLMResult, Messages, Sampling
 
 QA_PROMPT = "memoryagentbench"
+_TURN_PREFIX = f"{SPEAKER}: "  # stages.dialogue.format_unit: a chunk is one "user" turn
 Task = Literal["ruler_qa", "in_context_learning", "infbench_sum", "eventqa", "recsys_redial", "longmemeval",
                "factconsolidation", "detective_qa"]
 Frame = Literal["long_context", "rag"]
@@ -184,13 +186,19 @@ def time_stamp(unit: Unit) -> str:
     return "" if when is None else str(when).strip()
 
 
+def chunk_text(unit: Unit) -> str:
+    """A unit's chunk as the context held it: a bank unit's text is its turn as a "user: ..." line."""
+    text = str(unit["text"])
+    return text[len(_TURN_PREFIX):] if text.startswith(_TURN_PREFIX) else text
+
+
 def memorise(unit: Unit, task: Task) -> str:
     """A chunk's memorise frame: the dialogue in which the user hands it over and the assistant
     acknowledges it."""
     p = PROMPTS[task]
     stamp = time_stamp(unit) if p.stamped else ""
     head = "Dialogue between User and Assistant" + (f" {stamp}" if stamp else "")
-    return (f"{head}\n<User> The context below is {p.material}:\n{unit['text']}\n"
+    return (f"{head}\n<User> The context below is {p.material}:\n{chunk_text(unit)}\n"
             f"<Assistant> {p.acknowledgement}, and I will answer whatever you ask.")
 
 
@@ -198,6 +206,11 @@ def query(question: str, task: Task, frame: Frame) -> str:
     """The task's query in the frame's form (the question put in as it is, braces and all)."""
     p = PROMPTS[task]
     return (p.long_context if frame == "long_context" else p.rag).replace("{question}", question)
+
+
+def search_query(question: str, category: object) -> str:
+    """What a retrieval method searches with for a probe of `category` (`retrieval_query` of its task)."""
+    return retrieval_query(question, task_of(str(category or "")))
 
 
 def retrieval_query(question: str, task: Task) -> str:

@@ -27,7 +27,7 @@ from pipeline.corpus.locomo import CATEGORIES as LOCOMO_CATEGORIES
 from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
-from stages.methods.shared import locomo_plus_reader, mem0_rag
+from stages.methods.shared import locomo_plus_reader, mem0_rag, memoryagentbench_reader
 from stages.dialogue import build_exchanges, format_unit, in_time_order, unit_turns
 
 # How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned"),
@@ -38,7 +38,10 @@ from stages.dialogue import build_exchanges, format_unit, in_time_order, unit_tu
 # `mem0_rag`: mem0's evaluation/src/rag.py frame for its full-context and RAG rows (stages/methods/shared/mem0_rag.py).
 # `locomo_plus`: LoCoMo-Plus's reader, a cognitive item's trigger as the dialogue's last turn
 # (stages/methods/shared/locomo_plus_reader.py).
-QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat", "mem0_rag", "locomo_plus"]
+# `memoryagentbench`: MemoryAgentBench's agents (stages/methods/shared/memoryagentbench_reader.py): the
+# long-context agent's frame for a whole history, the RAG agent's for retrieved units (rank order).
+QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat", "mem0_rag", "locomo_plus",
+                   "memoryagentbench"]
 # The order of the units in the `secom_chat` frame: `time` (session, then first turn: SeCom Sec. 2.1,
 # "the retrieved memory units in time order") or `rank` (as retrieval ranked them: experiment/chat.py
 # joins the retrieved texts as retrieve.py returns them).
@@ -395,7 +398,7 @@ def context_turn_pairs(units: list[dict], history: dict[int, list[dict]] | None 
 
 
 # QA frames whose reply is the raw completion, stripped, as their official code stores it.
-RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag", "locomo_plus"})
+RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag", "locomo_plus", "memoryagentbench"})
 # Datasets whose questions are user requests with full reference answers, not short-fact QA.
 CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
@@ -408,9 +411,9 @@ def turn_spans(units: list[dict]) -> list[list[int]]:
 
 
 async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt: QAPrompt = "ours",
-                   secom_chat_order: SecomChatOrder = "time") -> Answer:
+                   secom_chat_order: SecomChatOrder = "time", retrieved: bool = False) -> Answer:
     """The shared response frame over memory units in time order (QA or next response; `secom_chat`
-    in `secom_chat_order`), cut to one turn; records the exchanges (`context_turns`) and tokens of
+    in `secom_chat_order`; `retrieved`: the units are a retrieval's, in rank order), cut to one turn; records the exchanges (`context_turns`) and tokens of
     memory that entered the context, and in `details` the turn spans of that memory and its utterance
     pairs (`context_turn_pairs`; and, under LoCoMo's protocol, its sampling, the options and the reply
     before mapping; under LongMemEval's reader, its sampling and any notes)."""
@@ -456,6 +459,11 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
             result = await llm.chat(locomo_plus_reader.build_messages(ordered, question, probe.probe.get("category"),
                                                                       speakers, probe.history),
                                     **locomo_plus_reader.LOCOMO_PLUS_SAMPLING)
+        elif qa_prompt == "memoryagentbench" and not chat:  # the RAG agent's rank order, else the history's
+            result, extra = await memoryagentbench_reader.answer(
+                llm, units if retrieved else ordered, probe.request, str(probe.probe.get("category") or ""),
+                frame="rag" if retrieved else "long_context")
+            details.update(extra)
         else:
             result = await answer_question(llm, ordered, probe.request, chat=chat)
     else:
