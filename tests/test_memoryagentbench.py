@@ -18,12 +18,14 @@ from pipeline.corpus import load_corpus, sources
 from pipeline.corpus.fetch import _ParquetToJsonl, fetch
 from pipeline.corpus.memoryagentbench import (
     CHUNK_TOKENS,
+    JUDGE_NOTES,
     _sentences,
     _token_count,
     chunk_context,
     competency_of,
     encode_answers,
     gold_answers,
+    source_of,
 )
 from pipeline.errors import InputError
 
@@ -177,3 +179,35 @@ def test_fetch_writes_each_split_as_json_lines_in_the_directory_the_loader_reads
     assert sorted(q["qa_id"] for q in fetched.qa) == sorted(q["qa_id"] for q in want.qa)
     assert {q["category"].split("/")[0] for q in fetched.qa} == {
         "Accurate_Retrieval", "Test_Time_Learning", "Long_Range_Understanding", "Conflict_Resolution"}
+
+
+# --- what the official judges read beside the gold ----------------------------------------------------
+
+def test_longmemeval_questions_keep_their_type_and_abstention_and_summaries_their_key_points(tmp_path):
+    rows = _rows(AR_FILE)[:1]
+    rows[0]["metadata"].update(source="longmemeval_s*", qa_pair_ids=None,
+                               question_ids=["gpt4_1a2b", "gpt4_3c4d_abs"],
+                               question_types=["temporal-reasoning", "multi-session"])
+    corpus = load_corpus("memoryagentbench", _write(tmp_path, "Accurate_Retrieval-00000-of-00001.jsonl", rows))
+    by_id = {q["qa_id"]: q for q in corpus.qa}
+    assert [by_id[i][JUDGE_NOTES] for i in ("1", "2")] == [["temporal-reasoning"], ["multi-session"]]
+    assert [by_id[i]["abstention"] for i in ("1", "2")] == [False, True]
+    # the category stays the task's, one report row per task
+    assert {q["category"] for q in corpus.qa} == {"Accurate_Retrieval/longmemeval_s*"}
+    assert source_of("Accurate_Retrieval/longmemeval_s*") == "longmemeval_s*" and source_of("odd") is None
+    fixture = {q["qa_id"]: q for q in load_corpus("memoryagentbench", FIXTURE).qa}
+    assert fixture["infbench_sum_0_q0"][JUDGE_NOTES] == ["the lamp failed"]
+    assert fixture["eventqa_full_0_q0"][JUDGE_NOTES] is None and fixture["eventqa_full_0_q0"]["abstention"] is None
+
+
+def test_key_points_fall_back_to_the_short_key_points_and_a_type_list_must_match_the_questions(tmp_path):
+    rows = _rows(FIXTURE / "Long_Range_Understanding-00000-of-00001.jsonl")
+    rows[0]["metadata"]["keypoints"] = None
+    rows[0]["metadata"]["summary/short_keypoints"] = ["a", "b"]
+    corpus = load_corpus("memoryagentbench", _write(tmp_path, "Long_Range_Understanding-00000-of-00001.jsonl", rows))
+    assert corpus.qa[0][JUDGE_NOTES] == ["a", "b"]
+    bad = _rows(CR_FILE)
+    bad[0]["metadata"]["question_types"] = ["single-session-user"]
+    with pytest.raises(InputError, match="1 entries for 2 questions") as caught:
+        load_corpus("memoryagentbench", _write(tmp_path, CR_FILE.name, bad))
+    assert caught.value.field == "metadata.question_types"

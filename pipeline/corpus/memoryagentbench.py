@@ -15,6 +15,17 @@ one; a single question takes every answer given (the official reader passes them
 take the best over them). A question's category is "<competency>/<source>" (the competency from the file
 name, or from the task when the file is named otherwise); its id is its `qa_pair_ids` entry, else its
 place from 1. A question's gold strings are kept in `answer` (`encode_answers` / `gold_answers`).
+
+What the official GPT-4o judges read beside the gold (stages/judging/memoryagentbench.py) is kept too:
+- LongMemEval's abstention questions (a `metadata.question_ids` entry containing "_abs", as the official
+  script tests it) flagged `abstention`;
+- in the QA row's `evidence_sessions` (`JUDGE_NOTES`: the release has no session ids to keep there, no
+  other field of a QA row holds a list of text, and the retrieval measures read it only for a question
+  with evidence, which none of these has), a LongMemEval question's type (`metadata.question_types`,
+  one per question), alone, which picks the judge's prompt; else the key points of a summary's reference
+  (`metadata.keypoints`, else `metadata["summary/short_keypoints"]`, as summarization_evaluate.py looks
+  them up), one string each. The category stays "<competency>/<source>", one row per task in the report
+  (the official scores a task as a whole).
 """
 
 from __future__ import annotations
@@ -40,6 +51,15 @@ _TASK_PREFIXES = {
     "Conflict_Resolution": ("factconsolidation",),
 }
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+ABSTENTION_MARK = "_abs"  # in a LongMemEval question id: the history cannot answer it
+KEYPOINT_FIELDS = ("keypoints", "summary/short_keypoints")  # where the official scorer looks, in order
+JUDGE_NOTES = "evidence_sessions"  # the QA row's field holding a question type or a summary's key points
+
+
+def source_of(category: str | None) -> str | None:
+    """The task (`metadata.source`) of a QA row's category "<competency>/<source>"; None for another shape."""
+    parts = (category or "").split("/", 1)
+    return parts[1] if len(parts) == 2 and parts[1] else None
 
 
 def encode_answers(answers: list[str]) -> str:
@@ -143,6 +163,24 @@ def _answers(value: object, chk: Checker) -> list[list[str]]:
     return out
 
 
+def _per_question(meta: dict[str, object], name: str, n: int, chk: Checker) -> list[str]:
+    """`metadata.<name>`, one string per question; [] where the release gives none (null)."""
+    raw = meta.get(name)
+    values = [] if raw is None else _strings(raw, f"metadata.{name}", chk)
+    if values and len(values) != n:
+        chk.fail(f"metadata.{name}", f"{len(values)} entries for {n} questions")
+    return values
+
+
+def _keypoints(meta: dict[str, object], chk: Checker) -> list[str] | None:
+    """The reference summary's key points, from the first of KEYPOINT_FIELDS the metadata fills; None
+    when neither is there."""
+    for name in KEYPOINT_FIELDS:
+        if meta.get(name) is not None:
+            return _strings(meta[name], f"metadata.{name}", chk)
+    return None
+
+
 def parse(rec: RawRecord, chk: Checker) -> Episode:
     d = chk.obj(rec.data, "")
     meta = chk.req(d, "metadata", dict)
@@ -173,9 +211,14 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     ids = [] if raw_ids is None else _strings(raw_ids, "metadata.qa_pair_ids", chk)
     if ids and len(ids) != len(questions):
         chk.fail("metadata.qa_pair_ids", f"{len(ids)} ids for {len(questions)} questions")
+    types = _per_question(meta, "question_types", len(questions), chk)
+    question_ids = _per_question(meta, "question_ids", len(questions), chk)
+    keypoints = _keypoints(meta, chk)
     category = f"{competency}/{source}"
     qa = [QAItem(qa_id=ids[i] if ids else str(i + 1), question=q, answer=encode_answers(golds[i]), evidence=None,
-                 category=category, path=join("questions", i))
+                 category=category, path=join("questions", i),
+                 abstention=ABSTENTION_MARK in question_ids[i] if question_ids else None,
+                 evidence_sessions=[types[i]] if types else keypoints)
           for i, q in enumerate(questions)]
     return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, speakers=[SPEAKER], qa=qa,
                    sessions_path="context", id_field=None)

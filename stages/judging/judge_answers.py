@@ -18,6 +18,11 @@ LongMemEval's evaluate_qa.py shows it. The LoCoMo judge is shown the bare questi
 llm_judge.py is; with `unanswerable: skip` it skips LoCoMo's adversarial category as mem0's evals.py
 does (every row of category 5 written with `skipped`), so its per-category and overall shares cover
 categories 1-4.
+
+MemoryAgentBench's judges (`correctness: [memoryagentbench]`, stages/judging/memoryagentbench.py) judge
+its LongMemEval subset with LongMemEval's per-type yes/no judge (1 / 0) and its InfBench summaries with
+HELMET's three calls (fluency, key-point recall, precision; their fluency-scaled F1 the score, the parts
+and replies in `reason`); its other tasks, and every other dataset, get rows with `skipped` saying so.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from pydantic import Field, field_validator
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.engine.stage import Rows, StageContext
 from stages.judging import answers, locomo_plus, longmemeval
+from stages.judging import memoryagentbench as mab
+from pipeline.corpus.memoryagentbench import JUDGE_NOTES
 from pipeline.llm.usage import costed_to
 from stages.judging.base import JudgeSettings, JudgeStage, rows_or_failed, sampled_rows
 from stages.judging.panel import (F1, JUDGE_ROLE, PanelJudge, accepted, default_panel, f1_score, panel_roles,
@@ -42,11 +49,15 @@ from stages.probes import PROBE_KEY_FIELDS, sample
 ANSWER_JUDGMENTS = pa.schema(
     [
         *PROBE_KEY_FIELDS,
-        # gpt4score | strict | lenient | longmemeval | locomo_j | teafarm
+        # gpt4score | strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | teafarm
         pa.field("judge", pa.string(), nullable=False),
         pa.field("run", pa.int32(), nullable=False),  # which of the judge's independent runs (judge_answers.runs), from 0
-        pa.field("score", pa.float64()),  # 0-100 (1-100 memochat) for gpt4score; 1 correct / 0 incorrect otherwise
-        pa.field("reason", pa.string()),  # the judge's reason (MemoChat: its explanation; longmemeval: its reply)
+        # 0-100 (1-100 memochat) for gpt4score; memoryagentbench on a summary: HELMET's F1 (0-1); 1 correct /
+        # 0 incorrect otherwise
+        pa.field("score", pa.float64()),
+        # the judge's reason (MemoChat: its explanation; longmemeval: its reply; memoryagentbench on a
+        # summary: JSON of fluency, recall and precision found / totals, recall, precision, f1 and the replies)
+        pa.field("reason", pa.string()),
         # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
         pa.field("reference_source", pa.string()),
         # memochat: the history the judge saw, the same for every method: evidence (the probe's gold
@@ -54,10 +65,12 @@ ANSWER_JUDGMENTS = pa.schema(
         # holds, e.g. Long-MT-Bench+ as released); null otherwise
         pa.field("history_source", pa.string()),
         pa.field("skipped", pa.string()),  # why the item was not judged (by design, not a failure); null: judged
-        # longmemeval: the prompt the question type chose (standard | temporal | knowledge_update |
-        # preference | abstention); null for the other judges
+        # longmemeval (and memoryagentbench on its LongMemEval subset): the prompt the question type chose
+        # (standard | temporal | knowledge_update | preference | abstention); memoryagentbench on a summary:
+        # summary; null for the other judges
         pa.field("judge_prompt", pa.string()),
-        # the judge's prompt (strict | lenient | longmemeval | locomo_j | gpt4score | teafarm) or f1
+        # the judge's prompt (strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench |
+        # gpt4score | teafarm) or f1
         # (LoCoMo's F1, no model): a panel judge's `judge` is its own name (judge_answers.panel)
         pa.field("judge_kind", pa.string()),
         # the verdict as accept / reject for agreement and robust differences (stages/judging/panel.py
@@ -92,8 +105,10 @@ class JudgeAnswersSettings(JudgeSettings):
     memochat_dates: bool = True
     # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type;
     # locomo_j: the community LoCoMo judge (mem0's J: CORRECT / WRONG against the gold answer)
-    # locomo_plus: LoCoMo-Plus's correct / partial / wrong judge, its prompt chosen by category
-    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus"]] = ["strict", "lenient"]
+    # locomo_plus: LoCoMo-Plus's correct / partial / wrong judge, its prompt chosen by category;
+    # memoryagentbench: MemoryAgentBench's judges of its longmemeval and infbench_sum tasks
+    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus", "memoryagentbench"]] = [
+        "strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
     # judge needs no reference), or skipped by every judge (rows with `skipped` set): `skip` leaves out
@@ -221,7 +236,7 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
 class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
     name = section = "judge_answers"
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
-    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS}
+    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS, **mab.PROMPTS}
 
     async def process_episode(self, ctx: StageContext[JudgeAnswersSettings], episode_id: str,
                               inputs: dict[str, Rows]) -> dict[str, Rows]:
@@ -231,6 +246,8 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
         episode = inputs["ingest.episodes"][0]
         turns = inputs["ingest.turns"]
         questions = {q["qa_id"]: q["question"] for q in inputs.get("ingest.qa", [])}  # bare, without a date line
+        # MemoryAgentBench: a LongMemEval question's type or a summary's key points (its loader's JUDGE_NOTES)
+        notes = {q["qa_id"]: list(q.get(JUDGE_NOTES) or []) for q in inputs.get("ingest.qa", [])}
         responses = self.responses(inputs)
         probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds],
                         settings.max_probes_per_episode, settings.seed, episode_id)
@@ -253,6 +270,10 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
         async def judged(probe: dict[str, Any], method: str, judge: PanelJudge, row: dict[str, Any],
                          runs: Rows) -> Rows:
             memochat = judge.prompt == "gpt4score" and settings.gpt4score_mode == "memochat"
+            task = mab.judged_task(episode["dataset"], probe["category"]) if judge.prompt == mab.JUDGE else None
+            if judge.prompt == mab.JUDGE and task is None:
+                not_ours = mab.SKIP_OTHER_TASK if episode["dataset"] == mab.DATASET else mab.SKIP_OTHER_DATASET
+                return [{**r, "skipped": not_ours} for r in runs]
             # LoCoMo-Plus's cognitive items have no reference: its judge reads their cue instead
             cue = judge.prompt == locomo_plus.JUDGE and str(probe["category"]) == locomo_plus.COGNITIVE
             reference_source, skipped = reference_or_skip(probe, memochat or cue, settings.unanswerable)
@@ -265,6 +286,18 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
             if judge.prompt == F1:
                 score = f1_score(episode["dataset"], probe["category"], resp["response"], probe["gold"])
                 return [{**r, "score": score, "skipped": SKIP_NO_REFERENCE if score is None else None} for r in runs]
+            noted = notes.get(probe.get("qa_id") or "", [])
+            if task == mab.SUMMARY_TASK:
+                summaries = await mab.judge_summary_runs(ctx.role(judge.role), resp["response"], noted,
+                                                         probe["gold"], settings.runs, settings.run_requests, **params)
+                return sampled_rows([{**row, "run": r} for r in range(settings.runs)],
+                                    ("score", "judge_prompt", "reason", "skipped"), summaries)
+            if task == mab.LONGMEMEVAL_TASK:  # LongMemEval's judge, its prompt by the question's type
+                kind = longmemeval.prompt_kind(mab.question_type(noted), bool(probe.get("abstention")))
+                call = longmemeval.judge_call(kind, _asked(probe, questions), probe["gold"] or "", resp["response"])
+                judgments = await call.runs(ctx.role(judge.role), settings.runs, settings.run_requests, **params)
+                return sampled_rows([{**row, "run": r} for r in range(settings.runs)],
+                                    ("score", "judge_prompt", "reason"), judgments)
             shown = {**probe, "category": shown_category(episode["dataset"], probe["category"], judge.prompt)}
             call, fields, row["history_source"] = judge_call(judge.prompt, shown, resp["response"], questions,
                                                              turns, memochat, settings.explain,

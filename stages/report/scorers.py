@@ -9,6 +9,7 @@ protocol as the run's settings choose them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from stages.report.memory_accuracy import MEMORY_SCORERS
@@ -22,7 +23,16 @@ _ANSWER_JUDGES = {
     "longmemeval": "LongMemEval's scorer: evaluate_qa.py's yes/no judge, one prompt per question type (share judged yes)",
     "locomo_plus": "LoCoMo-Plus's scorer: llm_as_judge.py's judge, one prompt per category (the cognitive one reads the "
                    "cue, not a reference), correct 1 / partial 0.5 / wrong 0, mean score",
+    "memoryagentbench": "MemoryAgentBench's scorer: llm_based_eval/'s GPT-4o judges (longmemeval: LongMemEval's "
+                        "yes/no judge; infbench_sum: HELMET's summary F1), each task's own mean",
     "teafarm": "Theanine's scorer: TeaFarm correctness judge (Sec. 5.1), correct / total",
+}
+# MemoryAgentBench's judge per task (a category "<competency>/<source>" names the task)
+_MAB_TASKS = {
+    "longmemeval": "MemoryAgentBench's scorer: longmem_qa_evaluate.py's GPT-4o judge, LongMemEval's yes/no prompt per "
+                   "question type (\"yes\" anywhere in the reply), share judged yes",
+    "infbench_sum": "MemoryAgentBench's scorer: summarization_evaluate.py's GPT-4o judge after HELMET, fluency (0/1) x "
+                    "F1 of key-point recall and sentence precision, mean over the summaries whose three replies read",
 }
 _PAIRWISE = {
     "both_orders": "ours, after Theanine's G-Eval (App. D): a head-to-head GPT-4 judge on Theanine's three criteria "
@@ -46,6 +56,13 @@ def _gpt4score(cfg: Any) -> str:
     return "ours: 0-100 rating against the reference answer, mean"
 
 
+def _mab_task(where: Mapping[str, object]) -> str | None:
+    """MemoryAgentBench's judge of the task a sheet result's category names, else the judge as a whole."""
+    task = str(where.get("category") or "").partition("/")[2]
+    return next((line for prefix, line in _MAB_TASKS.items() if task.startswith(prefix)),
+                _ANSWER_JUDGES["memoryagentbench"])
+
+
 def _runs(cfg: Any, named: str | None) -> str | None:
     runs = cfg.judge_answers.runs
     return f"{named}; each item averaged over {runs} judge runs (s.d. across runs: run_sd)" if named and runs > 1 \
@@ -62,7 +79,8 @@ def scorer(cfg: Any, result: Any) -> str | None:
         return MEMORY_SCORERS.get(column)
     if table == "answer_summary":
         judge = where.get("judge")
-        named = _gpt4score(cfg) if judge == "gpt4score" else _ANSWER_JUDGES.get(judge)
+        named = _gpt4score(cfg) if judge == "gpt4score" else _mab_task(where) if judge == "memoryagentbench" \
+            else _ANSWER_JUDGES.get(judge)
         return _runs(cfg, named)
     if table == "teafarm_summary":
         return _runs(cfg, _ANSWER_JUDGES["teafarm"])
