@@ -50,6 +50,9 @@ QA = pa.schema(
         pa.field("asked_at", pa.timestamp("s")),  # when the question is asked (LongMemEval); null: after the history
         pa.field("abstention", pa.bool_()),  # the history cannot answer it (LongMemEval "_abs"); null: not said
         pa.field("evidence_sessions", pa.list_(pa.string())),  # the dataset's ids of the answer's sessions
+        # what a judge reads beside the gold and no method is shown (MemoryAgentBench: a LongMemEval
+        # question's type, a summary's key points); null: nothing
+        pa.field("judge_notes", pa.list_(pa.string())),
         pa.field("source", pa.string(), nullable=False),  # "dataset" | "teabag"
         # The answer key `answer` and `evidence` follow (corpus.answer_key: original | audited, LoCoMo),
         # the dataset's own gold beside them whatever the key, and the audit's error class of an item the

@@ -50,9 +50,9 @@ def test_each_context_is_an_episode_whose_chunks_are_sessions_of_one_user_turn()
     corpus = load_corpus("memoryagentbench", FIXTURE)
     episodes = {e["episode_id"]: e for e in corpus.episodes}
     assert set(episodes) == {
-        "memoryagentbench-eventqa_full-0", "memoryagentbench-ruler_qa1_197K-1",
+        "memoryagentbench-eventqa_full-0", "memoryagentbench-ruler_qa1_197K-0",
         "memoryagentbench-factconsolidation_sh_6k-0", "memoryagentbench-infbench_sum_eng_shots2-0",
-        "memoryagentbench-recsys_redial_full-0", "memoryagentbench-icl_banking77_5900shot_balance-1"}
+        "memoryagentbench-recsys_redial_full-0", "memoryagentbench-icl_banking77_5900shot_balance-0"}
     facts = [t for t in corpus.turns if t["episode_id"] == "memoryagentbench-factconsolidation_sh_6k-0"]
     assert episodes["memoryagentbench-factconsolidation_sh_6k-0"]["n_sessions"] == len(facts) == 3
     assert [t["session_idx"] for t in facts] == [1, 2, 3] and {t["speaker"] for t in facts} == {"user"}
@@ -161,19 +161,35 @@ def test_the_hub_parquet_as_fetch_writes_it_loads_like_the_fixture(tmp_path):
     assert {q["category"] for q in got.qa} == {"Accurate_Retrieval/eventqa_full", "Accurate_Retrieval/ruler_qa1_197K"}
 
 
+def test_a_tasks_contexts_are_numbered_from_0_in_the_order_read_wherever_the_split_holds_them(tmp_path):
+    rows = _rows(FIXTURE / "Conflict_Resolution-00000-of-00001.jsonl")
+    other = json.loads(json.dumps(rows[0]))
+    other["metadata"]["source"] = "factconsolidation_mh_6k"
+    (tmp_path / "Conflict_Resolution-00000-of-00001.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [other, rows[0], rows[0]]) + "\n")
+    ids = [e["episode_id"] for e in load_corpus("memoryagentbench", tmp_path).episodes]
+    assert ids == ["memoryagentbench-factconsolidation_mh_6k-0", "memoryagentbench-factconsolidation_sh_6k-0",
+                   "memoryagentbench-factconsolidation_sh_6k-1"]
+    picked = load_corpus("memoryagentbench", tmp_path, episode_ids=["factconsolidation_sh_6k-1"])
+    assert [e["episode_id"] for e in picked.episodes] == ["memoryagentbench-factconsolidation_sh_6k-1"]
+
+
 # --- mempipe data fetch -----------------------------------------------------------------------------
 
 def test_fetch_writes_each_split_as_json_lines_in_the_directory_the_loader_reads(mirror, tmp_path):
     source = sources.REGISTRY["memoryagentbench"]
-    assert source.corpus_format == "memoryagentbench" and len(source.files) == 4
-    for remote in source.files:
+    splits = [f for f in source.files if f.unpack == "parquet_to_jsonl"]
+    assert source.corpus_format == "memoryagentbench" and len(splits) == 4 == len(source.files) - 1
+    [entities] = [f for f in source.files if f not in splits]  # the movie titles, beside the corpus
+    mirror.serve(entities.url, json.dumps({"http://dbpedia.org/resource/Memento_(film)": 7001}).encode())
+    for remote in splits:
         split = Path(remote.fname).name.split("-", 1)[0]
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(_rows(FIXTURE / f"{split}-00000-of-00001.jsonl")), buf)
         mirror.serve(remote.url, buf.getvalue())
     got = fetch("memoryagentbench", tmp_path, progress=False, base_url_override=mirror.url)
-    assert sorted(f.path.name for f in got) == sorted(f"{s}.jsonl" for s in (
-        "Accurate_Retrieval", "Test_Time_Learning", "Long_Range_Understanding", "Conflict_Resolution"))
+    assert sorted(f.path.name for f in got) == sorted(["entity2id.json", *(f"{s}.jsonl" for s in (
+        "Accurate_Retrieval", "Test_Time_Learning", "Long_Range_Understanding", "Conflict_Resolution"))])
     fetched = load_corpus("memoryagentbench", tmp_path / source.corpus_path)
     want = load_corpus("memoryagentbench", FIXTURE)
     assert sorted(q["qa_id"] for q in fetched.qa) == sorted(q["qa_id"] for q in want.qa)

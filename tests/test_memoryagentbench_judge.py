@@ -165,7 +165,7 @@ def _judge(llm: FakeChat, dataset: str = "memoryagentbench", runs: int = 1) -> l
                                     temperature=0)
     inputs = {"ingest.episodes": [{"episode_id": "e", "dataset": dataset}], "ingest.turns": [],
               "ingest.qa": [{"qa_id": p["qa_id"], "question": f"Question {p['qa_id']}?",
-                             "evidence_sessions": NOTES[p["qa_id"]]} for p in PROBES],
+                             "judge_notes": NOTES[p["qa_id"]]} for p in PROBES],
               "probes.probes": PROBES,
               "respond_zero_history.responses": [{"probe_id": k, "response": v, "error": None}
                                                  for k, v in ANSWERS.items()]}

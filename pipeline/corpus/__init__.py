@@ -119,6 +119,8 @@ def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
         records, parse = locomo_plus.reader(path, captions)
     else:
         records = iter_records(path)
+    if fmt == "memoryagentbench":  # a task's contexts numbered in the order read
+        parse = memoryagentbench.counting_parser()
     count = 0
     try:
         for rec in records:

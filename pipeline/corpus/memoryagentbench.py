@@ -7,7 +7,8 @@ fetch` writes each as JSON Lines, one row a line. A row: `context` (the text), `
 `answers` (a list of gold strings per question) and `metadata` (`source`, the task such as
 "eventqa_full" or "factconsolidation_sh_6k", and per-question lists such as `qa_pair_ids`).
 
-One record = one episode: the context cut into chunks of at most `CHUNK_TOKENS` tokens on sentence
+One record = one episode, `memoryagentbench-<source>-<n>` (n numbering the task's contexts from 0 in the
+order read: `counting_parser`): the context cut into chunks of at most `CHUNK_TOKENS` tokens on sentence
 boundaries, as the official conversation_creator.py cuts it (nltk's English Punkt sentences, counted in
 gpt-4o-mini's o200k_base tokens, a sentence longer than a chunk kept whole), each chunk one session of
 one `user` turn, in order; the questions as its QA rows. Several questions pair with the answers one to
@@ -19,12 +20,11 @@ place from 1. A question's gold strings are kept in `answer` (`encode_answers` /
 What the official GPT-4o judges read beside the gold (stages/judging/memoryagentbench.py) is kept too:
 - LongMemEval's abstention questions (a `metadata.question_ids` entry containing "_abs", as the official
   script tests it) flagged `abstention`;
-- in the QA row's `evidence_sessions` (`JUDGE_NOTES`: the release has no session ids to keep there, no
-  other field of a QA row holds a list of text, and the retrieval measures read it only for a question
-  with evidence, which none of these has), a LongMemEval question's type (`metadata.question_types`,
-  one per question), alone, which picks the judge's prompt; else the key points of a summary's reference
-  (`metadata.keypoints`, else `metadata["summary/short_keypoints"]`, as summarization_evaluate.py looks
-  them up), one string each. The category stays "<competency>/<source>", one row per task in the report
+- in the QA row's `judge_notes`, never shown to a method: a LongMemEval question's type
+  (`metadata.question_types`, one per question), alone, which picks the judge's prompt; else the key
+  points of a summary's reference (`metadata.keypoints`, else `metadata["summary/short_keypoints"]`, as
+  summarization_evaluate.py looks them up), one string each. The category stays "<competency>/<source>",
+  one row per task in the report
   (the official scores a task as a whole).
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -53,7 +53,7 @@ _TASK_PREFIXES = {
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 ABSTENTION_MARK = "_abs"  # in a LongMemEval question id: the history cannot answer it
 KEYPOINT_FIELDS = ("keypoints", "summary/short_keypoints")  # where the official scorer looks, in order
-JUDGE_NOTES = "evidence_sessions"  # the QA row's field holding a question type or a summary's key points
+JUDGE_NOTES = "judge_notes"  # the QA row's field holding a question type or a summary's key points
 
 
 def source_of(category: str | None) -> str | None:
@@ -181,7 +181,17 @@ def _keypoints(meta: dict[str, object], chk: Checker) -> list[str] | None:
     return None
 
 
-def parse(rec: RawRecord, chk: Checker) -> Episode:
+def counting_parser() -> Callable[[RawRecord, Checker], Episode]:
+    """The parser of one pass over the corpus: it numbers each task's contexts from 0 in the order read,
+    so an episode id (`memoryagentbench-<source>-<n>`) names a task's n-th context wherever the split
+    holds it (`corpus.episode_ids` can name "factconsolidation_sh_6k-0" without the row's position)."""
+    seen: Counter[str] = Counter()
+    return lambda rec, chk: parse(rec, chk, seen)
+
+
+def parse(rec: RawRecord, chk: Checker, seen: Counter[str] | None = None) -> Episode:
+    """One row. seen: the contexts of each task read so far (`counting_parser`); without it the id
+    numbers the row by its place in its file."""
     d = chk.obj(rec.data, "")
     meta = chk.req(d, "metadata", dict)
     source = chk.req(meta, "source", str, "metadata")
@@ -191,7 +201,10 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     if competency is None:
         chk.fail("metadata.source", f"task {shown(source)} belongs to no known competency, and the file is "
                                     f"not named for one ({', '.join(COMPETENCIES)})")
-    episode_id = f"{DATASET}-{_ID_SAFE.sub('_', source)}-{rec.index}"
+    ordinal = rec.index if seen is None else seen[source]
+    if seen is not None:
+        seen[source] += 1
+    episode_id = f"{DATASET}-{_ID_SAFE.sub('_', source)}-{ordinal}"
     chk.name(episode_id)
 
     context = chk.req(d, "context", str)
@@ -218,7 +231,7 @@ def parse(rec: RawRecord, chk: Checker) -> Episode:
     qa = [QAItem(qa_id=ids[i] if ids else str(i + 1), question=q, answer=encode_answers(golds[i]), evidence=None,
                  category=category, path=join("questions", i),
                  abstention=ABSTENTION_MARK in question_ids[i] if question_ids else None,
-                 evidence_sessions=[types[i]] if types else keypoints)
+                 judge_notes=[types[i]] if types else keypoints)
           for i, q in enumerate(questions)]
     return Episode(episode_id=episode_id, dataset=DATASET, sessions=sessions, speakers=[SPEAKER], qa=qa,
                    sessions_path="context", id_field=None)

@@ -183,6 +183,7 @@ class QAItem:
     asked_at: datetime | None = None  # when the question is asked (LongMemEval's question_date)
     abstention: bool | None = None  # the history cannot answer it (LongMemEval "_abs"); None: not said
     evidence_sessions: list[str] | None = None  # the dataset's ids of the sessions holding the answer
+    judge_notes: list[str] | None = None  # for the judge only (a question type, a summary's key points)
 
 
 @dataclass
@@ -284,6 +285,7 @@ def _qa_rows(ep: Episode, turn_ids: set[str], chk: Checker) -> list[dict]:
                 "asked_at": q.asked_at,
                 "abstention": q.abstention,
                 "evidence_sessions": q.evidence_sessions,
+                "judge_notes": q.judge_notes,
                 "source": "dataset",
                 # the dataset's own key; the audited LoCoMo key rewrites answer and evidence (locomo_audit.py)
                 "answer_key": "original",
