@@ -54,7 +54,7 @@ from typing import Any, Literal
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
 from pipeline.corpus import locomo
-from pipeline.corpus.memoryagentbench import gold_answers
+from pipeline.corpus.memoryagentbench import gold_answers, split_category
 from pipeline.corpus.reader import iter_records
 from pipeline.errors import PipelineError
 from stages.judging import locomo_plus
@@ -340,11 +340,11 @@ _MAB_METRICS = {column: column.removeprefix("mab_").replace("_at_", "@") for col
 
 
 def _mab_task(category: object) -> tuple[str, str]:
-    """(competency, task) of a question's category "<competency>/<source>[/<question type>]"."""
-    parts = str(category or "").split("/")
-    if len(parts) < 2 or not parts[1]:
+    """(competency, task) of a question's category "<competency>/<source>"."""
+    parts = split_category(category)
+    if parts is None:
         raise PipelineError(f"export predictions: a MemoryAgentBench question of category {category!r} names no task")
-    return parts[0], parts[1]
+    return parts
 
 
 def _write_memoryagentbench(cfg: RunConfig, out: Path, episodes: Sequence[Mapping[str, object]],

@@ -56,10 +56,16 @@ KEYPOINT_FIELDS = ("keypoints", "summary/short_keypoints")  # where the official
 JUDGE_NOTES = "judge_notes"  # the QA row's field holding a question type or a summary's key points
 
 
-def source_of(category: str | None) -> str | None:
+def split_category(category: object) -> tuple[str, str] | None:
+    """(competency, task) of a QA row's category "<competency>/<source>"; None for another shape."""
+    competency, sep, source = str(category or "").partition("/")
+    return (competency, source) if sep and competency and source else None
+
+
+def source_of(category: object) -> str | None:
     """The task (`metadata.source`) of a QA row's category "<competency>/<source>"; None for another shape."""
-    parts = (category or "").split("/", 1)
-    return parts[1] if len(parts) == 2 and parts[1] else None
+    parts = split_category(category)
+    return parts[1] if parts else None
 
 
 def encode_answers(answers: list[str]) -> str:

@@ -249,6 +249,7 @@ SOURCES: tuple[CorpusSource, ...] = (
             output=f"memoryagentbench/{split}.jsonl") for split in _MAB_SPLITS),
             # Beside the corpus directory, not in it: the loader reads every .json file there as a corpus file.
             RemoteFile(f"{_HF}/ai-hyz/MemoryAgentBench/resolve/main/entity2id.json", MAB_ENTITIES, None)),
+        configs=("memoryagentbench.yaml",),
         notes="The release's data/ files (one Parquet file per split, as the official loader reads them with "
               "`datasets`), each written as JSON Lines, one row a line; the loader reads the directory and "
               "takes each file's competency from its name. entity2id.json (the movie entities the recsys "

@@ -36,7 +36,7 @@ from pydantic import Field
 
 from pipeline.config import Section
 from pipeline.corpus.memoryagentbench import DATASET as MAB_DATASET
-from pipeline.corpus.memoryagentbench import gold_answers
+from pipeline.corpus.memoryagentbench import gold_answers, source_of
 from pipeline.corpus.sources import MAB_ENTITIES
 from pipeline.errors import ConfigError
 from pipeline.failures import row_failure
@@ -348,11 +348,9 @@ def row_scores(r: dict[str, Any], failed: bool, titles: TitlesReader | None = No
 def mab_scores(category: str | None, response: str | None, gold: str | None,
                titles: TitlesReader | None) -> dict[str, float]:
     """MemoryAgentBench's official scores of a question (`mab_*`), as its post_process computes
-    them for the task the category names ("<competency>/<source>", a question type after it where the
-    release gives one); a failed response scored as an empty output. Recsys reads the titles `titles`
+    them for the task the category names ("<competency>/<source>"); a failed response scored as an empty output. Recsys reads the titles `titles`
     returns (it raises when there are none)."""
-    parts = (category or "").split("/")
-    source = parts[1] if len(parts) > 1 else ""
+    source = source_of(category)
     if not source:
         raise ValueError(f"MemoryAgentBench question without a task in its category ({category!r})")
     golds, reply = gold_answers(gold), response or ""

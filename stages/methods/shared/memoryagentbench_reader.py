@@ -54,7 +54,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Literal, Protocol
 
-from pipeline.corpus.memoryagentbench import SPEAKER
+from pipeline.corpus.memoryagentbench import SPEAKER, source_of
 from pipeline.llm.types import ChatLLM, LLMResult, Messages, Sampling
 
 QA_PROMPT = "memoryagentbench"
@@ -160,7 +160,7 @@ PROMPTS: dict[Task, TaskPrompts] = {
 def task_of(category: str) -> Task:
     """The task of a probe from its category ("<Competency>/<source>") or its bare source, by the
     official normalisation; ValueError naming the source when no task matches."""
-    source = category.split("/", 1)[1] if "/" in category else category
+    source = source_of(category) or category
     for parts, task in _TASK_PARTS:
         if all(part in source for part in parts):
             return task
