@@ -27,7 +27,7 @@ from pipeline.corpus.locomo import CATEGORIES as LOCOMO_CATEGORIES
 from pipeline.llm.types import ChatLLM, LLMResult, Messages
 from pipeline.retrieval import count_tokens
 from stages.methods.base import Answer, ProbeInput
-from stages.methods.shared import locomo_plus_reader, mem0_rag, memoryagentbench_reader
+from stages.methods.shared import beam_reader, locomo_plus_reader, mem0_rag, memoryagentbench_reader
 from stages.dialogue import build_exchanges, format_unit, in_time_order, unit_turns
 
 # How QA probes are asked: `ours` (one prompt for every category; it invites "not mentioned"),
@@ -40,8 +40,10 @@ from stages.dialogue import build_exchanges, format_unit, in_time_order, unit_tu
 # (stages/methods/shared/locomo_plus_reader.py).
 # `memoryagentbench`: MemoryAgentBench's agents (stages/methods/shared/memoryagentbench_reader.py): the
 # long-context agent's frame for a whole history, the RAG agent's for retrieved units (rank order).
+# `beam`: BEAM's baselines (stages/methods/shared/beam_reader.py): the long-context baseline's chat turns
+# for a whole history, the RAG baseline's prompt for retrieved units (rank order).
 QAPrompt = Literal["ours", "locomo_official", "longmemeval", "longmemeval_con", "secom_chat", "mem0_rag", "locomo_plus",
-                   "memoryagentbench"]
+                   "memoryagentbench", "beam"]
 # The order of the units in the `secom_chat` frame: `time` (session, then first turn: SeCom Sec. 2.1,
 # "the retrieved memory units in time order") or `rank` (as retrieval ranked them: experiment/chat.py
 # joins the retrieved texts as retrieve.py returns them).
@@ -398,7 +400,7 @@ def context_turn_pairs(units: list[dict], history: dict[int, list[dict]] | None 
 
 
 # QA frames whose reply is the raw completion, stripped, as their official code stores it.
-RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag", "locomo_plus", "memoryagentbench"})
+RAW_REPLY = frozenset({"longmemeval", "longmemeval_con", "mem0_rag", "locomo_plus", "memoryagentbench", "beam"})
 # Datasets whose questions are user requests with full reference answers, not short-fact QA.
 CHAT_QA_DATASETS = frozenset({"longmtbench"})
 
@@ -463,6 +465,10 @@ async def generate(llm: ChatLLM, probe: ProbeInput, units: list[dict], qa_prompt
             result, extra = await memoryagentbench_reader.answer(
                 llm, units if retrieved else ordered, probe.request, str(probe.probe.get("category") or ""),
                 frame="rag" if retrieved else "long_context")
+            details.update(extra)
+        elif qa_prompt == "beam" and not chat:  # the RAG baseline's rank order, else the history's
+            result, extra = await beam_reader.answer(llm, units if retrieved else ordered,
+                                                     split_dated(probe.request)[1], probe.history, retrieved)
             details.update(extra)
         else:
             result = await answer_question(llm, ordered, probe.request, chat=chat)
