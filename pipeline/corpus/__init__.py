@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus import cc, dialseg, locomo, locomo_plus, longmemeval, longmtbench, memoryagentbench, msc, sample
+from pipeline.corpus import (beam, cc, dialseg, locomo, locomo_plus, longmemeval, longmtbench, memoryagentbench, msc,
+                             sample)
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
 from pipeline.corpus.records import Checker, Episode, Rows, build_rows, shown
 from pipeline.errors import ConfigError, InputError
@@ -31,6 +32,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "longmemeval": longmemeval.parse,
     "memoryagentbench": memoryagentbench.parse,
     "locomo_plus": locomo_plus.parse,
+    "beam": beam.parse,
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
@@ -112,11 +114,16 @@ def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
     if fmt == "locomo" and not captions:  # `corpus.captions: false`: LoCoMo turns without photo captions
         parse = partial(locomo.parse, captions=False)
     seen: dict[str, str] = {}  # episode_id -> where it was first seen
-    if limit == 0:
-        corpus_files(path)  # still report a missing path
+    if limit == 0:  # still report a missing path
+        if fmt == "beam":
+            next(beam.conversation_folders(path), None)
+        else:
+            corpus_files(path)
         return
     if fmt == "locomo_plus":  # two files read together: a cue item is stitched into a LoCoMo conversation
         records, parse = locomo_plus.reader(path, captions)
+    elif fmt == "beam":  # a folder per conversation: its chat and its probing questions
+        records = beam.reader(path)
     else:
         records = iter_records(path)
     if fmt == "memoryagentbench":  # a task's contexts numbered in the order read

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline.corpus import beam_manifest
+
 # How a downloaded file becomes the file our loader reads (pipeline/corpus/fetch.py applies it with a
 # pooch processor): None, the file as published; "untar", one member of a tar archive; "parquet_to_jsonl",
 # a Parquet table written as JSON Lines, one row a line (what `datasets`' to_json writes).
@@ -79,6 +81,24 @@ _LOCOMO_PLUS_SHA256 = (
     ("locomo_plus.json", "af2fc6e5e0e88735e28d8dd1ef474b718861a73beb21779809e3b9e1a4fe3d23"),
     ("locomo10.json", "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"),
 )
+
+
+
+def _beam_files(directory: str, sizes: tuple[str, ...]) -> tuple[RemoteFile, ...]:
+    """BEAM's files of `sizes` at the manifest's commit (pipeline/corpus/beam_manifest.py), under `directory`."""
+    commit = beam_manifest.COMMIT
+    return tuple(RemoteFile(
+        f"https://raw.githubusercontent.com/mohammadtavakoli78/BEAM/{commit}/chats/{path}", f"{directory}/{path}",
+        sha, sha256_source=f"the file at mohammadtavakoli78/BEAM commit {commit[:12]}" if sha else None)
+        for path, sha in beam_manifest.files(sizes))
+
+
+_BEAM_NOTE = ("Per conversation the chat the release's answer_generation.py reads (chat_trunecated.json, the chat "
+              "cut to its size's token budget, where the folder has one; else chat.json) and "
+              "probing_questions/probing_questions.json, from the repository's chats/ at the commit in the URLs "
+              "(2025-11-11; the hub's Mohammadta/BEAM and Mohammadta/BEAM-10M hold the same conversations as "
+              "`datasets` rows). A file whose sha256 is recorded is checked against it; the larger files, whose "
+              "blobs the snapshot read here lacked, are pinned at the first fetch. ")
 
 SOURCES: tuple[CorpusSource, ...] = (
     CorpusSource(
@@ -259,6 +279,31 @@ SOURCES: tuple[CorpusSource, ...] = (
         use="response_metrics.memoryagentbench_entities={dir}/" + MAB_ENTITIES,
     ),
     CorpusSource(
+        name="beam",
+        description="BEAM (Tavakoli et al. 2026, Beyond a Million Tokens): 90 user-assistant conversations of "
+                    "128K, 500K and 1M tokens (20/35/35), each with probing questions over ten memory abilities",
+        homepage="https://github.com/mohammadtavakoli78/BEAM",
+        corpus_format="beam",
+        corpus_path="beam",
+        files=_beam_files("beam", ("100K", "500K", "1M")),
+        configs=("beam.yaml",),
+        notes=_BEAM_NOTE + "Kept in the release's layout, beam/<size>/<id>/; one size alone: "
+                           "--set corpus.path=data/beam/100K. The 10M conversations: `mempipe data fetch beam-10m`.",
+    ),
+    CorpusSource(
+        name="beam-10m",
+        description="BEAM-10M (Tavakoli et al. 2026): 10 user-assistant conversations of 10M tokens (~20,900 "
+                    "messages each) with their probing questions",
+        homepage="https://github.com/mohammadtavakoli78/BEAM",
+        corpus_format="beam",
+        corpus_path="beam-10m",
+        files=_beam_files("beam-10m", ("10M",)),
+        notes=_BEAM_NOTE + "A 10M conversation's chat is the release's combined one (chats/10M/<id>/, its plans' "
+                           "batches in one list, messages numbered in one sequence as the probing questions cite "
+                           "them; the plan-<k>/ folders are not needed). Kept apart from beam/ so that a config "
+                           "reading data/beam never loads them: --set corpus.path=data/beam-10m.",
+    ),
+    CorpusSource(
         name="teabag",
         description="TeaBag (Theanine, Ong et al. 2025): the ids of its 50 MSC + 50 CC episodes",
         homepage=f"{_HF}/LangAGI-Lab/teafarm",
@@ -283,4 +328,5 @@ FORMAT_SOURCES: dict[str, tuple[str, ...]] = {
     "longmtbench": ("longmtbench",),
     "locomo_plus": ("locomo-plus",),
     "memoryagentbench": ("memoryagentbench",),
+    "beam": ("beam", "beam-10m"),
 }
