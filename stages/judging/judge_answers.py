@@ -23,6 +23,13 @@ MemoryAgentBench's judges (`correctness: [memoryagentbench]`, stages/judging/mem
 its LongMemEval subset with LongMemEval's per-type yes/no judge (1 / 0) and its InfBench summaries with
 HELMET's three calls (fluency, key-point recall, precision; their fluency-scaled F1 the score, the parts
 and replies in `reason`); its other tasks, and every other dataset, get rows with `skipped` saying so.
+
+BEAM's judge (`correctness: [beam]`, stages/judging/beam.py) scores a BEAM answer against its question's
+rubric (the QA row's judge notes): one gpt-4.1-mini call per nugget (1 / 0.5 / 0, read as the official
+reads it, int() on nine abilities), the question's score their mean; an event-ordering answer's score is
+the normalised Kendall's tau-b of its lines, aligned to the rubric's items by an LLM equivalence check,
+against the rubric's order, as BEAM reports it. The nugget readings, replies, F1 and alignment are kept
+in `reason` as JSON; other datasets get rows with `skipped`.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from pydantic import Field, field_validator
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.engine.stage import Rows, StageContext
-from stages.judging import answers, locomo_plus, longmemeval
+from stages.judging import answers, beam, locomo_plus, longmemeval
 from stages.judging import memoryagentbench as mab
 from pipeline.corpus.memoryagentbench import JUDGE_NOTES
 from pipeline.llm.usage import costed_to
@@ -49,16 +56,18 @@ from stages.probes import PROBE_KEY_FIELDS, sample
 ANSWER_JUDGMENTS = pa.schema(
     [
         *PROBE_KEY_FIELDS,
-        # gpt4score | strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | teafarm
+        # gpt4score | strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | beam | teafarm
         pa.field("judge", pa.string(), nullable=False),
         pa.field("run", pa.int32(), nullable=False),  # which of the judge's independent runs (judge_answers.runs), from 0
-        # 0-100 (1-100 memochat) for gpt4score; memoryagentbench on a summary: HELMET's F1 (0-1); 1 correct /
-        # 0 incorrect otherwise
+        # 0-100 (1-100 memochat) for gpt4score; memoryagentbench on a summary: HELMET's F1 (0-1); beam: the
+        # rubric's nugget mean (0-1), on event ordering the normalised tau-b (0-1); 1 correct / 0 incorrect otherwise
         pa.field("score", pa.float64()),
         # the judge's reason (MemoChat: its explanation; longmemeval: its reply; memoryagentbench on a
-        # summary: JSON of fluency, recall and precision found / totals, recall, precision, f1 and the replies)
+        # summary: JSON of fluency, recall and precision found / totals, recall, precision, f1 and the replies;
+        # beam: JSON of the nuggets (value, stated score, reply), their mean and, on event ordering, the order
+        # scores (precision, recall, f1, tau_b, tau_norm, final_score) and the alignment of each answer line)
         pa.field("reason", pa.string()),
-        # What the judge was shown as the expected answer: gold | not_mentioned; null: none (memochat)
+        # What the judge was shown as the expected answer: gold | not_mentioned | rubric (beam); null: none (memochat)
         pa.field("reference_source", pa.string()),
         # memochat: the history the judge saw, the same for every method: evidence (the probe's gold
         # evidence turns) | full_past (every turn before the probe: the probe has no evidence the corpus
@@ -67,9 +76,9 @@ ANSWER_JUDGMENTS = pa.schema(
         pa.field("skipped", pa.string()),  # why the item was not judged (by design, not a failure); null: judged
         # longmemeval (and memoryagentbench on its LongMemEval subset): the prompt the question type chose
         # (standard | temporal | knowledge_update | preference | abstention); memoryagentbench on a summary:
-        # summary; null for the other judges
+        # summary; beam: rubric | event_ordering; null for the other judges
         pa.field("judge_prompt", pa.string()),
-        # the judge's prompt (strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench |
+        # the judge's prompt (strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | beam |
         # gpt4score | teafarm) or f1
         # (LoCoMo's F1, no model): a panel judge's `judge` is its own name (judge_answers.panel)
         pa.field("judge_kind", pa.string()),
@@ -106,9 +115,10 @@ class JudgeAnswersSettings(JudgeSettings):
     # strict / lenient: ours; longmemeval: LongMemEval's yes/no judge, its prompt chosen by question type;
     # locomo_j: the community LoCoMo judge (mem0's J: CORRECT / WRONG against the gold answer)
     # locomo_plus: LoCoMo-Plus's correct / partial / wrong judge, its prompt chosen by category;
-    # memoryagentbench: MemoryAgentBench's judges of its longmemeval and infbench_sum tasks
-    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus", "memoryagentbench"]] = [
-        "strict", "lenient"]
+    # memoryagentbench: MemoryAgentBench's judges of its longmemeval and infbench_sum tasks;
+    # beam: BEAM's rubric judge (nuggets 1 / 0.5 / 0) and its event-ordering tau-b
+    correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus", "memoryagentbench",
+                              "beam"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
     # judge needs no reference), or skipped by every judge (rows with `skipped` set): `skip` leaves out
@@ -236,7 +246,7 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
 class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
     name = section = "judge_answers"
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
-    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS, **mab.PROMPTS}
+    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS, **mab.PROMPTS, **beam.PROMPTS}
 
     async def process_episode(self, ctx: StageContext[JudgeAnswersSettings], episode_id: str,
                               inputs: dict[str, Rows]) -> dict[str, Rows]:
@@ -246,7 +256,8 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
         episode = inputs["ingest.episodes"][0]
         turns = inputs["ingest.turns"]
         questions = {q["qa_id"]: q["question"] for q in inputs.get("ingest.qa", [])}  # bare, without a date line
-        # MemoryAgentBench: a LongMemEval question's type or a summary's key points (its loader's JUDGE_NOTES)
+        # MemoryAgentBench: a LongMemEval question's type or a summary's key points (its loader's JUDGE_NOTES);
+        # BEAM: a question's rubric, one nugget each
         notes = {q["qa_id"]: list(q.get(JUDGE_NOTES) or []) for q in inputs.get("ingest.qa", [])}
         responses = self.responses(inputs)
         probes = sample([p for p in inputs["probes.probes"] if p["kind"] in settings.kinds],
@@ -274,6 +285,18 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
             if judge.prompt == mab.JUDGE and task is None:
                 not_ours = mab.SKIP_OTHER_TASK if episode["dataset"] == mab.DATASET else mab.SKIP_OTHER_DATASET
                 return [{**r, "skipped": not_ours} for r in runs]
+            if judge.prompt == beam.JUDGE:  # against the question's rubric; no reference answer is shown
+                rubric = notes.get(probe.get("qa_id") or "", [])
+                not_judged = beam.skip_reason(episode["dataset"], probe["category"], rubric)
+                if not_judged is not None:
+                    return [{**r, "skipped": not_judged} for r in runs]
+                resp = responses[method].get(probe["probe_id"])
+                if resp is None or resp["error"] is not None:
+                    return [{**r, "error": f"no response from {method}"} for r in runs]
+                outcomes = await beam.judge_runs(ctx.role(judge.role), probe["category"], rubric, resp["response"],
+                                                 settings.runs, settings.run_requests, **params)
+                return sampled_rows([{**r, "reference_source": beam.RUBRIC} for r in runs],
+                                    ("score", "judge_prompt", "reason", "skipped"), outcomes)
             # LoCoMo-Plus's cognitive items have no reference: its judge reads their cue instead
             cue = judge.prompt == locomo_plus.JUDGE and str(probe["category"]) == locomo_plus.COGNITIVE
             reference_source, skipped = reference_or_skip(probe, memochat or cue, settings.unanswerable)

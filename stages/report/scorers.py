@@ -26,6 +26,16 @@ _ANSWER_JUDGES = {
     "memoryagentbench": "MemoryAgentBench's scorer: llm_based_eval/'s GPT-4o judges (longmemeval: LongMemEval's "
                         "yes/no judge; infbench_sum: HELMET's summary F1), each task's own mean",
     "teafarm": "Theanine's scorer: TeaFarm correctness judge (Sec. 5.1), correct / total",
+    "beam": "BEAM's scorer: compute_metrics.py's gpt-4.1-mini rubric judge (nuggets), event ordering by normalised "
+            "Kendall's tau-b; each ability's mean",
+}
+# BEAM's scorer per ability (a category names the ability)
+_BEAM_ABILITIES = {
+    "event_ordering": "BEAM's scorer: compute_metrics.py's event_ordering_score, the answer's lines aligned to the "
+                      "rubric's items by a gpt-4.1-mini YES/NO equivalence check, Kendall's tau-b (scipy, variant b) "
+                      "of the two orders normalised to (tau_b + 1) / 2 (report_results.py's tau_norm), mean",
+    "rubric": "BEAM's scorer: compute_metrics.py's gpt-4.1-mini judge, one call per rubric nugget (1 / 0.5 / 0, read "
+              "by int(), so a 0.5 counts 0), the question's score the nuggets' mean; mean per ability",
 }
 # MemoryAgentBench's judge per task (a category "<competency>/<source>" names the task)
 _MAB_TASKS = {
@@ -63,6 +73,14 @@ def _mab_task(where: Mapping[str, object]) -> str | None:
                 _ANSWER_JUDGES["memoryagentbench"])
 
 
+def _beam_ability(where: Mapping[str, object]) -> str:
+    """BEAM's scorer of the ability a sheet result's category names, else the judge as a whole."""
+    category = where.get("category")
+    if category is None:
+        return _ANSWER_JUDGES["beam"]
+    return _BEAM_ABILITIES["event_ordering" if category == "event_ordering" else "rubric"]
+
+
 def _runs(cfg: Any, named: str | None) -> str | None:
     runs = cfg.judge_answers.runs
     return f"{named}; each item averaged over {runs} judge runs (s.d. across runs: run_sd)" if named and runs > 1 \
@@ -80,7 +98,7 @@ def scorer(cfg: Any, result: Any) -> str | None:
     if table == "answer_summary":
         judge = where.get("judge")
         named = _gpt4score(cfg) if judge == "gpt4score" else _mab_task(where) if judge == "memoryagentbench" \
-            else _ANSWER_JUDGES.get(judge)
+            else _beam_ability(where) if judge == "beam" else _ANSWER_JUDGES.get(judge)
         return _runs(cfg, named)
     if table == "teafarm_summary":
         return _runs(cfg, _ANSWER_JUDGES["teafarm"])
