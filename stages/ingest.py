@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.config import CorpusConfig, CorpusSource, RunConfig, under_cwd
-from pipeline.corpus import Corpus, corpus_files, iter_episodes
+from pipeline.corpus import Corpus, format_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.corpus.locomo_audit import add_counts, audit_files, audited_rows, fetch_hint, read_corrections
 from pipeline.errors import ConfigError
@@ -25,8 +25,8 @@ class IngestStage(GlobalStage[CorpusConfig]):
 
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
         # The corpus content, so an edited input file re-runs ingest and everything after it.
-        first = _digests(Path(cfg.corpus.path))
-        extra = [_digests(Path(s.path)) for s in cfg.corpus.extra]
+        first = _digests(cfg.corpus.format, Path(cfg.corpus.path))
+        extra = [_digests(s.format, Path(s.path)) for s in cfg.corpus.extra]
         out = {**first, "extra": extra} if extra else first
         # A file of episode ids: its content (the path alone is already in the section's settings).
         id_files = [_digests(Path(s.episode_ids)) if isinstance(s.episode_ids, str) else None
@@ -82,21 +82,26 @@ def _require_source(source: CorpusSource) -> None:
                                         f"dial481/locomo-audit's corrections: {fetch_hint(under_cwd(source.audit_path))}")
 
 
-def _digests(path: Path) -> dict[str, Any]:
+def _digests(fmt: str, path: Path) -> dict[str, Any]:
     if not path.exists():
         return {"missing": str(path)}
-    return _file_digests(corpus_files(path))
+    return _file_digests(format_files(fmt, path), path)
 
 
-def _file_digests(files: list[Path]) -> dict[str, Any]:
+def _file_digests(files: list[Path], root: Path | None = None) -> dict[str, Any]:
+    """sha256 of each file by name; by its path under `root` where names repeat (BEAM's chat.json per
+    conversation folder)."""
     digests: dict[str, str | None] = {}
+    names = [f.name for f in files]
+    nested = root is not None and root.is_dir() and len(set(names)) < len(names)
     for f in files:
+        key = f.relative_to(root).as_posix() if nested and root is not None else f.name
         if not f.is_file():
-            digests[f.name] = None  # missing: check_inputs names it
+            digests[key] = None  # missing: check_inputs names it
             continue
         h = hashlib.sha256()
         with f.open("rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
-        digests[f.name] = h.hexdigest()
+        digests[key] = h.hexdigest()
     return {"files": digests}

@@ -23,6 +23,7 @@ FIXTURES = {
     "dialseg": CORPORA / "dialseg" / "dialseg711_mini.json",
     "longmemeval": CORPORA / "longmemeval" / "longmemeval_mini.json",
     "memoryagentbench": CORPORA / "memoryagentbench",
+    "beam": CORPORA / "beam",
     "locomo_plus": CORPORA / "locomo_plus",
 }
 

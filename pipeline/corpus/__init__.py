@@ -36,7 +36,8 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
-__all__ = ["FORMATS", "Corpus", "Rows", "load_corpus", "iter_episodes", "corpus_files", "read_episode_ids"]
+__all__ = ["FORMATS", "Corpus", "Rows", "load_corpus", "iter_episodes", "corpus_files", "format_files",
+           "read_episode_ids"]
 
 
 @dataclass
@@ -93,6 +94,12 @@ def load_corpus(fmt: str, path: str | Path, limit: int | None = None,
     return corpus
 
 
+def format_files(fmt: str, path: str | Path) -> list[Path]:
+    """The files a corpus of format `fmt` reads under `path` (a BEAM corpus: nested conversation folders;
+    any other: the file, or the directory's .json / .jsonl files); InputError when there are none."""
+    return beam.corpus_files(path) if fmt == "beam" else corpus_files(path)
+
+
 def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
                   episode_ids: list[str] | str | None = None, captions: bool = True) -> Iterator[Rows]:
     """The canonical rows of the first `limit` episodes (all when None), one episode at a time, so a
@@ -115,10 +122,7 @@ def iter_episodes(fmt: str, path: str | Path, limit: int | None = None,
         parse = partial(locomo.parse, captions=False)
     seen: dict[str, str] = {}  # episode_id -> where it was first seen
     if limit == 0:  # still report a missing path
-        if fmt == "beam":
-            next(beam.conversation_folders(path), None)
-        else:
-            corpus_files(path)
+        format_files(fmt, path)
         return
     if fmt == "locomo_plus":  # two files read together: a cue item is stitched into a LoCoMo conversation
         records, parse = locomo_plus.reader(path, captions)

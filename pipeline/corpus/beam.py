@@ -104,6 +104,15 @@ def reader(path: str | Path) -> Generator[RawRecord, None, None]:
         yield RawRecord(chat_file, f"conversation {size}/{folder.name}", i, conversation)
 
 
+def corpus_files(path: str | Path) -> list[Path]:
+    """The files a BEAM corpus reads: per conversation the chat the reader takes and its questions."""
+    files = []
+    for _, folder in conversation_folders(path):
+        chat = next((folder / name for name in CHAT_FILES if (folder / name).is_file()), None)
+        files += [f for f in (chat, folder / QUESTIONS_FILE) if f is not None]
+    return files
+
+
 def conversation_folders(path: str | Path) -> Iterator[tuple[str, Path]]:
     """(size, folder) of every conversation under `path`, sizes in `SIZES` order, ids in numeric order."""
     p = Path(path)
