@@ -25,8 +25,8 @@ class IngestStage(GlobalStage[CorpusConfig]):
 
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
         # The corpus content, so an edited input file re-runs ingest and everything after it.
-        first = _digests(cfg.corpus.format, Path(cfg.corpus.path))
-        extra = [_digests(s.format, Path(s.path)) for s in cfg.corpus.extra]
+        first = _digests(Path(cfg.corpus.path), cfg.corpus.format)
+        extra = [_digests(Path(s.path), s.format) for s in cfg.corpus.extra]
         out = {**first, "extra": extra} if extra else first
         # A file of episode ids: its content (the path alone is already in the section's settings).
         id_files = [_digests(Path(s.episode_ids)) if isinstance(s.episode_ids, str) else None
@@ -82,7 +82,8 @@ def _require_source(source: CorpusSource) -> None:
                                         f"dial481/locomo-audit's corrections: {fetch_hint(under_cwd(source.audit_path))}")
 
 
-def _digests(fmt: str, path: Path) -> dict[str, Any]:
+def _digests(path: Path, fmt: str = "") -> dict[str, Any]:
+    """sha256 of the files a corpus of format `fmt` reads under `path` (a plain file: itself)."""
     if not path.exists():
         return {"missing": str(path)}
     return _file_digests(format_files(fmt, path), path)
