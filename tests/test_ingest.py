@@ -115,3 +115,13 @@ def test_an_episode_id_in_two_sources_is_refused(tmp_path):
     with pytest.raises(PipelineError, match=r"episode 'ep-00001' of .*b\.jsonl is also in .*a\.jsonl"):
         run_ingest(cfg)
     assert StageDir(cfg.run_dir, "ingest").manifest() is None
+
+
+def test_a_file_of_episode_ids_enters_the_fingerprint_by_its_content(tmp_path):
+    ids = tmp_path / "ids.txt"
+    ids.write_text("a\n")
+    cfg = load_config(None, [f"corpus.episode_ids={ids}"])
+    before = IngestStage().extra_fingerprint(cfg)
+    ids.write_text("b\n")
+    after = IngestStage().extra_fingerprint(cfg)
+    assert before["episode_id_files"] != after["episode_id_files"] and before["files"] == after["files"]
