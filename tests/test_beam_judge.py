@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import polars as pl
 import pyarrow as pa
 import pytest
+from judge_kit import judge_episode
 from pipeline.testing.fake_chat import FakeChat
 
-from pipeline.engine.stage import StageContext
 from pipeline.llm.types import LLMError
 from stages.judging import beam
-from stages.judging.judge_answers import ANSWER_JUDGMENTS, JudgeAnswersSettings, JudgeAnswersStage
+from stages.judging.judge_answers import ANSWER_JUDGMENTS
 from stages.judging.panel import PanelJudge
 from stages.report.answers import answer_summary
 from stages.report.scorers import scorer
@@ -191,20 +191,8 @@ ANSWERS = {"qa:ie": "Lisbon, in 2020. Sorry!", "qa:eo": "B\nA\n\nD", "qa:vague":
 
 
 def _judge(llm: FakeChat, dataset: str = "beam", runs: int = 1) -> list[dict]:
-    settings = JudgeAnswersSettings(correctness=["beam"], score_0_100=False, runs=runs, max_tokens=10,
-                                    temperature=0.7)
-    inputs = {"ingest.episodes": [{"episode_id": "e", "dataset": dataset}], "ingest.turns": [],
-              "ingest.qa": [{"qa_id": p["qa_id"], "question": f"Question {p['qa_id']}?",
-                             "judge_notes": RUBRICS[p["qa_id"]]} for p in PROBES],
-              "probes.probes": PROBES,
-              "respond_zero_history.responses": [{"probe_id": k, "response": v, "error": None}
-                                                 for k, v in ANSWERS.items()]}
-    stage = JudgeAnswersStage(("zero_history",))
-    llm.cfg = SimpleNamespace(model="gpt-4.1-mini")  # type: ignore[attr-defined]
-    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings, corpus=SimpleNamespace(answer_key="original")),
-                       stage=stage, out_dir=None,  # type: ignore[arg-type]
-                       clients={"judge": llm})
-    return asyncio.run(stage.process_episode(ctx, "e", inputs))["answer_judgments"]
+    return judge_episode(llm, "beam", dataset, PROBES, ANSWERS, RUBRICS, model="gpt-4.1-mini", runs=runs,
+                         temperature=0.7)
 
 
 def test_a_question_is_judged_by_one_call_per_nugget_and_scored_by_their_mean() -> None:

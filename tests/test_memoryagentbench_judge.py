@@ -8,20 +8,19 @@ llm_based_eval/summarization_evaluate.py at 455306d)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from types import SimpleNamespace
 
 import polars as pl
 import pyarrow as pa
 import pytest
+from judge_kit import judge_episode
 from pipeline.testing.fake_chat import FakeChat
 
-from pipeline.engine.stage import StageContext
 from pipeline.llm.types import LLMError
 from stages.judging import longmemeval
 from stages.judging import memoryagentbench as mab
-from stages.judging.judge_answers import ANSWER_JUDGMENTS, JudgeAnswersSettings, JudgeAnswersStage
+from stages.judging.judge_answers import ANSWER_JUDGMENTS
 from stages.judging.panel import PanelJudge
 from stages.report.scorers import scorer
 from stages.report.tables import answer_summary
@@ -161,20 +160,8 @@ ANSWERS = {"qa:t1": "It took 18 days; sourdough aside.", "qa:a1": "You bought br
 
 
 def _judge(llm: FakeChat, dataset: str = "memoryagentbench", runs: int = 1) -> list[dict]:
-    settings = JudgeAnswersSettings(correctness=["memoryagentbench"], score_0_100=False, runs=runs, max_tokens=10,
-                                    temperature=0)
-    inputs = {"ingest.episodes": [{"episode_id": "e", "dataset": dataset}], "ingest.turns": [],
-              "ingest.qa": [{"qa_id": p["qa_id"], "question": f"Question {p['qa_id']}?",
-                             "judge_notes": NOTES[p["qa_id"]]} for p in PROBES],
-              "probes.probes": PROBES,
-              "respond_zero_history.responses": [{"probe_id": k, "response": v, "error": None}
-                                                 for k, v in ANSWERS.items()]}
-    stage = JudgeAnswersStage(("zero_history",))
-    llm.cfg = SimpleNamespace(model="gpt-4o")  # type: ignore[attr-defined]
-    ctx = StageContext(cfg=SimpleNamespace(judge_answers=settings, corpus=SimpleNamespace(answer_key="original")),
-                       stage=stage, out_dir=None,  # type: ignore[arg-type]
-                       clients={"judge": llm})
-    return asyncio.run(stage.process_episode(ctx, "e", inputs))["answer_judgments"]
+    return judge_episode(llm, "memoryagentbench", dataset, PROBES, ANSWERS, NOTES, model="gpt-4o", runs=runs,
+                         temperature=0)
 
 
 def test_longmemeval_questions_are_judged_yes_no_by_their_types_prompt_on_the_bare_question() -> None:
