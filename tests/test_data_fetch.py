@@ -210,6 +210,9 @@ def test_list_prints_every_corpus_with_its_files_checksums_and_configs(capsys):
         assert f"\n{name}  [" in "\n" + out
     assert "msc  [verified]" in out and "e640e37cf431" in out and "locomo  [unverified]" in out
     assert "secom_locomo.yaml" in out
+    # a corpus of many files (BEAM: two a conversation) lists a few and counts the rest
+    beam = out.split("\nbeam  [", 1)[1].split("\nbeam-10m  [", 1)[0]
+    assert beam.count("https://") == 3 and "... and 177 more files (151 with a recorded sha256, 26 pinned" in beam
     assert run_cli("data", "fetch", "--list") == 0 and capsys.readouterr().out == out
 
 

@@ -262,16 +262,26 @@ def missing_corpus_hint(fmt: str, path: str | Path | None = None) -> str | None:
     return f"run `mempipe data fetch {names[0]}`{others}"
 
 
+LISTED_FILES = 6  # a corpus of more files (BEAM: one folder a conversation) lists these and counts the rest
+
+
 def format_registry() -> str:
-    """The registry as text: per corpus its files (verified or not), the corpus.path and the configs."""
+    """The registry as text: per corpus its files (verified or not; past `LISTED_FILES`, the first few
+    and a count of the rest), the corpus.path and the configs."""
     lines = []
     for s in REGISTRY.values():
         state = "verified" if s.verified else ("no download" if not s.files else "unverified")
         lines.append(f"{s.name}  [{state}]  {s.description}")
-        for f in s.files:
+        shown = s.files if len(s.files) <= LISTED_FILES else s.files[:3]
+        for f in shown:
             check = f"sha256 {f.sha256[:12]}... ({f.sha256_source})" if f.sha256 else "unverified (pinned at first fetch)"
             unpack = f", {f.unpack} -> {f.target}" if f.unpack else ""
             lines.append(f"    {f.url}\n      -> {f.fname}{unpack}; {check}")
+        rest = s.files[len(shown):]
+        if rest:
+            pinned = sum(1 for f in rest if f.sha256)
+            lines.append(f"    ... and {len(rest)} more files ({pinned} with a recorded sha256, {len(rest) - pinned} "
+                         "pinned at first fetch)")
         if s.corpus_path:
             lines.append(f"    corpus: format {s.corpus_format}, path data/{s.corpus_path}")
         lines.append(f"    configs: {', '.join(s.configs) or '-'}")
