@@ -28,6 +28,10 @@ from pipeline.engine.execution.cluster import live_nodes
 
 MAX_COPIES = 4  # model copies per node's service
 TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most
+# Texts per model call within one request: a huge episode's bank (a 10M-token conversation's ~42,000
+# units in one request) is embedded slice by slice with the heap trimmed between slices; whole, the
+# service grew to 2.9 GB over the request's 25 minutes (bench/beam_scale.py).
+ENCODE_SLICE = 512
 
 
 @functools.cache
@@ -72,13 +76,22 @@ class EmbeddingService:
     async def encode(self, texts: list[str]) -> np.ndarray:
         from pipeline.embeddings import aencode
 
-        out = await aencode(self.embedder, texts)
+        if len(texts) <= ENCODE_SLICE:
+            out = await aencode(self.embedder, texts)
+            self._trim_when_due()
+            return out
+        parts = []
+        for start in range(0, len(texts), ENCODE_SLICE):
+            parts.append(await aencode(self.embedder, texts[start:start + ENCODE_SLICE]))
+            self._trim_when_due()
+        return np.concatenate(parts)
+
+    def _trim_when_due(self) -> None:
         if time.monotonic() - self._trimmed > TRIM_EVERY_S:
             # The model's activations come and go in every shape; freed, they stay in the heap
             # (one malloc arena) and the process grew past 1 GB over a long run without this.
             self._trimmed = time.monotonic()
             release_free_memory()
-        return out
 
     async def dim(self) -> int:
         import asyncio

@@ -1,0 +1,38 @@
+"""The node's embedding service embeds a huge request slice by slice, its heap trimmed between slices
+(a 10M-token conversation's bank is one request: bench/beam_scale.py), and gives back the same vectors
+in the same order as one call would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from pipeline.config import EmbeddingConfig
+from pipeline.engine.execution import embedding_service as service
+
+
+class CountingEmbedder:
+    """An embedder whose vector of a text is its number; records each call's size."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(len(texts))
+        return np.asarray([[float(t), 1.0] for t in texts], dtype=np.float32)
+
+
+def test_a_request_longer_than_a_slice_is_embedded_slice_by_slice_with_a_trim_between(monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(service, "ENCODE_SLICE", 4)
+    monkeypatch.setattr(service, "TRIM_EVERY_S", -1.0)  # due after every slice
+    monkeypatch.setattr(service, "release_free_memory", lambda: trims.append(1) or True)
+    svc = service.EmbeddingService(EmbeddingConfig(), cpus=1)
+    svc._embedder = embedder = CountingEmbedder()
+    out = asyncio.run(svc.encode([str(i) for i in range(10)]))
+    assert embedder.calls == [4, 4, 2] and len(trims) == 3
+    assert out[:, 0].tolist() == [float(i) for i in range(10)]  # in order, as one call would give them
+    assert asyncio.run(svc.encode(["7"])).tolist() == [[7.0, 1.0]] and embedder.calls[-1] == 1
