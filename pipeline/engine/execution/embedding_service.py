@@ -12,6 +12,7 @@ falls back to a model of its own where there is none (a node that joined since).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import functools
@@ -29,8 +30,9 @@ from pipeline.engine.execution.cluster import live_nodes
 MAX_COPIES = 4  # model copies per node's service
 TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most
 # Texts per model call within one request: a huge episode's bank (a 10M-token conversation's ~42,000
-# units in one request) is embedded slice by slice with the heap trimmed between slices; whole, the
-# service grew to 2.9 GB over the request's 25 minutes (bench/beam_scale.py).
+# units in one request) is embedded slice by slice, a slice per model copy at once, the heap trimmed
+# between slices; whole, it ran on one copy (one core) and the service grew to 3.3 GB over the
+# request's 24 minutes (bench/beam_scale.py).
 ENCODE_SLICE = 512
 
 
@@ -80,11 +82,17 @@ class EmbeddingService:
             out = await aencode(self.embedder, texts)
             self._trim_when_due()
             return out
-        parts = []
-        for start in range(0, len(texts), ENCODE_SLICE):
-            parts.append(await aencode(self.embedder, texts[start:start + ENCODE_SLICE]))
-            self._trim_when_due()
-        return np.concatenate(parts)
+        # As many slices in flight as the model has copies: every copy (core) works on one huge
+        # request, and no more than that many slices' activations are alive at once.
+        in_flight = asyncio.Semaphore(self.copies)
+
+        async def one_slice(start: int) -> np.ndarray:
+            async with in_flight:
+                out = await aencode(self.embedder, texts[start:start + ENCODE_SLICE])
+                self._trim_when_due()
+                return out
+
+        return np.concatenate(await asyncio.gather(*(one_slice(s) for s in range(0, len(texts), ENCODE_SLICE))))
 
     def _trim_when_due(self) -> None:
         if time.monotonic() - self._trimmed > TRIM_EVERY_S:
