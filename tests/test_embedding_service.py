@@ -5,6 +5,8 @@ in the same order as one call would."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 
@@ -44,15 +46,21 @@ def test_as_many_slices_are_in_flight_as_the_model_has_copies(monkeypatch):
     assert svc.copies == 2
     live = peak = 0
 
+    lock = threading.Lock()
+
     class SlowEmbedder(CountingEmbedder):
-        async def aencode(self, texts: list[str]) -> np.ndarray:
+        """A local model: `encode` in a thread, slow enough that slices overlap when they can."""
+
+        def encode(self, texts: list[str]) -> np.ndarray:
             nonlocal live, peak
-            live += 1
-            peak = max(peak, live)
-            await asyncio.sleep(0.01)
-            live -= 1
-            return self.encode(texts)
+            with lock:
+                live += 1
+                peak = max(peak, live)
+            time.sleep(0.05)
+            with lock:
+                live -= 1
+            return super().encode(texts)
 
     svc._embedder = SlowEmbedder()
     out = asyncio.run(svc.encode([str(i) for i in range(9)]))
-    assert peak == 2 and out[:, 0].tolist() == [float(i) for i in range(9)]
+    assert peak == 2 and out[:, 0].tolist() == [float(i) for i in range(9)]  # two copies busy, order kept

@@ -82,15 +82,19 @@ class EmbeddingService:
             out = await aencode(self.embedder, texts)
             self._trim_when_due()
             return out
-        # As many slices in flight as the model has copies: every copy (core) works on one huge
-        # request, and no more than that many slices' activations are alive at once.
+        # As many slices in flight as the model has copies, each in a thread of its own: every copy
+        # (core) works on one huge request, and no more than that many slices' activations are alive
+        # at once. Not through `aencode`'s rounds, which would merge the waiting slices into one
+        # round, run one after another on one copy.
         in_flight = asyncio.Semaphore(self.copies)
+        native = getattr(self.embedder, "aencode", None)  # an endpoint's embedder: its own requests
 
         async def one_slice(start: int) -> np.ndarray:
+            part = texts[start:start + ENCODE_SLICE]
             async with in_flight:
-                out = await aencode(self.embedder, texts[start:start + ENCODE_SLICE])
+                out = await (native(part) if native else asyncio.to_thread(self.embedder.encode, part))
                 self._trim_when_due()
-                return out
+                return np.asarray(out, dtype=np.float32)
 
         return np.concatenate(await asyncio.gather(*(one_slice(s) for s in range(0, len(texts), ENCODE_SLICE))))
 
