@@ -292,3 +292,23 @@ def shipped_config_offline(tmp_path: Path, base_url: str, models_cache: Path) ->
     return [f"artifacts_dir={tmp_path / 'artifacts'}", f"llm.base_url={base_url}", "llm.api_key_env=MEMPIPE_TEST_KEY",
             f"llm.cache_dir={tmp_path / 'llm-cache'}", f"embedding.cache_dir={models_cache}", "llm.backoff_base_s=0.01",
             "ray.episodes_per_shard=1", "ray.executor=inline"]
+
+
+def run_shipped_config_offline(name: str, overrides: list[str], tmp_path: Path, fake_llm: Any, models_cache: Path,
+                               monkeypatch: pytest.MonkeyPatch, responder: Any) -> Any:
+    """Run configs/<name>.yaml inline against the fake server (`responder` answering) with `overrides`;
+    every stage ran and none wrote a failed row. Returns the run's config."""
+    from pipeline.artifacts import StageDir
+    from pipeline.engine.runner import Runner
+    from stages import registry
+
+    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "configs" / f"{name}.yaml",
+                      [*shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), *overrides])
+    fake_llm.responder = responder
+    out = Runner(cfg, registry(cfg)).run()
+    assert set(out.values()) == {"ran"}
+    for stage in out:
+        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
+    return cfg

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shipped_config_offline
+from conftest import run_shipped_config_offline
 from pipeline.artifacts import StageDir
-from pipeline.engine.runner import Runner
-from stages import load_config, registry
+from stages import load_config
 from stages.judging import beam as judge
 from stages.methods.shared import beam_reader as reader
 
@@ -32,15 +31,9 @@ def _responder(body: dict) -> str | None:
 @pytest.mark.heavy(seconds=18)
 def test_the_config_runs_offline_with_the_baselines_requests_and_the_rubric_judge(tmp_path, fake_llm, models_cache,
                                                                                   monkeypatch):
-    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
-    cfg = load_config(ROOT / "configs" / "beam.yaml", [
-        *shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), f"corpus.path={FIXTURE}",
-        "embedding.model=all-MiniLM-L6-v2"])  # the packaged model; the config names the RAG baseline's bge-small
-    fake_llm.responder = _responder
-    out = Runner(cfg, registry(cfg)).run()
-    assert set(out.values()) == {"ran"}
-    for stage in out:
-        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
+    cfg = run_shipped_config_offline("beam", [
+        f"corpus.path={FIXTURE}", "embedding.model=all-MiniLM-L6-v2"],  # packaged; the config names bge-small
+        tmp_path, fake_llm, models_cache, monkeypatch, _responder)
 
     asked = [r["body"] for r in fake_llm.requests if r["path"] == "/v1/chat/completions"]
     readers = [b for b in asked if not b["messages"][0]["content"].startswith(NUGGET_OPENING)

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shipped_config_offline
+from conftest import run_shipped_config_offline
 from pipeline.testing.fake_chat import FakeChat
 
 from pipeline.artifacts import StageDir
-from pipeline.engine.runner import Runner
-from stages import load_config, registry
 from stages.judging import locomo_plus as lp
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "corpora" / "locomo_plus"
@@ -109,16 +107,9 @@ def _responder(body: dict) -> str | None:
 @pytest.mark.heavy(seconds=9)
 def test_the_config_runs_offline_judging_cognitive_items_on_their_cue(tmp_path, fake_llm, models_cache,
                                                                       monkeypatch):
-    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
-    root = Path(__file__).resolve().parent.parent
-    cfg = load_config(root / "configs" / "locomo_plus.yaml", [
-        *shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), f"corpus.path={FIXTURE}"])
+    cfg = run_shipped_config_offline("locomo_plus", [f"corpus.path={FIXTURE}"], tmp_path, fake_llm, models_cache,
+                                     monkeypatch, _responder)
     assert cfg.corpus.limit == 5  # the default slice: the fixture's 3 cognitive items and its 2 conversations
-    fake_llm.responder = _responder
-    out = Runner(cfg, registry(cfg)).run()
-    assert set(out.values()) == {"ran"}
-    for stage in out:
-        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
     rows = StageDir(cfg.run_dir, "judge_answers").read_table("answer_judgments").to_pylist()
     cognitive = {(r["probe_id"], r["method"]): r for r in rows if r["category"] == "cognitive"}
     assert len(cognitive) == 3 * len(cfg.methods)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import shipped_config_offline
+from conftest import run_shipped_config_offline
 from pipeline.testing.fake_chat import FakeChat
 
 from pipeline.artifacts import StageDir
@@ -24,7 +24,7 @@ from pipeline.corpus.longmemeval import parse_date
 from pipeline.errors import InputError
 from pipeline.engine.runner import Runner
 from pipeline.engine.stage import StageContext
-from stages import load_config, registry
+from stages import registry
 from stages.judging import longmemeval as lme
 from stages.judging.judge_answers import JudgeAnswersSettings, JudgeAnswersStage
 from stages.probes import qa_probes
@@ -309,16 +309,9 @@ def test_the_longmemeval_m_config_runs_offline_on_a_haystack_of_many_sessions(tm
                                                                               monkeypatch):
     path = tmp_path / "longmemeval_m_cleaned.json"
     path.write_text(json.dumps(_many_sessions(RECORDS, M_SESSIONS)))
-    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
-    root = Path(__file__).resolve().parent.parent
-    cfg = load_config(root / "configs" / "longmemeval_m.yaml", [
-        *shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), f"corpus.path={path}"])
+    cfg = run_shipped_config_offline("longmemeval_m", [f"corpus.path={path}"], tmp_path, fake_llm, models_cache,
+                                     monkeypatch, _responder)
     assert cfg.corpus.limit == 5  # the default slice: the first five questions
-    fake_llm.responder = _responder
-    out = Runner(cfg, registry(cfg)).run()
-    assert set(out.values()) == {"ran"}
-    for stage in out:
-        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
     episodes = StageDir(cfg.run_dir, "ingest").read_table("episodes").to_pylist()
     turns = StageDir(cfg.run_dir, "ingest").read_table("turns").to_pylist()
     assert len(episodes) == 5 and len({(t["episode_id"], t["session_idx"]) for t in turns}) == 5 * M_SESSIONS

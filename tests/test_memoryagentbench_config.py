@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shipped_config_offline
+from conftest import run_shipped_config_offline
 from pipeline.artifacts import StageDir
-from pipeline.engine.runner import Runner
-from stages import load_config, registry
+from stages import load_config
 from stages.judging import memoryagentbench as judge
 from stages.methods.shared import memoryagentbench_reader as reader
 
@@ -46,19 +45,13 @@ def _responder(body: dict) -> str | None:
 @pytest.mark.heavy(seconds=10)
 def test_the_config_runs_offline_with_the_agents_requests_the_task_scores_and_the_summary_judge(
         tmp_path, fake_llm, models_cache, monkeypatch):
-    monkeypatch.setenv("MEMPIPE_TEST_KEY", "sk-test-secret-value-123")
     entities = tmp_path / "entity2id.json"
     entities.write_text(json.dumps(TITLES))
-    cfg = load_config(ROOT / "configs" / "memoryagentbench.yaml", [
-        *shipped_config_offline(tmp_path, fake_llm.base_url, models_cache), f"corpus.path={FIXTURE}",
-        "corpus.episode_ids=null", f"response_metrics.memoryagentbench_entities={entities}"])
     shipped = load_config(ROOT / "configs" / "memoryagentbench.yaml")  # the default slice: a context a competency
     assert len(shipped.corpus.episode_ids or []) == 4 and shipped.probes.max_qa_per_episode == 10
-    fake_llm.responder = _responder
-    out = Runner(cfg, registry(cfg)).run()
-    assert set(out.values()) == {"ran"}
-    for stage in out:
-        assert StageDir(cfg.run_dir, stage).manifest().errors == 0, stage  # no failed row anywhere
+    cfg = run_shipped_config_offline("memoryagentbench", [
+        f"corpus.path={FIXTURE}", "corpus.episode_ids=null", f"response_metrics.memoryagentbench_entities={entities}"],
+        tmp_path, fake_llm, models_cache, monkeypatch, _responder)
 
     asked = [r["body"] for r in fake_llm.requests
              if r["path"] == "/v1/chat/completions" and r["body"]["messages"][0]["content"] == reader.SYSTEM]
