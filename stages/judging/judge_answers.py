@@ -30,6 +30,12 @@ reads it, int() on nine abilities), the question's score their mean; an event-or
 the normalised Kendall's tau-b of its lines, aligned to the rubric's items by an LLM equivalence check,
 against the rubric's order, as BEAM reports it. The nugget readings, replies, F1 and alignment are kept
 in `reason` as JSON; other datasets get rows with `skipped`.
+
+HaluMem's QA judge (`correctness: [halumem]`, stages/judging/halumem.py) classifies an answer Correct /
+Hallucination / Omission against the question, its reference and its evidence memory points (the QA row's
+judge notes), as HaluMem's evaluation.py does: score 1 for Correct, else 0, the label and the reply in
+`reason` as JSON (halumem.qa_ratios gives the release's three ratios from the rows); other datasets get
+rows with `skipped`.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from pydantic import Field, field_validator
 
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE
 from pipeline.engine.stage import Rows, StageContext
-from stages.judging import answers, beam, locomo_plus, longmemeval
+from stages.judging import answers, beam, halumem, locomo_plus, longmemeval
 from stages.judging import memoryagentbench as mab
 from pipeline.corpus.memoryagentbench import JUDGE_NOTES
 from pipeline.llm.usage import costed_to
@@ -56,7 +62,8 @@ from stages.probes import PROBE_KEY_FIELDS, sample
 ANSWER_JUDGMENTS = pa.schema(
     [
         *PROBE_KEY_FIELDS,
-        # gpt4score | strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | beam | teafarm
+        # gpt4score | strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | beam | halumem |
+        # teafarm
         pa.field("judge", pa.string(), nullable=False),
         pa.field("run", pa.int32(), nullable=False),  # which of the judge's independent runs (judge_answers.runs), from 0
         # 0-100 (1-100 memochat) for gpt4score; memoryagentbench on a summary: HELMET's F1 (0-1); beam: the
@@ -65,7 +72,8 @@ ANSWER_JUDGMENTS = pa.schema(
         # the judge's reason (MemoChat: its explanation; longmemeval: its reply; memoryagentbench on a
         # summary: JSON of fluency, recall and precision found / totals, recall, precision, f1 and the replies;
         # beam: JSON of the nuggets (value, stated score, reply), their mean and, on event ordering, the order
-        # scores (precision, recall, f1, tau_b, tau_norm, final_score) and the alignment of each answer line)
+        # scores (precision, recall, f1, tau_b, tau_norm, final_score) and the alignment of each answer line;
+        # halumem: JSON of the label (Correct | Hallucination | Omission, null: unreadable) and the reply)
         pa.field("reason", pa.string()),
         # What the judge was shown as the expected answer: gold | not_mentioned | rubric (beam); null: none (memochat)
         pa.field("reference_source", pa.string()),
@@ -76,10 +84,10 @@ ANSWER_JUDGMENTS = pa.schema(
         pa.field("skipped", pa.string()),  # why the item was not judged (by design, not a failure); null: judged
         # longmemeval (and memoryagentbench on its LongMemEval subset): the prompt the question type chose
         # (standard | temporal | knowledge_update | preference | abstention); memoryagentbench on a summary:
-        # summary; beam: rubric | event_ordering; null for the other judges
+        # summary; beam: rubric | event_ordering; halumem: qa; null for the other judges
         pa.field("judge_prompt", pa.string()),
         # the judge's prompt (strict | lenient | longmemeval | locomo_j | locomo_plus | memoryagentbench | beam |
-        # gpt4score | teafarm) or f1
+        # halumem | gpt4score | teafarm) or f1
         # (LoCoMo's F1, no model): a panel judge's `judge` is its own name (judge_answers.panel)
         pa.field("judge_kind", pa.string()),
         # the verdict as accept / reject for agreement and robust differences (stages/judging/panel.py
@@ -116,9 +124,10 @@ class JudgeAnswersSettings(JudgeSettings):
     # locomo_j: the community LoCoMo judge (mem0's J: CORRECT / WRONG against the gold answer)
     # locomo_plus: LoCoMo-Plus's correct / partial / wrong judge, its prompt chosen by category;
     # memoryagentbench: MemoryAgentBench's judges of its longmemeval and infbench_sum tasks;
-    # beam: BEAM's rubric judge (nuggets 1 / 0.5 / 0) and its event-ordering tau-b
+    # beam: BEAM's rubric judge (nuggets 1 / 0.5 / 0) and its event-ordering tau-b;
+    # halumem: HaluMem's Correct / Hallucination / Omission judge against the evidence memory points
     correctness: list[Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus", "memoryagentbench",
-                              "beam"]] = ["strict", "lenient"]
+                              "beam", "halumem"]] = ["strict", "lenient"]
     # Questions without a reference answer that the conversation cannot answer (LoCoMo category 5):
     # judged (against "Not mentioned in the conversation" by the reference-based judges; MemoChat's
     # judge needs no reference), or skipped by every judge (rows with `skipped` set): `skip` leaves out
@@ -246,7 +255,8 @@ def judge_call(judge: str, probe: dict[str, Any], response: str, questions: dict
 class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
     name = section = "judge_answers"
     outputs = {"answer_judgments": ANSWER_JUDGMENTS}
-    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS, **mab.PROMPTS, **beam.PROMPTS}
+    module_prompts = {**answers.PROMPTS, **longmemeval.PROMPTS, **locomo_plus.PROMPTS, **mab.PROMPTS, **beam.PROMPTS,
+                      **halumem.PROMPTS}
 
     async def process_episode(self, ctx: StageContext[JudgeAnswersSettings], episode_id: str,
                               inputs: dict[str, Rows]) -> dict[str, Rows]:
@@ -285,6 +295,8 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
             if judge.prompt == mab.JUDGE and task is None:
                 not_ours = mab.SKIP_OTHER_TASK if episode["dataset"] == mab.DATASET else mab.SKIP_OTHER_DATASET
                 return [{**r, "skipped": not_ours} for r in runs]
+            if judge.prompt == halumem.JUDGE and (not_halumem := halumem.skip_reason(episode["dataset"])):
+                return [{**r, "skipped": not_halumem} for r in runs]
             if judge.prompt == beam.JUDGE:  # against the question's rubric; no reference answer is shown
                 rubric = notes.get(probe.get("qa_id") or "", [])
                 not_judged = beam.skip_reason(episode["dataset"], probe["category"], rubric)
@@ -315,6 +327,13 @@ class JudgeAnswersStage(JudgeStage[JudgeAnswersSettings]):
                                                          probe["gold"], settings.runs, settings.run_requests, **params)
                 return sampled_rows([{**row, "run": r} for r in range(settings.runs)],
                                     ("score", "judge_prompt", "reason", "skipped"), summaries)
+            if judge.prompt == halumem.JUDGE:  # the evidence memory points are the QA row's judge notes
+                reference = probe["gold"] if probe["gold"] is not None else answers.NOT_MENTIONED
+                call = halumem.judge_call(_asked(probe, questions), reference, noted, resp["response"])
+                judgments = await call.runs(ctx.role(judge.role), settings.runs, settings.run_requests,
+                                            **{**params, **halumem.HALUMEM_SAMPLING})
+                return sampled_rows([{**row, "run": r} for r in range(settings.runs)],
+                                    ("score", "judge_prompt", "reason"), judgments)
             if task == mab.LONGMEMEVAL_TASK:  # LongMemEval's judge, its prompt by the question's type
                 kind = longmemeval.prompt_kind(mab.question_type(noted), bool(probe.get("abstention")))
                 call = longmemeval.judge_call(kind, _asked(probe, questions), probe["gold"] or "", resp["response"])

@@ -1,6 +1,6 @@
 """A judge panel (`judge_answers.panel`): several judges of the same answers, each a prompt we have
 (strict, lenient, LongMemEval's, the LoCoMo J, LoCoMo-Plus's, MemoryAgentBench's, BEAM's rubric judge,
-GPT4Score) on a role of
+HaluMem's QA judge, GPT4Score) on a role of
 its own, or LoCoMo's F1 as a judge that calls no model. The report compares them: each method's score and
 rank under each, their agreement, and which differences every judge of the panel confirms
 (stages/report/agreement.py).
@@ -23,7 +23,7 @@ from stages.metrics import locomo_qa
 F1 = "f1"
 # The prompts a panel judge can use; `f1` is LoCoMo's F1 (stages/metrics/locomo_qa.py), no model.
 PanelPrompt = Literal["strict", "lenient", "longmemeval", "locomo_j", "locomo_plus", "memoryagentbench", "beam",
-                      "gpt4score", "f1"]
+                      "halumem", "gpt4score", "f1"]
 # LoCoMo's categories as LongMemEval's question types, so that LongMemEval's judge picks its
 # per-type prompt on LoCoMo: temporal questions get its temporal prompt; adversarial ones, which
 # have no answer in the conversation, its abstention prompt (by their missing gold); the others its

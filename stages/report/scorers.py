@@ -28,6 +28,8 @@ _ANSWER_JUDGES = {
     "teafarm": "Theanine's scorer: TeaFarm correctness judge (Sec. 5.1), correct / total",
     "beam": "BEAM's scorer: compute_metrics.py's gpt-4.1-mini rubric judge (nuggets), event ordering by normalised "
             "Kendall's tau-b; each ability's mean",
+    "halumem": "HaluMem's scorer: evaluation.py's gpt-4o QA judge, Correct / Hallucination / Omission against the "
+               "reference and the evidence memory points, share judged Correct (correct_qa_ratio(all))",
 }
 # BEAM's scorer per ability (a category names the ability)
 _BEAM_ABILITIES = {
