@@ -1,4 +1,5 @@
-"""ingest: read a corpus in any supported format into the canonical episodes / turns / qa tables."""
+"""ingest: read a corpus in any supported format into the canonical episodes / turns / qa / memory_points
+tables (memory_points: the gold memory points a corpus gives per session, HaluMem's; empty for the others)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pipeline.corpus import Corpus, format_files, iter_episodes
 from pipeline.corpus.fetch import missing_corpus_hint
 from pipeline.corpus.locomo_audit import add_counts, audit_files, audited_rows, fetch_hint, read_corrections
 from pipeline.errors import ConfigError
-from pipeline.schemas import EPISODES, QA, TURNS
+from pipeline.schemas import EPISODES, MEMORY_POINTS, QA, TURNS
 from pipeline.engine.stage import PART_STATS, GlobalStage, StageContext
 
 
 class IngestStage(GlobalStage[CorpusConfig]):
     name = "ingest"
-    outputs = {"episodes": EPISODES, "turns": TURNS, "qa": QA}
+    outputs = {"episodes": EPISODES, "turns": TURNS, "qa": QA, "memory_points": MEMORY_POINTS}
     section = "corpus"  # run-level: the stage reads it, RunConfig owns it
 
     def extra_fingerprint(self, cfg: RunConfig) -> dict[str, Any]:
@@ -61,9 +62,7 @@ class IngestStage(GlobalStage[CorpusConfig]):
                 if corrections is not None:
                     rows, counts = audited_rows(rows, corrections)
                     add_counts(stats, counts)
-                part.episodes.append(rows.episode)
-                part.turns += rows.turns
-                part.qa += rows.qa
+                part.add(rows)
                 if len(part.episodes) == episodes_per_part:
                     yield {**part.tables(), PART_STATS: stats}
                     part, stats = Corpus(), {}

@@ -3,7 +3,8 @@
 - next_response: in sessions from_session..to_session, each turn i >= 1 of the agent speaker (or,
   with `agent_speaker: all`, of whichever speaker says it, who then responds), given the history
   and the current session up to the turn before it (MSC / CC style evaluation);
-- qa: each dataset question, asked after the full history (LoCoMo, Long-MT-Bench+);
+- qa: each dataset question, asked after the full history (LoCoMo, Long-MT-Bench+), or right after the
+  session its `asked_after_session` names (HaluMem);
 - teafarm: each TeaBag question (with `teabag.enabled`), asked at the end of its generated session
   N+1, which the probe carries as `context` since the corpus does not hold it; the speaker who did
   not ask answers, from the memory of sessions 1..N. Its `false_premise` (what the question wrongly
@@ -14,6 +15,7 @@ Sampling is seeded per episode, so the same config always yields the same probes
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -108,11 +110,13 @@ def next_response_probes(episode: dict[str, Any], sessions: dict[int, Rows], cfg
 
 def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
     """One probe per question. A question asked at a known time (LongMemEval's question_date) carries
-    that date in its request, so relative questions ("how many days ago") can be answered."""
+    that date in its request, so relative questions ("how many days ago") can be answered. It is asked
+    after the whole history, or, with `asked_after_session` s (HaluMem), right after session s and before
+    session s + 1: at turn 0 of session s + 1, so the method sees sessions 1..s and their memory only."""
     return [
         {
             "episode_id": episode["episode_id"], "probe_id": f"qa:{q['qa_id']}", "kind": "qa",
-            "session_idx": episode["n_sessions"] + 1, "turn_idx": None,
+            **_qa_point(q, episode["n_sessions"]),
             "respondent": episode["speakers"][-1], "request": dated_question(q), "gold": q["answer"],
             "qa_id": q["qa_id"], "evidence": q["evidence"], "category": q["category"],
             "adversarial_answer": q.get("adversarial_answer"), "abstention": q.get("abstention"),
@@ -120,6 +124,14 @@ def qa_probes(episode: dict[str, Any], qa: Rows) -> Rows:
         }
         for q in qa
     ]
+
+
+def _qa_point(q: Mapping[str, object], n_sessions: int) -> dict[str, int | None]:
+    """Where a question's probe sits: after its `asked_after_session`, else after the last session."""
+    after = q.get("asked_after_session")
+    if not isinstance(after, int) or after >= n_sessions:
+        return {"session_idx": n_sessions + 1, "turn_idx": None}
+    return {"session_idx": after + 1, "turn_idx": 0}
 
 
 def dated_question(q: dict[str, Any]) -> str:

@@ -44,6 +44,7 @@ FUZZ_FIXTURES = [
     ("dialseg", CORPORA / "tiage_dir" / "dlg_001.json"),  # one object per file, shift_labels
     ("dialseg", CORPORA / "tiage_dir" / "dlg_002.json"),  # speakers, labels, id from the file name
     ("dialseg", CORPORA / "dialseg_released" / "tiage_released.json"),  # {"dial_data": {...}}
+    ("halumem", CORPORA / "halumem" / "HaluMem-Long.jsonl"),  # memory points, a generated QA session
 ]
 
 KINDS = ("remove", "wrong_type", "null", "empty", "truncate", "invalid_utf8", "lone_surrogate",
@@ -54,7 +55,7 @@ DEFAULT_EXAMPLES = 10
 
 # Formats whose records declare their speakers: a turn by anyone else is an error there. Elsewhere
 # the turns' own labels are the speaker list, so a new name is one more speaker.
-DECLARES_SPEAKERS = {"sample", "locomo", "longmtbench", "longmemeval"}
+DECLARES_SPEAKERS = {"sample", "locomo", "longmtbench", "longmemeval", "halumem"}
 
 BIG = "lorem ipsum " * 87_382  # just over 1 MiB
 BAD_UTF8 = [b"\xff", b"\xfe\xfe", b"\x80", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80",
@@ -163,6 +164,8 @@ def speaker_paths(fmt: str, record: Any) -> list[tuple[str, JsonPath]]:
 
 def evidence_paths(fmt: str, record: Any) -> list[JsonPath]:
     """Lists of evidence ids (sample, LoCoMo), or Long-MT-Bench+'s per-question `turns` lists."""
+    if fmt == "halumem":  # its evidence is memory points ({memory_content, memory_type}), no turn ids
+        return []
     out = [p for p, v in nodes(record) if p and p[-1] == "evidence" and isinstance(v, list)]
     if fmt == "longmtbench" and isinstance(record.get("turns"), list):
         out += [("turns", i) for i, v in enumerate(record["turns"]) if isinstance(v, list)]

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.corpus import FORMATS, load_corpus
 from pipeline.errors import ConfigError, InputError
-from pipeline.schemas import EPISODES, QA, TURNS
+from pipeline.schemas import EPISODES, MEMORY_POINTS, QA, TURNS
 
 CORPORA = Path(__file__).resolve().parent / "fixtures" / "corpora"
 
@@ -25,6 +25,7 @@ FIXTURES = {
     "memoryagentbench": CORPORA / "memoryagentbench",
     "beam": CORPORA / "beam",
     "locomo_plus": CORPORA / "locomo_plus",
+    "halumem": CORPORA / "halumem" / "HaluMem-Long.jsonl",
 }
 
 
@@ -57,6 +58,7 @@ def test_tables_use_canonical_schemas(fmt):
     assert tables["episodes"].schema.equals(EPISODES)
     assert tables["turns"].schema.equals(TURNS)
     assert tables["qa"].schema.equals(QA)
+    assert tables["memory_points"].schema.equals(MEMORY_POINTS)
     # turn_idx is 0-based and dense within each session
     turns = tables["turns"].to_pylist()
     by_session: dict[tuple, list[int]] = {}

@@ -1,4 +1,4 @@
-"""Corpus loaders: read any supported format into canonical episodes / turns / qa rows.
+"""Corpus loaders: read any supported format into canonical episodes / turns / qa / memory_points rows.
 
 Everything requested is validated before anything is returned, so bad input publishes nothing. With a
 limit only the first `limit` episodes are read (JSONL is streamed), so a smoke run on a large corpus
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.corpus import (beam, cc, dialseg, locomo, locomo_plus, longmemeval, longmtbench, memoryagentbench, msc,
-                             sample)
+from pipeline.corpus import (beam, cc, dialseg, halumem, locomo, locomo_plus, longmemeval, longmtbench,
+                             memoryagentbench, msc, sample)
 from pipeline.corpus.reader import RawRecord, corpus_files, iter_records
 from pipeline.corpus.records import Checker, Episode, Rows, build_rows, shown
 from pipeline.errors import ConfigError, InputError
-from pipeline.schemas import EPISODES, QA, TURNS
+from pipeline.schemas import EPISODES, MEMORY_POINTS, QA, TURNS
 
 _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "sample": sample.parse,
@@ -33,6 +33,7 @@ _PARSERS: dict[str, Callable[[RawRecord, Checker], Episode]] = {
     "memoryagentbench": memoryagentbench.parse,
     "locomo_plus": locomo_plus.parse,
     "beam": beam.parse,
+    "halumem": halumem.parse,
 }
 FORMATS = tuple(_PARSERS)  # the values `corpus.format` accepts
 
@@ -45,12 +46,21 @@ class Corpus:
     episodes: list[dict] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
     qa: list[dict] = field(default_factory=list)
+    memory_points: list[dict] = field(default_factory=list)  # empty for a corpus without gold memory points
+
+    def add(self, rows: Rows) -> None:
+        """One episode's rows."""
+        self.episodes.append(rows.episode)
+        self.turns.extend(rows.turns)
+        self.qa.extend(rows.qa)
+        self.memory_points.extend(rows.memory_points)
 
     def tables(self) -> dict[str, pa.Table]:
         return {
             "episodes": pa.Table.from_pylist(self.episodes, schema=EPISODES),
             "turns": pa.Table.from_pylist(self.turns, schema=TURNS),
             "qa": pa.Table.from_pylist(self.qa, schema=QA),
+            "memory_points": pa.Table.from_pylist(self.memory_points, schema=MEMORY_POINTS),
         }
 
 
@@ -88,9 +98,7 @@ def load_corpus(fmt: str, path: str | Path, limit: int | None = None,
     directory; with `episode_ids`, of the episodes they name."""
     corpus = Corpus()
     for rows in iter_episodes(fmt, path, limit, episode_ids, captions):
-        corpus.episodes.append(rows.episode)
-        corpus.turns.extend(rows.turns)
-        corpus.qa.extend(rows.qa)
+        corpus.add(rows)
     return corpus
 
 

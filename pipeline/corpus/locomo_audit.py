@@ -229,7 +229,7 @@ def audited_rows(rows: Rows, corrections: Mapping[str, Correction]) -> tuple[Row
                              f"{rows.episode['episode_id']} does not have: the corpus is not the locomo10.json "
                              "the audit read")
     qa = [audited_qa(q, corrections.get(q["qa_id"]), turn_ids) for q in rows.qa]
-    return Rows(rows.episode, rows.turns, qa), answer_key_stats(corrections.get(q["qa_id"]) for q in rows.qa)
+    return Rows(rows.episode, rows.turns, qa, rows.memory_points), answer_key_stats(corrections.get(q["qa_id"]) for q in rows.qa)
 
 
 _COUNT_NAMES: dict[Outcome, str] = {"changed": "changed", "commentary": "dropped_commentary",

@@ -1,5 +1,5 @@
 """Shared by every loader: typed field access that names file/record/field on failure, the
-format-neutral episode structure, and its conversion to canonical episodes / turns / qa rows."""
+format-neutral episode structure, and its conversion to canonical episodes / turns / qa / memory_points rows."""
 
 from __future__ import annotations
 
@@ -184,6 +184,24 @@ class QAItem:
     abstention: bool | None = None  # the history cannot answer it (LongMemEval "_abs"); None: not said
     evidence_sessions: list[str] | None = None  # the dataset's ids of the sessions holding the answer
     judge_notes: list[str] | None = None  # for the judge only (a question type, a summary's key points)
+    asked_after_session: int | None = None  # 1-based: asked right after this session (HaluMem); None: at the end
+
+
+@dataclass
+class MemoryPoint:
+    """A gold memory point the corpus gives for a session (HaluMem): what a memory system should have
+    extracted from it."""
+
+    session_idx: int  # 1-based position of its session in `Episode.sessions`
+    index: str  # the corpus's own number of the point within its session (the point id's last part)
+    content: str
+    path: str  # where the point sits in the record, for error messages
+    memory_type: str | None = None
+    memory_source: str | None = None  # primary | secondary | interference | system (HaluMem)
+    is_update: bool | None = None
+    original_memories: list[str] | None = None
+    importance: float | None = None
+    timestamp: str | None = None
 
 
 @dataclass
@@ -198,6 +216,7 @@ class Episode:
     personas: dict[str, list[str]] | None = None
     relationship: str | None = None
     qa: list[QAItem] = field(default_factory=list)
+    memory_points: list[MemoryPoint] = field(default_factory=list)  # gold memory, where the corpus has it
     sessions_path: str = "sessions"  # the field an "episode has no sessions" error names
     id_field: str | None = "episode_id"  # the field the id came from (None: derived from file and position)
 
@@ -207,6 +226,7 @@ class Rows:
     episode: dict
     turns: list[dict]
     qa: list[dict]
+    memory_points: list[dict] = field(default_factory=list)
 
 
 def build_rows(ep: Episode, chk: Checker) -> Rows:
@@ -217,7 +237,25 @@ def build_rows(ep: Episode, chk: Checker) -> Rows:
     personas = _personas(ep, speakers, chk)
     turns = _turn_rows(ep, chk)
     qa = _qa_rows(ep, {t["source_turn_id"] for t in turns}, chk)
-    return Rows(_episode_row(ep, speakers, personas, chk), turns, qa)
+    return Rows(_episode_row(ep, speakers, personas, chk), turns, qa, _memory_point_rows(ep, chk))
+
+
+def _memory_point_rows(ep: Episode, chk: Checker) -> list[dict]:
+    """The episode's gold memory points, each id "<episode_id>-s<session_idx>-m<index>" (unique)."""
+    rows: list[dict] = []
+    seen: set[str] = set()
+    for m in ep.memory_points:
+        if not 1 <= m.session_idx <= len(ep.sessions):
+            chk.fail(m.path, f"memory point of session {m.session_idx}, but the episode has {len(ep.sessions)}")
+        point_id = f"{ep.episode_id}-s{m.session_idx}-m{m.index}"
+        if point_id in seen:
+            chk.fail(m.path, f"duplicate memory point {shown(point_id)} in the episode")
+        seen.add(point_id)
+        rows.append({"episode_id": ep.episode_id, "session_idx": m.session_idx, "point_id": point_id,
+                     "content": m.content, "memory_type": m.memory_type, "memory_source": m.memory_source,
+                     "is_update": m.is_update, "original_memories": m.original_memories,
+                     "importance": m.importance, "timestamp": m.timestamp})
+    return rows
 
 
 def _personas(ep: Episode, speakers: list[str], chk: Checker) -> list[list[str]] | None:
@@ -268,6 +306,8 @@ def _qa_rows(ep: Episode, turn_ids: set[str], chk: Checker) -> list[dict]:
         if q.qa_id in seen:
             chk.fail(join(q.path, "qa_id"), f"duplicate qa_id {shown(q.qa_id)} in the episode")
         seen.add(q.qa_id)
+        if q.asked_after_session is not None and not 1 <= q.asked_after_session <= len(ep.sessions):
+            chk.fail(q.path, f"asked after session {q.asked_after_session}, but the episode has {len(ep.sessions)}")
         evidence = q.evidence
         if evidence:
             kept = [e for e in evidence if e in turn_ids]
@@ -283,6 +323,7 @@ def _qa_rows(ep: Episode, turn_ids: set[str], chk: Checker) -> list[dict]:
                 "category": q.category,
                 "adversarial_answer": q.adversarial_answer,
                 "asked_at": q.asked_at,
+                "asked_after_session": q.asked_after_session,
                 "abstention": q.abstention,
                 "evidence_sessions": q.evidence_sessions,
                 "judge_notes": q.judge_notes,

@@ -100,6 +100,21 @@ _BEAM_NOTE = ("Per conversation the chat the release's answer_generation.py read
               "`datasets` rows). A file whose sha256 is recorded is checked against it; the larger files, whose "
               "blobs the snapshot read here lacked, are pinned at the first fetch. ")
 
+# IAAR-Shanghai/HaluMem's two versions, one JSON Lines file each (the names the release's eval scripts read).
+_HALUMEM_FILES = ("HaluMem-Medium.jsonl", "HaluMem-Long.jsonl")
+_HALUMEM_NOTE = (
+    "Both versions from the hub's main, unverified: neither the files nor a hub revision holding both could "
+    "be read here (others' scripts pin Medium at revision cb04336aa1b7 with sha256 486fbc130a5c..., not "
+    "recorded as it was not read from the file), so the first fetch pins each file's sha256 in "
+    ".mempipe-pins.json and a later change is refused. Halu-Medium (~34 MB): 20 users, ~70 "
+    "sessions and ~160K tokens each, 14,948 gold memory points, 3,467 questions. Halu-Long (~107 MB): the "
+    "same users, memory points and questions, ~1M tokens each: unrelated question-answer pairs (math, ELI5) "
+    "inserted into the sessions and as sessions of their own (is_generated_qa_session: history, no memory points "
+    "or questions). "
+    "corpus.path names Medium; Long: --set corpus.path=data/halumem/HaluMem-Long.jsonl (one file at a time: "
+    "both hold the same users, so the directory is not a corpus). Sizes are as others report them. Licence "
+    "CC BY-NC-ND 4.0: non-commercial use only, fetched, never shipped.")
+
 SOURCES: tuple[CorpusSource, ...] = (
     CorpusSource(
         name="locomo",
@@ -304,6 +319,17 @@ SOURCES: tuple[CorpusSource, ...] = (
                            "reading data/beam never loads them: --set corpus.path=data/beam-10m.",
     ),
     CorpusSource(
+        name="halumem",
+        description="HaluMem (Chen et al. 2025): 20 users' sessions with an assistant, each session's gold memory "
+                    "points and questions; Halu-Medium and Halu-Long",
+        homepage=f"{_HF}/IAAR-Shanghai/HaluMem",
+        corpus_format="halumem",
+        corpus_path="halumem/HaluMem-Medium.jsonl",
+        files=tuple(RemoteFile(f"{_HF}/IAAR-Shanghai/HaluMem/resolve/main/{name}", f"halumem/{name}", None)
+                    for name in _HALUMEM_FILES),
+        notes=_HALUMEM_NOTE,
+    ),
+    CorpusSource(
         name="teabag",
         description="TeaBag (Theanine, Ong et al. 2025): the ids of its 50 MSC + 50 CC episodes",
         homepage=f"{_HF}/LangAGI-Lab/teafarm",
@@ -329,4 +355,5 @@ FORMAT_SOURCES: dict[str, tuple[str, ...]] = {
     "locomo_plus": ("locomo-plus",),
     "memoryagentbench": ("memoryagentbench",),
     "beam": ("beam", "beam-10m"),
+    "halumem": ("halumem",),
 }
