@@ -24,6 +24,7 @@ from stages.judging.judge_answers import JudgeAnswersStage
 from stages.judging.judge_calibration import JudgeCalibrationStage
 from stages.judging.judge_memory import JudgeMemoryStage
 from stages.judging.judge_pairwise import JudgePairwiseStage
+from stages.judging.memory_ops import MemoryOpsStage
 from stages.method_stages import MethodStage
 from stages.method_stages.memory import MemoryStage
 from stages.methods import BROKEN_PLUGINS, METHODS
@@ -41,7 +42,8 @@ from stages.teabag.export import export_teabag
 # SeCom's segmentation and banks, come from the method: `Method.stages`).
 BEFORE_METHODS: tuple[type[Stage], ...] = (IngestStage, TeabagStage, ProbesStage)
 AFTER_METHODS: tuple[type[Stage], ...] = (ScoreStage, ResponseMetricsStage, JudgePairwiseStage, JudgeAnswersStage,
-                                          DiagnoseStage, JudgeCalibrationStage, JudgeMemoryStage, ReportStage)
+                                          DiagnoseStage, MemoryOpsStage, JudgeCalibrationStage, JudgeMemoryStage,
+                                          ReportStage)
 
 
 def method_stages(methods: Mapping[str, Method]) -> dict[str, Stage]:
@@ -84,8 +86,12 @@ def registry(cfg: RunConfig, methods: Mapping[str, Method] = METHODS) -> dict[st
     diagnose = DiagnoseStage(tuple(chosen), verdicts=JudgeAnswersStage.name in wanted and uses_judge_verdicts(cfg))
     if why := diagnose.selected_by(cfg, set(brought) | set(wanted)):
         wanted[diagnose.name] = why
+    # What each memory operation did to the facts: diagnose's written check, at two points of the conversation.
+    memory_ops = MemoryOpsStage(tuple(chosen))
+    if why := memory_ops.selected_by(cfg, set(brought) | set(wanted)):
+        wanted[memory_ops.name] = why
     at = next(i for i, s in enumerate(scoring) if s.name == JudgeAnswersStage.name) + 1
-    scoring = [s for s in [*scoring[:at], diagnose, *scoring[at:]] if s.name in wanted]
+    scoring = [s for s in [*scoring[:at], diagnose, memory_ops, *scoring[at:]] if s.name in wanted]
     # The report reads the scoring stages of the graph (a Theanine run has no SeCom scores) and, for
     # MSC, the gold persona summaries in `ingest` that score the memories (RSum Table 2).
     gold = ["ingest"] if any(c.format == "msc" for c in cfg.corpus.sources()) and any(

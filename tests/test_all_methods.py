@@ -16,7 +16,7 @@ from stages import registry
 from conftest import segmenting_responder
 from stages.methods import METHODS
 
-AFTER_THE_METHODS = ("score", "response_metrics", "judge_", "diagnose", "report")
+AFTER_THE_METHODS = ("score", "response_metrics", "judge_", "diagnose", "memory_ops", "report")
 LONGMEMEVAL = Path(__file__).resolve().parent / "fixtures" / "corpora" / "longmemeval" / "longmemeval_mini.json"
 
 

@@ -91,8 +91,8 @@ def test_editing_one_method_reruns_only_that_method_and_the_report(every_stage, 
     changed = changed_by(every_stage, edit_source, "stages.methods.ld_agent.method",
                          "class LDAgent(Method[LDAgentSettings]):",
                          "class LDAgent(Method[LDAgentSettings]):  # edited")
-    # diagnose reads every method's memory_items (the judge's calls replay from the cache)
-    assert changed == {"memory_ld_agent", "respond_ld_agent", "diagnose", "report"}
+    # diagnose and memory_ops read every method's memory_items (the judge's calls replay from the cache)
+    assert changed == {"memory_ld_agent", "respond_ld_agent", "diagnose", "memory_ops", "report"}
 
 
 def test_the_framework_modules_that_only_run_stages_never_enter_a_fingerprint(every_stage):

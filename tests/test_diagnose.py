@@ -117,7 +117,8 @@ def config(run_cfg: Any, methods: list[str], *sets: str) -> Any:
     """Two episodes of the sample corpus, every question, no other judge (F1 gives the verdicts)."""
     return run_cfg(f"methods=[{','.join(methods)}]", "probes.max_qa_per_episode=null", "corpus.limit=2",
                    "probes.next_response=false", "judge_answers.enabled=false", "judge_pairwise.enabled=false",
-                   "judge_memory.enabled=false", "diagnose.max_memory_tokens=null", *sets, methods=PLUGINS)
+                   "judge_memory.enabled=false", "diagnose.max_memory_tokens=null", "memory_ops.enabled=false", *sets,
+                   methods=PLUGINS)
 
 
 def run(run_cfg: Any, fake_llm: Any, methods: list[str], *sets: str, responder: Any = written_judge) -> Any:

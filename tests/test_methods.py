@@ -34,10 +34,12 @@ def test_each_method_gets_its_own_memory_and_respond_stages(run_cfg):
     # secom shows its bank units as its memory (a memory stage without tables); full history keeps none.
     assert names == ["ingest", "guidance", "segment", "compress", "banks", "probes", "memory_secom",
                      "memory_turn_log", "respond_secom", "respond_turn_log", "respond_full_history", "score",
-                     "response_metrics", "judge_pairwise", "judge_answers", "diagnose", "judge_memory", "report"]
+                     "response_metrics", "judge_pairwise", "judge_answers", "diagnose", "memory_ops", "judge_memory",
+                     "report"]
     responded = ("respond_secom", "respond_turn_log", "respond_full_history")
     assert registry(cfg, ALL_METHODS)["report"].inputs == (
-        "probes", "score", "response_metrics", "judge_pairwise", "judge_answers", "diagnose", "judge_memory", *responded,
+        "probes", "score", "response_metrics", "judge_pairwise", "judge_answers", "diagnose", "memory_ops", "judge_memory",
+        *responded,
         "memory_secom", "memory_turn_log")
     assert registry(cfg, ALL_METHODS)["judge_memory"].inputs == ("ingest", "memory_secom", "memory_turn_log")
     assert registry(cfg, ALL_METHODS)["judge_pairwise"].inputs == ("ingest", "probes", *responded)

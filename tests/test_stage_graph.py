@@ -13,6 +13,7 @@ from pipeline.errors import PipelineError
 from pipeline.engine.runner import Runner
 from stages import load_config, registry
 from stages.cli import main
+from stages.judging.memory_ops import writes_memory
 from stages.methods import METHODS
 from stages.testing import run_method
 from toy_methods import KeywordRecall
@@ -42,7 +43,8 @@ def test_every_config_keeps_the_stages_it_ran_before_without_a_stage_list(config
     before = BEFORE[config]
     # Stages added since the hand-written graph, each in every config whose run has their work; and
     # the memory / respond stages of methods a config selected since (the systems board's libraries).
-    added = {"diagnose": cfg.diagnose.enabled and cfg.probes.qa and bool(cfg.methods)}
+    added = {"diagnose": cfg.diagnose.enabled and cfg.probes.qa and bool(cfg.methods),
+             "memory_ops": cfg.memory_ops.enabled and cfg.probes.qa and any(writes_memory(METHODS[m]) for m in cfg.methods)}
     added |= {f"{kind}_{m}": True for m in cfg.methods if f"respond_{m}" not in before for kind in ("memory", "respond")
               if f"{kind}_{m}" in graph}
     assert {n for n in graph if n in added} == {n for n, wanted in added.items() if wanted}

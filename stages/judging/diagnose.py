@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 from pydantic import Field
 
+from pipeline.config import RunConfig
 from pipeline.errors import ConfigError
+from pipeline.llm.types import ChatLLM
 from pipeline.failures import FAILURE_FIELDS, NO_FAILURE, failure
 from pipeline.hashing import prompt_fingerprint
 from pipeline.llm.usage import billed_to
@@ -229,22 +232,41 @@ class DiagnoseStage(JudgeStage[DiagnoseSettings]):
             stated: list[list[str]] = [[t["source_turn_id"]] if k in held else [] for t, k in zip(evidence, keys)]
             return stated, [k in shown for k in keys], {"written_by": "provenance"}
         settings = ctx.settings
-        method_settings = getattr(getattr(ctx.cfg, "method"), method.name)  # its `method.<name>` section
-        stage = memory_stage_name(method.name)
-        tables = {t: visible_memory(inputs.get(f"{stage}.{t}", []), probe["session_idx"], probe.get("turn_idx"),
-                                    method.memory_kind) for t in method.memory}
-        items: list[MemoryItem] = method.memory_items(tables, method_settings)
-        kept = within_tokens([i.text for i in items], settings.max_memory_tokens)
-        shown_items = items[len(items) - len(kept):]
+        items = memory_at(ctx.cfg, method, inputs, probe["session_idx"], probe.get("turn_idx"))
+        shown_items = newest_within(items, settings.max_memory_tokens)
         extra = {"written_by": "judge", "memory_entries": len(shown_items),
                  "memory_truncated": len(shown_items) < len(items)}
-        if not shown_items:  # an empty memory states nothing: no call
-            stated = [[] for _ in evidence]
-        else:
-            call = written.written_call(probe["request"], probe["gold"], [evidence_line(t) for t in evidence],
-                                        shown_items)
-            stated, model = await call.once(ctx.llm, **self.params(settings))
+        stated, model = await stated_in(ctx.llm, probe["request"], probe["gold"], evidence, shown_items,
+                                        self.params(settings))
+        if model is not None:
             extra["judge_model"] = model
         used = set(resp.get("memory_ids") or []) | {i.id for i in items if i.always_shown}
         retrieved = [bool(s) if method.whole_memory_in_context else any(i in used for i in s) for s in stated]
         return stated, retrieved, extra
+
+
+def memory_at(cfg: RunConfig, method: Method, inputs: dict[str, Rows], session: int,
+              turn: int | None) -> list[MemoryItem]:
+    """A method's memory as its entries, as a probe at (`session`, `turn`) sees it (turn None: the whole
+    session before it is over, i.e. the memory right after `session`'s end for a point in `session`)."""
+    stage = memory_stage_name(method.name)
+    tables = {t: visible_memory(inputs.get(f"{stage}.{t}", []), session, turn, method.memory_kind)
+              for t in method.memory}
+    return method.memory_items(tables, getattr(getattr(cfg, "method"), method.name))  # its `method.<name>` section
+
+
+def newest_within(items: list[MemoryItem], max_tokens: int | None) -> list[MemoryItem]:
+    """The newest entries that fit `max_tokens` (cl100k) together, in memory order."""
+    kept = within_tokens([i.text for i in items], max_tokens)
+    return items[len(items) - len(kept):]
+
+
+async def stated_in(llm: ChatLLM, question: str, reference: str | None, evidence: Rows, shown: list[MemoryItem],
+                    params: Mapping[str, object]) -> tuple[list[list[str]], str | None]:
+    """The written check: per evidence turn, the ids of the `shown` entries that state it (one judge
+    call; none for an empty memory, which states nothing), and the judge model (None: no call)."""
+    if not shown:
+        return [[] for _ in evidence], None
+    call = written.written_call(question, reference, [evidence_line(t) for t in evidence], shown)
+    stated, model = await call.once(llm, **params)
+    return stated, model

@@ -22,7 +22,7 @@ from pipeline.engine.stage import GlobalStage, StageContext
 from stages.method_stages import memory_stage_name, respond_stage_name
 from stages.method_stages.respond import RESPONSES
 from stages.methods.base import Method, ReportPanel
-from stages.report import diagnosis, memory_accuracy, render, tables
+from stages.report import diagnosis, memory_accuracy, memory_ops, render, tables
 from stages.report.frames import from_table
 from stages.report.per_probe import probe_browser_data, probe_rows, teabag_rows
 from stages.report.reproduction import compared_sheets, run_sheets
@@ -141,6 +141,7 @@ class ReportStage(GlobalStage[ReportSettings]):
                                                             self.build_per_episode(ctx))
         buckets = _frame(inputs, "diagnose.buckets")
         summaries["diagnosis"] = tables.diagnosis_summary(buckets)
+        summaries["memory_ops"] = memory_ops.memory_ops_summary(_frame(inputs, "memory_ops.operations"))
         panels = self.method_panels(memory, responses)
         for name, schema in self.outputs.items():
             if name not in summaries and name != "reproduction_summary":  # a panel's table: the rows of every method that shows one
@@ -215,6 +216,7 @@ class ReportStage(GlobalStage[ReportSettings]):
             *answer_sections(t, teabag, judges_differ, fig, calibration),
             *([diagnosis.section(t["diagnosis"], fig("diagnosis.png", "each method's questions by bucket"))]
               if diagnosis.STAGE in self.inputs else []),
+            *([memory_ops.section(t["memory_ops"])] if memory_ops.STAGE in self.inputs else []),
             *score_sections(t, implementations, fig),
             *(self.panel_section(m, p, out) for m, p in panels),
             render.Section("Segmentation", "", [("", t["segmentation_summary"])], fig("segmentation.png", "segmentation")),

@@ -22,6 +22,7 @@ from stages.report.agreement import (JUDGE_AGREEMENT, PANEL_SCORES, ROBUST_PAIRS
 from stages.report.answers import (ANSWER_KEYS, ANSWER_SUMMARY, TASK_AVERAGE, TEAFARM_SUMMARY, answer_keys,
                                    answer_summary, judge_runs, run_key_rows, task_average, teafarm_summary)
 from stages.report.diagnosis import DIAGNOSIS_SUMMARY, diagnosis_summary
+from stages.report.memory_ops import MEMORY_OPS_SUMMARY
 from stages.report.frames import ALL, empty, to_arrow
 from stages.report.memory_accuracy import MEMORY_ACCURACY
 from stages.report.method_costs import (COST_BREAKDOWN, METHOD_SUMMARY, STAGE_SPANS, USAGE_KEYS, cost_breakdown,
@@ -52,6 +53,7 @@ SUMMARY_TABLES = {
     "question_costs": QUESTION_COSTS,  # what one question costs each method, and its latency
     "stage_spans": STAGE_SPANS,
     "diagnosis": DIAGNOSIS_SUMMARY,  # why answers fail: the diagnose stage's buckets per method and category
+    "memory_ops": MEMORY_OPS_SUMMARY,  # what memory operations do to the facts (stages/report/memory_ops.py)
     "pairwise_summary": PAIRWISE_SUMMARY,
     "answer_summary": ANSWER_SUMMARY,
     "answer_keys": ANSWER_KEYS,  # an audited LoCoMo run: both answer keys side by side
