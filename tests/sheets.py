@@ -10,8 +10,8 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Every shipped config but the offline default and the benchmark runs reproduces a paper and carries
 # its sheet. LongMemEval is a benchmark, not one of the seed papers a sheet cites.
 BENCHMARK_CONFIGS = {"default", "longmemeval", "longmemeval_m", "locomo_judge_panel",
-                     "locomo_plus", "memoryagentbench", "beam"}
-# (no paper of their own; locomo_plus, memoryagentbench and beam: their papers' numbers not on their sheets yet)
+                     "locomo_plus", "memoryagentbench", "beam", "halumem"}
+# (no paper of their own; locomo_plus, memoryagentbench, beam and halumem: their papers' numbers not on their sheets yet)
 PAPER_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem not in BENCHMARK_CONFIGS)
 
 

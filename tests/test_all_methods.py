@@ -14,6 +14,7 @@ from pipeline.artifacts import StageDir
 from pipeline.engine.runner import Runner
 from stages import registry
 from conftest import segmenting_responder
+from stages.judging.memory_ops import writes_memory
 from stages.methods import METHODS
 
 AFTER_THE_METHODS = ("score", "response_metrics", "judge_", "diagnose", "memory_ops", "report")
@@ -53,3 +54,9 @@ def test_every_method_runs_with_no_failed_rows(run_cfg, fake_llm, corpus):
     assert probes and responses == probes
     answered = {name[len("respond_"):] for name in out if name.startswith("respond_")}
     assert answered == set(METHODS)
+    if "memory_ops" in out:  # every method that writes memory gets its operations judged (the library
+        # systems' too; mem0 and a_mem write nothing from this fake server's replies: only `dropped` rows)
+        ops = StageDir(cfg.run_dir, "memory_ops").read_table("operations").to_pylist()
+        writers = {name for name, m in METHODS.items() if writes_memory(m)}
+        assert writers and {r["method"] for r in ops if r["op"] == "dropped"} == writers
+        assert len({r["method"] for r in ops if r["op"] == "accuracy"}) >= len(writers) - 2

@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from pipeline.artifacts import StageDir
 from pipeline.engine.runner import Runner
 from stages import registry
-from stages.judging.memory_ops import drop_label, extracted, searched
+from stages.judging.memory_ops import drop_label, extracted, searched, writes_memory
 from stages.methods import METHODS
 from stages.methods.base import SNAPSHOT_FIELDS, Answer, EpisodeInput, MemoryItem, Method, MethodContext, MethodSettings, ProbeInput
+from test_all_methods import answering_validly
 from test_diagnose import WRONG, written_judge
 
 LOCOMO = Path(__file__).parent / "fixtures" / "corpora" / "locomo" / "locomo_mini.json"
@@ -130,3 +132,28 @@ def test_extracted_search_and_drop_rules():
     assert drop_label([["1"], []], [[], []]) == "dropped"
     assert drop_label([["1"], ["2"]], [["1"], ["9"]]) == "kept"
     assert drop_label([[], []], [["1"], []]) == "never_written"
+
+
+@pytest.mark.heavy(seconds=20)
+def test_every_builtin_memory_writer_gets_its_operation_rows_on_the_locomo_fixture(run_cfg, fake_llm):
+    writers = [n for n, m in METHODS.items() if writes_memory(m) and not type(m).__module__.endswith("_library")]
+    cfg = run_cfg(f"methods=[{','.join(writers)}]", "corpus.format=locomo", f"corpus.path={LOCOMO}", "corpus.limit=1",
+                  "probes.max_qa_per_episode=4", "probes.next_response=false", "judge_answers.enabled=false",
+                  "judge_pairwise.enabled=false", "judge_memory.enabled=false", "memory_ops.max_entries_per_episode=3")
+    fake_llm.responder = answering_validly
+    out = Runner(cfg, registry(cfg)).run()
+    assert out["memory_ops"] == "ran" and StageDir(cfg.run_dir, "memory_ops").manifest().errors == 0
+    ops = StageDir(cfg.run_dir, "memory_ops").read_table("operations").to_pylist()
+    for method in writers:
+        mine = {r["op"] for r in ops if r["method"] == method}
+        assert mine == {"accuracy", "dropped"}, method  # LoCoMo: no gold points, so no integrity / update
+
+
+def test_the_plan_prices_the_operations_without_sending_anything(run_cfg, fake_llm):
+    from pipeline.plan import make_plan
+
+    cfg = run_cfg("methods=[inventor,forgetter]", "corpus.format=locomo", f"corpus.path={LOCOMO}", "corpus.limit=1",
+                  "probes.next_response=false", "judge_answers.enabled=false", "judge_pairwise.enabled=false",
+                  "judge_memory.enabled=false", methods=PLUGINS)
+    priced = next(s for s in make_plan(cfg, lambda c: registry(c, PLUGINS)).stages if s.name == "memory_ops").total()
+    assert priced["calls"] > 0 and priced["prompt_tokens"] > 0 and fake_llm.count() == 0

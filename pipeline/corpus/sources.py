@@ -327,6 +327,7 @@ SOURCES: tuple[CorpusSource, ...] = (
         corpus_path="halumem/HaluMem-Medium.jsonl",
         files=tuple(RemoteFile(f"{_HF}/IAAR-Shanghai/HaluMem/resolve/main/{name}", f"halumem/{name}", None)
                     for name in _HALUMEM_FILES),
+        configs=("halumem.yaml",),
         notes=_HALUMEM_NOTE,
     ),
     CorpusSource(

@@ -140,7 +140,8 @@ def session_clock(turns: list[dict]) -> datetime | None:
 
 
 def user_id(episode_id: str, speaker: str) -> str:
-    return f"{episode_id}::{speaker}"
+    """mem0's user id of one speaker of an episode; mem0 refuses whitespace in it ("Lena Ortiz")."""
+    return "::".join("_".join(part.split()) for part in (episode_id, speaker))
 
 
 class Mem0Library(Method[Mem0LibrarySettings]):
