@@ -311,6 +311,7 @@ def _read_inputs(run_dir: storage.Location, task: ShardTask) -> dict[str, pa.Tab
             parts = task.upstream_parts.get(name) if "episode_id" in schema.names else None
             read = _read_streamed if name in task.streamed else StageDir.read_table
             inputs[f"{name}.{table}"] = read(StageDir(run_dir, name), table, task.episode_ids, schema, parts)
+            pa.default_memory_pool().release_unused()  # the scan's read-ahead buffers, freed, back to the system
     return inputs
 
 
@@ -336,9 +337,14 @@ async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dic
     grouped = {t: rows_by_episode(tbl) for t, tbl in inputs.items()}
     # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
     whole = {t: table_rows(tbl) for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
+    # The rows are what the stage reads from here on: the tables' buffers go back (the vectors' stay,
+    # under their numpy views), and Arrow's allocator hands its freed pages to the system. A 10M-token
+    # episode's bank held twice, as table and as rows, was ~0.5 GB of a 2 GB worker (bench/beam_scale.py).
+    inputs.clear()
+    pa.default_memory_pool().release_unused()
     jobs, counters = [], []
     for ep in task.episode_ids or []:
-        ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
+        ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in grouped}
         counting = {role: EpisodeUsage(c) for role, c in clients.items()}
         counters.append(counting)
         jobs.append(costed_to(stage.billed_method, stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs)))
