@@ -64,3 +64,37 @@ def test_as_many_slices_are_in_flight_as_the_model_has_copies(monkeypatch):
     svc._embedder = SlowEmbedder()
     out = asyncio.run(svc.encode([str(i) for i in range(9)]))
     assert peak == 2 and out[:, 0].tolist() == [float(i) for i in range(9)]  # two copies busy, order kept
+
+
+class FakeService:
+    """A service handle as a worker sees it: `encode.remote(texts)` is awaitable; records each part."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.parts: list[list[str]] = []
+        self.encode = self  # `handle.encode.remote(...)`
+
+    def remote(self, texts: list[str]) -> asyncio.Future:
+        self.parts.append(texts)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        done.set_result(np.asarray([[float(t), 0.0] for t in texts], dtype=np.float32))
+        return done
+
+
+def test_a_huge_request_is_scattered_over_every_nodes_service_in_order(monkeypatch):
+    monkeypatch.setattr(service, "SCATTER_AT", 6)
+    here, other, third = FakeService("here"), FakeService("other"), FakeService("third")
+    embedder = service.ServiceEmbedder(here, "m", [other, third])
+    out = asyncio.run(embedder.aencode([str(i) for i in range(10)]))
+    assert out[:, 0].tolist() == [float(i) for i in range(10)]  # as one call would give them
+    assert [len(s.parts[0]) for s in (here, other, third)] == [4, 4, 2]  # contiguous parts, one per node
+    small = asyncio.run(embedder.aencode(["1", "2"]))  # under SCATTER_AT: this node's service alone
+    assert small[:, 0].tolist() == [1.0, 2.0] and len(here.parts) == 2 and len(other.parts) == 1
+
+
+def test_scatter_keeps_a_request_whole_on_one_node_or_when_small():
+    texts = [str(i) for i in range(service.SCATTER_AT)]
+    assert service.scatter(texts, 1) == [texts]
+    assert service.scatter(texts[:-1], 3) == [texts[:-1]]
+    parts = service.scatter(texts, 3)
+    assert len(parts) == 3 and sum(parts, []) == texts

@@ -13,7 +13,6 @@ import contextvars
 import tempfile
 import time
 import weakref
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.failures import fail_fast
 from pipeline.manifest import Manifest, ShardMarker
+from pipeline.engine.rows import rows_by_episode, table_rows
 from pipeline.engine.stage import PART_STATS, EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
 from pipeline.llm.usage import costed_to
@@ -65,15 +65,6 @@ def _to_table(rows: Rows, schema: pa.Schema, stage: str, table: str) -> pa.Table
         return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
         raise RuntimeError(f"stage {stage}: rows of table {table!r} do not match its schema: {e}") from e
-
-
-def _group_by_episode(table: pa.Table) -> dict[str, Rows]:
-    groups: dict[str, Rows] = defaultdict(list)
-    if "episode_id" not in table.column_names:
-        return groups
-    for row in table.to_pylist():
-        groups[row["episode_id"]].append(row)
-    return groups
 
 
 def _make_clients(cfg: RunConfig, task: ShardTask, handles: RoleHandles, ledger: Ledger | None) -> dict[str, Any]:
@@ -320,6 +311,7 @@ def _read_inputs(run_dir: storage.Location, task: ShardTask) -> dict[str, pa.Tab
             parts = task.upstream_parts.get(name) if "episode_id" in schema.names else None
             read = _read_streamed if name in task.streamed else StageDir.read_table
             inputs[f"{name}.{table}"] = read(StageDir(run_dir, name), table, task.episode_ids, schema, parts)
+            pa.default_memory_pool().release_unused()  # the scan's read-ahead buffers, freed, back to the system
     return inputs
 
 
@@ -342,12 +334,17 @@ async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dic
     if isinstance(stage, GlobalStage):
         return await stage.run(ctx, inputs)
     assert isinstance(stage, EpisodeStage)
-    grouped = {t: _group_by_episode(tbl) for t, tbl in inputs.items()}
+    grouped = {t: rows_by_episode(tbl) for t, tbl in inputs.items()}
     # Tables without an episode_id column (stage-level artifacts) go to every episode whole.
-    whole = {t: tbl.to_pylist() for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
+    whole = {t: table_rows(tbl) for t, tbl in inputs.items() if "episode_id" not in tbl.column_names}
+    # The rows are what the stage reads from here on: the tables' buffers go back (the vectors' stay,
+    # under their numpy views), and Arrow's allocator hands its freed pages to the system. A 10M-token
+    # episode's bank held twice, as table and as rows, was ~0.5 GB of a 2 GB worker (bench/beam_scale.py).
+    inputs.clear()
+    pa.default_memory_pool().release_unused()
     jobs, counters = [], []
     for ep in task.episode_ids or []:
-        ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in inputs}
+        ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in grouped}
         counting = {role: EpisodeUsage(c) for role, c in clients.items()}
         counters.append(counting)
         jobs.append(costed_to(stage.billed_method, stage.process_episode(replace(ctx, clients=counting), ep, ep_inputs)))

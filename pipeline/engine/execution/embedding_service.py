@@ -112,11 +112,16 @@ class EmbeddingService:
 
 
 class ServiceEmbedder:
-    """A worker's side of its node's `EmbeddingService`: the `Embedder` interface, no model here."""
+    """A worker's side of its node's `EmbeddingService`: the `Embedder` interface, no model here.
 
-    def __init__(self, handle: Any, name: str) -> None:
+    A request of more than `SCATTER_AT` texts (one huge episode's bank) is cut into contiguous parts,
+    one per node's service of the job (`peers`, this node's first), and the parts embedded at once:
+    one episode's embedding uses every node of a cluster, not only the node its task landed on."""
+
+    def __init__(self, handle: Any, name: str, peers: Sequence[Any] = ()) -> None:
         self.handle = handle
         self.name = name
+        self.peers = [handle, *peers]
         self._dim: int | None = None
 
     @property
@@ -128,12 +133,27 @@ class ServiceEmbedder:
         return self._dim
 
     async def aencode(self, texts: Sequence[str]) -> np.ndarray:
-        return await self.handle.encode.remote(list(texts))
+        parts = scatter(list(texts), len(self.peers))
+        if len(parts) == 1:
+            return await self.handle.encode.remote(parts[0])
+        done = await asyncio.gather(*(peer.encode.remote(part) for peer, part in zip(self.peers, parts)))
+        return np.concatenate([np.asarray(d, dtype=np.float32) for d in done])
 
     def encode(self, texts: list[str]) -> np.ndarray:
         import ray
 
         return ray.get(self.handle.encode.remote(list(texts)))
+
+
+SCATTER_AT = 4 * ENCODE_SLICE  # below this a request stays on its node: shipping it costs more than it saves
+
+
+def scatter(texts: list[str], services: int) -> list[list[str]]:
+    """`texts` in contiguous parts, one per service (as even as can be), or whole when it is small."""
+    if services <= 1 or len(texts) < SCATTER_AT:
+        return [texts]
+    size = -(-len(texts) // services)
+    return [texts[i:i + size] for i in range(0, len(texts), size)]
 
 
 def service_name(job: str, node: str, cfg: EmbeddingConfig) -> str:
@@ -180,7 +200,8 @@ class EmbeddingServices:
 
 
 def node_embedder(cfg: EmbeddingConfig) -> ServiceEmbedder | None:
-    """This node's service as an embedder, in a Ray worker whose driver started one; else None."""
+    """This node's service as an embedder (the other nodes' services its peers), in a Ray worker
+    whose driver started them; else None."""
     try:
         import ray
     except ImportError:  # pragma: no cover - Ray is a dependency; kept for inline runs without it
@@ -188,8 +209,17 @@ def node_embedder(cfg: EmbeddingConfig) -> ServiceEmbedder | None:
     if not ray.is_initialized():
         return None
     ctx = ray.get_runtime_context()
-    name = service_name(ctx.get_job_id(), ctx.get_node_id(), cfg)
+    job, here = ctx.get_job_id(), ctx.get_node_id()
     try:
-        return ServiceEmbedder(ray.get_actor(name), cfg.model)
+        handle = ray.get_actor(service_name(job, here, cfg))
     except ValueError:  # none on this node
         return None
+    peers = []
+    for node in live_nodes():
+        if node == here:
+            continue
+        try:
+            peers.append(ray.get_actor(service_name(job, node, cfg)))
+        except ValueError:  # a node that joined after the services started
+            continue
+    return ServiceEmbedder(handle, cfg.model, peers)

@@ -68,7 +68,7 @@ class BanksStage(EpisodeStage[BanksConfig]):
         rows: Rows = []
         for unit, vec, raw_vec in zip(units, keys, originals):
             row = {k: unit[k] for k in MEMORY_UNITS.names if k in unit}
-            row.update(vector=vec.tolist(), text_vector=raw_vec.tolist(), text_tokens=count_tokens(unit["text"]),
+            row.update(vector=vec, text_vector=raw_vec, text_tokens=count_tokens(unit["text"]),
                        lance_table=bank_name(episode_id, unit["granularity"]))
             rows.append(row)
         # In a thread: the Lance writes would otherwise hold up the loop's embedding requests.
