@@ -9,7 +9,9 @@ On a corpus with gold memory points (`ingest.memory_points`, HaluMem's), HaluMem
   there): does the extracted memory state it (0 / 1 / 2); 0 without a call where nothing was
   extracted, as the release scores it;
 - `accuracy`, per extracted entry: is it supported by the session's dialogue and its gold points
-  (0 / 1 / 2), and is each of its facts a field the gold points have (`included`);
+  (0 / 1 / 2), and is each of its facts a field the gold points have (`included`); the dialogue in the
+  release's `[time]role: text` lines, the time being the session's (ours: the corpus keeps no time per
+  message);
 - `update`, per update point: the method's memory after the session searched with the point (BM25, the
   top `update_top_k`; ours: the release asks the system's own search for its top 10), classified
   Correct / Hallucination / Omission / Other against the point and the memories it replaces.
