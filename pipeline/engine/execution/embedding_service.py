@@ -13,9 +13,6 @@ falls back to a model of its own where there is none (a node that joined since).
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import functools
 import hashlib
 import os
 import threading
@@ -26,6 +23,7 @@ import numpy as np
 
 from pipeline.config import EmbeddingConfig, RunConfig
 from pipeline.engine.execution.cluster import live_nodes
+from pipeline.engine.heap import release_free_memory
 
 MAX_COPIES = 4  # model copies per node's service
 TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the system, at most
@@ -34,22 +32,6 @@ TRIM_EVERY_S = 2.0  # how often the service hands freed heap memory back to the 
 # between slices; whole, it ran on one copy (one core) and the service grew to 3.3 GB over the
 # request's 24 minutes (bench/beam_scale.py).
 ENCODE_SLICE = 512
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    libc = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-
-
-def release_free_memory() -> bool:
-    """Give the free pages inside the heap back to the system (glibc's malloc_trim); False where the
-    C library has no such call."""
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 class EmbeddingService:
