@@ -42,7 +42,7 @@ from pipeline.hashing import prompt_fingerprint
 from pipeline.llm.usage import billed_to
 from pipeline.retrieval import bm25_scores, top_k, within_tokens
 from pipeline.engine.stage import Rows, StageContext
-from stages.dialogue import format_unit
+from stages.dialogue import format_unit, sessions_of
 from stages.judging import halumem, written
 from stages.judging.base import JudgeSettings, JudgeStage, judge_params, run_probe_kinds
 from stages.judging.diagnose import DiagnoseStage, is_unanswerable, memory_at, newest_within, stated_in
@@ -168,7 +168,7 @@ class MemoryOpsStage(JudgeStage[MemoryOpsSettings]):
         memory = {s: memory_at(ctx.cfg, method, inputs, s, None) for s in sessions}
         before = {s: memory_at(ctx.cfg, method, inputs, s, 0) for s in sessions}  # before its first turn
         new = {s: extracted(before[s], memory[s]) for s in sessions}
-        turns = _by_session(inputs["ingest.turns"])
+        turns = sessions_of(inputs["ingest.turns"])
         params = judge_params(settings)
 
         async def point_row(p: dict[str, object]) -> dict[str, object]:
@@ -213,7 +213,7 @@ class MemoryOpsStage(JudgeStage[MemoryOpsSettings]):
         if inputs.get("ingest.memory_points"):
             return []  # HaluMem's accuracy rows judge them, with the gold points
         settings = ctx.settings
-        turns = _by_session(inputs["ingest.turns"])
+        turns = sessions_of(inputs["ingest.turns"])
         sessions = sorted(turns)
         entries: Rows = []
         previous: list[MemoryItem] = []
@@ -286,13 +286,6 @@ class MemoryOpsStage(JudgeStage[MemoryOpsSettings]):
                     "judge_model": model or row["judge_model"]}
 
         return [r for r in await asyncio.gather(*(one(p) for p in probes)) if r is not None]
-
-
-def _by_session(turns: Rows) -> dict[int, Rows]:
-    out: dict[int, Rows] = {}
-    for t in sorted(turns, key=lambda t: (t["session_idx"], t["turn_idx"])):
-        out.setdefault(int(t["session_idx"]), []).append(t)
-    return out
 
 
 def _halumem_turns(turns: Rows, episode: Mapping[str, object]) -> list[dict[str, object]]:
