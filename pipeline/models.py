@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import importlib.metadata
 import io
+import logging
 import os
 import shutil
 import tempfile
@@ -80,6 +81,39 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# llama.cpp's file types a GGUF can be re-encoded to before serving (llama_ftype values).
+GGUF_TYPES = {"q8_0": 7, "f16": 1}
+
+
+def reencoded_gguf(source: Path, gguf_type: str, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+    """`source` re-encoded as llama.cpp type `gguf_type` by llama.cpp's own quantizer, once per cache
+    folder (a second process waits for the first's file). Keyed by the source's name and size, so a
+    newer package's file is converted anew."""
+    import ctypes
+
+    import llama_cpp
+
+    target = Path(cache_dir) / f"{source.stem}.as-{gguf_type}.{source.stat().st_size}"
+
+    def build(tmp: Path) -> None:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = GGUF_TYPES[gguf_type]
+        params.allow_requantize = True  # the source is already quantized: its values, re-encoded
+        params.nthread = 1
+        out = tmp / "model.gguf"
+        quiet = logging.getLogger("llama-cpp-python")  # llama.cpp's log: a line per tensor otherwise
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            failed = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
+        finally:
+            quiet.setLevel(level)
+        if failed:
+            raise ModelNotAvailable(f"llama.cpp could not re-encode {source} as {gguf_type}")
+
+    return _build_once(target, build) / "model.gguf"
 
 
 def minilm_model_dir(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:

@@ -16,7 +16,10 @@ def endpoint_identity(cfg: LLMConfig) -> str:
     than the URL; otherwise a warm rerun would miss every entry.
     """
     if cfg.provider == "local":
-        return f"local:{cfg.local.model_path or 'default'}"
+        local = cfg.local
+        # What the served weights are and how attention is computed change the answers.
+        weights = local.model_path or ("default" if local.packaged_as == "shipped" else f"default:{local.packaged_as}")
+        return f"local:{weights}" + (":flash_attn" if local.flash_attn else "")
     return (cfg.base_url or OPENAI_BASE_URL).rstrip("/")
 
 

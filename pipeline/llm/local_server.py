@@ -98,11 +98,13 @@ class LocalLLMServer:
         return self._proc.pid if self._proc is not None else None
 
     def model_path(self) -> Path:
-        if self.cfg.local.model_path:
-            return Path(self.cfg.local.model_path).expanduser()
-        from pipeline.models import smollm2_gguf_path
+        local = self.cfg.local
+        if local.model_path:
+            return Path(local.model_path).expanduser()
+        from pipeline.models import reencoded_gguf, smollm2_gguf_path
 
-        return smollm2_gguf_path()
+        shipped = smollm2_gguf_path()
+        return shipped if local.packaged_as == "shipped" else reencoded_gguf(shipped, local.packaged_as, local.cache_dir)
 
     def start(self) -> str:
         """Start the server and wait until it answers; returns `base_url`."""
@@ -191,6 +193,7 @@ class LocalLLMServer:
             "--n_ctx", str(local.n_ctx), "--model_alias", self.cfg.model,
             # Both: llama-cpp-python reads the prompt on n_threads_batch (default: every core).
             "--n_threads", threads, "--n_threads_batch", threads,
+            "--flash_attn", str(local.flash_attn).lower(),
         ]
         if local.prompt_cache_mb:
             cmd += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(local.prompt_cache_mb << 20)]
