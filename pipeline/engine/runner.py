@@ -14,11 +14,12 @@ from typing import Any, Iterator
 
 from pipeline import __version__
 from pipeline.artifacts import StageDir, make_dirs, part_name
-from pipeline.config import RunConfig, local_server_key
+from pipeline.config import LLMConfig, RunConfig, local_server_key
 from pipeline.errors import PipelineError, RunStopped
 from pipeline.engine.execution.executors import make_executor
 from pipeline.engine.fingerprint import stage_fingerprints
 from pipeline.llm.ledger import Budget, LedgerBook
+from pipeline.llm.local_server import LocalLLMServers
 from pipeline.llm.usage import Usage
 from pipeline.manifest import Manifest, ShardMarker, Timings
 from pipeline.engine.progress import StageProgress, end_text, planned_calls
@@ -309,17 +310,16 @@ class Runner:
         also when the run stops on the budget or an error."""
         roles = sorted({r for s in todo for r in s.llm_roles(self.cfg)})
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self.executor.session())
-            started: set[str] = set()
-            for role in roles:
-                role_cfg = self.cfg.role(role)
-                key = local_server_key(role_cfg)
-                if role_cfg.provider == "local" and not role_cfg.base_url and key not in started:
-                    started.add(key)
-                    log_name = "llm-server.log" if len(started) == 1 else f"llm-server-{len(started)}.log"
-                    urls = stack.enter_context(local_servers(role_cfg, self.run_dir, log_name))
+            servers = self._local_servers(roles)
+            for _, local in servers:
+                stack.callback(local.stop)  # also when the backend fails to start
+            # The embedded servers load their models while the backend starts (seconds each).
+            with ThreadPoolExecutor(max(1, len(servers)), thread_name_prefix="llm-servers") as pool:
+                starting = [(role_cfg, pool.submit(local.start)) for role_cfg, local in servers]
+                stack.enter_context(self.executor.session())
+                for role_cfg, started in starting:
                     # Runtime-only addresses; fingerprints and cache keys use the model file instead.
-                    self.cfg.set_local_url(role_cfg, urls)
+                    self.cfg.set_local_url(role_cfg, started.result())
                     stack.callback(self.cfg.set_local_url, role_cfg, None)
             # After the servers: a role's shared handles are made from its config with the URL set.
             handles = stack.enter_context(self.executor.llm_handles(roles))
@@ -328,7 +328,21 @@ class Runner:
                 ledger = stack.enter_context(self.executor.ledger(LedgerBook(Budget.of(self.cfg),
                                                                              load_spend(self.run_dir))))
                 stack.callback(self._keep_spend, ledger)
+            self.executor.prepare(todo)
             yield handles, ledger
+
+    def _local_servers(self, roles: list[str]) -> list[tuple[LLMConfig, LocalLLMServers]]:
+        """(role config, its `LocalLLMServers`, not started) per distinct embedded set-up of `roles`."""
+        # The servers write their logs as local files (for an object-store run, a folder on this machine).
+        logs = local_scratch(self.run_dir, "logs") if is_remote(self.run_dir) else Path(self.run_dir) / "_logs"
+        found: dict[str, tuple[LLMConfig, LocalLLMServers]] = {}
+        for role in roles:
+            role_cfg = self.cfg.role(role)
+            key = local_server_key(role_cfg)
+            if role_cfg.provider == "local" and not role_cfg.base_url and key not in found:
+                log_name = "llm-server.log" if not found else f"llm-server-{len(found) + 1}.log"
+                found[key] = (role_cfg, LocalLLMServers(role_cfg, log_path=logs / log_name))
+        return list(found.values())
 
     def _keep_spend(self, ledger: Any) -> None:
         """Save the run directory's spend (before the ledger's actor stops) and keep it for the CLI."""
@@ -417,14 +431,3 @@ class Runner:
         progress.finish(end_text(stage.name, manifest.timings.wall_s, manifest.llm_usage, manifest.errors, manifest.rows),
                         notable=any(u.structured_fallbacks or u.structured_invalid
                                     for u in (manifest.llm_usage or {}).values()))
-
-
-@contextlib.contextmanager
-def local_servers(cfg: Any, run_dir: Location, log_name: str) -> Iterator[list[str]]:
-    """The embedded servers of one local set-up (`llm.local.servers`), their URLs; stopped on exit."""
-    from pipeline.llm.local_server import LocalLLMServers
-
-    # The servers write their logs as local files (for an object-store run, a folder on this machine).
-    logs = local_scratch(run_dir, "logs") if is_remote(run_dir) else Path(run_dir) / "_logs"
-    with LocalLLMServers(cfg, log_path=logs / log_name) as urls:
-        yield urls

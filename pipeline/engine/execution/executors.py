@@ -14,10 +14,11 @@ import logging
 import math
 import os
 import sys
+import threading
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pipeline.artifacts import StageDir
 from pipeline.config import RunConfig
@@ -59,6 +60,9 @@ class Executor(ABC):
     def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: RoleHandles,
                    ledger: Ledger | None = None) -> Iterator[tuple[int, ShardMarker]]:
         """Run `tasks` and yield each one's (shard_idx, marker), in the order they finish."""
+
+    def prepare(self, stages: list[Stage]) -> None:
+        """Start what `stages` will need (workers, services) while the first stages run; nothing by default."""
 
 
 class InlineExecutor(Executor):
@@ -130,6 +134,17 @@ class RayExecutor(Executor):
         finally:
             ledger.close()
 
+    def prepare(self, stages: list[Stage]) -> None:
+        """The LLM workers start and import the LLM stages' code, and the node's embedding service
+        loads its model, while ingest runs: seconds of both cores that the run's first LLM call
+        would otherwise wait for (bench/default_job.py)."""
+        llm = [s for s in stages if s.llm_roles(self.cfg)]
+        if llm:
+            LLMWorkers.of(self.cfg).warm(llm)
+        if self.cfg.embedding.provider == "local" and any(s.uses_embedder for s in stages):
+            # In the background: a stage that embeds waits for it in its own `ensure` (one lock).
+            threading.Thread(target=_quietly, args=(EmbeddingServices.ensure, self.cfg), daemon=True).start()
+
     def run_shards(self, stage: Stage, tasks: list[ShardTask], handles: RoleHandles,
                    ledger: Ledger | None = None) -> Iterator[tuple[int, ShardMarker]]:
         if not tasks:
@@ -178,6 +193,12 @@ def _as_finished(refs: dict[Any, ShardTask]) -> Iterator[tuple[ShardTask, Any]]:
     while refs:
         ready, _ = ray.wait(list(refs), num_returns=1)
         yield refs.pop(ready[0]), ready[0]
+
+
+def _quietly(start: Callable[[RunConfig], None], cfg: RunConfig) -> None:
+    """A head start that failed says nothing: the stage that needs it starts it again and reports."""
+    with contextlib.suppress(Exception):
+        start(cfg)
 
 
 def make_executor(cfg: RunConfig) -> Executor:

@@ -16,6 +16,7 @@ from pipeline.engine.heap import release_free_memory
 from pipeline.engine.shard import ShardTask, run_shard_async
 
 if TYPE_CHECKING:
+    from pipeline.engine.stage import Stage
     from pipeline.llm.ledger import Ledger
     from pipeline.llm.shared import RoleHandles
 
@@ -37,6 +38,14 @@ class LLMWorker:
         gc.collect()
         release_free_memory()
         return stats
+
+
+    def warm(self, stages: list[Stage]) -> int:
+        """Nothing to do: receiving `stages` imports their code (methods, clients, libraries) here,
+        before their first shard asks for it."""
+        import openai  # noqa: F401  (every LLM shard's client)
+
+        return len(stages)
 
 
 class LLMWorkers:
@@ -151,6 +160,11 @@ class LLMWorkers:
                 continue
             fill()
             yield task, ready[0]
+
+    def warm(self, stages: list[Stage]) -> None:
+        """Every worker imports `stages`' code now (not awaited: their first shards queue behind it)."""
+        for actor in self.actors:
+            actor.warm.remote(stages)
 
     def stop(self) -> None:
         import ray
