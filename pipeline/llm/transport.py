@@ -221,6 +221,14 @@ async def _close_at_loop_end(client: openai.AsyncOpenAI) -> AsyncGenerator[None,
         await client.close()
 
 
+def warm_process() -> None:
+    """Build now what this process's first request would build (its TLS context, the SDK's
+    imports), e.g. while a run's first stages still read and write tables."""
+    import openai  # noqa: F401
+
+    _tls_context()
+
+
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     """One TLS context per process, made as httpx makes its default (SSL_CERT_FILE / SSL_CERT_DIR

@@ -41,10 +41,14 @@ class LLMWorker:
 
 
     def warm(self, stages: list[Stage]) -> int:
-        """Nothing to do: receiving `stages` imports their code (methods, clients, libraries) here,
-        before their first shard asks for it."""
-        import openai  # noqa: F401  (every LLM shard's client)
+        """Receiving `stages` imported their code (methods, libraries) here; build what every LLM
+        shard's first request builds once per process (the HTTP client's TLS context, the cl100k
+        encoding that token budgets count in: a second of CPU together), before a shard waits on it."""
+        from pipeline.llm.transport import warm_process
+        from pipeline.retrieval import count_tokens
 
+        warm_process()
+        count_tokens("")
         return len(stages)
 
 
