@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
+import os
 from collections.abc import Callable
 
 
@@ -24,3 +26,33 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+TRIM_GROWTH_BYTES = 256 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_baseline = [0]  # this process's resident bytes after its last release (0: none yet)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux: /proc/self/statm, microseconds); 0 where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def release_when_grown(collect: bool = False, growth: int = TRIM_GROWTH_BYTES) -> bool:
+    """`release_free_memory` (after a full garbage collection when `collect`) once the process has
+    grown by `growth` bytes since its last release: a huge episode's pages go back after its shard,
+    while the hundreds of small shards of a run skip a full collection and a heap walk each, which
+    blocked the worker's event loop for a large share of its time (bench/dag_throughput.py). True
+    when it released."""
+    now = resident_bytes()
+    if now and now < _baseline[0] + growth:
+        return False
+    if collect:
+        gc.collect()
+    released = release_free_memory()
+    _baseline[0] = resident_bytes()
+    return released

@@ -3,7 +3,6 @@ so that requests keep flowing across shard boundaries (pipeline.engine.execution
 
 from __future__ import annotations
 
-import gc
 import itertools
 import threading
 from collections import deque
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator
 from pipeline.config import RunConfig
 from pipeline.engine.execution.cluster import live_nodes
 from pipeline.engine.execution.embedding_service import node_embedder
-from pipeline.engine.heap import release_free_memory
+from pipeline.engine.heap import release_when_grown
 from pipeline.engine.shard import ShardTask, run_shard_async
 
 if TYPE_CHECKING:
@@ -33,10 +32,10 @@ class LLMWorker:
         # A stage that embeds locally uses its node's embedding service (the executor started it).
         stats = await run_shard_async(task, cfg, handles, ledger, embedder_factory=node_embedder)
         stats["node"] = ray.get_runtime_context().get_node_id()
-        # The shard's rows are garbage now: their pages go back, not kept for the worker's next shards
-        # (at 10M tokens a worker that had answered from the bank stayed at 2+ GB: bench/beam_scale.py).
-        gc.collect()
-        release_free_memory()
+        # The shard's rows are garbage now: after a shard that grew the worker, their pages go back,
+        # not kept for its next shards (at 10M tokens a worker that had answered from the bank stayed
+        # at 2+ GB: bench/beam_scale.py).
+        release_when_grown(collect=True)
         return stats
 
 
