@@ -30,7 +30,7 @@ def release_free_memory() -> bool:
 
 TRIM_GROWTH_BYTES = 256 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_baseline = [0]  # this process's resident bytes after its last release (0: none yet)
+_baseline = [0]  # this process's resident bytes after its last `release_when_grown` (0: none yet)
 
 
 def resident_bytes() -> int:
@@ -42,17 +42,16 @@ def resident_bytes() -> int:
         return 0
 
 
-def release_when_grown(collect: bool = False, growth: int = TRIM_GROWTH_BYTES) -> bool:
-    """`release_free_memory` (after a full garbage collection when `collect`) once the process has
-    grown by `growth` bytes since its last release: a huge episode's pages go back after its shard,
-    while the hundreds of small shards of a run skip a full collection and a heap walk each, which
-    blocked the worker's event loop for a large share of its time (bench/dag_throughput.py). True
+def release_when_grown(growth: int = TRIM_GROWTH_BYTES) -> bool:
+    """A full garbage collection, then `release_free_memory`, once the process has grown by `growth`
+    bytes since the last time (a worker after a shard): a huge episode's pages go back after its
+    shard, while the hundreds of small shards of a run skip a full collection each, which blocked
+    the LLM workers' event loops for a third of their time (py-spy, bench/dag_throughput.py). True
     when it released."""
     now = resident_bytes()
     if now and now < _baseline[0] + growth:
         return False
-    if collect:
-        gc.collect()
+    gc.collect()
     released = release_free_memory()
     _baseline[0] = resident_bytes()
     return released

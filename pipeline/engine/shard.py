@@ -25,7 +25,7 @@ from pipeline.config import RunConfig
 from pipeline.errors import PipelineError
 from pipeline.failures import fail_fast
 from pipeline.manifest import Manifest, ShardMarker
-from pipeline.engine.heap import release_when_grown
+from pipeline.engine.heap import release_free_memory
 from pipeline.engine.rows import rows_by_episode, table_rows
 from pipeline.engine.stage import PART_STATS, EmbedderFactory, EpisodeStage, GlobalStage, Rows, Stage, StageContext
 from pipeline.llm.types import LLMError, ask_samples
@@ -343,7 +343,7 @@ async def _produce(stage: Stage, ctx: StageContext, task: ShardTask, inputs: dic
     # episode's bank held twice, as table and as rows, was ~0.5 GB of a 2 GB worker (bench/beam_scale.py).
     inputs.clear()
     pa.default_memory_pool().release_unused()
-    release_when_grown()
+    release_free_memory()
     jobs, counters = [], []
     for ep in task.episode_ids or []:
         ep_inputs = {t: whole[t] if t in whole else grouped[t].get(ep, []) for t in grouped}

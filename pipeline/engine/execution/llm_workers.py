@@ -35,7 +35,7 @@ class LLMWorker:
         # The shard's rows are garbage now: after a shard that grew the worker, their pages go back,
         # not kept for its next shards (at 10M tokens a worker that had answered from the bank stayed
         # at 2+ GB: bench/beam_scale.py).
-        release_when_grown(collect=True)
+        release_when_grown()
         return stats
 
 
