@@ -27,7 +27,7 @@ from pipeline.schemas import EPISODES
 from pipeline.engine.selection import Selection
 from pipeline.engine.shard import ShardTask, add_stats
 from pipeline.engine.spend import load_spend, save_spend
-from pipeline.storage import Location, is_remote, local_scratch
+from pipeline.storage import is_remote, local_scratch
 from pipeline.engine.stage import EpisodeStage, GlobalStage, Stage
 
 log = logging.getLogger("mempipe")
