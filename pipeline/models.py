@@ -83,14 +83,10 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
-# llama.cpp's file types a GGUF can be re-encoded to before serving (llama_ftype values).
-GGUF_TYPES = {"q8_0": 7, "f16": 1}
-
-
 def reencoded_gguf(source: Path, gguf_type: str, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
-    """`source` re-encoded as llama.cpp type `gguf_type` by llama.cpp's own quantizer, once per cache
-    folder (a second process waits for the first's file). Keyed by the source's name and size, so a
-    newer package's file is converted anew."""
+    """`source` re-encoded as llama.cpp type `gguf_type` ("q8_0": llama.cpp's LLAMA_FTYPE_MOSTLY_Q8_0)
+    by llama.cpp's own quantizer, once per cache folder (a second process waits for the first's file).
+    Keyed by the source's name and size, so a newer package's file is converted anew."""
     import ctypes
 
     import llama_cpp
@@ -99,7 +95,7 @@ def reencoded_gguf(source: Path, gguf_type: str, cache_dir: str | Path = DEFAULT
 
     def build(tmp: Path) -> None:
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = GGUF_TYPES[gguf_type]
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{gguf_type.upper()}")
         params.allow_requantize = True  # the source is already quantized: its values, re-encoded
         params.nthread = 1
         out = tmp / "model.gguf"

@@ -38,7 +38,6 @@ class LLMWorker:
         release_when_grown()
         return stats
 
-
     def warm(self, stages: list[Stage]) -> int:
         """Receiving `stages` imported their code (methods, libraries) here; build what every LLM
         shard's first request builds once per process (the HTTP client's TLS context, the cl100k
